@@ -1,0 +1,43 @@
+# RukPak in Python. `make test` and `make run` set everything up on a fresh machine.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+GRPC_TOOLS := $(PY) -m grpc_tools.protoc
+PROTOS := csi/proto/csi.proto csi/proto/pluginregistration.proto
+PYTEST_ARGS ?=
+
+.PHONY: setup test lint typecheck proto proto-check run bench clean
+
+setup:
+	@bash hack/setup.sh
+
+## proto: regenerate the Python gRPC stubs from csi/proto/*.proto
+proto: setup
+	$(GRPC_TOOLS) -I . --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
+
+## proto-check: fail if the committed stubs differ from what `make proto` makes
+proto-check: setup
+	@bash hack/proto-check.sh $(PY) $(PROTOS)
+
+lint: setup
+	$(VENV)/bin/ruff check csi provisioner tests
+	$(VENV)/bin/ruff format --check csi provisioner tests
+
+typecheck: setup
+	$(VENV)/bin/mypy csi provisioner
+
+## test: the whole suite (lint, types, proto drift, unit and integration tests)
+test: setup proto-check lint typecheck
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+## run: the project's main job as far as it reaches today, on a local default
+run: setup
+	@bash hack/run.sh
+
+bench: setup
+	$(PY) -m tests.bench
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
+
+-include tests/cluster/cluster.mk

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One-time set-up for a fresh machine, called by `make test`, `make run` and friends.
+# Installs the Debian packages the tests and the node plugin need (only those missing),
+# then a virtualenv with the project and its dev tools. Safe to run again: it does
+# nothing when everything is present.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  docker-registry      # the real OCI registry (distribution v2) the tests start
+  apache2-utils        # htpasswd, for the registry's basic-auth mode
+  containerd runc containernetworking-plugins iptables conntrack socat ethtool  # kubelet's node
+  busybox-static       # the local test and pause images are built from it
+  libfuse3-dev fuse3 pkg-config  # pyfuse3 builds from source
+  curl zstd            # benchmark baseline and zstd layers
+)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo ">> installing Debian packages: ${missing[*]}"
+  if [ "$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+VENV=${VENV:-.venv}
+PY=${PYTHON:-python3}
+stamp="$VENV/.installed"
+if [ ! -x "$VENV/bin/python" ]; then
+  echo ">> creating virtualenv $VENV"
+  "$PY" -m venv "$VENV"
+fi
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo ">> installing Python dependencies into $VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q -e '.[dev]'
+  touch "$stamp"
+fi

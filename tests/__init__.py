@@ -1,0 +1,1 @@
+"""Test suite: unit tests of pure logic and integration tests against real components."""
