@@ -28,7 +28,9 @@ typecheck: setup
 
 ## test: the whole suite (lint, types, proto drift, unit and integration tests)
 test: setup proto-check lint typecheck
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5): that is a failure, not a pass" >&2; fi; \
+	exit $$rc
 
 ## run: the project's main job as far as it reaches today, on a local default
 run: setup

@@ -1,0 +1,59 @@
+"""Media types of the OCI image spec and Docker's schema 2, in one place.
+
+The puller (``csi.oci.client``) sends ``MANIFEST_ACCEPT`` when it asks for a
+manifest, ``csi.oci.manifest`` decides from these names whether a body is an
+index or an image manifest, and the extractor picks a decompressor from the
+layer types. The manifest and index strings are taken from ``oras.defaults``
+(the dependency already names them) so the two never disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import oras.defaults
+
+# Manifests and indexes.
+OCI_INDEX: Final[str] = oras.defaults.default_index_media_type
+OCI_MANIFEST: Final[str] = oras.defaults.default_manifest_media_type
+DOCKER_LIST: Final[str] = oras.defaults.docker_manifest_list_media_type
+DOCKER_MANIFEST: Final[str] = oras.defaults.docker_manifest_media_type
+DOCKER_MANIFEST_V1_SIGNED: Final[str] = "application/vnd.docker.distribution.manifest.v1+prettyjws"
+DOCKER_MANIFEST_V1: Final[str] = "application/vnd.docker.distribution.manifest.v1+json"
+
+# Configs.
+OCI_CONFIG: Final[str] = "application/vnd.oci.image.config.v1+json"
+DOCKER_CONFIG: Final[str] = "application/vnd.docker.container.image.v1+json"
+OCI_EMPTY: Final[str] = "application/vnd.oci.empty.v1+json"
+
+# Layers.
+OCI_LAYER_TAR: Final[str] = "application/vnd.oci.image.layer.v1.tar"
+OCI_LAYER_GZIP: Final[str] = "application/vnd.oci.image.layer.v1.tar+gzip"
+OCI_LAYER_ZSTD: Final[str] = "application/vnd.oci.image.layer.v1.tar+zstd"
+OCI_LAYER_NONDIST_TAR: Final[str] = "application/vnd.oci.image.layer.nondistributable.v1.tar"
+OCI_LAYER_NONDIST_GZIP: Final[str] = (
+    "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip"
+)
+OCI_LAYER_NONDIST_ZSTD: Final[str] = (
+    "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd"
+)
+DOCKER_LAYER_GZIP: Final[str] = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+DOCKER_LAYER_FOREIGN_GZIP: Final[str] = (
+    "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip"
+)
+
+INDEX_TYPES: Final[frozenset[str]] = frozenset({OCI_INDEX, DOCKER_LIST})
+MANIFEST_TYPES: Final[frozenset[str]] = frozenset({OCI_MANIFEST, DOCKER_MANIFEST})
+SCHEMA1_TYPES: Final[frozenset[str]] = frozenset({DOCKER_MANIFEST_V1, DOCKER_MANIFEST_V1_SIGNED})
+
+# What the client sends as Accept when it asks for a manifest: all four types a
+# modern registry may hold, most specific first.
+MANIFEST_ACCEPT: Final[tuple[str, ...]] = (OCI_INDEX, OCI_MANIFEST, DOCKER_LIST, DOCKER_MANIFEST)
+
+# Layer media types by compression; the extractor maps these to decompressors.
+TAR_LAYERS: Final[frozenset[str]] = frozenset({OCI_LAYER_TAR, OCI_LAYER_NONDIST_TAR})
+GZIP_LAYERS: Final[frozenset[str]] = frozenset(
+    {OCI_LAYER_GZIP, OCI_LAYER_NONDIST_GZIP, DOCKER_LAYER_GZIP, DOCKER_LAYER_FOREIGN_GZIP}
+)
+ZSTD_LAYERS: Final[frozenset[str]] = frozenset({OCI_LAYER_ZSTD, OCI_LAYER_NONDIST_ZSTD})
+LAYER_TYPES: Final[frozenset[str]] = TAR_LAYERS | GZIP_LAYERS | ZSTD_LAYERS
