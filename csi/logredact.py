@@ -29,13 +29,16 @@ REDACTED = "***"
 JSON: TypeAlias = str | int | float | bool | list["JSON"] | dict[str, "JSON"] | None
 
 _WELL_KNOWN_PREFIX = "google.protobuf."
+_CSI_SECRET = csi_pb2.csi_secret.full_name  # "csi.v1.csi_secret"
 
 
 @functools.cache
 def is_secret(field: descriptor.FieldDescriptor) -> bool:
     """Whether ``field`` carries the CSI ``csi_secret`` option."""
-    options = field.GetOptions()
-    return bool(options.HasExtension(csi_pb2.csi_secret) and options.Extensions[csi_pb2.csi_secret])
+    return any(
+        option.full_name == _CSI_SECRET and value is True
+        for option, value in field.GetOptions().ListFields()
+    )
 
 
 def redact(msg: message.Message) -> dict[str, JSON]:
@@ -67,12 +70,11 @@ def _secret_paths(desc: descriptor.Descriptor, *, prefix: str, seen: frozenset[s
         path = prefix + field.name
         if is_secret(field):
             paths.append(path)
-        elif field.message_type is not None:
-            sub = field.message_type
-            if sub.GetOptions().map_entry:
-                sub = sub.fields_by_name["value"].message_type
-                if sub is None:
-                    continue
+            continue
+        sub = field.message_type
+        if sub is not None and sub.GetOptions().map_entry:
+            sub = sub.fields_by_name["value"].message_type  # map<_, Message>
+        if sub is not None:
             paths.extend(_secret_paths(sub, prefix=path + ".", seen=seen | {desc.full_name}))
     return paths
 
@@ -82,7 +84,7 @@ def _field(field: descriptor.FieldDescriptor, value: object) -> JSON:
         value_field = field.message_type.fields_by_name["value"]
         mapping = cast("dict[object, object]", value)
         return {str(k): _single(value_field, v) for k, v in mapping.items()}
-    if field.label == descriptor.FieldDescriptor.LABEL_REPEATED:
+    if field.is_repeated:
         return [_single(field, v) for v in cast("list[object]", value)]
     return _single(field, value)
 
