@@ -1,0 +1,114 @@
+"""The CSI Controller service: provisioning ReadOnlyMany volumes whose content is a bundle.
+
+Where it sits: served on the plugin socket beside Identity and Node when the
+plugin runs with the controller enabled (the external-provisioner sidecar calls
+it for PVCs of a StorageClass using this driver). StorageClass parameters
+``image``, ``pullPolicy`` and ``platform`` are validated here and copied into
+the volume context, which every node receives on NodePublishVolume. Nothing is
+allocated: capacity is reported as 0 (unknown). Core: ``csi.controller.volumes``.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from csi import errors
+from csi.controller.volumes import VolumeRegistry, VolumeSpec
+from csi.grpcerrors import RpcObserver, rpc
+from csi.node import access
+from csi.node.publish import VolumeSource
+from csi.proto import csi_pb2, csi_pb2_grpc
+
+RPC = csi_pb2.ControllerServiceCapability.RPC
+
+
+class ControllerServicer(csi_pb2_grpc.ControllerServicer):
+    def __init__(self, *, volumes: VolumeRegistry, metrics: RpcObserver | None = None) -> None:
+        self.volumes = volumes
+        self.metrics = metrics
+
+    @rpc
+    def CreateVolume(
+        self, request: csi_pb2.CreateVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.CreateVolumeResponse:
+        """Idempotent: the same name and spec returns the same volume; else AlreadyExists."""
+        if not request.name:
+            raise errors.InvalidArgument("name is required")
+        if not request.volume_capabilities:
+            raise errors.InvalidArgument("volume_capabilities is required")
+        for capability in request.volume_capabilities:
+            access.check(capability)
+        if request.HasField("volume_content_source"):
+            raise errors.InvalidArgument(
+                "volume_content_source is not supported: a bundle volume's content is its image"
+            )
+        capacity = request.capacity_range
+        if capacity.limit_bytes and capacity.required_bytes > capacity.limit_bytes:
+            raise errors.InvalidArgument("capacity_range: required_bytes exceeds limit_bytes")
+        source = VolumeSource.from_attributes(dict(request.parameters))
+        volume = self.volumes.create(
+            VolumeSpec(
+                name=request.name,
+                attributes=source.attributes(),
+                required_bytes=capacity.required_bytes,
+                limit_bytes=capacity.limit_bytes,
+                modes=tuple(sorted({c.access_mode.mode for c in request.volume_capabilities})),
+            )
+        )
+        return csi_pb2.CreateVolumeResponse(
+            volume=csi_pb2.Volume(
+                volume_id=volume.volume_id,
+                capacity_bytes=0,
+                volume_context=volume.spec.attributes,
+            )
+        )
+
+    @rpc
+    def DeleteVolume(
+        self, request: csi_pb2.DeleteVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.DeleteVolumeResponse:
+        """Idempotent: deleting an unknown volume is OK."""
+        if not request.volume_id:
+            raise errors.InvalidArgument("volume_id is required")
+        self.volumes.delete(request.volume_id)
+        return csi_pb2.DeleteVolumeResponse()
+
+    @rpc
+    def ValidateVolumeCapabilities(
+        self, request: csi_pb2.ValidateVolumeCapabilitiesRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.ValidateVolumeCapabilitiesResponse:
+        if not request.volume_id:
+            raise errors.InvalidArgument("volume_id is required")
+        if not request.volume_capabilities:
+            raise errors.InvalidArgument("volume_capabilities is required")
+        volume = self.volumes.get(request.volume_id)
+        if volume is None:
+            raise errors.NotFound(f"volume {request.volume_id} does not exist")
+        for capability in request.volume_capabilities:
+            reason = access.unsupported(capability)
+            if reason is not None:
+                return csi_pb2.ValidateVolumeCapabilitiesResponse(message=reason)
+        if request.parameters:
+            try:
+                params = VolumeSource.from_attributes(dict(request.parameters)).attributes()
+            except errors.InvalidArgument as exc:
+                return csi_pb2.ValidateVolumeCapabilitiesResponse(message=exc.message)
+            if params != volume.spec.attributes:
+                return csi_pb2.ValidateVolumeCapabilitiesResponse(
+                    message="parameters differ from the volume's"
+                )
+        confirmed = csi_pb2.ValidateVolumeCapabilitiesResponse.Confirmed(
+            volume_context=dict(request.volume_context),
+            volume_capabilities=list(request.volume_capabilities),
+            parameters=dict(request.parameters),
+        )
+        return csi_pb2.ValidateVolumeCapabilitiesResponse(confirmed=confirmed)
+
+    @rpc
+    def ControllerGetCapabilities(
+        self, request: csi_pb2.ControllerGetCapabilitiesRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.ControllerGetCapabilitiesResponse:
+        cap = csi_pb2.ControllerServiceCapability(
+            rpc=csi_pb2.ControllerServiceCapability.RPC(type=RPC.CREATE_DELETE_VOLUME)
+        )
+        return csi_pb2.ControllerGetCapabilitiesResponse(capabilities=[cap])

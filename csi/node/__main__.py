@@ -1,0 +1,240 @@
+"""The node plugin process (``rukpak-csi-plugin``): flags, logging, servers, lifecycle.
+
+Where it sits: the top of the CSI driver. It builds the image cache, the
+publisher, the servicers (Identity, Node and, unless ``--no-controller``,
+Controller) and serves them on the ``--endpoint`` unix socket; with
+``--registration-dir`` it also serves kubelet's plugin registration, and with
+``--metrics-port`` Prometheus metrics on loopback. At start it removes a
+leftover socket and reconciles its records with the mount table; on SIGTERM or
+SIGINT it stops the gRPC servers with a grace period.
+
+Flags fall back to environment variables (``CSI_ENDPOINT``, ``NODE_ID`` or
+``KUBE_NODE_NAME``, ...) so a DaemonSet can set either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import socket
+import stat
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from csi import errors
+from csi.controller.server import ControllerServicer
+from csi.controller.volumes import VolumeRegistry
+from csi.node import extract, metrics
+from csi.node.identity import IdentityServicer
+from csi.node.images import ImageCache, Puller
+from csi.node.mounter import Mounter
+from csi.node.publish import Publisher
+from csi.node.registration import RegistrationServicer
+from csi.node.server import NodeServicer
+from csi.oci.auth import Credentials
+from csi.oci.client import RegistryClient
+from csi.proto import csi_pb2_grpc, pluginregistration_pb2_grpc
+
+log = logging.getLogger("csi.plugin")
+
+GRACE_SECONDS = 10.0
+_SIZE = re.compile(r"^(\d+)([KMGT]i?)?$")
+_UNITS = {
+    None: 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+}  # fmt: skip
+
+
+def parse_size(text: str) -> int:
+    """``10Gi``, ``500M`` or plain bytes."""
+    match = _SIZE.match(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 10Gi, 500M or 1048576")
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="rukpak-csi-plugin", description=__doc__.split("\n")[0])
+    p.add_argument("--endpoint", default=env("CSI_ENDPOINT", "unix:///csi/csi.sock"))
+    p.add_argument("--driver-name", default=env("DRIVER_NAME", "csi.rukpak.io"))
+    p.add_argument(
+        "--node-id", default=env("NODE_ID") or env("KUBE_NODE_NAME") or socket.gethostname()
+    )
+    p.add_argument("--state-dir", type=Path, default=Path(env("STATE_DIR", "/var/lib/rukpak-csi")))
+    p.add_argument("--kubelet-dir", type=Path, default=Path(env("KUBELET_DIR", "/var/lib/kubelet")))
+    p.add_argument("--cache-budget", type=parse_size, default=parse_size("10Gi"))
+    p.add_argument("--max-unpacked-bytes", type=parse_size, default=parse_size("2Gi"))
+    p.add_argument("--max-unpacked-files", type=int, default=200_000)
+    p.add_argument("--metrics-port", type=int, default=int(env("METRICS_PORT", "0")))
+    p.add_argument("--registration-dir", type=Path, default=None)
+    p.add_argument(
+        "--kubelet-registration-path",
+        default=None,
+        help="the CSI socket path as kubelet sees it (default: the --endpoint path)",
+    )
+    p.add_argument("--controller", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--insecure-registry", action="append", default=[], metavar="HOST[:PORT]")
+    p.add_argument("--registry-timeout", type=float, default=30.0)
+    p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
+    return p
+
+
+class KeyValueFormatter(logging.Formatter):
+    """``ts=... level=... logger=... <message>``; messages are key=value already."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        line = f"ts={ts}.{int(record.msecs):03d}Z level={record.levelname.lower()} "
+        line += f"logger={record.name} {record.getMessage()}"
+        if record.exc_info:
+            line += " traceback=" + repr(self.formatException(record.exc_info))
+        return line
+
+
+def configure_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(KeyValueFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # Libraries that might log URLs with tokens stay quiet below WARNING.
+    for noisy in ("urllib3", "requests", "oras"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def socket_path(endpoint: str) -> Path:
+    if not endpoint.startswith("unix://"):
+        raise SystemExit(f"--endpoint {endpoint!r} must be unix:///path/to/socket")
+    return Path(endpoint[len("unix://") :])
+
+
+def remove_stale_socket(path: Path) -> None:
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise SystemExit(f"{path} exists and is not a socket; refusing to remove it")
+    path.unlink()
+
+
+def serve_unix(path: Path, servicers: Sequence[tuple[object, object]]) -> grpc.Server:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_socket(path)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="rpc"))
+    for add, servicer in servicers:
+        add(servicer, server)  # type: ignore[operator]
+    server.add_insecure_port(f"unix://{path}")
+    server.start()
+    return server
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_level)
+    csi_socket = socket_path(args.endpoint)
+    ready = threading.Event()
+    insecure = tuple(args.insecure_registry)
+    timeout = args.registry_timeout
+
+    def puller(credentials: Credentials | None) -> Puller:
+        return RegistryClient(credentials=credentials, insecure=insecure, timeout=timeout)
+
+    publisher: Publisher | None = None
+    m = metrics.Metrics(published=lambda: publisher.published() if publisher else 0)
+    try:
+        images = ImageCache(
+            args.state_dir / "images",
+            puller_factory=puller,
+            limits=extract.Limits(args.max_unpacked_bytes, args.max_unpacked_files),
+            budget_bytes=args.cache_budget,
+            observer=m,
+        )
+        publisher = Publisher(images=images, mounter=Mounter(), kubelet_dir=args.kubelet_dir)
+        publisher.reconcile()
+    except errors.RukpakError as exc:
+        log.error("msg=%r error=%r", "cannot start", exc.message)
+        return 1
+    servicers: list[tuple[object, object]] = [
+        (
+            csi_pb2_grpc.add_IdentityServicer_to_server,
+            IdentityServicer(
+                driver_name=args.driver_name,
+                controller=args.controller,
+                ready=ready.is_set,
+                metrics=m,
+            ),
+        ),
+        (
+            csi_pb2_grpc.add_NodeServicer_to_server,
+            NodeServicer(publisher=publisher, node_id=args.node_id, metrics=m),
+        ),
+    ]
+    if args.controller:
+        registry = VolumeRegistry(args.state_dir / "controller" / "volumes.json")
+        servicers.append(
+            (
+                csi_pb2_grpc.add_ControllerServicer_to_server,
+                ControllerServicer(volumes=registry, metrics=m),
+            )
+        )
+    sockets = [csi_socket]
+    servers = [serve_unix(csi_socket, servicers)]
+    if args.registration_dir is not None:
+        reg = RegistrationServicer(
+            driver_name=args.driver_name,
+            endpoint=args.kubelet_registration_path or str(csi_socket),
+        )
+        reg_socket = args.registration_dir / f"{args.driver_name}-reg.sock"
+        sockets.append(reg_socket)
+        servers.append(
+            serve_unix(
+                reg_socket, [(pluginregistration_pb2_grpc.add_RegistrationServicer_to_server, reg)]
+            )
+        )
+    http = metrics.serve(m, port=args.metrics_port) if args.metrics_port else None
+    ready.set()
+    log.info(
+        "msg=%r driver=%s node_id=%s endpoint=%s state_dir=%s kubelet_dir=%s metrics_port=%s",
+        "serving",
+        args.driver_name,
+        args.node_id,
+        csi_socket,
+        args.state_dir,
+        args.kubelet_dir,
+        args.metrics_port,
+    )
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("msg=%r signal=%s", "stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stop.wait()
+    ready.clear()
+    events = [s.stop(GRACE_SECONDS) for s in servers]
+    for event in events:
+        event.wait(GRACE_SECONDS + 1)
+    if http is not None:
+        http.shutdown()
+    for path in sockets:
+        remove_stale_socket(path)
+    log.info("msg=%r", "stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

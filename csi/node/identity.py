@@ -1,0 +1,57 @@
+"""The CSI Identity service: who the plugin is, what it serves, whether it is ready.
+
+Where it sits: registered beside the Node (and Controller) service on the
+plugin's socket by ``csi.node.__main__``; kubelet, node-driver-registrar,
+livenessprobe and csi-sanity call it first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import grpc
+from google.protobuf import wrappers_pb2
+
+from csi.grpcerrors import RpcObserver, rpc
+from csi.proto import csi_pb2, csi_pb2_grpc
+
+VENDOR_VERSION = "0.1.0"
+
+
+class IdentityServicer(csi_pb2_grpc.IdentityServicer):
+    def __init__(
+        self,
+        *,
+        driver_name: str,
+        controller: bool,
+        ready: Callable[[], bool] = lambda: True,
+        metrics: RpcObserver | None = None,
+    ) -> None:
+        self.driver_name = driver_name
+        self.controller = controller
+        self.ready = ready
+        self.metrics = metrics
+
+    @rpc
+    def GetPluginInfo(
+        self, request: csi_pb2.GetPluginInfoRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.GetPluginInfoResponse:
+        return csi_pb2.GetPluginInfoResponse(name=self.driver_name, vendor_version=VENDOR_VERSION)
+
+    @rpc
+    def GetPluginCapabilities(
+        self, request: csi_pb2.GetPluginCapabilitiesRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.GetPluginCapabilitiesResponse:
+        caps = []
+        if self.controller:
+            service = csi_pb2.PluginCapability.Service(
+                type=csi_pb2.PluginCapability.Service.CONTROLLER_SERVICE
+            )
+            caps.append(csi_pb2.PluginCapability(service=service))
+        return csi_pb2.GetPluginCapabilitiesResponse(capabilities=caps)
+
+    @rpc
+    def Probe(
+        self, request: csi_pb2.ProbeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.ProbeResponse:
+        return csi_pb2.ProbeResponse(ready=wrappers_pb2.BoolValue(value=self.ready()))

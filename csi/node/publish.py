@@ -1,0 +1,252 @@
+"""The publish core: volume attributes → image tree → read-only bind mount on the target.
+
+Where it sits: between the Node servicer (``csi.node.server``), which turns
+gRPC requests into the plain dataclasses here, and the image cache
+(``csi.node.images``) plus the mount seam (``csi.node.mounter``).
+
+Idempotency, as CSI demands:
+
+* publishing the same volume and image on the same target again is success;
+  a different volume or image on a mounted target is AlreadyExists;
+* unpublishing unmounts if mounted, removes the target directory and is
+  success when nothing is there.
+
+Safety: targets must lie strictly inside the configured kubelet directory
+(after resolving symlinks in their parent) and must not themselves be symlinks;
+nothing is mounted or removed anywhere else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from csi import errors
+from csi.node import mounter as mounts
+from csi.node.images import Holder, ImageCache, KeyedLocks, PullPolicy
+from csi.oci.auth import Credentials
+from csi.oci.manifest import Platform
+from csi.oci.reference import Reference
+
+log = logging.getLogger(__name__)
+
+ATTR_IMAGE = "image"
+ATTR_PULL_POLICY = "pullPolicy"
+ATTR_PLATFORM = "platform"
+KNOWN_ATTRIBUTES = (ATTR_IMAGE, ATTR_PULL_POLICY, ATTR_PLATFORM)
+# Added by Kubernetes (podInfoOnMount, ephemeral flag, provisioner metadata).
+K8S_ATTRIBUTE_PREFIX = "csi.storage.k8s.io/"
+SECRET_KEYS = (".dockerconfigjson", ".dockercfg")
+
+
+@dataclass(frozen=True)
+class VolumeSource:
+    """What a volume holds: an image, how to pull it, and for which platform."""
+
+    image: str
+    pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
+    platform: Platform | None = None
+
+    @classmethod
+    def from_attributes(cls, attributes: Mapping[str, str]) -> VolumeSource:
+        """Parse volume attributes (or StorageClass parameters); InvalidArgument if wrong."""
+        unknown = sorted(
+            k
+            for k in attributes
+            if k not in KNOWN_ATTRIBUTES and not k.startswith(K8S_ATTRIBUTE_PREFIX)
+        )
+        if unknown:
+            raise errors.InvalidArgument(
+                f"unknown volume attribute(s) {', '.join(unknown)}; "
+                f"supported: {', '.join(KNOWN_ATTRIBUTES)}"
+            )
+        image = attributes.get(ATTR_IMAGE, "").strip()
+        if not image:
+            raise errors.InvalidArgument(
+                "volume attribute 'image' is required: set it to the bundle image reference, "
+                "e.g. quay.io/org/bundle:v1"
+            )
+        Reference.parse(image)
+        policy = PullPolicy.parse(attributes.get(ATTR_PULL_POLICY) or "IfNotPresent")
+        platform_text = attributes.get(ATTR_PLATFORM, "").strip()
+        platform = Platform.parse(platform_text) if platform_text else None
+        return cls(image=image, pull_policy=policy, platform=platform)
+
+    def attributes(self) -> dict[str, str]:
+        out = {ATTR_IMAGE: self.image, ATTR_PULL_POLICY: self.pull_policy.value}
+        if self.platform is not None:
+            out[ATTR_PLATFORM] = str(self.platform)
+        return out
+
+
+def credentials_from_secrets(secrets: Mapping[str, str]) -> Credentials | None:
+    """Pull credentials from a dockerconfigjson Secret's data; None when there is none."""
+    if not secrets:
+        return None
+    for key in SECRET_KEYS:
+        if key in secrets:
+            return Credentials.from_dockerconfigjson(secrets[key])
+    raise errors.InvalidArgument(
+        "the publish secret has no '.dockerconfigjson' key: use a Secret of type "
+        "kubernetes.io/dockerconfigjson (kubectl create secret docker-registry)"
+    )
+
+
+@dataclass(frozen=True)
+class PublishRequest:
+    volume_id: str
+    target_path: str
+    source: VolumeSource
+    credentials: Credentials | None = field(default=None, repr=False)
+
+
+class Publisher:
+    """Publishes and unpublishes bundle volumes on this node."""
+
+    def __init__(
+        self,
+        *,
+        images: ImageCache,
+        mounter: mounts.MounterProtocol,
+        kubelet_dir: Path,
+        platform: Platform | None = None,
+    ) -> None:
+        self.images = images
+        self.mounter = mounter
+        self.kubelet_dir = Path(os.path.realpath(kubelet_dir))
+        self.platform = platform or Platform.current()
+        self._locks = KeyedLocks()
+
+    def check_target(self, target_path: str) -> Path:
+        """The real path to mount on; InvalidArgument unless strictly inside the kubelet dir."""
+        if not target_path.startswith("/"):
+            raise errors.InvalidArgument(f"target_path {target_path!r} must be absolute")
+        normal = Path(os.path.normpath(target_path))
+        real = Path(os.path.realpath(normal.parent)) / normal.name
+        if (
+            normal.name in ("", ".", "..")
+            or not real.is_relative_to(self.kubelet_dir)
+            or (real == self.kubelet_dir)
+        ):
+            raise errors.InvalidArgument(
+                f"target_path {target_path!r} is outside the kubelet directory "
+                f"{self.kubelet_dir}; the plugin only mounts there (see --kubelet-dir)"
+            )
+        if real.is_symlink():
+            raise errors.InvalidArgument(f"target_path {target_path!r} is a symlink")
+        return real
+
+    def publish(self, req: PublishRequest) -> Path:
+        """Bind-mount the image tree read-only on the target; returns the tree. Idempotent."""
+        target = self.check_target(req.target_path)
+        key = str(target)
+        with self._locks.hold(key):
+            current = mounts.find(self.mounter.mounts(), target)
+            if current is not None:
+                known = self.images.holders().get(key)
+                if known is not None and known.volume_id:
+                    if known.volume_id == req.volume_id and known.image == req.source.image:
+                        log.info(
+                            "msg=%r target=%s volume_id=%s", "already published", key, req.volume_id
+                        )
+                        digest = self.images.holder_digest(key)
+                        if digest is not None:
+                            return self.images.tree_path(digest)
+                    raise errors.AlreadyExists(
+                        f"target {key} already holds volume {known.volume_id} with image "
+                        f"{known.image}; unpublish it first"
+                    )
+            holder = Holder(target=key, volume_id=req.volume_id, image=req.source.image)
+            unpacked = self.images.ensure(
+                req.source.image,
+                platform=req.source.platform or self.platform,
+                pull_policy=req.source.pull_policy,
+                credentials=req.credentials,
+                holder=holder,
+            )
+            if current is not None:
+                # Mounted, but its volume was not recorded (state lost): same tree → OK.
+                if current.root.rstrip("/").endswith("/" + unpacked.path.name):
+                    return unpacked.path
+                self.images.release(key)
+                raise errors.AlreadyExists(
+                    f"target {key} is already a mount point of other content; unpublish it first"
+                )
+            try:
+                if target.exists() and not target.is_dir():
+                    raise errors.InvalidArgument(f"target {key} exists and is not a directory")
+                target.mkdir(mode=0o750, parents=True, exist_ok=True)
+                self.mounter.bind_read_only(unpacked.path, target)
+            except BaseException:
+                self.images.release(key)
+                raise
+            log.info(
+                "msg=%r target=%s volume_id=%s image=%s digest=%s cache_hit=%s",
+                "published",
+                key,
+                req.volume_id,
+                req.source.image,
+                unpacked.digest,
+                unpacked.cache_hit,
+            )
+            return unpacked.path
+
+    def unpublish(self, volume_id: str, target_path: str) -> None:
+        """Unmount and remove the target; success if it is not there. Idempotent."""
+        target = self.check_target(target_path)
+        key = str(target)
+        with self._locks.hold(key):
+            for _ in range(8):  # stacked mounts: peel them all
+                if mounts.find(self.mounter.mounts(), target) is None:
+                    break
+                self.mounter.unmount(target)
+            try:
+                if target.is_dir():
+                    target.rmdir()
+                else:
+                    target.unlink(missing_ok=True)
+            except OSError as exc:
+                if exc.errno == errno.ENOTEMPTY:
+                    raise errors.FailedPrecondition(
+                        f"target {key} is not a mount point but has content; refusing to delete it"
+                    ) from None
+                raise
+            self.images.release(key)
+            log.info("msg=%r target=%s volume_id=%s", "unpublished", key, volume_id)
+
+    def reconcile(self) -> None:
+        """Make recorded holders match the mount table (call at start).
+
+        Records for targets that are no longer mounted are dropped; mounts of our
+        trees under the kubelet dir without a record are adopted (volume unknown),
+        so eviction never removes a tree that is in use.
+        """
+        table = self.mounter.mounts()
+        mounted = {m.mount_point: m for m in table}
+        for target in list(self.images.holders()):
+            if target not in mounted:
+                log.info("msg=%r target=%s", "dropping record of a vanished mount", target)
+                self.images.release(target)
+        holders = self.images.holders()
+        for m in table:
+            point = Path(m.mount_point)
+            parent, name = os.path.split(m.root.rstrip("/"))
+            if (
+                os.path.basename(parent) != "unpacked"
+                or m.mount_point in holders
+                or not point.is_relative_to(self.kubelet_dir)
+            ):
+                continue
+            digest = f"sha256:{name}"
+            with contextlib.suppress(errors.InvalidArgument):
+                if self.images.has_tree(digest):
+                    log.info("msg=%r target=%s digest=%s", "adopting mount", m.mount_point, digest)
+                    self.images.hold(digest, Holder(m.mount_point, volume_id="", image=""))
+
+    def published(self) -> int:
+        return len(self.images.holders())

@@ -1,0 +1,76 @@
+"""The CSI Node service: the gRPC edge of ``csi.node.publish``.
+
+Where it sits: registered on the plugin's unix socket by ``csi.node.__main__``.
+Each RPC validates its request, calls the publish core with plain dataclasses
+and builds the response; errors are ``csi.errors`` values turned into gRPC
+statuses by ``csi.grpcerrors.rpc``. NodeStage/NodeUnstage are not advertised
+and answer UNIMPLEMENTED (inherited from the generated base class).
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from csi import errors
+from csi.grpcerrors import RpcObserver, rpc
+from csi.node import access
+from csi.node.publish import Publisher, PublishRequest, VolumeSource, credentials_from_secrets
+from csi.proto import csi_pb2, csi_pb2_grpc
+
+
+class NodeServicer(csi_pb2_grpc.NodeServicer):
+    """NodePublishVolume / NodeUnpublishVolume / NodeGetInfo / NodeGetCapabilities."""
+
+    def __init__(
+        self, *, publisher: Publisher, node_id: str, metrics: RpcObserver | None = None
+    ) -> None:
+        self.publisher = publisher
+        self.node_id = node_id
+        self.metrics = metrics
+
+    @rpc
+    def NodePublishVolume(
+        self, request: csi_pb2.NodePublishVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodePublishVolumeResponse:
+        """Idempotent: the same volume and image on the same target again is OK."""
+        if not request.volume_id:
+            raise errors.InvalidArgument("volume_id is required")
+        if not request.target_path:
+            raise errors.InvalidArgument("target_path is required")
+        if not request.HasField("volume_capability"):
+            raise errors.InvalidArgument("volume_capability is required")
+        access.check(request.volume_capability)
+        source = VolumeSource.from_attributes(dict(request.volume_context))
+        self.publisher.publish(
+            PublishRequest(
+                volume_id=request.volume_id,
+                target_path=request.target_path,
+                source=source,
+                credentials=credentials_from_secrets(dict(request.secrets)),
+            )
+        )
+        return csi_pb2.NodePublishVolumeResponse()
+
+    @rpc
+    def NodeUnpublishVolume(
+        self, request: csi_pb2.NodeUnpublishVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodeUnpublishVolumeResponse:
+        """Idempotent: an unknown or already removed target is OK."""
+        if not request.volume_id:
+            raise errors.InvalidArgument("volume_id is required")
+        if not request.target_path:
+            raise errors.InvalidArgument("target_path is required")
+        self.publisher.unpublish(request.volume_id, request.target_path)
+        return csi_pb2.NodeUnpublishVolumeResponse()
+
+    @rpc
+    def NodeGetCapabilities(
+        self, request: csi_pb2.NodeGetCapabilitiesRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodeGetCapabilitiesResponse:
+        return csi_pb2.NodeGetCapabilitiesResponse()
+
+    @rpc
+    def NodeGetInfo(
+        self, request: csi_pb2.NodeGetInfoRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodeGetInfoResponse:
+        return csi_pb2.NodeGetInfoResponse(node_id=self.node_id, max_volumes_per_node=0)

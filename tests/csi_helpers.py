@@ -1,0 +1,242 @@
+"""Helpers shared by the CSI tests: build tar layers in memory from a small table.
+
+An entry is ``(name, kind, payload)``: kind ``file`` (payload bytes), ``dir``,
+``symlink`` / ``hardlink`` (payload: link name as str), ``fifo``, ``chr``; an
+optional fourth item is the mode.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import socket
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import zstandard
+
+from csi.node import mounter
+from csi.oci import mediatypes
+from csi.oci.auth import Credentials
+from csi.oci.client import RegistryClient
+from csi.oci.manifest import Manifest
+from csi.oci.reference import Reference
+from csi.proto import csi_pb2
+
+Entry = tuple[Any, ...]
+
+_KINDS = {
+    "file": tarfile.REGTYPE,
+    "dir": tarfile.DIRTYPE,
+    "symlink": tarfile.SYMTYPE,
+    "hardlink": tarfile.LNKTYPE,
+    "fifo": tarfile.FIFOTYPE,
+    "chr": tarfile.CHRTYPE,
+}
+
+
+def tar_bytes(entries: list[Entry]) -> bytes:
+    """A tar archive (PAX format) holding ``entries`` in order."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for entry in entries:
+            name, kind, payload = entry[0], entry[1], entry[2] if len(entry) > 2 else None
+            info = tarfile.TarInfo(name)
+            info.type = _KINDS[kind]
+            info.mode = entry[3] if len(entry) > 3 else (0o755 if kind == "dir" else 0o644)
+            info.mtime = 1_700_000_000
+            data = None
+            if kind == "file":
+                data = payload if isinstance(payload, bytes) else str(payload or "").encode()
+                info.size = len(data)
+            elif kind in ("symlink", "hardlink"):
+                info.linkname = str(payload)
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buf.getvalue()
+
+
+def compress(data: bytes, kind: str) -> bytes:
+    if kind == "gzip":
+        return gzip.compress(data, mtime=0)
+    if kind == "zstd":
+        return zstandard.ZstdCompressor().compress(data)
+    return data
+
+
+def write_layer(directory: Path, name: str, entries: list[Entry], *, kind: str = "gzip") -> Path:
+    path = directory / name
+    path.write_bytes(compress(tar_bytes(entries), kind))
+    return path
+
+
+def tree(root: Path) -> dict[str, str]:
+    """A readable snapshot of a tree: path → ``file:<content>`` / ``dir`` / ``-> target``."""
+    out: dict[str, str] = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            out[rel] = f"-> {path.readlink()}"
+        elif path.is_dir():
+            out[rel] = "dir"
+        else:
+            out[rel] = "file:" + path.read_bytes().decode(errors="replace")
+    return out
+
+
+# --- pushing small test images ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PushedImage:
+    ref: str  # host/repo:tag
+    manifest_digest: str
+    blob_digests: list[str]
+
+
+_LAYER_MEDIA = {
+    "gzip": mediatypes.OCI_LAYER_GZIP,
+    "zstd": mediatypes.OCI_LAYER_ZSTD,
+    "none": mediatypes.OCI_LAYER_TAR,
+}
+
+
+def push_image(
+    host: str,
+    repo: str,
+    tag: str,
+    layers: list[list[Entry]],
+    *,
+    kind: str = "gzip",
+    credentials: Credentials | None = None,
+) -> PushedImage:
+    """Push an OCI image with one tar layer per table in ``layers``; return where it is."""
+    ref = Reference.parse(f"{host}/{repo}:{tag}")
+    with RegistryClient(credentials=credentials) as client:
+        config = json.dumps(
+            {"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []}}
+        ).encode()
+        config_desc = client.push_blob(ref, config, media_type=mediatypes.OCI_CONFIG)
+        layer_descs = [
+            client.push_blob(ref, compress(tar_bytes(entries), kind), media_type=_LAYER_MEDIA[kind])
+            for entries in layers
+        ]
+        manifest = Manifest(mediatypes.OCI_MANIFEST, config_desc, layer_descs)
+        digest = client.push_manifest(ref, manifest.to_json(), mediatypes.OCI_MANIFEST)
+    return PushedImage(str(ref), digest, [config_desc.digest, *(d.digest for d in layer_descs)])
+
+
+def simple_image(host: str, repo: str, tag: str = "v1", *, text: str = "hello") -> PushedImage:
+    """An image holding ``manifests/cm.yaml`` with ``text`` in it."""
+    return push_image(
+        host, repo, tag, [[("manifests/", "dir"), ("manifests/cm.yaml", "file", text.encode())]]
+    )
+
+
+# --- running the plugin process -----------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class PluginProcess:
+    """``python -m csi.node`` on a unix socket in a temp dir; stopped by pid."""
+
+    workdir: Path
+    process: subprocess.Popen[bytes] | None = None
+    metrics_port: int = 0
+    extra_args: tuple[str, ...] = ()
+
+    @property
+    def socket(self) -> Path:
+        return self.workdir / "csi.sock"
+
+    @property
+    def kubelet_dir(self) -> Path:
+        return self.workdir / "kubelet"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.workdir / "state"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "plugin.log"
+
+    def start(self) -> PluginProcess:
+        self.kubelet_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_port = self.metrics_port or free_port()
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable, "-m", "csi.node",
+                    "--endpoint", f"unix://{self.socket}",
+                    "--node-id", "test-node",
+                    "--state-dir", str(self.state_dir),
+                    "--kubelet-dir", str(self.kubelet_dir),
+                    "--metrics-port", str(self.metrics_port),
+                    "--registry-timeout", "5",
+                    *self.extra_args,
+                ],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        channel = grpc.insecure_channel(f"unix://{self.socket}")
+        try:
+            grpc.channel_ready_future(channel).result(timeout=20)
+        except grpc.FutureTimeoutError:
+            raise RuntimeError(f"plugin did not start:\n{self.log()}") from None
+        finally:
+            channel.close()
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL: a crash."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL after a grace period; returns the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        return self.process.returncode
+
+    def unmount_all(self) -> None:
+        """Test cleanup: unmount everything still mounted under the kubelet dir."""
+        for _ in range(100):
+            points = [
+                m.mount_point
+                for m in mounter.Mounter().mounts()
+                if Path(m.mount_point).is_relative_to(self.kubelet_dir.resolve())
+            ]
+            if not points:
+                return
+            subprocess.run(["umount", "-l", points[-1]], check=False)
+
+
+def mount_capability(mode: str = "MULTI_NODE_READER_ONLY") -> csi_pb2.VolumeCapability:
+    return csi_pb2.VolumeCapability(
+        mount=csi_pb2.VolumeCapability.MountVolume(),
+        access_mode=csi_pb2.VolumeCapability.AccessMode(
+            mode=csi_pb2.VolumeCapability.AccessMode.Mode.Value(mode)
+        ),
+    )
