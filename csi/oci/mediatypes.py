@@ -31,16 +31,10 @@ OCI_LAYER_TAR: Final[str] = "application/vnd.oci.image.layer.v1.tar"
 OCI_LAYER_GZIP: Final[str] = "application/vnd.oci.image.layer.v1.tar+gzip"
 OCI_LAYER_ZSTD: Final[str] = "application/vnd.oci.image.layer.v1.tar+zstd"
 OCI_LAYER_NONDIST_TAR: Final[str] = "application/vnd.oci.image.layer.nondistributable.v1.tar"
-OCI_LAYER_NONDIST_GZIP: Final[str] = (
-    "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip"
-)
-OCI_LAYER_NONDIST_ZSTD: Final[str] = (
-    "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd"
-)
+OCI_LAYER_NONDIST_GZIP: Final[str] = "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip"
+OCI_LAYER_NONDIST_ZSTD: Final[str] = "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd"
 DOCKER_LAYER_GZIP: Final[str] = "application/vnd.docker.image.rootfs.diff.tar.gzip"
-DOCKER_LAYER_FOREIGN_GZIP: Final[str] = (
-    "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip"
-)
+DOCKER_LAYER_FOREIGN_GZIP: Final[str] = "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip"
 
 INDEX_TYPES: Final[frozenset[str]] = frozenset({OCI_INDEX, DOCKER_LIST})
 MANIFEST_TYPES: Final[frozenset[str]] = frozenset({OCI_MANIFEST, DOCKER_MANIFEST})
