@@ -1,0 +1,251 @@
+"""``rukpak apply|diff|status|uninstall``: the apply engine from the command line.
+
+The edge over ``provisioner.engine``: parses arguments, builds the ``Kube``
+adapter from ``--kubeconfig`` (or $KUBECONFIG, ~/.kube/config, in-cluster),
+prints progress on stderr and results on stdout. ``provisioner.cli`` calls
+``register`` and turns errors into ``error: <message>`` with exit status 1.
+
+Exit codes: 0 done (and, for ``status``, everything ready); 1 an error;
+2 a usage error; 3 ``diff`` found changes, or ``status`` found objects not ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from csi import errors
+from provisioner.engine import apply, diff, drift, formats, inventory, lifecycle, source
+from provisioner.engine.kube import Kube
+
+EXIT_OK = 0
+EXIT_CHANGES = 3
+
+
+def register(subparsers: Any) -> None:
+    """Add ``apply``, ``diff``, ``status`` and ``uninstall`` to the ``rukpak`` parser."""
+    p = subparsers.add_parser(
+        "apply",
+        help="install or upgrade a bundle directory as a named deployment",
+        description="Apply a bundle (plain+v0: DIR/manifests/*.yaml) with server-side apply, "
+        "in dependency order, then prune what the previous revision had and this one lacks.",
+    )
+    _bundle_args(p)
+    p.add_argument("--no-prune", action="store_true", help="keep objects the bundle dropped")
+    p.add_argument(
+        "--wait", type=float, metavar="SECONDS", default=0, help="then wait until all are ready"
+    )
+    p.add_argument(
+        "--watch", action="store_true", help="then keep correcting drift until interrupted"
+    )
+    p.set_defaults(func=run_apply)
+
+    p = subparsers.add_parser(
+        "diff",
+        help="show what apply would change (server-side dry run); exit 3 if anything",
+    )
+    _bundle_args(p)
+    p.set_defaults(func=run_diff)
+
+    p = subparsers.add_parser("status", help="health of every object a deployment applied")
+    p.add_argument("name", metavar="NAME")
+    _cluster_args(p)
+    p.set_defaults(func=run_status)
+
+    p = subparsers.add_parser("uninstall", help="delete everything a deployment applied")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument(
+        "--deletion-policy",
+        choices=("Delete", "Orphan"),
+        default="Delete",
+        help="Orphan keeps the objects and only removes the owner label (default: Delete)",
+    )
+    _cluster_args(p)
+    p.set_defaults(func=run_uninstall)
+
+
+def _cluster_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
+    p.add_argument("--context", help="kubeconfig context (default: the current one)")
+    p.add_argument(
+        "--system-namespace",
+        default=inventory.DEFAULT_SYSTEM_NAMESPACE,
+        help="where inventories live (default: %(default)s)",
+    )
+    p.add_argument(
+        "--concurrency", type=int, default=8, help="parallel requests (default: %(default)s)"
+    )
+
+
+def _bundle_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", metavar="DIR|IMAGE", help="bundle directory or image reference")
+    p.add_argument("--name", required=True, help="deployment name (owner label, inventory key)")
+    p.add_argument(
+        "-n",
+        "--namespace",
+        default="default",
+        help="namespace for namespaced objects that name none (default: %(default)s)",
+    )
+    p.add_argument(
+        "--adopt", action="store_true", help="take over existing objects no deployment owns"
+    )
+    p.add_argument(
+        "--format",
+        default=formats.DEFAULT_FORMAT,
+        help="bundle format (default: %(default)s)",
+    )
+    p.add_argument("--insecure", action="store_true", help="allow plain HTTP to the registry")
+    p.add_argument(
+        "--registry-config",
+        type=Path,
+        metavar="FILE",
+        help="docker config.json with credentials (default ~/.docker/config.json)",
+    )
+    p.add_argument("--platform", metavar="OS/ARCH", help="image platform (default: this machine)")
+    _cluster_args(p)
+
+
+def _progress(message: str) -> None:
+    print(f"rukpak: {message}", file=sys.stderr, flush=True)
+
+
+def _kube(args: argparse.Namespace) -> Kube:
+    return Kube.from_kubeconfig(
+        args.kubeconfig, context=args.context, pool_size=max(16, args.concurrency + 4)
+    )
+
+
+def _options(args: argparse.Namespace) -> apply.Options:
+    if args.concurrency < 1:
+        raise errors.InvalidArgument("--concurrency must be at least 1")
+    return apply.Options(
+        name=args.name,
+        namespace=args.namespace,
+        adopt=args.adopt,
+        system_namespace=args.system_namespace,
+        concurrency=args.concurrency,
+        prune=not getattr(args, "no_prune", False),
+    )
+
+
+def _load(args: argparse.Namespace) -> formats.Bundle:
+    """Load DIR, or pull IMAGE into a temporary tree, load it, and remove the tree."""
+    if source.looks_like_directory(args.source):
+        return formats.load(Path(args.source).expanduser(), format=args.format)
+    from csi.oci.reference import Reference
+    from provisioner.bundlecli import load_credentials
+
+    ref = Reference.parse(args.source)
+    _progress(f"pulling {ref}")
+    with source.local_bundle(
+        args.source,
+        credentials=load_credentials(args.registry_config),
+        insecure=(ref.registry,) if args.insecure else (),
+        platform=args.platform,
+    ) as root:
+        return formats.load(root, format=args.format)
+
+
+def run_apply(args: argparse.Namespace) -> int:
+    options = _options(args)
+    bundle = _load(args)
+    kube = _kube(args)
+    started = time.monotonic()
+    result = apply.install(kube, bundle, options, progress=_progress)
+    print(
+        f"deployment {options.name}: applied {len(result.applied)} objects,"
+        f" pruned {len(result.pruned)} in {time.monotonic() - started:.1f}s"
+    )
+    for ref, why in result.skipped:
+        print(f"  left alone {ref}: {why}")
+    if args.wait > 0:
+        code = _wait_ready(kube, options, args.wait)
+        if code != EXIT_OK:
+            return code
+    if args.watch:
+        _progress("watching for drift; Ctrl-C to stop")
+        watcher = drift.DriftWatcher(kube, options.name, result.applied, report=_progress)
+        stop = threading.Event()
+        try:
+            watcher.run(stop)
+        except KeyboardInterrupt:
+            stop.set()
+            watcher.stop()
+    return EXIT_OK
+
+
+def _wait_ready(kube: Kube, options: apply.Options, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while True:
+        states = lifecycle.status(kube, options.name, system_namespace=options.system_namespace)
+        waiting = [s for s in states if not s.health.ready]
+        if not waiting:
+            _progress("all objects ready")
+            return EXIT_OK
+        if time.monotonic() > deadline:
+            for s in waiting:
+                print(f"  not ready {s.ref}: {s.health.reason}")
+            return EXIT_CHANGES
+        time.sleep(1.0)
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    options = _options(args)
+    changes = diff.plan(_kube(args), _load(args), options)
+    changed = 0
+    for c in changes:
+        if c.action == "unchanged":
+            continue
+        changed += 1
+        note = f" ({c.detail})" if c.detail and c.action != "update" else ""
+        print(f"{c.action:9} {c.ref}{note}")
+        if c.action == "update":
+            sys.stdout.write(c.detail)
+    print(f"{changed} of {len(changes)} objects would change", file=sys.stderr)
+    return EXIT_CHANGES if changed else EXIT_OK
+
+
+def run_status(args: argparse.Namespace) -> int:
+    states = lifecycle.status(
+        _kube(args), args.name, system_namespace=args.system_namespace, concurrency=args.concurrency
+    )
+    for s in states:
+        mark = "ready" if s.health.ready else "NOT READY"
+        reason = f"  {s.health.reason}" if s.health.reason else ""
+        print(f"{mark:9} {s.ref}{reason}")
+    ready = sum(1 for s in states if s.health.ready)
+    print(f"{ready}/{len(states)} ready", file=sys.stderr)
+    return EXIT_OK if ready == len(states) else EXIT_CHANGES
+
+
+def run_uninstall(args: argparse.Namespace) -> int:
+    result = lifecycle.uninstall(
+        _kube(args),
+        args.name,
+        policy=args.deletion_policy,
+        system_namespace=args.system_namespace,
+        concurrency=args.concurrency,
+        progress=_progress,
+    )
+    print(
+        f"deployment {args.name}: deleted {len(result.pruned)},"
+        f" orphaned {len(result.orphaned)}, left alone {len(result.skipped)}"
+    )
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one of these subcommands alone (tests; ``rukpak`` is the real entry point)."""
+    parser = argparse.ArgumentParser(prog="rukpak")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except errors.RukpakError as err:
+        print(f"error: {err.message}", file=sys.stderr)
+        return 1
+    return code

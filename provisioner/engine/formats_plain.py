@@ -1,0 +1,148 @@
+"""The ``plain+v0`` bundle format: a ``manifests/`` directory of YAML or JSON files.
+
+Rules (upstream RukPak's): the bundle root contains ``manifests/``; it has no
+subdirectories and only ``.yaml``, ``.yml`` or ``.json`` files; each file holds
+one or more documents; the bundle holds at least one object. Files are read in
+name order and documents in file order, so the result is deterministic;
+``ordering`` sorts by kind phase afterwards. Dotfiles (and Kubernetes'
+``..data`` volume links) are skipped. A ``v1 List`` document contributes its
+items. ``provisioner.bundleimage_validate`` runs this same loader at build time.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from provisioner.engine import formats
+from provisioner.engine.errors import BundleInvalid
+from provisioner.engine.formats import Bundle, Manifest, Source
+from provisioner.engine.objects import ObjectRef
+
+NAME = "plain+v0"
+SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def load(root: Path) -> Bundle:
+    manifests_dir = root / "manifests"
+    if not manifests_dir.is_dir():
+        raise BundleInvalid(f"{root}: a plain+v0 bundle must contain a manifests/ directory")
+    manifests: list[Manifest] = []
+    for path in sorted(manifests_dir.iterdir(), key=lambda p: p.name):
+        if path.name.startswith("."):
+            continue
+        rel = f"manifests/{path.name}"
+        if path.is_dir():
+            raise BundleInvalid(f"{rel}: subdirectories are not allowed in a plain+v0 bundle")
+        if not path.is_file():
+            raise BundleInvalid(f"{rel}: not a regular file")
+        if not path.name.endswith(SUFFIXES):
+            raise BundleInvalid(
+                f"{rel}: only .yaml, .yml and .json files belong in manifests/; move it out"
+            )
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise BundleInvalid(f"{rel}: not UTF-8 text ({err})") from None
+        manifests.extend(parse(rel, text))
+    if not manifests:
+        raise BundleInvalid(f"{manifests_dir}: the bundle contains no objects")
+    _refuse_duplicates(manifests)
+    return Bundle(format=NAME, manifests=tuple(manifests))
+
+
+def parse(file: str, text: str) -> list[Manifest]:
+    """The manifests in one file's text; ``file`` is used only in messages."""
+    if file.endswith(".json"):
+        return _parse_json(file, text)
+    return _parse_yaml(file, text)
+
+
+def _parse_json(file: str, text: str) -> list[Manifest]:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise BundleInvalid(
+            f"{file} document 1 (line {err.lineno}): invalid JSON: {err.msg}"
+        ) from None
+    return _objects(doc, Source(file, 1, 1))
+
+
+def _parse_yaml(file: str, text: str) -> list[Manifest]:
+    out: list[Manifest] = []
+    loader = yaml.SafeLoader(text)
+    index = 0
+    try:
+        while loader.check_node():
+            index += 1
+            node = loader.get_node()
+            if node is None:
+                continue
+            source = Source(file, index, node.start_mark.line + 1)
+            out.extend(_objects(loader.construct_document(node), source))
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        line = mark.line + 1 if mark is not None else 0
+        problem = err.problem or err.context or "invalid YAML"
+        raise BundleInvalid(
+            f"{file} document {max(index, 1)} (line {line}): invalid YAML: {problem}"
+        ) from None
+    except yaml.YAMLError as err:
+        raise BundleInvalid(f"{file} document {max(index, 1)}: invalid YAML: {err}") from None
+    finally:
+        loader.dispose()
+    return out
+
+
+def _objects(doc: Any, source: Source) -> list[Manifest]:
+    if doc is None:
+        return []
+    if not isinstance(doc, dict):
+        raise BundleInvalid(f"{source}: expected an object (a mapping), got {type(doc).__name__}")
+    if doc.get("apiVersion") == "v1" and doc.get("kind") == "List":
+        items = doc.get("items") or []
+        if not isinstance(items, list):
+            raise BundleInvalid(f"{source}: List items must be a list")
+        out: list[Manifest] = []
+        for item in items:
+            out.extend(_objects(item, source))
+        return out
+    _check_object(doc, source)
+    return [Manifest(obj=doc, source=source)]
+
+
+def _check_object(doc: dict[str, Any], source: Source) -> None:
+    for key in ("apiVersion", "kind"):
+        if not isinstance(doc.get(key), str) or not doc[key]:
+            raise BundleInvalid(f"{source}: {key} is missing or not a string")
+    meta = doc.get("metadata")
+    if not isinstance(meta, dict):
+        raise BundleInvalid(f"{source}: {doc['kind']} has no metadata")
+    if "generateName" in meta and "name" not in meta:
+        raise BundleInvalid(
+            f"{source}: {doc['kind']} uses generateName; bundle objects need a fixed name"
+        )
+    if not isinstance(meta.get("name"), str) or not meta["name"]:
+        raise BundleInvalid(f"{source}: {doc['kind']} has no metadata.name")
+    namespace = meta.get("namespace")
+    if namespace is not None and not isinstance(namespace, str):
+        raise BundleInvalid(f"{source}: metadata.namespace must be a string")
+
+
+def _refuse_duplicates(manifests: list[Manifest]) -> None:
+    seen: dict[tuple[str, str, str, str], Manifest] = {}
+    for m in manifests:
+        key = ObjectRef.of(m.obj).identity
+        first = seen.setdefault(key, m)
+        if first is not m:
+            raise BundleInvalid(f"{m.source}: {m.ref} is defined twice (first in {first.source})")
+
+
+def _register() -> None:
+    formats.register(NAME, load)
+
+
+_register()

@@ -1,0 +1,327 @@
+"""The one adapter between the engine and the Kubernetes API.
+
+Everything else in the engine is pure; this module turns its decisions into
+HTTP requests through the ``kubernetes`` client's ``ApiClient`` (auth, TLS,
+kubeconfig handling) and turns HTTP failures into ``csi.errors`` values
+carrying the API server's own message. It speaks JSON to raw REST paths
+rather than through the generated typed APIs, so one code path serves every
+kind, including custom resources created moments ago.
+
+Discovery (is a kind namespaced, what is its plural) is cached per
+group/version and refreshed once when a kind is missing, which is how CRDs
+applied earlier in the same run become usable. Every request carries a
+timeout; watches also ask the server to end them (``timeoutSeconds``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import urllib3
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+from csi import errors
+from provisioner.engine.errors import Gone, UnknownKind
+from provisioner.engine.objects import FIELD_MANAGER, Obj, ObjectRef, split_api_version
+
+DEFAULT_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    version: str
+    kind: str
+    plural: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str = "", name: str = "") -> str:
+        base = f"/apis/{self.api_version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{quote(namespace, safe='')}"
+        base += f"/{self.plural}"
+        return f"{base}/{quote(name, safe='')}" if name else base
+
+
+_STATUS_ERRORS: dict[int, type[errors.RukpakError]] = {
+    400: errors.InvalidArgument,
+    401: errors.Unauthenticated,
+    403: errors.PermissionDenied,
+    404: errors.NotFound,
+    409: errors.Aborted,
+    410: Gone,
+    415: errors.InvalidArgument,
+    422: errors.InvalidArgument,
+    429: errors.Unavailable,
+}
+
+
+def error_for(status: int, body: bytes, what: str) -> errors.RukpakError:
+    """The error value for an HTTP failure, with the API server's message."""
+    message = body.decode(errors="replace").strip()
+    reason = ""
+    try:
+        doc = json.loads(body)
+        if isinstance(doc, dict):
+            message = str(doc.get("message") or message)
+            reason = str(doc.get("reason") or "")
+    except ValueError:
+        pass
+    if status == 409 and reason == "AlreadyExists":
+        cls: type[errors.RukpakError] = errors.AlreadyExists
+    elif status >= 500:
+        cls = errors.Unavailable
+    else:
+        cls = _STATUS_ERRORS.get(status, errors.Internal)
+    return cls(f"{what}: {message or f'HTTP {status}'}")
+
+
+class Kube:
+    """JSON over REST to one API server; safe to share between threads."""
+
+    def __init__(self, api: k8s_client.ApiClient, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self._api = api
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._discovery: dict[str, dict[str, Resource]] = {}
+
+    @classmethod
+    def from_kubeconfig(
+        cls, path: str | None = None, *, context: str | None = None, pool_size: int = 16
+    ) -> Kube:
+        """Client for ``path`` (else $KUBECONFIG, else ~/.kube/config, else in-cluster)."""
+        cfg = k8s_client.Configuration()
+        path = path or os.environ.get("KUBECONFIG") or None
+        default = os.path.expanduser("~/.kube/config")
+        try:
+            if path or os.path.exists(default) or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+                load: Callable[..., None] = k8s_config.load_kube_config
+                load(config_file=path, context=context, client_configuration=cfg)
+            else:
+                load_in_cluster: Callable[..., None] = k8s_config.load_incluster_config
+                load_in_cluster(client_configuration=cfg)
+        except (k8s_config.ConfigException, OSError) as err:
+            raise errors.FailedPrecondition(
+                f"cannot load kubeconfig {path or default}: {err}"
+            ) from None
+        cfg.connection_pool_maxsize = max(pool_size, cfg.connection_pool_maxsize or 0)
+        return cls(k8s_client.ApiClient(cfg))
+
+    def close(self) -> None:
+        self._api.close()  # type: ignore[no-untyped-call]
+
+    # -- HTTP ---------------------------------------------------------------
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        query: dict[str, str] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: float | tuple[float, float] | None = None,
+    ) -> Any:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        m, url, h, b, post = self._api.param_serialize(
+            method,
+            path,
+            query_params=list((query or {}).items()),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        try:
+            resp = self._api.call_api(m, url, h, b, post, _request_timeout=timeout or self.timeout)
+            data = resp.read()  # type: ignore[no-untyped-call]
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise errors.Unavailable(f"{what}: API server unreachable: {err}") from None
+        if not 200 <= resp.status < 300:
+            raise error_for(resp.status, data, what)
+        return json.loads(data) if data else None
+
+    # -- discovery ----------------------------------------------------------
+
+    def _fetch_group_version(self, api_version: str) -> dict[str, Resource]:
+        group, version = split_api_version(api_version)
+        path = f"/apis/{api_version}" if group else f"/api/{version}"
+        try:
+            doc = self._send("GET", path, what=f"discovery of {api_version}")
+        except errors.NotFound:
+            return {}
+        out: dict[str, Resource] = {}
+        for r in doc.get("resources") or []:
+            if "/" in r["name"]:
+                continue  # subresource
+            out[r["kind"]] = Resource(group, version, r["kind"], r["name"], bool(r["namespaced"]))
+        return out
+
+    def resource(self, api_version: str, kind: str) -> Resource:
+        """Discovery for one kind; refreshes the group/version once when the kind is missing."""
+        with self._lock:
+            cached = self._discovery.get(api_version)
+        if cached is None or kind not in cached:
+            fresh = self._fetch_group_version(api_version)
+            with self._lock:
+                self._discovery[api_version] = fresh
+            cached = fresh
+        found = cached.get(kind)
+        if found is None:
+            raise UnknownKind(
+                f"the API server has no resource for apiVersion {api_version} kind {kind}"
+                " (is its CRD installed?)"
+            )
+        return found
+
+    # -- objects ------------------------------------------------------------
+
+    def _locate(self, ref: ObjectRef) -> Resource:
+        return self.resource(ref.api_version, ref.kind)
+
+    def get(self, ref: ObjectRef) -> Obj | None:
+        """The live object, or None when it (or its kind) does not exist."""
+        try:
+            res = self._locate(ref)
+            result: Obj = self._send("GET", res.path(ref.namespace, ref.name), what=f"get {ref}")
+        except (errors.NotFound, UnknownKind):
+            return None
+        return result
+
+    def apply(self, obj: Obj, *, force: bool = True, dry_run: bool = False) -> Obj:
+        """Server-side apply of ``obj`` under the ``rukpak`` field manager; the live result."""
+        ref = ObjectRef.of(obj)
+        res = self._locate(ref)
+        query = {"fieldManager": FIELD_MANAGER, "force": "true" if force else "false"}
+        if dry_run:
+            query["dryRun"] = "All"
+        result: Obj = self._send(
+            "PATCH",
+            res.path(ref.namespace, ref.name),
+            what=f"apply {ref}",
+            query=query,
+            body=obj,
+            content_type="application/apply-patch+yaml",
+        )
+        return result
+
+    def merge_patch(self, ref: ObjectRef, patch: Obj) -> Obj:
+        res = self._locate(ref)
+        result: Obj = self._send(
+            "PATCH",
+            res.path(ref.namespace, ref.name),
+            what=f"patch {ref}",
+            body=patch,
+            content_type="application/merge-patch+json",
+        )
+        return result
+
+    def delete(self, ref: ObjectRef, *, propagation: str = "Background") -> bool:
+        """Delete ``ref``; False when it was already gone (idempotent)."""
+        try:
+            res = self._locate(ref)
+            self._send(
+                "DELETE",
+                res.path(ref.namespace, ref.name),
+                what=f"delete {ref}",
+                body={
+                    "kind": "DeleteOptions",
+                    "apiVersion": "v1",
+                    "propagationPolicy": propagation,
+                },
+            )
+        except (errors.NotFound, UnknownKind):
+            return False
+        return True
+
+    def list(
+        self,
+        api_version: str,
+        kind: str,
+        *,
+        namespace: str = "",
+        label_selector: str = "",
+    ) -> tuple[list[Obj], str]:
+        """Objects of a kind (every namespace unless ``namespace``), and the resourceVersion."""
+        res = self.resource(api_version, kind)
+        query: dict[str, str] = {"limit": "500"}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        items: list[Obj] = []
+        while True:
+            doc = self._send("GET", res.path(namespace), what=f"list {kind}", query=query)
+            for item in doc.get("items") or []:
+                item.setdefault("apiVersion", api_version)
+                item.setdefault("kind", kind)
+                items.append(item)
+            meta = doc.get("metadata") or {}
+            if not meta.get("continue"):
+                return items, str(meta.get("resourceVersion", ""))
+            query["continue"] = meta["continue"]
+
+    def watch(
+        self,
+        api_version: str,
+        kind: str,
+        *,
+        resource_version: str,
+        label_selector: str = "",
+        timeout_seconds: int = 60,
+    ) -> Iterator[tuple[str, Obj]]:
+        """Events ``(type, object)`` after ``resource_version``; raises ``Gone`` on 410.
+
+        Ends when the server closes the watch (after ``timeout_seconds``); the
+        client read timeout is a little longer so a dead connection cannot hang.
+        """
+        res = self.resource(api_version, kind)
+        query = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        if label_selector:
+            query["labelSelector"] = label_selector
+        m, url, h, b, post = self._api.param_serialize(
+            "GET",
+            res.path(),
+            query_params=list(query.items()),
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        try:
+            resp = self._api.call_api(
+                m, url, h, b, post, _request_timeout=(self.timeout, timeout_seconds + 15)
+            )
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise errors.Unavailable(f"watch {kind}: API server unreachable: {err}") from None
+        raw = resp.response
+        try:
+            if resp.status != 200:
+                raise error_for(resp.status, raw.data, f"watch {kind}")
+            for line in raw:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    code = int(obj.get("code") or 500)
+                    raise error_for(code, json.dumps(obj).encode(), f"watch {kind}")
+                yield str(event.get("type")), obj
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise errors.Unavailable(f"watch {kind}: stream broke: {err}") from None
+        finally:
+            raw.release_conn()

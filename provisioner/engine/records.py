@@ -1,0 +1,32 @@
+"""Where inventories live: one ConfigMap per deployment in the system namespace.
+
+The adapter-facing half of ``inventory`` (which stays pure): read, write and
+delete a deployment's inventory through ``Kube``. Writing creates the system
+namespace first when it is missing.
+"""
+
+from __future__ import annotations
+
+from provisioner.engine import inventory
+from provisioner.engine.kube import Kube
+from provisioner.engine.objects import ObjectRef
+
+
+def read_inventory(kube: Kube, name: str, *, system_namespace: str) -> inventory.Inventory | None:
+    ref = ObjectRef("", "v1", "ConfigMap", system_namespace, inventory.configmap_name(name))
+    cm = kube.get(ref)
+    return inventory.from_configmap(cm) if cm is not None else None
+
+
+def write_inventory(kube: Kube, inv: inventory.Inventory, *, system_namespace: str) -> None:
+    ns_ref = ObjectRef("", "v1", "Namespace", "", system_namespace)
+    if kube.get(ns_ref) is None:
+        kube.apply(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": system_namespace}}
+        )
+    kube.apply(inventory.to_configmap(inv, system_namespace=system_namespace))
+
+
+def delete_inventory(kube: Kube, name: str, *, system_namespace: str) -> None:
+    ref = ObjectRef("", "v1", "ConfigMap", system_namespace, inventory.configmap_name(name))
+    kube.delete(ref)

@@ -1,0 +1,359 @@
+"""The apply engine against a real kube-apiserver (etcd + kube-apiserver, no controllers).
+
+Each test uses its own deployment name and namespace, so they share one API server.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from provisioner.engine import apply, formats, inventory, records
+from provisioner.engine.errors import (
+    ApplyFailed,
+    BundleInvalid,
+    CRDUpgradeUnsafe,
+    OwnershipConflict,
+)
+from provisioner.engine.kube import Kube
+from provisioner.engine.objects import OWNER_LABEL, ObjectRef
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def kube(kube_apiserver: Any) -> Iterator[Kube]:
+    client = Kube.from_kubeconfig(str(kube_apiserver.kubeconfig))
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def name() -> str:
+    return f"t-{uuid.uuid4().hex[:8]}"
+
+
+def write_bundle(root: Path, files: dict[str, list[dict[str, Any]]]) -> formats.Bundle:
+    manifests = root / "manifests"
+    manifests.mkdir(parents=True, exist_ok=True)
+    for old in manifests.iterdir():
+        old.unlink()
+    for file, docs in files.items():
+        (manifests / file).write_text(yaml.safe_dump_all(docs))
+    return formats.load(root)
+
+
+def namespace(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+
+
+def configmap(name: str, namespace: str | None = None, **data: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if namespace:
+        meta["namespace"] = namespace
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
+
+
+def crd(
+    group: str,
+    *,
+    versions: list[tuple[str, bool, bool]],
+    spec_props: dict[str, Any] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    props = spec_props or {"size": {"type": "integer"}}
+    meta: dict[str, Any] = {"name": f"widgets.{group}"}
+    if annotations:
+        meta["annotations"] = annotations
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": meta,
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {
+                "kind": "Widget",
+                "plural": "widgets",
+                "singular": "widget",
+                "listKind": "WidgetList",
+            },
+            "versions": [
+                {
+                    "name": v,
+                    "served": served,
+                    "storage": storage,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {"spec": {"type": "object", "properties": props}},
+                        }
+                    },
+                }
+                for v, served, storage in versions
+            ],
+        },
+    }
+
+
+def widget(group: str, version: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{group}/{version}",
+        "kind": "Widget",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def test_a_bundle_with_a_crd_and_its_resources_installs_in_one_revision(
+    kube: Kube, name: str, tmp_path: Path
+) -> None:
+    group = f"{name}.example.com"
+    bundle = write_bundle(
+        tmp_path,
+        {
+            "00_widgets.yaml": [
+                widget(group, "v1", "w1", {"size": 1}),
+                widget(group, "v1", "w2", {"size": 2}),
+            ],
+            "01_crd.yaml": [crd(group, versions=[("v1", True, True)])],
+            "02_ns.yaml": [namespace(name), configmap("settings", mode="fast")],
+        },
+    )
+    result = apply.install(kube, bundle, apply.Options(name=name, namespace=name))
+    assert [a.ref.kind for a in result.applied] == [
+        "Namespace",
+        "CustomResourceDefinition",
+        "ConfigMap",
+        "Widget",
+        "Widget",
+    ]
+    w1 = kube.get(ObjectRef(group, "v1", "Widget", name, "w1"))
+    assert w1 is not None and w1["spec"] == {"size": 1}
+    assert w1["metadata"]["labels"][OWNER_LABEL] == name
+    inv = records.read_inventory(kube, name, system_namespace=inventory.DEFAULT_SYSTEM_NAMESPACE)
+    assert inv is not None and len(inv.refs) == 5
+    # a second install of the same bundle is a no-op on the server
+    before = w1["metadata"]["resourceVersion"]
+    apply.install(kube, bundle, apply.Options(name=name, namespace=name))
+    again = kube.get(ObjectRef(group, "v1", "Widget", name, "w1"))
+    assert again is not None and again["metadata"]["resourceVersion"] == before
+
+
+def test_namespaced_objects_without_a_namespace_land_in_the_install_namespace(
+    kube: Kube, name: str, tmp_path: Path
+) -> None:
+    bundle = write_bundle(
+        tmp_path, {"a.yaml": [namespace(name), configmap("plain"), configmap("pinned", name)]}
+    )
+    apply.install(kube, bundle, apply.Options(name=name, namespace=name))
+    assert kube.get(ObjectRef("", "v1", "ConfigMap", name, "plain")) is not None
+    assert kube.get(ObjectRef("", "v1", "Namespace", "", name)) is not None
+
+
+def test_an_upgrade_prunes_what_the_new_revision_no_longer_has(
+    kube: Kube, name: str, tmp_path: Path
+) -> None:
+    opts = apply.Options(name=name, namespace=name)
+    apply.install(
+        kube,
+        write_bundle(tmp_path, {"a.yaml": [namespace(name), configmap("keep"), configmap("drop")]}),
+        opts,
+    )
+    result = apply.install(
+        kube, write_bundle(tmp_path, {"a.yaml": [namespace(name), configmap("keep", x="2")]}), opts
+    )
+    assert result.pruned == [ObjectRef("", "v1", "ConfigMap", name, "drop")]
+    assert kube.get(ObjectRef("", "v1", "ConfigMap", name, "drop")) is None
+    kept = kube.get(ObjectRef("", "v1", "ConfigMap", name, "keep"))
+    assert kept is not None and kept["data"] == {"x": "2"}
+    inv = records.read_inventory(kube, name, system_namespace=opts.system_namespace)
+    assert inv is not None and {r.name for r in inv.refs} == {name, "keep"}
+
+
+def test_an_object_owned_by_another_deployment_is_never_taken_over(
+    kube: Kube, name: str, tmp_path: Path
+) -> None:
+    bundle = write_bundle(tmp_path, {"a.yaml": [namespace(name), configmap("shared")]})
+    apply.install(kube, bundle, apply.Options(name=name, namespace=name))
+    other = write_bundle(tmp_path / "other", {"b.yaml": [configmap("shared", name, taken="yes")]})
+    with pytest.raises(
+        OwnershipConflict,
+        match=rf"ConfigMap {name}/shared from manifests/b.yaml document 1 .* is owned by"
+        rf" deployment '{name}'; deployment 'intruder' will not",
+    ):
+        apply.install(kube, other, apply.Options(name="intruder", namespace=name))
+    live = kube.get(ObjectRef("", "v1", "ConfigMap", name, "shared"))
+    assert live is not None and "taken" not in (live.get("data") or {})
+
+
+def test_an_unowned_object_is_adopted_only_when_asked(
+    kube: Kube, name: str, tmp_path: Path
+) -> None:
+    kube.apply(namespace(name))
+    kube.apply(configmap("legacy", name, old="1"))
+    bundle = write_bundle(tmp_path, {"a.yaml": [configmap("legacy", name, new="1")]})
+    with pytest.raises(OwnershipConflict, match="no deployment owns it; adopt it explicitly"):
+        apply.install(kube, bundle, apply.Options(name=name, namespace=name))
+    apply.install(kube, bundle, apply.Options(name=name, namespace=name, adopt=True))
+    live = kube.get(ObjectRef("", "v1", "ConfigMap", name, "legacy"))
+    assert live is not None and live["metadata"]["labels"][OWNER_LABEL] == name
+
+
+def test_unknown_kinds_are_refused_before_anything_is_applied(
+    kube: Kube, name: str, tmp_path: Path
+) -> None:
+    bundle = write_bundle(
+        tmp_path,
+        {
+            "a.yaml": [
+                namespace(name),
+                {"apiVersion": "nope.example.com/v1", "kind": "Thing", "metadata": {"name": "t"}},
+            ]
+        },
+    )
+    with pytest.raises(
+        BundleInvalid,
+        match=r"manifests/a.yaml document 2 .*no resource for apiVersion"
+        r" nope.example.com/v1 kind Thing",
+    ):
+        apply.install(kube, bundle, apply.Options(name=name, namespace=name))
+    assert kube.get(ObjectRef("", "v1", "Namespace", "", name)) is None
+
+
+def test_a_rejected_object_stops_its_phase_and_keeps_the_inventory(
+    kube: Kube, name: str, tmp_path: Path
+) -> None:
+    bad = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "svc"},
+        "spec": {"ports": [{"port": 99999}]},
+    }
+    bundle = write_bundle(tmp_path, {"a.yaml": [namespace(name), configmap("ok"), bad]})
+    with pytest.raises(
+        ApplyFailed,
+        match=rf"(?s)phase .other..*Service {name}/svc from manifests/a.yaml document 3",
+    ):
+        apply.install(kube, bundle, apply.Options(name=name, namespace=name))
+    assert kube.get(ObjectRef("", "v1", "ConfigMap", name, "ok")) is not None
+    inv = records.read_inventory(kube, name, system_namespace=inventory.DEFAULT_SYSTEM_NAMESPACE)
+    assert inv is not None and ObjectRef("", "v1", "ConfigMap", name, "ok") in inv.refs
+
+
+def test_a_missing_namespace_is_named_in_the_error(kube: Kube, name: str, tmp_path: Path) -> None:
+    bundle = write_bundle(tmp_path, {"a.yaml": [configmap("orphan")]})
+    with pytest.raises(
+        ApplyFailed,
+        match=rf"(?s)ConfigMap {name}/orphan from manifests/a.yaml"
+        rf".*namespaces \"{name}\" not found",
+    ):
+        apply.install(kube, bundle, apply.Options(name=name, namespace=name))
+
+
+class TestCRDUpgradeSafety:
+    def install_v1(self, kube: Kube, name: str, tmp_path: Path, size: int) -> str:
+        group = f"{name}.example.com"
+        bundle = write_bundle(
+            tmp_path,
+            {
+                "a.yaml": [
+                    namespace(name),
+                    crd(group, versions=[("v1", True, True)]),
+                    widget(group, "v1", "w", {"size": size}),
+                ]
+            },
+        )
+        apply.install(kube, bundle, apply.Options(name=name, namespace=name))
+        return group
+
+    def test_removing_a_stored_version_is_refused(
+        self, kube: Kube, name: str, tmp_path: Path
+    ) -> None:
+        group = self.install_v1(kube, name, tmp_path, 5)
+        bundle = write_bundle(
+            tmp_path,
+            {
+                "a.yaml": [
+                    namespace(name),
+                    crd(group, versions=[("v2", True, True)]),
+                    widget(group, "v2", "w", {"size": 5}),
+                ]
+            },
+        )
+        with pytest.raises(
+            CRDUpgradeUnsafe,
+            match=f"CRD widgets.{group}: version v1 is removed but listed in status.storedVersions",
+        ):
+            apply.install(kube, bundle, apply.Options(name=name, namespace=name))
+
+    def test_unserving_a_stored_version_is_refused(
+        self, kube: Kube, name: str, tmp_path: Path
+    ) -> None:
+        group = self.install_v1(kube, name, tmp_path, 5)
+        bundle = write_bundle(
+            tmp_path,
+            {
+                "a.yaml": [
+                    namespace(name),
+                    crd(group, versions=[("v1", False, False), ("v2", True, True)]),
+                ]
+            },
+        )
+        with pytest.raises(
+            CRDUpgradeUnsafe, match="version v1 is stored but would no longer be served"
+        ):
+            apply.install(kube, bundle, apply.Options(name=name, namespace=name))
+
+    def test_a_schema_existing_resources_would_fail_is_refused(
+        self, kube: Kube, name: str, tmp_path: Path
+    ) -> None:
+        group = self.install_v1(kube, name, tmp_path, 50)
+        tighter = crd(
+            group,
+            versions=[("v1", True, True)],
+            spec_props={"size": {"type": "integer", "maximum": 10}},
+        )
+        bundle = write_bundle(tmp_path, {"a.yaml": [namespace(name), tighter]})
+        with pytest.raises(
+            CRDUpgradeUnsafe,
+            match=rf"CRD widgets.{group} version v1: existing Widget {name}/w"
+            r" field .spec.size: 50 is greater than the maximum 10",
+        ):
+            apply.install(kube, bundle, apply.Options(name=name, namespace=name))
+
+    def test_the_opt_out_annotation_lets_an_unsafe_upgrade_through(
+        self, kube: Kube, name: str, tmp_path: Path
+    ) -> None:
+        group = self.install_v1(kube, name, tmp_path, 50)
+        tighter = crd(
+            group,
+            versions=[("v1", True, True)],
+            spec_props={"size": {"type": "integer", "maximum": 10}},
+            annotations={"core.rukpak.io/crd-upgrade-safety": "disabled"},
+        )
+        bundle = write_bundle(tmp_path, {"a.yaml": [namespace(name), tighter]})
+        apply.install(kube, bundle, apply.Options(name=name, namespace=name))
+
+    def test_a_compatible_new_version_is_accepted(
+        self, kube: Kube, name: str, tmp_path: Path
+    ) -> None:
+        group = self.install_v1(kube, name, tmp_path, 5)
+        bundle = write_bundle(
+            tmp_path,
+            {
+                "a.yaml": [
+                    namespace(name),
+                    crd(group, versions=[("v1", True, False), ("v2", True, True)]),
+                    widget(group, "v2", "w", {"size": 6}),
+                ]
+            },
+        )
+        apply.install(kube, bundle, apply.Options(name=name, namespace=name))
+        live = kube.get(ObjectRef(group, "v2", "Widget", name, "w"))
+        assert live is not None and live["spec"]["size"] == 6

@@ -1,0 +1,185 @@
+"""Diff, status, uninstall and drift correction against a real kube-apiserver."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from csi import errors
+from provisioner.engine import apply, diff, drift, lifecycle, records
+from provisioner.engine.kube import Kube
+from provisioner.engine.objects import DELETION_POLICY_ANNOTATION, OWNER_LABEL, ObjectRef
+from tests.test_apply_cluster import configmap, kube, name, namespace, write_bundle
+
+pytestmark = pytest.mark.cluster
+__all__ = ["kube", "name"]  # fixtures
+
+
+def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)
+
+
+def test_diff_shows_creates_updates_and_prunes_without_writing(
+    kube: Kube, name: str, tmp_path: Path
+) -> None:
+    opts = apply.Options(name=name, namespace=name)
+    apply.install(
+        kube,
+        write_bundle(
+            tmp_path,
+            {
+                "a.yaml": [
+                    namespace(name),
+                    configmap("same", k="v"),
+                    configmap("edit", k="old"),
+                    configmap("gone"),
+                ]
+            },
+        ),
+        opts,
+    )
+    bundle = write_bundle(
+        tmp_path,
+        {
+            "a.yaml": [
+                namespace(name),
+                configmap("same", k="v"),
+                configmap("edit", k="new"),
+                configmap("fresh"),
+            ]
+        },
+    )
+    changes = {(c.ref.kind, c.ref.name): c for c in diff.plan(kube, bundle, opts)}
+    assert {k: c.action for k, c in changes.items()} == {
+        ("Namespace", name): "unchanged",
+        ("ConfigMap", "same"): "unchanged",
+        ("ConfigMap", "edit"): "update",
+        ("ConfigMap", "fresh"): "create",
+        ("ConfigMap", "gone"): "prune",
+    }
+    assert "-  k: old\n+  k: new\n" in changes[("ConfigMap", "edit")].detail
+    assert kube.get(ObjectRef("", "v1", "ConfigMap", name, "fresh")) is None
+
+
+def test_diff_of_a_fresh_bundle_with_its_own_namespace_and_crd_only_creates(
+    kube: Kube, name: str, tmp_path: Path
+) -> None:
+    from tests.test_apply_cluster import crd, widget
+
+    group = f"{name}.example.com"
+    bundle = write_bundle(
+        tmp_path,
+        {
+            "a.yaml": [
+                namespace(name),
+                configmap("c"),
+                crd(group, versions=[("v1", True, True)]),
+                widget(group, "v1", "w", {"size": 1}),
+            ]
+        },
+    )
+    actions = {
+        c.ref.kind: c.action
+        for c in diff.plan(kube, bundle, apply.Options(name=name, namespace=name))
+    }
+    assert actions == {
+        "Namespace": "create",
+        "ConfigMap": "create",
+        "CustomResourceDefinition": "create",
+        "Widget": "create",
+    }
+
+
+def test_status_reports_health_of_every_inventoried_object(
+    kube: Kube, name: str, tmp_path: Path
+) -> None:
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "c", "image": "example.invalid/x"}]},
+            },
+        },
+    }
+    apply.install(
+        kube,
+        write_bundle(tmp_path, {"a.yaml": [namespace(name), configmap("c"), deployment]}),
+        apply.Options(name=name, namespace=name),
+    )
+    states = {s.ref.kind: s.health for s in lifecycle.status(kube, name)}
+    assert states["ConfigMap"].ready and states["Namespace"].ready
+    # no controller-manager runs here, so the Deployment is never observed
+    assert (
+        not states["Deployment"].ready
+        and "not observed generation 1" in states["Deployment"].reason
+    )
+
+
+def test_uninstall_deletes_owned_objects_and_honours_orphan(
+    kube: Kube, name: str, tmp_path: Path
+) -> None:
+    keep = configmap("keep")
+    keep["metadata"]["annotations"] = {DELETION_POLICY_ANNOTATION: "Orphan"}
+    apply.install(
+        kube,
+        write_bundle(tmp_path, {"a.yaml": [namespace(name), configmap("drop"), keep]}),
+        apply.Options(name=name, namespace=name),
+    )
+    result = lifecycle.uninstall(kube, name)
+    assert result.pruned == [
+        ObjectRef("", "v1", "ConfigMap", name, "drop"),
+        ObjectRef("", "v1", "Namespace", "", name),
+    ]
+    assert result.orphaned == [ObjectRef("", "v1", "ConfigMap", name, "keep")]
+    # no namespace controller runs here, so the orphan outlives its Terminating namespace
+    kept = kube.get(ObjectRef("", "v1", "ConfigMap", name, "keep"))
+    assert kept is not None and OWNER_LABEL not in (kept["metadata"].get("labels") or {})
+    assert records.read_inventory(kube, name, system_namespace="rukpak-system") is None
+    with pytest.raises(errors.NotFound, match="no deployment"):
+        lifecycle.uninstall(kube, name)
+
+
+def test_drift_is_corrected_within_seconds_and_steady_state_sends_no_writes(
+    kube: Kube, name: str, tmp_path: Path
+) -> None:
+    result = apply.install(
+        kube,
+        write_bundle(
+            tmp_path,
+            {"a.yaml": [namespace(name), configmap("cfg", mode="fast"), configmap("other")]},
+        ),
+        apply.Options(name=name, namespace=name),
+    )
+    events: list[str] = []
+    watcher = drift.DriftWatcher(kube, name, result.applied, report=events.append, watch_timeout=5)
+    watcher.start()
+    try:
+        time.sleep(2)
+        assert watcher.corrections == 0, events
+        cfg = ObjectRef("", "v1", "ConfigMap", name, "cfg")
+        kube.merge_patch(cfg, {"data": {"mode": "slow", "extra": "kept"}})
+        eventually(lambda: (kube.get(cfg) or {}).get("data", {}).get("mode") == "fast")
+        live = kube.get(cfg)
+        assert live is not None and live["data"]["extra"] == "kept"  # not ours to remove
+        kube.delete(ObjectRef("", "v1", "ConfigMap", name, "other"))
+        eventually(lambda: kube.get(ObjectRef("", "v1", "ConfigMap", name, "other")) is not None)
+        kube.merge_patch(cfg, {"metadata": {"labels": {OWNER_LABEL: None}}})
+        eventually(
+            lambda: OWNER_LABEL in ((kube.get(cfg) or {}).get("metadata", {}).get("labels") or {})
+        )
+        settled = watcher.corrections
+        assert settled == 3, events
+        time.sleep(7)  # past a watch timeout: re-watch must not write either
+        assert watcher.corrections == settled, events
+    finally:
+        watcher.stop()

@@ -1,0 +1,108 @@
+"""plain+v0 bundle loading: layout rules and errors that name file, document and line."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from provisioner.engine import formats
+from provisioner.engine.errors import BundleInvalid
+
+
+def bundle(tmp_path: Path, files: dict[str, str]) -> Path:
+    (tmp_path / "manifests").mkdir()
+    for name, text in files.items():
+        (tmp_path / "manifests" / name).write_text(text)
+    return tmp_path
+
+
+CM = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {}\n"
+
+
+def test_files_are_read_in_name_order_and_documents_in_file_order(tmp_path: Path) -> None:
+    root = bundle(
+        tmp_path,
+        {"b.yaml": CM.format("b1") + "---\n" + CM.format("b2"), "a.yaml": CM.format("a")},
+    )
+    loaded = formats.load(root)
+    assert [m.ref.name for m in loaded.manifests] == ["a", "b1", "b2"]
+    assert [(m.source.file, m.source.document, m.source.line) for m in loaded.manifests] == [
+        ("manifests/a.yaml", 1, 1),
+        ("manifests/b.yaml", 1, 1),
+        ("manifests/b.yaml", 2, 6),
+    ]
+
+
+def test_json_files_and_v1_lists_contribute_objects(tmp_path: Path) -> None:
+    root = bundle(
+        tmp_path,
+        {
+            "a.json": '{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "j"}}',
+            "b.yaml": "apiVersion: v1\nkind: List\nitems:\n- "
+            + CM.format("x").replace("\n", "\n  "),
+        },
+    )
+    assert [m.ref.name for m in formats.load(root).manifests] == ["j", "x"]
+
+
+def test_empty_documents_and_dotfiles_are_skipped(tmp_path: Path) -> None:
+    root = bundle(tmp_path, {"a.yaml": "---\n" + CM.format("a") + "---\n", ".hidden": "junk: ["})
+    assert [m.ref.name for m in formats.load(root).manifests] == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({}, "contains no objects"),
+        ({"a.yaml": "---\n"}, "contains no objects"),
+        ({"README.md": "# hi"}, "manifests/README.md: only .yaml, .yml and .json files"),
+        (
+            {"a.yaml": CM.format("a") + "---\nkind: a: b\n"},
+            "manifests/a.yaml document 2 (line 6): invalid YAML: mapping values",
+        ),
+        (
+            {"a.json": '{"apiVersion": \n  "v1",, }'},
+            "manifests/a.json document 1 (line 2): invalid JSON",
+        ),
+        ({"a.yaml": "- 1\n- 2\n"}, "document 1 (line 1): expected an object"),
+        ({"a.yaml": "kind: ConfigMap\nmetadata: {name: a}\n"}, "apiVersion is missing"),
+        ({"a.yaml": "apiVersion: v1\nkind: ConfigMap\n"}, "ConfigMap has no metadata"),
+        (
+            {"a.yaml": "apiVersion: v1\nkind: Pod\nmetadata: {generateName: p-}\n"},
+            "uses generateName",
+        ),
+        (
+            {"a.yaml": CM.format("a"), "b.yaml": CM.format("a")},
+            "defined twice (first in manifests/a",
+        ),
+    ],
+)
+def test_bad_bundles_are_refused_naming_the_place(
+    tmp_path: Path, files: dict[str, str], message: str
+) -> None:
+    root = bundle(tmp_path, files)
+    with pytest.raises(BundleInvalid, match=re.escape(message)):
+        formats.load(root)
+
+
+def test_a_bundle_without_a_manifests_directory_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(BundleInvalid, match="must contain a manifests/ directory"):
+        formats.load(tmp_path)
+
+
+def test_subdirectories_are_refused(tmp_path: Path) -> None:
+    root = bundle(tmp_path, {"a.yaml": CM.format("a")})
+    (root / "manifests" / "nested").mkdir()
+    with pytest.raises(BundleInvalid, match="manifests/nested: subdirectories are not allowed"):
+        formats.load(root)
+
+
+def test_unknown_formats_are_refused_and_new_ones_can_register(tmp_path: Path) -> None:
+    with pytest.raises(BundleInvalid, match="unknown bundle format 'nope'"):
+        formats.load(tmp_path, format="nope")
+    empty = formats.Bundle(format="test+v0", manifests=())
+    formats.register("test+v0", lambda root: empty)
+    assert formats.load(tmp_path, format="test+v0") is empty
+    assert "plain+v0" in formats.names()
