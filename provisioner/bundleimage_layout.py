@@ -19,13 +19,13 @@ import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from csi import errors
 from csi.oci import digest as digests
 from csi.oci import mediatypes
+from csi.oci.manifest import Descriptor, Index, Manifest, parse_manifest
 
 LAYOUT_VERSION = "1.0.0"
 REF_NAME = "org.opencontainers.image.ref.name"
@@ -34,57 +34,6 @@ IMAGE_NAME = "io.containerd.image.name"
 # JSON documents in a layout (index, manifests, configs) are small; a bigger
 # one means the layout is not what we think it is.
 MAX_JSON_BYTES = 4 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Blob:
-    """A descriptor as the image spec defines it, reduced to what a layout needs."""
-
-    media_type: str
-    digest: str
-    size: int
-    annotations: dict[str, str] = field(default_factory=dict)
-    platform: dict[str, str] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "mediaType": self.media_type,
-            "digest": self.digest,
-            "size": self.size,
-        }
-        if self.platform:
-            out["platform"] = dict(self.platform)
-        if self.annotations:
-            out["annotations"] = dict(sorted(self.annotations.items()))
-        return out
-
-    @classmethod
-    def from_json(cls, data: object, *, where: str) -> Blob:
-        if not isinstance(data, dict):
-            raise errors.InvalidArgument(f"{where}: a descriptor must be a JSON object")
-        media_type, digest, size = data.get("mediaType"), data.get("digest"), data.get("size")
-        if not isinstance(media_type, str) or not media_type:
-            raise errors.InvalidArgument(f"{where}: descriptor has no mediaType")
-        if not isinstance(digest, str):
-            raise errors.InvalidArgument(f"{where}: descriptor has no digest")
-        digests.check(digest, what=where)
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise errors.InvalidArgument(f"{where}: descriptor size {size!r} is not a size")
-        annotations = data.get("annotations") or {}
-        platform = data.get("platform")
-        if not isinstance(annotations, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
-        ):
-            raise errors.InvalidArgument(f"{where}: annotations must map strings to strings")
-        if platform is not None and not isinstance(platform, dict):
-            raise errors.InvalidArgument(f"{where}: platform must be a JSON object")
-        return cls(
-            media_type=media_type,
-            digest=digest,
-            size=size,
-            annotations=dict(annotations),
-            platform={str(k): str(v) for k, v in platform.items()} if platform else None,
-        )
 
 
 def canonical_json(document: dict[str, Any]) -> bytes:
@@ -140,7 +89,9 @@ class OciLayout:
         (root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
         layout = cls(root)
         if not (root / "oci-layout").is_file():
-            _atomic_write(root / "oci-layout", canonical_json({"imageLayoutVersion": LAYOUT_VERSION}))
+            _atomic_write(
+                root / "oci-layout", canonical_json({"imageLayoutVersion": LAYOUT_VERSION})
+            )
         if not (root / "index.json").is_file():
             layout.write_index([])
         return layout
@@ -196,13 +147,13 @@ class OciLayout:
             tmp.unlink(missing_ok=True)
             raise
 
-    def put_bytes(self, data: bytes, media_type: str) -> Blob:
+    def put_bytes(self, data: bytes, media_type: str) -> Descriptor:
         with self.ingest() as writer:
             writer.write(data)
-        return Blob(media_type=media_type, digest=writer.digest, size=writer.size)
+        return Descriptor(media_type=media_type, digest=writer.digest, size=writer.size)
 
-    def read_json(self, blob: Blob) -> dict[str, Any]:
-        """A manifest, index or config from the layout, checked against its descriptor."""
+    def read_bytes(self, blob: Descriptor) -> bytes:
+        """A small (JSON) blob from the layout, checked against its descriptor."""
         if blob.size > MAX_JSON_BYTES:
             raise errors.InvalidArgument(
                 f"{blob.digest} claims {blob.size} bytes; a JSON document over "
@@ -216,15 +167,9 @@ class OciLayout:
                 f"OCI layout {self.root} is missing blob {blob.digest}; rebuild the layout"
             ) from None
         self._verify(data, blob)
-        try:
-            document = json.loads(data)
-        except ValueError as exc:
-            raise errors.InvalidArgument(f"blob {blob.digest} is not valid JSON: {exc}") from exc
-        if not isinstance(document, dict):
-            raise errors.InvalidArgument(f"blob {blob.digest} is not a JSON object")
-        return document
+        return data
 
-    def check_blob(self, blob: Blob) -> Path:
+    def check_blob(self, blob: Descriptor) -> Path:
         """The path of a blob whose size matches its descriptor (the digest is
         verified again by the registry when it is pushed)."""
         path = self.blob_path(blob.digest)
@@ -241,21 +186,23 @@ class OciLayout:
             )
         return path
 
-    def index(self) -> list[Blob]:
+    def index(self) -> list[Descriptor]:
         """The images the layout names (entries of ``index.json``)."""
         path = self.root / "index.json"
         try:
-            document = json.loads(path.read_bytes())
+            data = path.read_bytes()
         except FileNotFoundError:
             raise errors.InvalidArgument(f"OCI layout {self.root} has no index.json") from None
-        except ValueError as exc:
-            raise errors.InvalidArgument(f"{path} is not valid JSON: {exc}") from exc
-        manifests = document.get("manifests") if isinstance(document, dict) else None
-        if not isinstance(manifests, list):
-            raise errors.InvalidArgument(f"{path} has no manifests list")
-        return [Blob.from_json(m, where=f"{path} manifests[{i}]") for i, m in enumerate(manifests)]
+        document = parse_manifest(mediatypes.OCI_INDEX, data, what=str(path))
+        if not isinstance(document, Index):
+            raise errors.InvalidArgument(f"{path} is not an image index")
+        return document.manifests
 
-    def write_index(self, manifests: list[Blob]) -> None:
+    def read_manifest(self, blob: Descriptor) -> Manifest | Index:
+        """A manifest or index stored in the layout, checked against its descriptor."""
+        return parse_manifest(blob.media_type, self.read_bytes(blob), what=blob.digest)
+
+    def write_index(self, manifests: list[Descriptor]) -> None:
         document = {
             "schemaVersion": 2,
             "mediaType": mediatypes.OCI_INDEX,
@@ -263,10 +210,10 @@ class OciLayout:
         }
         _atomic_write(self.root / "index.json", json.dumps(document, indent=2).encode() + b"\n")
 
-    def tag(self, image: Blob, *, name: str, ref_name: str) -> Blob:
+    def tag(self, image: Descriptor, *, name: str, ref_name: str) -> Descriptor:
         """Record ``image`` in index.json under ``ref_name``, replacing an entry
         of the same name; ``name`` is the full reference it was built for."""
-        named = Blob(
+        named = Descriptor(
             media_type=image.media_type,
             digest=image.digest,
             size=image.size,
@@ -277,7 +224,7 @@ class OciLayout:
         return named
 
     @staticmethod
-    def _verify(data: bytes, blob: Blob) -> None:
+    def _verify(data: bytes, blob: Descriptor) -> None:
         if len(data) != blob.size:
             raise errors.DataLoss(
                 f"blob {blob.digest} has {len(data)} bytes, its descriptor says {blob.size}"

@@ -1,0 +1,511 @@
+"""``rukpak bundle build|push|inspect`` against the real docker-registry."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import gzip
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zstandard
+
+from csi.oci import mediatypes
+from csi.oci.client import RegistryClient
+from csi.oci.manifest import Manifest
+from csi.oci.reference import Reference
+from provisioner import bundlecli, cli
+from tests.registry import RegistryServer, free_port
+
+NAMESPACE = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: hello\n"
+CONFIGMAP = (
+    "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: greeting\n  namespace: hello\n"
+    "data:\n  message: hi\n"
+)
+
+
+class Result:
+    def __init__(self, code: int, out: str, err: str) -> None:
+        self.code, self.out, self.err = code, out, err
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+@pytest.fixture
+def rukpak(capsys: pytest.CaptureFixture[str]) -> Any:
+    """Run the CLI in-process; usage errors (SystemExit) become exit codes too."""
+
+    def run(*argv: str | Path) -> Result:
+        try:
+            code = cli.main([str(a) for a in argv])
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    return run
+
+
+def make_bundle(root: Path, files: dict[str, str] | None = None) -> Path:
+    (root / "manifests").mkdir(parents=True)
+    for name, text in (files or {"01_ns.yaml": NAMESPACE, "02_cm.yaml": CONFIGMAP}).items():
+        (root / "manifests" / name).write_text(text)
+    return root
+
+
+def file_paths(inspection: dict[str, Any]) -> list[str]:
+    return [f["path"] for layer in inspection["layers"] for f in layer["files"]]
+
+
+# -- build, push, inspect ------------------------------------------------------------
+
+
+@pytest.mark.registry
+def test_build_push_and_inspect_a_single_platform_bundle(
+    registry: RegistryServer, tmp_path: Path, rukpak: Any
+) -> None:
+    ref = f"{registry.host}/cli/single:v1"
+    built = rukpak("bundle", "build", make_bundle(tmp_path / "b"), "--tag", ref, "--push")
+    assert built.code == 0, built.err
+    assert f"pushed {ref}@sha256:" in built.err
+    assert "(2 blobs," in built.err  # the config and the layer; manifests are counted apart
+
+    inspected = rukpak("bundle", "inspect", ref, "--json")
+    assert inspected.code == 0, inspected.err
+    report = inspected.json()
+    assert report["mediaType"] == mediatypes.OCI_MANIFEST
+    assert report["digest"] in built.err
+    assert report["platforms"] == []
+    assert report["annotations"]["io.rukpak.bundle.format"] == "plain+v0"
+    (layer,) = report["layers"]
+    assert layer["mediaType"] == mediatypes.OCI_LAYER_GZIP
+    assert file_paths(report) == ["manifests", "manifests/01_ns.yaml", "manifests/02_cm.yaml"]
+    sizes = {f["path"]: f["size"] for f in layer["files"]}
+    assert sizes["manifests/01_ns.yaml"] == len(NAMESPACE)
+
+
+@pytest.mark.registry
+def test_a_multi_platform_index_carries_each_platforms_own_files(
+    registry: RegistryServer, tmp_path: Path, rukpak: Any
+) -> None:
+    ref = f"{registry.host}/cli/multi:v1"
+    common = make_bundle(tmp_path / "common")
+    arm = make_bundle(tmp_path / "arm", {"arm-only.yaml": CONFIGMAP})
+    built = rukpak(
+        "bundle", "build", common, "--tag", ref, "--push",
+        "--platform", "linux/amd64", "--platform", "linux/s390x",
+        "--platform-dir", f"linux/arm64={arm}",
+    )  # fmt: skip
+    assert built.code == 0, built.err
+
+    arm_report = rukpak("bundle", "inspect", ref, "--platform", "linux/arm64", "--json").json()
+    assert arm_report["mediaType"] == mediatypes.OCI_INDEX
+    assert arm_report["platforms"] == ["linux/amd64", "linux/s390x", "linux/arm64/v8"]
+    assert arm_report["platform"] == "linux/arm64/v8"
+    assert file_paths(arm_report) == ["manifests", "manifests/arm-only.yaml"]
+
+    amd_report = rukpak("bundle", "inspect", ref, "--platform", "linux/amd64", "--json").json()
+    assert amd_report["digest"] == arm_report["digest"]
+    assert file_paths(amd_report) == ["manifests", "manifests/01_ns.yaml", "manifests/02_cm.yaml"]
+
+    text = rukpak("bundle", "inspect", ref, "--platform", "linux/arm64")
+    assert text.code == 0
+    assert "Platforms:  linux/amd64, linux/s390x, linux/arm64/v8" in text.out
+    assert "manifests/arm-only.yaml" in text.out
+
+
+@pytest.mark.registry
+def test_a_layout_is_pushed_to_the_reference_it_was_built_for(
+    registry: RegistryServer, tmp_path: Path, rukpak: Any
+) -> None:
+    ref = f"{registry.host}/cli/layout:v2"
+    layout = tmp_path / "layout"
+    built = rukpak("bundle", "build", make_bundle(tmp_path / "b"), "-t", ref, "-o", layout)
+    assert built.code == 0, built.err
+    assert (layout / "oci-layout").is_file()
+
+    first = rukpak("bundle", "push", layout)
+    assert first.code == 0, first.err
+    assert f"pushed {ref}@sha256:" in first.err
+
+    second = rukpak("bundle", "push", layout, f"{registry.host}/cli/layout-copy:v2")
+    assert second.code == 0, second.err
+    assert "(0 blobs," not in second.err  # another repository gets its own blobs
+
+
+@pytest.mark.registry
+def test_pushing_the_same_image_again_sends_no_blob(
+    registry: RegistryServer, tmp_path: Path, rukpak: Any
+) -> None:
+    ref = f"{registry.host}/cli/again:v1"
+    bundle = make_bundle(tmp_path / "b")
+    assert rukpak("bundle", "push", "--from-dir", bundle, ref).code == 0
+    again = rukpak("bundle", "push", "--from-dir", bundle, ref)
+    assert again.code == 0, again.err
+    assert "(0 blobs, 0 B; 2 already present)" in again.err
+
+
+@pytest.mark.registry
+def test_progress_reports_bytes_per_blob_when_asked(
+    registry: RegistryServer, tmp_path: Path, rukpak: Any
+) -> None:
+    bundle = make_bundle(tmp_path / "b")
+    filler = "x" * 64 + "\n"
+    (bundle / "manifests" / "big.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: big}\ndata:\n  blob: |\n"
+        + "".join(f"    {os.urandom(24).hex()}{filler}" for _ in range(20000))
+    )
+    result = rukpak(
+        "bundle", "push", "--from-dir", bundle, f"{registry.host}/cli/progress:v1", "--progress"
+    )
+    assert result.code == 0, result.err
+    assert re.search(r"\d+\.\d KiB / \d+\.\d KiB +100%", result.err), result.err
+    assert "  0%" in result.err
+
+
+@pytest.mark.registry
+@pytest.mark.slow
+def test_a_bundle_larger_than_one_upload_chunk_streams_in_parts(
+    registry: RegistryServer, tmp_path: Path, rukpak: Any
+) -> None:
+    bundle = make_bundle(tmp_path / "b")
+    # ~24 MiB of base64 text compresses to ~18 MiB: more than one 16 MiB PATCH chunk.
+    with (bundle / "manifests" / "big.yaml").open("w") as out:
+        out.write("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: big}\nbinaryData:\n")
+        out.write("  blob: ")
+        for _ in range(24):
+            out.write(base64.b64encode(os.urandom(3 << 18)).decode())
+        out.write("\n")
+    ref = f"{registry.host}/cli/large:v1"
+    pushed = rukpak("bundle", "push", "--from-dir", bundle, ref, "--progress")
+    assert pushed.code == 0, pushed.err
+    assert re.search(r" [1-9]\d%", pushed.err), pushed.err  # a partial step was reported
+    report = rukpak("bundle", "inspect", ref, "--json").json()
+    sizes = {f["path"]: f["size"] for f in report["layers"][0]["files"]}
+    assert sizes["manifests/big.yaml"] == (bundle / "manifests" / "big.yaml").stat().st_size
+
+
+# -- failures ------------------------------------------------------------------------
+
+
+def test_pushing_to_a_dead_registry_fails_fast_with_a_clear_error(
+    tmp_path: Path, rukpak: Any
+) -> None:
+    ref = f"127.0.0.1:{free_port()}/cli/dead:v1"
+    started = time.monotonic()
+    result = rukpak("bundle", "push", "--from-dir", make_bundle(tmp_path / "b"), ref)
+    assert result.code == 1
+    assert time.monotonic() - started < 15
+    assert result.err.startswith("error: registry 127.0.0.1:")
+    assert "unreachable" in result.err
+    assert "Traceback" not in result.err
+
+
+@pytest.mark.registry
+def test_inspecting_a_missing_tag_exits_1_naming_it(registry: RegistryServer, rukpak: Any) -> None:
+    ref = f"{registry.host}/cli/nothing-here:v9"
+    result = rukpak("bundle", "inspect", ref)
+    assert result.code == 1
+    assert result.err.startswith("error: ")
+    assert "cli/nothing-here" in result.err and "not found" in result.err.lower()
+
+
+@pytest.mark.registry
+def test_inspecting_a_platform_the_index_lacks_lists_what_it_offers(
+    registry: RegistryServer, tmp_path: Path, rukpak: Any
+) -> None:
+    ref = f"{registry.host}/cli/two:v1"
+    bundle = make_bundle(tmp_path / "b")
+    pushed = rukpak(
+        "bundle", "build", bundle, "-t", ref, "--platform", "linux/amd64,linux/arm64", "--push"
+    )
+    assert pushed.code == 0, pushed.err
+    result = rukpak("bundle", "inspect", ref, "--platform", "windows/amd64")
+    assert result.code == 1
+    assert "linux/amd64, linux/arm64/v8" in result.err
+
+
+@pytest.mark.registry
+@pytest.mark.parametrize("where", ["gzip-trailer", "deflate-stream"])
+def test_a_layer_tampered_with_in_the_registry_is_reported_as_data_loss(
+    registry: RegistryServer, tmp_path: Path, rukpak: Any, where: str
+) -> None:
+    ref = f"{registry.host}/cli/tampered-{where}:v1"
+    unique = CONFIGMAP.replace("hi", f"tamper-{os.urandom(8).hex()}")
+    bundle = make_bundle(tmp_path / "b", {"cm.yaml": unique})
+    assert rukpak("bundle", "push", "--from-dir", bundle, ref).code == 0
+    layer = rukpak("bundle", "inspect", ref, "--json").json()["layers"][0]
+    stored = registry.blob_path(layer["digest"])
+    data = bytearray(stored.read_bytes())
+    # The trailer's CRC-32 is never read by a tar lister (only the digest catches
+    # it); a flipped byte in the deflate data breaks decompression first.
+    data[-6 if where == "gzip-trailer" else len(data) // 2] ^= 0xFF
+    stored.write_bytes(bytes(data))
+    result = rukpak("bundle", "inspect", ref)
+    assert result.code == 1
+    assert layer["digest"] in result.err
+    assert "does not match" in result.err
+
+
+@pytest.mark.registry
+def test_an_image_whose_layer_is_not_a_tar_is_not_listed_as_a_bundle(
+    registry: RegistryServer, rukpak: Any
+) -> None:
+    ref = Reference.parse(f"{registry.host}/cli/not-a-tar:v1")
+    with RegistryClient() as client:
+        layer = client.push_blob(
+            ref, b"this is not gzip at all", media_type=mediatypes.OCI_LAYER_GZIP
+        )
+        config = client.push_blob(ref, b"{}", media_type=mediatypes.OCI_CONFIG)
+        layer.media_type = mediatypes.OCI_LAYER_GZIP
+        config.media_type = mediatypes.OCI_CONFIG
+        body = Manifest(mediatypes.OCI_MANIFEST, config, [layer]).to_json()
+        client.push_manifest(ref, body, mediatypes.OCI_MANIFEST)
+    result = rukpak("bundle", "inspect", str(ref))
+    assert result.code == 1
+    assert "is not a readable application/vnd.oci.image.layer.v1.tar+gzip" in result.err
+
+
+def tar_of(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("manifests/link.yaml")
+        link.type, link.linkname = tarfile.SYMTYPE, "cm.yaml"
+        tar.addfile(link)
+    return buffer.getvalue()
+
+
+@pytest.mark.registry
+@pytest.mark.parametrize(
+    ("media_type", "compress"),
+    [
+        (mediatypes.OCI_LAYER_TAR, lambda data: data),
+        (mediatypes.OCI_LAYER_ZSTD, lambda data: zstandard.ZstdCompressor().compress(data)),
+        (mediatypes.DOCKER_LAYER_GZIP, gzip.compress),
+    ],
+    ids=["tar", "zstd", "docker-gzip"],
+)
+def test_images_built_by_other_tools_are_listed_whatever_their_compression(
+    registry: RegistryServer, rukpak: Any, media_type: str, compress: Any
+) -> None:
+    tag = media_type.rsplit(".", 1)[-1].replace("+", "-")
+    ref = Reference.parse(f"{registry.host}/cli/foreign:{tag}")
+    raw = tar_of({"manifests/cm.yaml": CONFIGMAP.encode()})
+    with RegistryClient() as client:
+        layer = client.push_blob(ref, compress(raw), media_type=media_type)
+        config = client.push_blob(ref, b"{}", media_type=mediatypes.OCI_CONFIG)
+        body = Manifest(mediatypes.OCI_MANIFEST, config, [layer]).to_json()
+        client.push_manifest(ref, body, mediatypes.OCI_MANIFEST)
+    result = rukpak("bundle", "inspect", str(ref))
+    assert result.code == 0, result.err
+    assert f"{len(CONFIGMAP)} B  manifests/cm.yaml" in result.out
+    assert "manifests/link.yaml  (symlink)" in result.out
+    assert media_type in result.out
+
+
+def test_insecure_allows_plain_http_to_the_named_registry_only() -> None:
+    ref = Reference.parse("registry.example.com:5000/team/bundle:v1")
+    parser = argparse.ArgumentParser()
+    subparsers = parser.add_subparsers()
+    bundlecli.register(subparsers)
+    secure = parser.parse_args(["bundle", "inspect", str(ref)])
+    insecure = parser.parse_args(["bundle", "inspect", str(ref), "--insecure"])
+    with bundlecli.make_client(secure, ref) as client:
+        assert client.base_url(ref) == "https://registry.example.com:5000"
+    with bundlecli.make_client(insecure, ref) as client:
+        assert client.base_url(ref) == "http://registry.example.com:5000"
+        other = Reference.parse("elsewhere.example.com/x:v1")
+        assert client.base_url(other) == "https://elsewhere.example.com"
+
+
+@pytest.mark.registry
+def test_a_layout_missing_a_blob_is_refused_before_the_tag_moves(
+    registry: RegistryServer, tmp_path: Path, rukpak: Any
+) -> None:
+    ref = f"{registry.host}/cli/incomplete:v1"
+    layout = tmp_path / "layout"
+    unique = CONFIGMAP.replace("hi", f"missing-{os.urandom(8).hex()}")
+    built = rukpak(
+        "bundle", "build", make_bundle(tmp_path / "b", {"cm.yaml": unique}), "-t", ref, "-o", layout
+    )
+    assert built.code == 0
+    biggest = max((layout / "blobs" / "sha256").iterdir(), key=lambda p: p.stat().st_size)
+    biggest.unlink()
+    result = rukpak("bundle", "push", layout)
+    assert result.code == 1
+    assert "is missing blob" in result.err and "rebuild" in result.err
+    assert rukpak("bundle", "inspect", ref).code == 1  # the tag was never pushed
+
+
+def test_a_broken_bundle_is_refused_before_anything_is_sent(tmp_path: Path, rukpak: Any) -> None:
+    bundle = make_bundle(tmp_path / "b", {"bad.yaml": NAMESPACE + "---\nkind: [\n"})
+    result = rukpak("bundle", "build", bundle, "-t", "127.0.0.1:1/x:v1", "--push")
+    assert result.code == 1
+    assert "manifests/bad.yaml document 2 (line " in result.err
+
+
+def test_building_without_output_or_push_says_what_to_add(tmp_path: Path, rukpak: Any) -> None:
+    result = rukpak("bundle", "build", make_bundle(tmp_path / "b"), "-t", "example.com/x:v1")
+    assert result.code == 1
+    assert "--output" in result.err and "--push" in result.err
+
+
+def test_an_output_path_that_cannot_be_created_is_an_error_not_a_traceback(
+    tmp_path: Path, rukpak: Any
+) -> None:
+    (tmp_path / "file").write_text("")
+    bundle = make_bundle(tmp_path / "b")
+    result = rukpak(
+        "bundle", "build", bundle, "-t", "example.com/x:v1", "-o", tmp_path / "file" / "out"
+    )
+    assert result.code == 1
+    assert result.err.startswith("error: Not a directory: ")
+
+
+def test_a_bad_reference_is_an_error_not_a_traceback(tmp_path: Path, rukpak: Any) -> None:
+    result = rukpak("bundle", "build", make_bundle(tmp_path / "b"), "-t", "Bad Ref", "--push")
+    assert result.code == 1
+    assert "whitespace" in result.err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("bundle", "build", "somedir"),  # no --tag
+        ("bundle",),  # no subcommand
+        ("bundle", "frobnicate"),
+        (),
+    ],
+)
+def test_usage_errors_exit_2(argv: tuple[str, ...], rukpak: Any) -> None:
+    assert rukpak(*argv).code == 2
+
+
+def test_push_with_the_wrong_number_of_arguments_shows_usage(rukpak: Any) -> None:
+    result = rukpak("bundle", "push")
+    assert result.code == 1
+    assert "usage: rukpak bundle push LAYOUT_DIR [REF]" in result.err
+
+
+def test_pushing_a_directory_that_is_not_a_layout_says_how_to_make_one(
+    tmp_path: Path, rukpak: Any
+) -> None:
+    result = rukpak("bundle", "push", tmp_path, "example.com/x:v1")
+    assert result.code == 1
+    assert "not an OCI image layout" in result.err
+
+
+def test_an_unreadable_registry_config_is_named(tmp_path: Path, rukpak: Any) -> None:
+    config = tmp_path / "config.json"
+    config.write_text("{not json")
+    result = rukpak("bundle", "inspect", "127.0.0.1:1/x:v1", "--registry-config", config)
+    assert result.code == 1
+    assert str(config) in result.err and "not valid JSON" in result.err
+
+
+@pytest.mark.registry
+def test_credentials_come_from_the_registry_config(
+    auth_registry: RegistryServer, tmp_path: Path, rukpak: Any
+) -> None:
+    ref = f"{auth_registry.host}/cli/private:v1"
+    bundle = make_bundle(tmp_path / "b")
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"auths": {}}')
+    anonymous = rukpak("bundle", "push", "--from-dir", bundle, ref, "--registry-config", empty)
+    assert anonymous.code == 1
+    assert anonymous.err.startswith("error: ") and "Traceback" not in anonymous.err
+    assert "requires authentication" in anonymous.err and "--registry-config" in anonymous.err
+
+    token = base64.b64encode(f"{auth_registry.username}:{auth_registry.password}".encode()).decode()
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"auths": {auth_registry.host: {"auth": token}}}))
+    pushed = rukpak("bundle", "push", "--from-dir", bundle, ref, "--registry-config", config)
+    assert pushed.code == 0, pushed.err
+    assert auth_registry.password not in pushed.err
+    inspected = rukpak("bundle", "inspect", ref, "--registry-config", config)
+    assert inspected.code == 0, inspected.err
+
+
+# -- the CLI frame ---------------------------------------------------------------------
+
+
+def test_verbose_logs_the_registry_requests(rukpak: Any) -> None:
+    result = rukpak(
+        "--verbose", "bundle", "inspect", f"127.0.0.1:{free_port()}/x:v1", "--timeout", "2"
+    )
+    assert result.code == 1
+    assert "registry request failed" in result.err
+
+
+def test_verbose_may_follow_the_subcommand(rukpak: Any) -> None:
+    dead = f"127.0.0.1:{free_port()}/x:v1"
+    result = rukpak("bundle", "inspect", dead, "--timeout", "2", "-v")
+    assert result.code == 1
+    assert "registry request failed" in result.err
+
+
+@pytest.mark.registry
+def test_index_makes_an_index_for_a_single_platform(
+    registry: RegistryServer, tmp_path: Path, rukpak: Any
+) -> None:
+    ref = f"{registry.host}/cli/one-in-index:v1"
+    bundle = make_bundle(tmp_path / "b")
+    assert rukpak("bundle", "build", bundle, "-t", ref, "--index", "--push").code == 0
+    report = rukpak("bundle", "inspect", ref, "--json", "--platform", "linux/amd64").json()
+    assert report["mediaType"] == mediatypes.OCI_INDEX
+    assert report["platforms"] == ["linux/amd64"]
+
+
+def test_ctrl_c_exits_130(monkeypatch: pytest.MonkeyPatch, rukpak: Any) -> None:
+    def interrupted(args: argparse.Namespace) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bundlecli, "run_inspect", interrupted)
+    assert rukpak("bundle", "inspect", "example.com/x:v1").code == 130
+
+
+def test_the_console_scripts_are_installed_and_answer() -> None:
+    bindir = Path(sys.executable).parent
+    helped = subprocess.run(
+        [bindir / "rukpak", "bundle", "build", "--help"], capture_output=True, text=True
+    )
+    assert helped.returncode == 0
+    assert "--platform-dir" in helped.stdout
+    manager = subprocess.run([bindir / "rukpak-provisioner"], capture_output=True, text=True)
+    assert manager.returncode == 1
+    assert "not built yet" in manager.stderr
+
+
+@pytest.mark.registry
+@pytest.mark.slow
+def test_make_run_builds_pushes_inspects_and_stops_its_registry() -> None:
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "VENV": str(Path(sys.executable).parent.parent)}
+    done = subprocess.run(
+        ["bash", "hack/run.sh"],
+        cwd=repo,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Platforms:  linux/amd64, linux/arm64/v8" in done.stdout
+    assert "already present" in done.stderr
+    pid = int(re.search(r"docker-registry \(pid (\d+)\)", done.stdout).group(1))  # type: ignore[union-attr]
+    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
