@@ -27,7 +27,7 @@ typecheck: setup
 	$(VENV)/bin/mypy csi provisioner
 
 ## test: the whole suite (lint, types, proto drift, unit and integration tests)
-test: setup proto-check lint typecheck
+test: setup proto-check lint typecheck k8s-bins
 	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5): that is a failure, not a pass" >&2; fi; \
 	exit $$rc

@@ -1,8 +1,9 @@
 """Shared pytest configuration.
 
 Heavy real components are session fixtures provided by plugin modules:
-``tests.registry`` (Debian's docker-registry) and ``tests.cluster.fixture``
-(the local Kubernetes control plane and node).
+``tests.registry`` (Debian's docker-registry, plain, htpasswd and token auth)
+and ``tests.cluster.fixture`` (etcd + kube-apiserver, and the full local
+cluster with a kubelet; or the cluster ``KUBECONFIG`` points at).
 """
 
-pytest_plugins = ["tests.registry"]
+pytest_plugins = ["tests.registry", "tests.cluster.fixture"]
