@@ -1,0 +1,207 @@
+"""The control plane of the local cluster: etcd, kube-apiserver, and optionally
+kube-controller-manager and kube-scheduler, on loopback ports, in one work directory.
+
+``localcluster`` calls ``start_apiserver`` (etcd + apiserver: enough for apply-engine
+tests) and ``start_controllers``; each returns started ``process.Component``s that are
+ready, or raises ``ComponentError`` with the failing component's log tail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+import urllib3
+
+from tests.cluster import pki
+from tests.cluster.process import Component, free_port
+
+SERVICE_CIDR = "10.0.0.0/24"
+START_TIMEOUT = 90.0
+
+
+@dataclass(frozen=True)
+class Pki:
+    """The files every component of one cluster shares."""
+
+    ca: pki.Pair
+    sa: pki.Pair
+    admin: pki.Pair
+    apiserver: pki.Pair
+    apiserver_kubelet_client: pki.Pair
+
+    @classmethod
+    def make(cls, directory: Path) -> Pki:
+        ca = pki.make_ca(directory)
+        return cls(
+            ca=ca,
+            sa=pki.service_account_keys(directory),
+            admin=pki.issue(ca, "admin", cn="admin", orgs=("system:masters",), client=True),
+            apiserver=pki.issue(
+                ca,
+                "apiserver",
+                cn="kube-apiserver",
+                sans=(
+                    "IP:127.0.0.1",
+                    "IP:10.0.0.1",
+                    "DNS:localhost",
+                    "DNS:kubernetes",
+                    "DNS:kubernetes.default",
+                    "DNS:kubernetes.default.svc",
+                    "DNS:kubernetes.default.svc.cluster.local",
+                ),
+                server=True,
+            ),
+            apiserver_kubelet_client=pki.issue(
+                ca,
+                "apiserver-kubelet-client",
+                cn="kube-apiserver-kubelet-client",
+                orgs=("system:masters",),
+                client=True,
+            ),
+        )
+
+
+def _get_ok(url: str, **kwargs: object) -> bool:
+    with contextlib.suppress(requests.RequestException):
+        return requests.get(url, timeout=2, **kwargs).status_code == 200  # type: ignore[arg-type]
+    return False
+
+
+def start_etcd(bin_: Path, workdir: Path) -> tuple[Component, str]:
+    """etcd with its data in ``workdir``/etcd, no fsync (test data only); and its URL."""
+    client, peer = free_port(), free_port()
+    data = workdir / "etcd"
+    data.mkdir(parents=True, exist_ok=True)
+    argv = [
+        str(bin_),
+        "--name=default",
+        f"--data-dir={data}",
+        f"--listen-client-urls=http://127.0.0.1:{client}",
+        f"--advertise-client-urls=http://127.0.0.1:{client}",
+        f"--listen-peer-urls=http://127.0.0.1:{peer}",
+        f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+        f"--initial-cluster=default=http://127.0.0.1:{peer}",
+        "--unsafe-no-fsync",
+        "--log-level=warn",
+    ]
+    etcd = Component.start("etcd", argv, log=workdir / "logs" / "etcd.log")
+    url = f"http://127.0.0.1:{client}"
+    etcd.wait_ready(lambda: _get_ok(f"{url}/health"), timeout=START_TIMEOUT)
+    return etcd, url
+
+
+def start_kube_apiserver(
+    bin_: Path,
+    workdir: Path,
+    *,
+    etcd_url: str,
+    files: Pki,
+    port: int | None = None,
+    extra_args: Sequence[str] = (),
+) -> tuple[Component, str]:
+    """kube-apiserver with RBAC and Node authorization; returns it and its URL."""
+    port = port or free_port()
+    server = f"https://127.0.0.1:{port}"
+    argv = [
+        str(bin_),
+        f"--etcd-servers={etcd_url}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={workdir / 'apiserver'}",
+        f"--tls-cert-file={files.apiserver.cert}",
+        f"--tls-private-key-file={files.apiserver.key}",
+        f"--client-ca-file={files.ca.cert}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--service-account-issuer={server}",
+        f"--service-account-key-file={files.sa.cert}",
+        f"--service-account-signing-key-file={files.sa.key}",
+        "--authorization-mode=Node,RBAC",
+        "--allow-privileged=true",
+        f"--kubelet-client-certificate={files.apiserver_kubelet_client.cert}",
+        f"--kubelet-client-key={files.apiserver_kubelet_client.key}",
+        # the kubelet listens on loopback only: dial the Node's Hostname ("localhost")
+        "--kubelet-preferred-address-types=Hostname,InternalIP,ExternalIP",
+        "--profiling=false",
+        "--v=1",
+        *extra_args,
+    ]
+    apiserver = Component.start("kube-apiserver", argv, log=workdir / "logs" / "kube-apiserver.log")
+    cert = (str(files.admin.cert), str(files.admin.key))
+    apiserver.wait_ready(
+        lambda: _get_ok(f"{server}/readyz", cert=cert, verify=str(files.ca.cert)),
+        timeout=START_TIMEOUT,
+        interval=0.25,
+    )
+    return apiserver, server
+
+
+def _healthz_insecure(port: int) -> bool:
+    with contextlib.suppress(requests.RequestException), urllib3_quiet():
+        return requests.get(f"https://127.0.0.1:{port}/healthz", timeout=2, verify=False).ok
+    return False
+
+
+@contextlib.contextmanager
+def urllib3_quiet():  # type: ignore[no-untyped-def]
+    """Silence urllib3's warning about the unverified loopback health checks."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
+        yield
+
+
+def start_kube_controller_manager(
+    bin_: Path, workdir: Path, *, kubeconfig: Path, files: Pki
+) -> Component:
+    """kube-controller-manager with every default controller, signing with the cluster CA."""
+    port = free_port()
+    argv = [
+        str(bin_),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={workdir / 'kube-controller-manager'}",
+        f"--service-account-private-key-file={files.sa.key}",
+        f"--root-ca-file={files.ca.cert}",
+        f"--cluster-signing-cert-file={files.ca.cert}",
+        f"--cluster-signing-key-file={files.ca.key}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--use-service-account-credentials=false",
+        "--leader-elect=false",
+        "--controllers=*",
+        "--profiling=false",
+        "--v=1",
+    ]
+    kcm = Component.start(
+        "kube-controller-manager", argv, log=workdir / "logs" / "kube-controller-manager.log"
+    )
+    kcm.wait_ready(lambda: _healthz_insecure(port), timeout=START_TIMEOUT, interval=0.25)
+    return kcm
+
+
+def start_kube_scheduler(bin_: Path, workdir: Path, *, kubeconfig: Path) -> Component:
+    """kube-scheduler with the default profile."""
+    port = free_port()
+    argv = [
+        str(bin_),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={workdir / 'kube-scheduler'}",
+        "--leader-elect=false",
+        "--profiling=false",
+        "--v=1",
+    ]
+    scheduler = Component.start("kube-scheduler", argv, log=workdir / "logs" / "kube-scheduler.log")
+    scheduler.wait_ready(lambda: _healthz_insecure(port), timeout=START_TIMEOUT, interval=0.25)
+    return scheduler
