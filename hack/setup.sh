@@ -13,6 +13,7 @@ APT_PACKAGES=(
   busybox-static       # the local test and pause images are built from it
   libfuse3-dev fuse3 pkg-config  # pyfuse3 builds from source
   curl zstd            # benchmark baseline and zstd layers
+  openssl iproute2 util-linux  # test PKI, the node bridge, mount/flock
 )
 
 missing=()
