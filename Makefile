@@ -33,7 +33,7 @@ test: setup proto-check lint typecheck k8s-bins
 	exit $$rc
 
 ## run: the project's main job as far as it reaches today, on a local default
-run: setup
+run: setup k8s-bins
 	@bash hack/run.sh
 
 bench: setup
