@@ -65,27 +65,93 @@ def parse_size(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="rukpak-csi-plugin", description=__doc__.split("\n")[0])
-    p.add_argument("--endpoint", default=env("CSI_ENDPOINT", "unix:///csi/csi.sock"))
-    p.add_argument("--driver-name", default=env("DRIVER_NAME", "csi.rukpak.io"))
     p.add_argument(
-        "--node-id", default=env("NODE_ID") or env("KUBE_NODE_NAME") or socket.gethostname()
+        "--endpoint",
+        default=env("CSI_ENDPOINT", "unix:///csi/csi.sock"),
+        help="unix:///path of the CSI gRPC socket to serve (env CSI_ENDPOINT)",
     )
-    p.add_argument("--state-dir", type=Path, default=Path(env("STATE_DIR", "/var/lib/rukpak-csi")))
-    p.add_argument("--kubelet-dir", type=Path, default=Path(env("KUBELET_DIR", "/var/lib/kubelet")))
-    p.add_argument("--cache-budget", type=parse_size, default=parse_size("10Gi"))
-    p.add_argument("--max-unpacked-bytes", type=parse_size, default=parse_size("2Gi"))
-    p.add_argument("--max-unpacked-files", type=int, default=200_000)
-    p.add_argument("--metrics-port", type=int, default=int(env("METRICS_PORT", "0")))
-    p.add_argument("--registration-dir", type=Path, default=None)
+    p.add_argument(
+        "--driver-name",
+        default=env("DRIVER_NAME", "csi.rukpak.io"),
+        help="CSI driver name; must match the CSIDriver object (env DRIVER_NAME)",
+    )
+    p.add_argument(
+        "--node-id",
+        default=env("NODE_ID") or env("KUBE_NODE_NAME") or socket.gethostname(),
+        help="node ID reported by NodeGetInfo (env NODE_ID or KUBE_NODE_NAME; default hostname)",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(env("STATE_DIR", "/var/lib/rukpak-csi")),
+        help="where the blob store, unpacked trees and records live (env STATE_DIR)",
+    )
+    p.add_argument(
+        "--kubelet-dir",
+        type=Path,
+        default=Path(env("KUBELET_DIR", "/var/lib/kubelet")),
+        help="kubelet root dir; the plugin mounts only under it (env KUBELET_DIR)",
+    )
+    p.add_argument(
+        "--cache-budget",
+        type=parse_size,
+        default=parse_size("10Gi"),
+        help="evict unused images when the cache exceeds this size (e.g. 10Gi, 500M)",
+    )
+    p.add_argument(
+        "--max-unpacked-bytes",
+        type=parse_size,
+        default=parse_size("2Gi"),
+        help="refuse an image that unpacks to more than this (decompression-bomb guard)",
+    )
+    p.add_argument(
+        "--max-unpacked-files",
+        type=int,
+        default=200_000,
+        help="refuse an image whose layers hold more entries than this",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(env("METRICS_PORT", "0")),
+        help="serve Prometheus metrics on 127.0.0.1:PORT; 0 disables (env METRICS_PORT)",
+    )
+    p.add_argument(
+        "--registration-dir",
+        type=Path,
+        default=None,
+        help="kubelet plugin registration dir (e.g. /var/lib/kubelet/plugins_registry); "
+        "serve kubelet's registration socket there",
+    )
     p.add_argument(
         "--kubelet-registration-path",
         default=None,
         help="the CSI socket path as kubelet sees it (default: the --endpoint path)",
     )
-    p.add_argument("--controller", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--insecure-registry", action="append", default=[], metavar="HOST[:PORT]")
-    p.add_argument("--registry-timeout", type=float, default=30.0)
-    p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
+    p.add_argument(
+        "--controller",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also serve the Controller service (CreateVolume etc. for StorageClass volumes)",
+    )
+    p.add_argument(
+        "--insecure-registry",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT]",
+        help="registry spoken to over plain HTTP (loopback always is); repeatable",
+    )
+    p.add_argument(
+        "--registry-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a registry read may stall before failing (connects: at most 5)",
+    )
+    p.add_argument(
+        "--log-level",
+        default=env("LOG_LEVEL", "INFO"),
+        help="DEBUG, INFO, WARNING or ERROR (env LOG_LEVEL)",
+    )
     return p
 
 

@@ -26,20 +26,22 @@ and the opaque marker ``.wh..wh..opq``) delete content of lower layers.
 
 from __future__ import annotations
 
+import contextlib
 import errno
-import gzip
 import io
 import os
 import posixpath
+import queue
 import shutil
 import stat
 import tarfile
+import threading
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, BinaryIO
+from typing import IO, Any, BinaryIO
 
 import zstandard
 
@@ -158,24 +160,104 @@ class _CountingReader(io.RawIOBase):
         return n
 
 
+class _Gunzip(io.RawIOBase):
+    """gzip (multi-member, zero-padded, CRC-checked by zlib) inflated in a helper thread.
+
+    zlib releases the GIL while it inflates, so decompression overlaps with
+    writing files, as ``tar -xz`` overlaps its gzip child with itself. Output
+    goes through a bounded queue in chunks of at most ``CHUNK`` bytes (so a
+    bomb never inflates more than ``DEPTH`` chunks ahead of the byte budget);
+    errors are raised to the reader; :meth:`close` stops and joins the thread.
+    """
+
+    CHUNK = 1 << 20
+    DEPTH = 8
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._queue: queue.Queue[bytes | BaseException | None] = queue.Queue(self.DEPTH)
+        self._stop = threading.Event()
+        self._pending = memoryview(b"")
+        self._done = False
+        self._thread = threading.Thread(target=self._inflate, args=(raw,), name="gunzip")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
+        while not self._pending and not self._done:
+            item = self._queue.get()
+            if item is None:
+                self._done = True
+            elif isinstance(item, BaseException):
+                self._done = True
+                raise item
+            else:
+                self._pending = memoryview(item)
+        n = min(len(buffer), len(self._pending))
+        buffer[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+    def close(self) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            with contextlib.suppress(queue.Empty):
+                self._queue.get(timeout=0.05)
+        super().close()
+
+    def _put(self, item: bytes | BaseException | None) -> bool:
+        while not self._stop.is_set():
+            with contextlib.suppress(queue.Full):
+                self._queue.put(item, timeout=0.05)
+                return True
+        return False
+
+    def _inflate(self, raw: BinaryIO) -> None:
+        try:
+            member: Any = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            while chunk := raw.read(self.CHUNK):
+                data = chunk
+                while data:
+                    if member is None:  # between members: skip zero padding
+                        data = data.lstrip(b"\0")
+                        if not data:
+                            break
+                        member = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                    out = member.decompress(data, self.CHUNK)
+                    if out and not self._put(out):
+                        return
+                    if member.eof:
+                        data = member.unused_data
+                        member = None
+                    else:
+                        data = member.unconsumed_tail
+            if member is not None:
+                raise EOFError("compressed data ends before the end-of-stream marker")
+            self._put(None)
+        except BaseException as exc:  # handed to the reader, which raises it
+            self._put(exc)
+
+
 @contextmanager
 def _open_tar_stream(layer: Layer, *, limit: int, image: str) -> Iterator[tarfile.TarFile]:
     raw: BinaryIO = open(layer.path, "rb")  # noqa: SIM115 - closed below
+    inner: IO[bytes] = raw
     try:
         head = raw.read(4)
         raw.seek(0)
         kind = compression_of(layer.media_type, head)
-        inner: IO[bytes]
         if kind == "gzip":
-            inner = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
+            inner = _Gunzip(raw)  # type: ignore[assignment]
         elif kind == "zstd":
             inner = zstandard.ZstdDecompressor().stream_reader(raw)
-        else:
-            inner = raw
         counted = io.BufferedReader(_CountingReader(inner, limit=limit, image=image), 1 << 16)
         with tarfile.open(fileobj=counted, mode="r|") as tar:
             yield tar
     finally:
+        if isinstance(inner, _Gunzip):
+            inner.close()
         raw.close()
 
 

@@ -142,8 +142,10 @@ class KeyedLocks:
 def write_json_atomic(path: Path, data: Any) -> None:
     """Temp file, fsync, os.replace, fsync dir."""
     tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
+    # json.dumps without indent takes the C encoder: rewritten on every publish, it matters.
+    text = json.dumps(data, sort_keys=True)
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

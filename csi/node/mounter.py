@@ -2,15 +2,21 @@
 
 Where it sits: the only module of the node plugin that changes mounts. The
 publish core (``csi.node.publish``) calls :class:`Mounter`; tests may pass a
-fake with the same methods. Mounts go through ``mount(8)``/``umount(8)`` (two
-steps: ``--bind``, then ``remount,bind,ro``, because a bind mount ignores
-``ro`` on its first call on older kernels); the table is read from
-``/proc/self/mountinfo``, whose paths are octal-escaped.
+fake with the same methods. Mounts are direct ``mount(2)``/``umount2(2)``
+calls (forking ``mount(8)`` twice cost ~5 ms of every publish): a bind
+mount, then a ``MS_REMOUNT|MS_BIND|MS_RDONLY`` remount, because a bind mount
+ignores ``ro`` on its first call; the remount keeps the nosuid/nodev/noexec/atime
+flags the target already has (the kernel refuses to clear flags locked by a
+user namespace). The table is read from ``/proc/self/mountinfo``, whose paths
+are octal-escaped.
 """
 
 from __future__ import annotations
 
-import subprocess
+import ctypes
+import errno
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -18,7 +24,28 @@ from typing import Protocol
 from csi import errors
 
 MOUNTINFO = Path("/proc/self/mountinfo")
-TIMEOUT = 60.0
+
+# <sys/mount.h>
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_NOATIME = 1024
+MS_NODIRATIME = 2048
+MS_BIND = 4096
+MS_RELATIME = 1 << 21
+# statvfs f_flag bit → the mount flag a remount must repeat to keep it.
+_KEPT_FLAGS = {
+    os.ST_NOSUID: MS_NOSUID,
+    os.ST_NODEV: MS_NODEV,
+    os.ST_NOEXEC: MS_NOEXEC,
+    os.ST_NOATIME: MS_NOATIME,
+    os.ST_NODIRATIME: MS_NODIRATIME,
+    os.ST_RELATIME: MS_RELATIME,
+}
+_ESCAPE = re.compile(r"\\([0-7]{3})")
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 @dataclass(frozen=True)
@@ -44,16 +71,9 @@ class MounterProtocol(Protocol):
 
 def unescape(field: str) -> str:
     """Undo mountinfo's octal escapes (``\\040`` for a space, ...)."""
-    out = []
-    i = 0
-    while i < len(field):
-        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
+    if "\\" not in field:
+        return field
+    return _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
 
 
 def parse_mountinfo(text: str) -> list[MountInfo]:
@@ -83,35 +103,39 @@ def find(mounts: list[MountInfo], target: Path) -> MountInfo | None:
 
 
 class Mounter:
-    """Real mounts via ``mount(8)``; needs CAP_SYS_ADMIN."""
+    """Real mounts via ``mount(2)``; needs CAP_SYS_ADMIN."""
 
     def mounts(self) -> list[MountInfo]:
         return parse_mountinfo(MOUNTINFO.read_text(encoding="utf-8", errors="surrogateescape"))
 
     def bind_read_only(self, source: Path, target: Path) -> None:
-        _run(["mount", "--bind", "--", str(source), str(target)], what=f"bind mount on {target}")
+        _mount(source, target, MS_BIND, what=f"bind mount on {target}")
         try:
-            _run(
-                ["mount", "-o", "remount,bind,ro", "--", str(target)],
-                what=f"read-only remount of {target}",
-            )
-        except errors.RukpakError:
+            kept = os.statvfs(target).f_flag
+            flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+            flags |= sum(ms for st, ms in _KEPT_FLAGS.items() if kept & st)
+            _mount(None, target, flags, what=f"read-only remount of {target}")
+        except (errors.RukpakError, OSError) as exc:
             self.unmount(target)
+            if isinstance(exc, OSError):
+                raise _failed(f"read-only remount of {target}", exc.errno or 0) from exc
             raise
 
     def unmount(self, target: Path) -> None:
-        _run(["umount", "--", str(target)], what=f"unmount of {target}")
+        if _libc.umount2(os.fsencode(target), 0) != 0:
+            raise _failed(f"unmount of {target}", ctypes.get_errno())
 
 
-def _run(argv: list[str], *, what: str) -> None:
-    try:
-        done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise errors.Internal(f"{what} failed: {exc}") from exc
-    if done.returncode != 0:
-        raise errors.Internal(
-            f"{what} failed (exit {done.returncode}): {done.stderr.strip()[:500]}; "
-            "the plugin needs CAP_SYS_ADMIN and Bidirectional mount propagation"
-        )
+def _mount(source: Path | None, target: Path, flags: int, *, what: str) -> None:
+    src = None if source is None else os.fsencode(source)
+    if _libc.mount(src, os.fsencode(target), None, ctypes.c_ulong(flags), None) != 0:
+        raise _failed(what, ctypes.get_errno())
+
+
+def _failed(what: str, code: int) -> errors.RukpakError:
+    hint = "the plugin needs CAP_SYS_ADMIN and Bidirectional mount propagation"
+    if code in (errno.ENOENT, errno.ENOTDIR):
+        hint = "the source or target vanished; retry"
+    return errors.Internal(
+        f"{what} failed: {os.strerror(code)} ({errno.errorcode.get(code, code)}); {hint}"
+    )
