@@ -1,0 +1,336 @@
+"""Helpers for the end-to-end tests: our CSI node plugin as a host process registered with
+the local cluster's kubelet, bundle images pushed where the node pulls from, pods that
+mount bundles, and small waits.
+
+Where it sits: ``tests/test_e2e_csi.py`` uses it with the ``kube_cluster`` fixture
+(``tests.cluster``). The plugin runs beside the kubelet (there is no container image of
+it), serves kubelet's plugin registration itself in ``plugins_registry_dir`` and its CSI
+socket at ``plugins_dir/<driver>/csi.sock``, exactly where a DaemonSet would put them.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DRIVER = "csi.rukpak.io"
+CSIDRIVER_YAML = REPO_ROOT / "storageclass" / "csidriver.yaml"
+HELLO_BUNDLE = REPO_ROOT / "examples" / "bundles" / "hello"
+
+T = TypeVar("T")
+_OCTAL = re.compile(r"\\([0-7]{3})")
+
+
+def eventually(check: Callable[[], T | None], *, timeout: float, what: str) -> T:
+    """Poll ``check`` until it returns something truthy; fail with the last error."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+        except Exception as e:  # keep polling; show the last error on timeout
+            last = e
+        else:
+            if result:
+                return result
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last error: {last!r}")
+
+
+# --- the plugin on the host ---------------------------------------------------------------
+
+
+@dataclass
+class HostPlugin:
+    """``python -m csi.node`` as a host process of the cluster's node, stopped by pid."""
+
+    kubelet_dir: Path
+    registration_dir: Path
+    plugins_dir: Path
+    node_id: str
+    driver: str = DRIVER
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="rk-plugin-")))
+    process: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def for_cluster(cls, cluster: Any) -> HostPlugin:
+        return cls(
+            kubelet_dir=Path(cluster.kubelet_dir),
+            registration_dir=Path(cluster.plugins_registry_dir),
+            plugins_dir=Path(cluster.plugins_dir),
+            node_id=cluster.node_name,
+        )
+
+    @property
+    def socket(self) -> Path:
+        return self.plugins_dir / self.driver / "csi.sock"
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.registration_dir / f"{self.driver}-reg.sock"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "plugin.log"
+
+    def argv(self) -> list[str]:
+        return [
+            sys.executable, "-m", "csi.node",
+            "--endpoint", f"unix://{self.socket}",
+            "--driver-name", self.driver,
+            "--node-id", self.node_id,
+            "--state-dir", str(self.workdir / "state"),
+            "--kubelet-dir", str(self.kubelet_dir),
+            "--registration-dir", str(self.registration_dir),
+            "--registry-timeout", "10",
+        ]  # fmt: skip
+
+    def start(self) -> HostPlugin:
+        """Start the plugin and wait for its registration socket (kubelet then dials it)."""
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.argv(),
+                cwd=REPO_ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        try:
+            eventually(
+                lambda: self._alive() and self.registration_socket.is_socket(),
+                timeout=20,
+                what="the plugin's registration socket",
+            )
+        except AssertionError:
+            self.stop()
+            raise RuntimeError(f"plugin did not start:\n{self.log()}") from None
+        return self
+
+    def _alive(self) -> bool:
+        if self.process is None or self.process.poll() is not None:
+            raise RuntimeError(f"plugin exited:\n{self.log()}")
+        return True
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self) -> int | None:
+        """SIGTERM, SIGKILL after a grace period; then remove its state (unmounted by now)."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        return self.process.returncode
+
+    def remove_state(self) -> None:
+        if not mounts_under(self.workdir):
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One line of /proc/self/mountinfo: where, and its per-mount options."""
+
+    mount_point: Path
+    options: tuple[str, ...]
+
+    @property
+    def read_only(self) -> bool:
+        return "ro" in self.options
+
+
+def mounts_under(root: Path) -> list[Mount]:
+    """Mounts in this mount namespace at or below ``root``, read straight from
+    /proc/self/mountinfo (not through the plugin's own mount code, which is under test)."""
+    real = Path(root).resolve()
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split(" ")
+        point = Path(_OCTAL.sub(lambda m: chr(int(m.group(1), 8)), fields[4]))
+        if point.is_relative_to(real):
+            found.append(Mount(point, tuple(fields[5].split(","))))
+    return found
+
+
+# --- cluster objects ----------------------------------------------------------------------
+
+
+def api(cluster: Any) -> client.ApiClient:
+    from kubernetes import config
+
+    made: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=str(cluster.kubeconfig)
+    )
+    return made
+
+
+def apply_csidriver(api_client: client.ApiClient) -> dict[str, Any]:
+    """Create (or replace) the CSIDriver object of ``storageclass/csidriver.yaml``."""
+    body = yaml.safe_load(CSIDRIVER_YAML.read_text())
+    storage = client.StorageV1Api(api_client)
+    try:
+        storage.create_csi_driver(body)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        storage.delete_csi_driver(body["metadata"]["name"])
+        eventually(
+            lambda: _absent(lambda: storage.read_csi_driver(body["metadata"]["name"])),
+            timeout=30,
+            what="the old CSIDriver to go",
+        )
+        storage.create_csi_driver(body)
+    return body  # type: ignore[no-any-return]
+
+
+def _absent(read: Callable[[], object]) -> bool:
+    try:
+        read()
+    except ApiException as e:
+        if e.status == 404:
+            return True
+        raise
+    return False
+
+
+def csinode_drivers(api_client: client.ApiClient, node_name: str) -> dict[str, str]:
+    """Driver name → node ID, as the kubelet recorded them on the Node's CSINode."""
+    csinode = client.StorageV1Api(api_client).read_csi_node(node_name)
+    return {d.name: d.node_id for d in csinode.spec.drivers or []}
+
+
+def push_bundle(directory: Path, ref: str) -> str:
+    """``rukpak bundle build DIR --tag REF --push``; return its output."""
+    rukpak = Path(sys.executable).parent / "rukpak"
+    done = subprocess.run(
+        [str(rukpak), "bundle", "build", str(directory), "--tag", ref, "--push"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"pushing {directory} to {ref} failed:\n{done.stdout}{done.stderr}")
+    return done.stdout
+
+
+def bundle_pod(
+    name: str,
+    *,
+    image: str,
+    command: str,
+    volume: client.V1Volume,
+    mount_path: str = "/bundle",
+    read_only: bool = True,
+) -> client.V1Pod:
+    """A one-container busybox pod (``image``) running ``sh -c command`` beside a volume."""
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name, labels={"app.kubernetes.io/part-of": "rukpak"}),
+        spec=client.V1PodSpec(
+            restart_policy="Never",
+            termination_grace_period_seconds=1,
+            containers=[
+                client.V1Container(
+                    name="reader",
+                    image=image,
+                    command=["sh", "-c", command],
+                    volume_mounts=[
+                        client.V1VolumeMount(
+                            name=volume.name, mount_path=mount_path, read_only=read_only
+                        )
+                    ],
+                )
+            ],
+            volumes=[volume],
+        ),
+    )
+
+
+def inline_bundle_volume(image: str, *, name: str = "bundle") -> client.V1Volume:
+    """``csi: {driver: csi.rukpak.io, readOnly: true, volumeAttributes: {image: ...}}``."""
+    return client.V1Volume(
+        name=name,
+        csi=client.V1CSIVolumeSource(
+            driver=DRIVER, read_only=True, volume_attributes={"image": image}
+        ),
+    )
+
+
+def claim_volume(claim: str, *, name: str = "bundle") -> client.V1Volume:
+    return client.V1Volume(
+        name=name,
+        persistent_volume_claim=client.V1PersistentVolumeClaimVolumeSource(
+            claim_name=claim, read_only=True
+        ),
+    )
+
+
+def create_pod(core: client.CoreV1Api, namespace: str, pod: client.V1Pod) -> client.V1Pod:
+    # a new namespace's default ServiceAccount appears shortly after the namespace
+    return eventually(
+        lambda: core.create_namespaced_pod(namespace, pod), timeout=30, what="the pod's creation"
+    )
+
+
+def wait_phase(
+    core: client.CoreV1Api, namespace: str, name: str, phases: tuple[str, ...], *, timeout: float
+) -> Any:
+    def check() -> Any:
+        pod: Any = core.read_namespaced_pod(name, namespace)
+        return pod if pod.status.phase in phases else None
+
+    try:
+        return eventually(check, timeout=timeout, what=f"pod {namespace}/{name} to be {phases}")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nevents:\n{pod_events(core, namespace, name)}") from None
+
+
+def pod_events(core: client.CoreV1Api, namespace: str, name: str) -> str:
+    events = core.list_namespaced_event(
+        namespace, field_selector=f"involvedObject.kind=Pod,involvedObject.name={name}"
+    ).items
+    return "\n".join(f"{e.type} {e.reason}: {e.message}" for e in events)
+
+
+def failed_mount_messages(core: client.CoreV1Api, namespace: str, name: str) -> list[str]:
+    events = core.list_namespaced_event(
+        namespace,
+        field_selector=f"involvedObject.kind=Pod,involvedObject.name={name},reason=FailedMount",
+    ).items
+    return [e.message or "" for e in events]
+
+
+def delete_pod_and_wait(
+    core: client.CoreV1Api, namespace: str, name: str, *, timeout: float = 60
+) -> None:
+    core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    eventually(
+        lambda: _absent(lambda: core.read_namespaced_pod(name, namespace)),
+        timeout=timeout,
+        what=f"pod {namespace}/{name} to be gone",
+    )
+
+
+def csi_target_path(kubelet_dir: Path, pod_uid: str, volume: str) -> Path:
+    """Where the kubelet asks a CSI driver to publish a pod's volume."""
+    return kubelet_dir / "pods" / pod_uid / "volumes" / "kubernetes.io~csi" / volume / "mount"

@@ -1,0 +1,287 @@
+"""End to end: bundles reach pods as read-only CSI volumes served by our node plugin.
+
+The proof of the design's central idea on a real node: the local cluster's kubelet and
+containerd, our plugin as a host process beside them (registered through kubelet's
+plugin registration, as a DaemonSet's would be), the ``CSIDriver`` object of
+``storageclass/csidriver.yaml``, and the example bundle pushed to the registry the
+node pulls its container images from. Pods mount the bundle inline or through a static
+ReadOnlyMany PV and read its manifests; writes fail; deleting a pod unmounts and removes
+its volume; a missing image shows the plugin's error as a FailedMount event.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests import e2e_helpers as e2e
+
+MANIFEST = "02_configmap.yaml"
+
+
+def _local(cluster: Any) -> None:
+    if getattr(cluster, "plugins_dir", None) is None or not getattr(cluster, "registry_host", ""):
+        pytest.skip("needs the local cluster's node (KUBECONFIG points at another cluster)")
+
+
+@pytest.fixture(scope="module")
+def api_client(kube_cluster: Any) -> Iterator[client.ApiClient]:
+    _local(kube_cluster)
+    with e2e.api(kube_cluster) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def core(api_client: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(api_client)
+
+
+@pytest.fixture(scope="module")
+def plugin(kube_cluster: Any, api_client: client.ApiClient) -> Iterator[e2e.HostPlugin]:
+    """Our plugin registered with the kubelet, and the CSIDriver object applied."""
+    e2e.apply_csidriver(api_client)
+    started = e2e.HostPlugin.for_cluster(kube_cluster).start()
+    try:
+        yield started
+    finally:
+        started.stop()
+        client.StorageV1Api(api_client).delete_csi_driver(e2e.DRIVER)
+        started.remove_state()
+
+
+@pytest.fixture(scope="module")
+def bundle_image(kube_cluster: Any) -> str:
+    """The hello bundle, pushed to the registry the node's containerd and our plugin use."""
+    ref = f"{kube_cluster.registry_host}/rukpak-e2e/hello:v1"
+    e2e.push_bundle(e2e.HELLO_BUNDLE, ref)
+    return ref
+
+
+@pytest.fixture(scope="module")
+def namespace(core: client.CoreV1Api) -> Iterator[str]:
+    name = f"e2e-csi-{uuid.uuid4().hex[:6]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name, grace_period_seconds=0)
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def _finished(core: client.CoreV1Api, namespace: str, name: str, plugin: e2e.HostPlugin) -> str:
+    """Wait for a run-to-completion pod; return its log, asserting it Succeeded."""
+    try:
+        pod: Any = e2e.wait_phase(core, namespace, name, ("Succeeded", "Failed"), timeout=90)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nplugin log (tail):\n{plugin.log()[-3000:]}") from None
+    log: str = core.read_namespaced_pod_log(name, namespace)
+    assert pod.status.phase == "Succeeded", f"{log}\n{e2e.pod_events(core, namespace, name)}"
+    return log
+
+
+def _registered(api_client: client.ApiClient, node: str) -> dict[str, str] | None:
+    drivers = e2e.csinode_drivers(api_client, node)
+    return drivers if e2e.DRIVER in drivers else None
+
+
+def _claim_phase(core: client.CoreV1Api, namespace: str, name: str) -> str:
+    claim: Any = core.read_namespaced_persistent_volume_claim(name, namespace)
+    return str(claim.status.phase)
+
+
+class TestRegistration:
+    def test_the_kubelet_registers_the_plugin_on_the_nodes_csinode(
+        self, kube_cluster: Any, api_client: client.ApiClient, plugin: e2e.HostPlugin
+    ) -> None:
+        drivers = e2e.eventually(
+            lambda: _registered(api_client, kube_cluster.node_name),
+            timeout=30,
+            what="csi.rukpak.io on the CSINode",
+        )
+        assert drivers[e2e.DRIVER] == kube_cluster.node_name
+        assert "registered with kubelet" in plugin.log()
+
+
+class TestInlineVolume:
+    def test_a_pod_reads_a_manifest_of_the_bundle_from_its_inline_volume(
+        self,
+        kube_cluster: Any,
+        core: client.CoreV1Api,
+        plugin: e2e.HostPlugin,
+        bundle_image: str,
+        namespace: str,
+    ) -> None:
+        name = _name("reader")
+        pod = e2e.bundle_pod(
+            name,
+            image=kube_cluster.busybox_image,
+            command=f"cat /bundle/manifests/{MANIFEST}",
+            volume=e2e.inline_bundle_volume(bundle_image),
+        )
+        e2e.create_pod(core, namespace, pod)
+        log = _finished(core, namespace, name, plugin)
+        assert log == (e2e.HELLO_BUNDLE / "manifests" / MANIFEST).read_text()
+        e2e.delete_pod_and_wait(core, namespace, name)
+
+    def test_writing_to_the_volume_fails_even_when_the_pod_mounts_it_read_write(
+        self,
+        kube_cluster: Any,
+        core: client.CoreV1Api,
+        plugin: e2e.HostPlugin,
+        bundle_image: str,
+        namespace: str,
+    ) -> None:
+        name = _name("writer")
+        script = (
+            "if echo x > /bundle/manifests/new.yaml; then echo WROTE; else echo REFUSED; fi; "
+            "if rm /bundle/manifests/" + MANIFEST + "; then echo REMOVED; else echo KEPT; fi; "
+            "ls /bundle/manifests"
+        )
+        pod = e2e.bundle_pod(
+            name,
+            image=kube_cluster.busybox_image,
+            command=script,
+            volume=e2e.inline_bundle_volume(bundle_image),
+            read_only=False,
+        )
+        e2e.create_pod(core, namespace, pod)
+        log = _finished(core, namespace, name, plugin)
+        assert "REFUSED" in log and "KEPT" in log, log
+        assert "Read-only file system" in log
+        assert "WROTE" not in log and "REMOVED" not in log
+        e2e.delete_pod_and_wait(core, namespace, name)
+
+    def test_deleting_the_pod_unmounts_and_removes_the_published_volume(
+        self,
+        kube_cluster: Any,
+        core: client.CoreV1Api,
+        plugin: e2e.HostPlugin,
+        bundle_image: str,
+        namespace: str,
+    ) -> None:
+        name = _name("sleeper")
+        pod = e2e.bundle_pod(
+            name,
+            image=kube_cluster.busybox_image,
+            command="ls /bundle/manifests && exec sleep 3600",
+            volume=e2e.inline_bundle_volume(bundle_image),
+        )
+        e2e.create_pod(core, namespace, pod)
+        running: Any = e2e.wait_phase(core, namespace, name, ("Running",), timeout=90)
+        target = e2e.csi_target_path(
+            Path(kube_cluster.kubelet_dir), running.metadata.uid, "bundle"
+        ).resolve()
+        mounted = {Path(m.mount_point): m for m in e2e.mounts_under(target)}
+        assert target in mounted, f"{target} is not in /proc/self/mountinfo"
+        assert mounted[target].read_only
+        expected = sorted(p.name for p in (e2e.HELLO_BUNDLE / "manifests").iterdir())
+        assert sorted(p.name for p in (target / "manifests").iterdir()) == expected
+
+        e2e.delete_pod_and_wait(core, namespace, name)
+        e2e.eventually(
+            lambda: not e2e.mounts_under(target) and not target.exists(),
+            timeout=60,
+            what=f"{target} to be unmounted and removed",
+        )
+        assert f"msg='unpublished' target={target}" in plugin.log()
+
+
+class TestBadInput:
+    def test_a_missing_image_shows_the_plugins_not_found_error_as_a_failed_mount_event(
+        self,
+        kube_cluster: Any,
+        core: client.CoreV1Api,
+        plugin: e2e.HostPlugin,
+        namespace: str,
+    ) -> None:
+        name = _name("missing")
+        missing = f"{kube_cluster.registry_host}/rukpak-e2e/does-not-exist:v9"
+        pod = e2e.bundle_pod(
+            name,
+            image=kube_cluster.busybox_image,
+            command="ls /bundle",
+            volume=e2e.inline_bundle_volume(missing),
+        )
+        e2e.create_pod(core, namespace, pod)
+        messages = e2e.eventually(
+            lambda: e2e.failed_mount_messages(core, namespace, name),
+            timeout=60,
+            what="a FailedMount event",
+        )
+        message = messages[0]
+        # e.g. MountVolume.SetUp failed for volume "bundle" : rpc error: code = NotFound
+        # desc = image HOST/rukpak-e2e/does-not-exist:v9 not found in registry HOST: check ...
+        assert 'volume "bundle"' in message, message
+        assert "code = NotFound" in message, message
+        assert f"image {missing} not found" in message, message
+        assert "check the name and tag" in message, message
+        pending: Any = core.read_namespaced_pod(name, namespace)
+        assert pending.status.phase == "Pending"
+        e2e.delete_pod_and_wait(core, namespace, name)
+
+
+class TestPersistentVolume:
+    def test_a_pod_reads_the_bundle_through_a_static_read_only_many_pv_and_claim(
+        self,
+        kube_cluster: Any,
+        core: client.CoreV1Api,
+        plugin: e2e.HostPlugin,
+        bundle_image: str,
+        namespace: str,
+    ) -> None:
+        pv_name = _name("hello-bundle")
+        labels = {"app.kubernetes.io/part-of": "rukpak"}
+        pv = client.V1PersistentVolume(
+            metadata=client.V1ObjectMeta(name=pv_name, labels=labels),
+            spec=client.V1PersistentVolumeSpec(
+                capacity={"storage": "1Mi"},
+                access_modes=["ReadOnlyMany"],
+                persistent_volume_reclaim_policy="Retain",
+                storage_class_name="",
+                csi=client.V1CSIPersistentVolumeSource(
+                    driver=e2e.DRIVER,
+                    volume_handle=pv_name,
+                    read_only=True,
+                    volume_attributes={"image": bundle_image, "pullPolicy": "IfNotPresent"},
+                ),
+            ),
+        )
+        claim = client.V1PersistentVolumeClaim(
+            metadata=client.V1ObjectMeta(name="hello-bundle", labels=labels),
+            spec=client.V1PersistentVolumeClaimSpec(
+                access_modes=["ReadOnlyMany"],
+                storage_class_name="",
+                volume_name=pv_name,
+                resources=client.V1VolumeResourceRequirements(requests={"storage": "1Mi"}),
+            ),
+        )
+        core.create_persistent_volume(pv)
+        try:
+            core.create_namespaced_persistent_volume_claim(namespace, claim)
+            e2e.eventually(
+                lambda: _claim_phase(core, namespace, "hello-bundle") == "Bound",
+                timeout=60,
+                what="the claim to bind",
+            )
+            name = _name("pv-reader")
+            pod = e2e.bundle_pod(
+                name,
+                image=kube_cluster.busybox_image,
+                command=f"cat /bundle/manifests/{MANIFEST}",
+                volume=e2e.claim_volume("hello-bundle"),
+            )
+            e2e.create_pod(core, namespace, pod)
+            log = _finished(core, namespace, name, plugin)
+            assert log == (e2e.HELLO_BUNDLE / "manifests" / MANIFEST).read_text()
+            e2e.delete_pod_and_wait(core, namespace, name)
+            core.delete_namespaced_persistent_volume_claim("hello-bundle", namespace)
+        finally:
+            core.delete_persistent_volume(pv_name)
