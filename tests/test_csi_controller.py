@@ -64,7 +64,7 @@ def test_create_volume_copies_the_source_into_the_volume_context(
         create("pvc-1", pullPolicy="Always", **{"csi.storage.k8s.io/pvc/name": "claim"})
     ).volume
     assert vol.volume_id.startswith("bundle-")
-    assert vol.capacity_bytes == 0
+    assert vol.capacity_bytes == 0  # nothing requested, nothing reported
     assert dict(vol.volume_context) == {"image": IMAGE, "pullPolicy": "Always"}
 
 
@@ -176,3 +176,10 @@ def test_kubelet_registration_reports_the_driver_and_its_kubelet_path(
         stub.NotifyRegistrationStatus(
             pluginregistration_pb2.RegistrationStatus(plugin_registered=True), timeout=5
         )
+
+
+def test_create_volume_reports_the_requested_capacity(
+    controller: csi_pb2_grpc.ControllerStub,
+) -> None:
+    vol = controller.CreateVolume(create("pvc-sized", required=1 << 20)).volume
+    assert vol.capacity_bytes == 1 << 20

@@ -88,11 +88,6 @@ ALLOWED_SKIPS: dict[str, NotAdvertised] = {
     "Service does not have single node multi writer capability": NotAdvertised(
         "node", "SINGLE_NODE_MULTI_WRITER"
     ),
-    # Not a capability: the controller reports capacity_bytes 0 ("unknown", as CSI allows)
-    # because a bundle volume's size is its image's, not the requested one, so sanity cannot
-    # compare capacities (same name + different capacity range is still ALREADY_EXISTS, which
-    # tests/test_csi_controller.py covers). Listed here so any other skip stays an error.
-    "capacity of the volume is unknown": NotAdvertised("controller", "(capacity_bytes is 0)"),
 }
 
 # Pending specs carry no message; they are disabled upstream (XIt), so match by spec text.

@@ -5,7 +5,8 @@ plugin runs with the controller enabled (the external-provisioner sidecar calls
 it for PVCs of a StorageClass using this driver). StorageClass parameters
 ``image``, ``pullPolicy`` and ``platform`` are validated here and copied into
 the volume context, which every node receives on NodePublishVolume. Nothing is
-allocated: capacity is reported as 0 (unknown). Core: ``csi.controller.volumes``.
+allocated: the reported capacity is the requested one (a bundle volume's real size
+is its image's, which only a node learns). Core: ``csi.controller.volumes``.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         return csi_pb2.CreateVolumeResponse(
             volume=csi_pb2.Volume(
                 volume_id=volume.volume_id,
-                capacity_bytes=0,
+                capacity_bytes=capacity.required_bytes or capacity.limit_bytes,
                 volume_context=volume.spec.attributes,
             )
         )
