@@ -6,7 +6,8 @@ prints progress on stderr and results on stdout. ``provisioner.cli`` calls
 ``register`` and turns errors into ``error: <message>`` with exit status 1.
 
 Exit codes: 0 done (and, for ``status``, everything ready); 1 an error;
-2 a usage error; 3 ``diff`` found changes, or ``status`` found objects not ready.
+2 a usage error; 3 ``diff`` found changes, ``status`` found objects not ready,
+or ``apply --wait`` ran out of time before every object was ready.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from provisioner.engine.kube import Kube
 
 EXIT_OK = 0
 EXIT_CHANGES = 3
+"""``diff`` found changes, or objects are not ready (``status``, ``apply --wait``)."""
 
 
 def register(subparsers: Any) -> None:
@@ -33,11 +35,17 @@ def register(subparsers: Any) -> None:
         help="install or upgrade a bundle directory as a named deployment",
         description="Apply a bundle (plain+v0: DIR/manifests/*.yaml) with server-side apply, "
         "in dependency order, then prune what the previous revision had and this one lacks.",
+        epilog="exit status: 0 applied (and ready, with --wait); 1 an error;"
+        " 3 --wait ran out of time before every object was ready",
     )
     _bundle_args(p)
     p.add_argument("--no-prune", action="store_true", help="keep objects the bundle dropped")
     p.add_argument(
-        "--wait", type=float, metavar="SECONDS", default=0, help="then wait until all are ready"
+        "--wait",
+        type=float,
+        metavar="SECONDS",
+        default=0,
+        help="then wait until all are ready (exit 3 if they are not by then)",
     )
     p.add_argument(
         "--watch", action="store_true", help="then keep correcting drift until interrupted"
@@ -47,11 +55,16 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "diff",
         help="show what apply would change (server-side dry run); exit 3 if anything",
+        epilog="exit status: 0 nothing would change; 1 an error; 3 something would change",
     )
     _bundle_args(p)
     p.set_defaults(func=run_diff)
 
-    p = subparsers.add_parser("status", help="health of every object a deployment applied")
+    p = subparsers.add_parser(
+        "status",
+        help="health of every object a deployment applied; exit 3 if any is not ready",
+        epilog="exit status: 0 every object ready; 1 an error; 3 some object not ready",
+    )
     p.add_argument("name", metavar="NAME")
     _cluster_args(p)
     p.set_defaults(func=run_status)
@@ -77,7 +90,10 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
         help="where inventories live (default: %(default)s)",
     )
     p.add_argument(
-        "--concurrency", type=int, default=8, help="parallel requests (default: %(default)s)"
+        "--concurrency",
+        type=int,
+        default=apply.Options.concurrency,
+        help="parallel requests (default: %(default)s)",
     )
 
 

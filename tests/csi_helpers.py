@@ -237,6 +237,8 @@ def mount_capability(mode: str = "MULTI_NODE_READER_ONLY") -> csi_pb2.VolumeCapa
     return csi_pb2.VolumeCapability(
         mount=csi_pb2.VolumeCapability.MountVolume(),
         access_mode=csi_pb2.VolumeCapability.AccessMode(
-            mode=csi_pb2.VolumeCapability.AccessMode.Mode.Value(mode)
+            mode=csi_pb2.VolumeCapability.AccessMode.Mode.Name(
+                csi_pb2.VolumeCapability.AccessMode.Mode.Value(mode)
+            )
         ),
     )

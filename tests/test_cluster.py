@@ -24,7 +24,10 @@ VERSION = "v1.34.4"
 
 
 def api(cluster: Any) -> client.ApiClient:
-    return config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    made: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=str(cluster.kubeconfig)
+    )
+    return made
 
 
 def eventually(check: Callable[[], Any], *, timeout: float, what: str) -> Any:
@@ -103,7 +106,7 @@ class TestNode:
         phase = eventually(
             lambda: (
                 p
-                if (p := core.read_namespaced_pod("hello", ns).status.phase)
+                if (p := str(core.read_namespaced_pod("hello", ns).status.phase))
                 in ("Succeeded", "Failed")
                 else None
             ),
@@ -143,11 +146,12 @@ class TestNode:
                 ],
             ),
         )
-        name = pod.metadata.name
+        name = str(pod.metadata.name)
         eventually(lambda: core.create_namespaced_pod("default", pod), timeout=30, what="pod")
         eventually(
             lambda: (
-                core.read_namespaced_pod(name, "default").status.phase in ("Succeeded", "Failed")
+                str(core.read_namespaced_pod(name, "default").status.phase)
+                in ("Succeeded", "Failed")
             ),
             timeout=90,
             what="pod to finish",

@@ -60,9 +60,9 @@ def code_of(call: object) -> grpc.StatusCode:
 def test_create_volume_copies_the_source_into_the_volume_context(
     controller: csi_pb2_grpc.ControllerStub,
 ) -> None:
-    vol = controller.CreateVolume(
-        create("pvc-1", pullPolicy="Always", **{"csi.storage.k8s.io/pvc/name": "claim"})
-    ).volume
+    request = create("pvc-1", pullPolicy="Always")
+    request.parameters["csi.storage.k8s.io/pvc/name"] = "claim"
+    vol = controller.CreateVolume(request).volume
     assert vol.volume_id.startswith("bundle-")
     assert vol.capacity_bytes == 0  # nothing requested, nothing reported
     assert dict(vol.volume_context) == {"image": IMAGE, "pullPolicy": "Always"}

@@ -6,17 +6,23 @@ adapter and:
 1. prepares every object: owner label, the install namespace for namespaced
    objects that have none (namespaced-ness from discovery, or from a CRD in the
    same bundle; a cluster-scoped object's stray namespace is dropped), unknown
-   kinds refused with file and document named;
+   kinds refused with file and document named, and the digest annotation of
+   ``managed``;
 2. preflights ownership (an object owned by another deployment is never taken
-   over; an unowned one only with ``adopt``) and CRD upgrade safety;
+   over; an unowned one only with ``adopt``) and CRD upgrade safety, reading
+   the live objects in bulk;
 3. records *previous | current* in the inventory before writing anything else,
    so an object applied by a run that fails part way is still pruned later;
 4. applies the ordering phases one after another with server-side apply
    (field manager ``rukpak``), objects inside a phase concurrently with a
-   bounded pool; after the CRD phase it waits until the CRDs are Established
-   and served; a failing phase stops the run naming every failed object;
+   bounded pool; an object whose live copy already is what it would apply
+   (``managed.stale_reason``) is left alone, so re-installing unchanged
+   content sends no writes; after the CRD phase it waits until the CRDs are
+   Established and served; a failing phase stops the run naming every failed
+   object;
 5. prunes what the previous revision applied and this one does not, in
-   reverse phase order, and records *current* alone.
+   reverse phase order, and records *current* alone (the inventory is only
+   written when it changes).
 
 Deletion (pruning and uninstall) first reads the object and leaves it alone
 unless it still carries this deployment's owner label; ``Orphan`` (the policy
@@ -28,12 +34,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from csi import errors
-from provisioner.engine import crdsafety, health, inventory, ordering, pool, records
+from provisioner.engine import crdsafety, health, inventory, managed, ordering, pool, records
 from provisioner.engine.errors import (
     ApplyFailed,
     BundleInvalid,
@@ -71,7 +77,7 @@ class Options:
     adopt: bool = False
     """Take over existing objects no deployment owns (never ones another deployment owns)."""
     system_namespace: str = inventory.DEFAULT_SYSTEM_NAMESPACE
-    concurrency: int = 8
+    concurrency: int = 16
     crd_timeout: float = 60.0
     """Seconds to wait for applied CRDs to become Established and served."""
     prune: bool = True
@@ -82,7 +88,9 @@ class Applied:
     manifest: Manifest
     """The prepared manifest (owner label, namespace defaulted), with its bundle source."""
     live: Obj
-    """The object as the API server returned it after apply."""
+    """The object as the API server returned it after apply (or as read, when unchanged)."""
+    unchanged: bool = False
+    """The live object already was what applying would make it: no request was sent."""
 
     @property
     def ref(self) -> ObjectRef:
@@ -128,7 +136,7 @@ def prepare(kube: Kube, bundle: Bundle, options: Options) -> list[Manifest]:
             except UnknownKind as err:
                 raise BundleInvalid(f"{m.source}: {err}") from None
         namespace = (ref.namespace or options.namespace) if namespaced else ""
-        obj = with_owner(with_namespace(m.obj, namespace), options.name)
+        obj = managed.with_digest(with_owner(with_namespace(m.obj, namespace), options.name))
         prepared = Manifest(obj=obj, source=m.source)
         first = seen.setdefault(prepared.ref.identity, prepared)
         if first is not prepared:
@@ -283,28 +291,48 @@ def apply_with_retry(kube: Kube, obj: Obj, *, attempts: int = 4) -> Obj:
 
 
 def apply_phase(
-    kube: Kube, phase: ordering.Phase, options: Options, *, progress: Progress = no_progress
+    kube: Kube,
+    phase: ordering.Phase,
+    options: Options,
+    *,
+    live: Mapping[ObjectRef, Obj] | None = None,
+    progress: Progress = no_progress,
 ) -> list[Applied]:
-    """Apply one phase's objects concurrently; ``ApplyFailed`` names every failure."""
-    total = len(phase.manifests)
+    """Apply one phase's objects concurrently; ``ApplyFailed`` names every failure.
+
+    Objects whose copy in ``live`` is already what applying would make them
+    are not sent (``Applied.unchanged``).
+    """
+    live = live or {}
+    unchanged = {
+        m.ref
+        for m in phase.manifests
+        if managed.stale_reason(m.obj, live.get(m.ref), options.name) is None
+    }
+    todo = [m for m in phase.manifests if m.ref not in unchanged]
+    total = len(todo)
     step = max(100, total // 10)
     done = 0
     lock = threading.Lock()
 
     def one(m: Manifest) -> Obj:
         nonlocal done
-        live = apply_with_retry(kube, m.obj)
+        result = apply_with_retry(kube, m.obj)
         with lock:
             done += 1
             if done % step == 0 and done < total:
                 progress(f"  {phase.name}: {done}/{total}")
-        return live
+        return result
 
-    results = pool.run_all(phase.manifests, one, concurrency=options.concurrency)
-    failures = [(m.describe(), got) for m, got in results if isinstance(got, errors.RukpakError)]
+    sent = pool.run_all(todo, one, concurrency=options.concurrency)
+    failures = [(m.describe(), got) for m, got in sent if isinstance(got, errors.RukpakError)]
     if failures:
         raise ApplyFailed(phase.name, failures)
-    applied = [Applied(m, got) for m, got in results if not isinstance(got, errors.RukpakError)]
+    after = {m.ref: got for m, got in sent if not isinstance(got, errors.RukpakError)}
+    applied = [
+        Applied(m, live[m.ref], unchanged=True) if m.ref in unchanged else Applied(m, after[m.ref])
+        for m in phase.manifests
+    ]
     if phase.spec.wait_established:
         progress(f"waiting for {len(applied)} CRDs to be established")
         _wait_crds(kube, applied, options.crd_timeout)
@@ -316,8 +344,9 @@ def install(
 ) -> Result:
     """Make the cluster hold ``bundle`` as deployment ``options.name``; see the module doc.
 
-    Idempotent: installing the same bundle twice changes nothing the second time
-    (server-side apply of identical content is a no-op on the server).
+    Idempotent: installing the same bundle twice changes nothing the second
+    time, and sends no write requests (unchanged objects are not re-applied,
+    an unchanged inventory is not rewritten).
     """
     manifests = prepare(kube, bundle, options)
     current = [m.ref for m in manifests]
@@ -327,21 +356,24 @@ def install(
 
     previous = records.read_inventory(kube, options.name, system_namespace=options.system_namespace)
     previous_refs = previous.refs if previous else frozenset()
-    records.write_inventory(
+    stored = records.write_inventory(
         kube,
         inventory.Inventory(
             options.name, options.namespace, inventory.merged(previous_refs, current)
         ),
         system_namespace=options.system_namespace,
+        stored=previous,
     )
 
     result = Result()
-    total, done = len(manifests), 0
+    total, done, unchanged = len(manifests), 0, 0
     for phase in ordering.phases(manifests):
         progress(f"applying {phase.name}: {len(phase.manifests)} objects")
-        result.applied += apply_phase(kube, phase, options, progress=progress)
-        done += len(phase.manifests)
-        progress(f"applied {done}/{total}")
+        applied = apply_phase(kube, phase, options, live=live, progress=progress)
+        result.applied += applied
+        done += len(applied)
+        unchanged += sum(1 for a in applied if a.unchanged)
+        progress(f"applied {done}/{total} ({unchanged} already up to date)")
 
     if options.prune and previous_refs:
         doomed = inventory.plan_prune(previous_refs, current)
@@ -359,6 +391,7 @@ def install(
         kube,
         inventory.Inventory(options.name, options.namespace, frozenset(current)),
         system_namespace=options.system_namespace,
+        stored=stored,
     )
     return result
 

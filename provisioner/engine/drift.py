@@ -9,7 +9,9 @@ set recorded right after our last apply. Another writer changing a field we
 apply takes that field's ownership away, so the set changes; writers touching
 only fields we do not apply leave it alone. In steady state the loop therefore
 sends no write requests: events for our own applies compare equal, and a
-re-list (after 410 Gone, or the periodic resync) only reads.
+re-list (after 410 Gone, or the periodic resync) only reads. The pieces of
+that decision shared with ``apply`` (our managedFields entry, the owner
+label) live in ``managed``.
 
 The worker re-reads an object before correcting it, so stale events never
 cause a write, and corrects with ``force`` (taking fields back).
@@ -29,31 +31,19 @@ from csi import errors
 from provisioner.engine.apply import Applied
 from provisioner.engine.errors import Gone
 from provisioner.engine.kube import Kube
-from provisioner.engine.objects import FIELD_MANAGER, OWNER_LABEL, Obj, ObjectRef, owner_of
+from provisioner.engine.managed import applied_fields, lost_reason
+from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef
 
 log = logging.getLogger(__name__)
 
 Report = Callable[[str], None]
 
 
-def applied_fields(live: Obj) -> Any:
-    """``fieldsV1`` of our Apply entry in ``live``'s managedFields, or None."""
-    for entry in (live.get("metadata") or {}).get("managedFields") or []:
-        if (
-            entry.get("manager") == FIELD_MANAGER
-            and entry.get("operation") == "Apply"
-            and not entry.get("subresource")
-        ):
-            return entry.get("fieldsV1")
-    return None
-
-
 def drift_reason(recorded: Any, live: Obj | None, owner: str) -> str | None:
     """Why ``live`` no longer matches what we applied, or None when it still does."""
-    if live is None or (live.get("metadata") or {}).get("deletionTimestamp"):
-        return "deleted"
-    if owner_of(live) != owner:
-        return "owner label removed or changed"
+    lost = lost_reason(live, owner)
+    if lost is not None or live is None:
+        return lost or "deleted"
     if applied_fields(live) != recorded:
         return "fields we apply were changed by another writer"
     return None

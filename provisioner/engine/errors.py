@@ -2,7 +2,9 @@
 
 Every error the engine raises names what failed: the bundle file and document
 for format errors, the object for apply errors, both deployments for ownership
-conflicts. The CLI maps ``code`` to exit status and prints ``str(err)``.
+conflicts. The CLI prints ``error: <message>`` and exits 1 for every error
+(exit 3 is not an error: ``diff`` found changes, objects are not ready);
+``code`` says which kind of failure it was (the gRPC-style name).
 """
 
 from __future__ import annotations

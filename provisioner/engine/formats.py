@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from provisioner.engine.errors import BundleInvalid
@@ -32,9 +33,10 @@ class Source:
 @dataclass(frozen=True)
 class Manifest:
     obj: Obj
+    """The object; treated as immutable (the engine copies before it changes anything)."""
     source: Source
 
-    @property
+    @cached_property
     def ref(self) -> ObjectRef:
         return ObjectRef.of(self.obj)
 

@@ -2,7 +2,8 @@
 
 The adapter-facing half of ``inventory`` (which stays pure): read, write and
 delete a deployment's inventory through ``Kube``. Writing creates the system
-namespace first when it is missing.
+namespace first when it is missing, and sends nothing when the caller knows
+the stored inventory already is the one to write.
 """
 
 from __future__ import annotations
@@ -18,13 +19,23 @@ def read_inventory(kube: Kube, name: str, *, system_namespace: str) -> inventory
     return inventory.from_configmap(cm) if cm is not None else None
 
 
-def write_inventory(kube: Kube, inv: inventory.Inventory, *, system_namespace: str) -> None:
+def write_inventory(
+    kube: Kube,
+    inv: inventory.Inventory,
+    *,
+    system_namespace: str,
+    stored: inventory.Inventory | None = None,
+) -> inventory.Inventory:
+    """Store ``inv`` unless it equals ``stored`` (what the ConfigMap holds); returns ``inv``."""
+    if inv == stored:
+        return inv
     ns_ref = ObjectRef("", "v1", "Namespace", "", system_namespace)
     if kube.get(ns_ref) is None:
         kube.apply(
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": system_namespace}}
         )
     kube.apply(inventory.to_configmap(inv, system_namespace=system_namespace))
+    return inv
 
 
 def delete_inventory(kube: Kube, name: str, *, system_namespace: str) -> None:
