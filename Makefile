@@ -24,7 +24,7 @@ lint: setup
 	$(VENV)/bin/ruff format --check csi provisioner tests
 
 typecheck: setup
-	$(VENV)/bin/mypy csi provisioner
+	$(VENV)/bin/mypy csi provisioner tests
 
 ## test: the whole suite (lint, types, proto drift, unit and integration tests)
 test: setup proto-check lint typecheck k8s-bins

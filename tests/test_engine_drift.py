@@ -12,7 +12,7 @@ from provisioner.engine.objects import with_owner
 
 
 def test_drift_is_decided_by_existence_owner_label_and_our_managed_fields() -> None:
-    ours = {"f:data": {"f:a": {}}}
+    ours: dict[str, Any] = {"f:data": {"f:a": {}}}
 
     def live(fields: object, owner: str = "demo", **meta: object) -> dict[str, object]:
         return {
@@ -130,7 +130,7 @@ def test_our_field_set_covers_what_we_apply_until_another_writer_takes_a_field()
 
 def test_sets_of_scalars_are_matched_by_value() -> None:
     obj = {"apiVersion": "v1", "kind": "X", "metadata": {"name": "a", "finalizers": ["a", "b"]}}
-    fields = {"f:metadata": {"f:finalizers": {".": {}, 'v:"a"': {}, 'v:"b"': {}}}}
+    fields: dict[str, Any] = {"f:metadata": {"f:finalizers": {".": {}, 'v:"a"': {}, 'v:"b"': {}}}}
     assert managed.covers(fields, obj)
     assert not managed.covers(without(fields, "f:metadata", "f:finalizers", 'v:"b"'), obj)
 
