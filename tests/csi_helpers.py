@@ -141,6 +141,18 @@ def simple_image(host: str, repo: str, tag: str = "v1", *, text: str = "hello") 
 # --- running the plugin process -----------------------------------------------------
 
 
+def terminate(process: subprocess.Popen[bytes], *, grace: float = 20.0) -> int | None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds; returns the exit code."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+    return process.returncode
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -209,16 +221,7 @@ class PluginProcess:
 
     def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after a grace period; returns the exit code."""
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-        return self.process.returncode
+        return None if self.process is None else terminate(self.process)
 
     def unmount_all(self) -> None:
         """Test cleanup: unmount everything still mounted under the kubelet dir."""

@@ -15,39 +15,24 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from tests.csi_helpers import terminate
+from tests.polling import eventually
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DRIVER = "csi.rukpak.io"
 CSIDRIVER_YAML = REPO_ROOT / "storageclass" / "csidriver.yaml"
 HELLO_BUNDLE = REPO_ROOT / "examples" / "bundles" / "hello"
 
-T = TypeVar("T")
 _OCTAL = re.compile(r"\\([0-7]{3})")
-
-
-def eventually(check: Callable[[], T | None], *, timeout: float, what: str) -> T:
-    """Poll ``check`` until it returns something truthy; fail with the last error."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-        except Exception as e:  # keep polling; show the last error on timeout
-            last = e
-        else:
-            if result:
-                return result
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last error: {last!r}")
 
 
 # --- the plugin on the host ---------------------------------------------------------------
@@ -132,16 +117,7 @@ class HostPlugin:
 
     def stop(self) -> int | None:
         """SIGTERM, SIGKILL after a grace period; then remove its state (unmounted by now)."""
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-        return self.process.returncode
+        return None if self.process is None else terminate(self.process)
 
     def remove_state(self) -> None:
         if not mounts_under(self.workdir):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,17 +11,11 @@ from csi import errors
 from provisioner.engine import apply, diff, drift, lifecycle, records
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import DELETION_POLICY_ANNOTATION, OWNER_LABEL, ObjectRef
+from tests.polling import eventually
 from tests.test_apply_cluster import configmap, kube, name, namespace, write_bundle
 
 pytestmark = pytest.mark.cluster
 __all__ = ["kube", "name"]  # fixtures
-
-
-def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
 
 
 def test_diff_shows_creates_updates_and_prunes_without_writing(

@@ -7,9 +7,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ from kubernetes import client, config
 from tests.cluster import bins, controlplane, teardown
 from tests.cluster.localcluster import LocalCluster
 from tests.cluster.process import ComponentError, pid_alive
+from tests.polling import eventually
 
 VERSION = "v1.34.4"
 
@@ -28,21 +27,6 @@ def api(cluster: Any) -> client.ApiClient:
         config_file=str(cluster.kubeconfig)
     )
     return made
-
-
-def eventually(check: Callable[[], Any], *, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-        except Exception as e:  # keep polling; show the last error on timeout
-            last = e
-        else:
-            if result:
-                return result
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last error: {last}")
 
 
 def review(api_client: client.ApiClient, *, user: str, groups: list[str]) -> bool:

@@ -20,6 +20,7 @@ import pytest
 from kubernetes import client
 
 from tests import e2e_helpers as e2e
+from tests.polling import eventually
 
 MANIFEST = "02_configmap.yaml"
 
@@ -101,7 +102,7 @@ class TestRegistration:
     def test_the_kubelet_registers_the_plugin_on_the_nodes_csinode(
         self, kube_cluster: Any, api_client: client.ApiClient, plugin: e2e.HostPlugin
     ) -> None:
-        drivers = e2e.eventually(
+        drivers = eventually(
             lambda: _registered(api_client, kube_cluster.node_name),
             timeout=30,
             what="csi.rukpak.io on the CSINode",
@@ -186,7 +187,7 @@ class TestInlineVolume:
         assert sorted(p.name for p in (target / "manifests").iterdir()) == expected
 
         e2e.delete_pod_and_wait(core, namespace, name)
-        e2e.eventually(
+        eventually(
             lambda: not e2e.mounts_under(target) and not target.exists(),
             timeout=60,
             what=f"{target} to be unmounted and removed",
@@ -211,7 +212,7 @@ class TestBadInput:
             volume=e2e.inline_bundle_volume(missing),
         )
         e2e.create_pod(core, namespace, pod)
-        messages = e2e.eventually(
+        messages = eventually(
             lambda: e2e.failed_mount_messages(core, namespace, name),
             timeout=60,
             what="a FailedMount event",
@@ -266,7 +267,7 @@ class TestPersistentVolume:
         core.create_persistent_volume(pv)
         try:
             core.create_namespaced_persistent_volume_claim(namespace, claim)
-            e2e.eventually(
+            eventually(
                 lambda: _claim_phase(core, namespace, "hello-bundle") == "Bound",
                 timeout=60,
                 what="the claim to bind",
