@@ -357,3 +357,123 @@ class TestCRDUpgradeSafety:
         apply.install(kube, bundle, apply.Options(name=name, namespace=name))
         live = kube.get(ObjectRef(group, "v2", "Widget", name, "w"))
         assert live is not None and live["spec"]["size"] == 6
+
+
+def limited_user(kube: Kube, name: str, tmp_path: Path, deployment_verbs: list[str]) -> None:
+    """User ``name`` may manage ConfigMaps (its namespace and the inventory's) and has
+    ``deployment_verbs`` on Deployments in its namespace."""
+    system_ns = inventory.DEFAULT_SYSTEM_NAMESPACE
+
+    def role(role_name: str, group: str, resource: str, verbs: list[str]) -> dict[str, Any]:
+        return {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": role_name},
+            "rules": [{"apiGroups": [group], "resources": [resource], "verbs": verbs}],
+        }
+
+    def binding(role_name: str, ns: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": role_name, "namespace": ns},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": role_name,
+            },
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name}],
+        }
+
+    all_verbs = ["get", "list", "watch", "create", "update", "patch", "delete"]
+    kube.apply(namespace(system_ns))  # shared by every test: created unowned
+    objects = [
+        namespace(name),
+        role(f"{name}-namespaces", "", "namespaces", ["get"]),
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": f"{name}-namespaces"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": f"{name}-namespaces",
+            },
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name}],
+        },
+        role(f"{name}-configmaps", "", "configmaps", all_verbs),
+        binding(f"{name}-configmaps", name),
+        binding(f"{name}-configmaps", system_ns),
+    ]
+    if deployment_verbs:
+        objects += [
+            role(f"{name}-deployments", "apps", "deployments", deployment_verbs),
+            binding(f"{name}-deployments", name),
+        ]
+    setup = write_bundle(tmp_path / "setup", {"rbac.yaml": objects})
+    apply.install(kube, setup, apply.Options(name=f"{name}-setup", namespace=name))
+
+
+def as_user(kube_apiserver: Any, user: str) -> Kube:
+    impersonating = Kube.from_kubeconfig(str(kube_apiserver.kubeconfig))
+    impersonating._api.set_default_header(  # type: ignore[no-untyped-call]
+        "Impersonate-User", user
+    )  # as `kubectl --as` does
+    return impersonating
+
+
+def app_bundle(tmp_path: Path) -> formats.Bundle:
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "web", "image": "example.invalid/web:1"}]},
+            },
+        },
+    }
+    return write_bundle(tmp_path / "app", {"app.yaml": [configmap("settings"), deployment]})
+
+
+def test_an_rbac_denial_stops_at_its_phase_and_keeps_what_was_applied(
+    kube: Kube, kube_apiserver: Any, name: str, tmp_path: Path
+) -> None:
+    """May read Deployments but not write them: the ConfigMap phase lands and is recorded;
+    the workload phase stops with 'forbidden', naming file, document and object."""
+    limited_user(kube, name, tmp_path, deployment_verbs=["get", "list", "watch"])
+    limited = as_user(kube_apiserver, name)
+    try:
+        with pytest.raises(
+            ApplyFailed,
+            match=rf"(?s)phase .workloads..*Deployment\.apps {name}/web"
+            r" from manifests/app.yaml document 2.*forbidden",
+        ) as info:
+            apply.install(limited, app_bundle(tmp_path), apply.Options(name=name, namespace=name))
+    finally:
+        limited.close()
+    assert info.value.code == "PERMISSION_DENIED"
+    settings = ObjectRef("", "v1", "ConfigMap", name, "settings")
+    assert kube.get(settings) is not None
+    inv = records.read_inventory(kube, name, system_namespace=inventory.DEFAULT_SYSTEM_NAMESPACE)
+    assert inv is not None and settings in inv.refs
+
+
+def test_objects_the_user_may_not_even_read_stop_the_install_before_any_write(
+    kube: Kube, kube_apiserver: Any, name: str, tmp_path: Path
+) -> None:
+    limited_user(kube, name, tmp_path, deployment_verbs=[])
+    limited = as_user(kube_apiserver, name)
+    try:
+        with pytest.raises(
+            ApplyFailed,
+            match=rf"(?s)ownership check.*Deployment\.apps {name}/web"
+            r" from manifests/app.yaml document 2.*forbidden",
+        ):
+            apply.install(limited, app_bundle(tmp_path), apply.Options(name=name, namespace=name))
+        assert limited.writes == 0
+    finally:
+        limited.close()
+    assert kube.get(ObjectRef("", "v1", "ConfigMap", name, "settings")) is None

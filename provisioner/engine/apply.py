@@ -153,8 +153,9 @@ LIST_THRESHOLD = 20
 
 def read_live(
     kube: Kube, refs: Sequence[ObjectRef], concurrency: int
-) -> dict[ObjectRef, Obj | None]:
-    """The live object (or None) for each ref, by GET or, for big groups, by one list."""
+) -> dict[ObjectRef, Obj | errors.RukpakError | None]:
+    """The live object, None, or the error reading it, for each ref: by GET or, for big
+    groups, by one list (a failed list is that error for every member)."""
     groups: dict[tuple[str, str, str], list[ObjectRef]] = {}
     for ref in refs:
         groups.setdefault((ref.api_version, ref.kind, ref.namespace), []).append(ref)
@@ -169,15 +170,11 @@ def read_live(
             return {}
         return {str(i["metadata"]["name"]): i for i in items}
 
-    out: dict[ObjectRef, Obj | None] = {}
+    out: dict[ObjectRef, Obj | errors.RukpakError | None] = {}
     for key, found in pool.run_all(listed, list_group, concurrency=concurrency):
-        if isinstance(found, errors.RukpakError):
-            raise found
         for ref in groups[key]:
-            out[ref] = found.get(ref.name)
+            out[ref] = found if isinstance(found, errors.RukpakError) else found.get(ref.name)
     for ref, got in pool.run_all(singles, kube.get, concurrency=concurrency):
-        if isinstance(got, errors.RukpakError):
-            raise got
         out[ref] = got
     return out
 
@@ -185,11 +182,18 @@ def read_live(
 def check_ownership(
     kube: Kube, manifests: Sequence[Manifest], options: Options
 ) -> dict[ObjectRef, Obj]:
-    """Live copies of the manifests' objects; raises ``OwnershipConflict`` listing every clash."""
-    live: dict[ObjectRef, Obj] = {}
-    for ref, got in read_live(kube, [m.ref for m in manifests], options.concurrency).items():
-        if got is not None:
-            live[ref] = got
+    """Live copies of the manifests' objects; raises ``OwnershipConflict`` listing every clash.
+
+    An object that cannot be read (RBAC, API server errors) stops the install before
+    anything is written, as ``ApplyFailed`` naming each object's file and document.
+    """
+    read = read_live(kube, [m.ref for m in manifests], options.concurrency)
+    unreadable = [
+        (m.describe(), got) for m in manifests if isinstance(got := read[m.ref], errors.RukpakError)
+    ]
+    if unreadable:
+        raise ApplyFailed("ownership check (read)", unreadable)
+    live = {ref: got for ref, got in read.items() if isinstance(got, dict)}
     clashes: list[str] = []
     for m in manifests:
         got = live.get(m.ref)

@@ -47,7 +47,9 @@ def status(
     live = apply.read_live(kube, refs, concurrency)
     for ref in refs:
         got = live.get(ref)
-        if got is not None and owner_of(got) != name:
+        if isinstance(got, errors.RukpakError):
+            out.append(ObjectStatus(ref, None, health.Health(False, f"cannot read it: {got}")))
+        elif got is not None and owner_of(got) != name:
             out.append(ObjectStatus(ref, got, health.Health(False, "no longer owned by it")))
         else:
             out.append(ObjectStatus(ref, got, health.assess(got)))
