@@ -179,7 +179,7 @@ def test_setuid_setgid_and_sticky_bits_are_stripped(tmp_path: Path) -> None:
     root, stats = unpack(
         tmp_path, [("suid", "file", b"x", 0o6755), ("sticky/", "dir", None, 0o1777)]
     )
-    assert stat.S_IMODE((root / "suid").stat().st_mode) == 0o755
+    assert stat.S_IMODE((root / "suid").stat().st_mode) == 0o555
     assert not (root / "sticky").stat().st_mode & 0o7000
     assert any("setuid" in w for w in stats.warnings)
 
@@ -240,6 +240,53 @@ def test_seal_makes_the_tree_read_only_and_unseal_reverses_it(tmp_path: Path) ->
     assert stat.S_IMODE((root / "manifests/bin/run").stat().st_mode) == 0o555
     node_tree.unseal(root)
     assert stat.S_IMODE((root / "manifests").stat().st_mode) == 0o755
+
+
+def test_files_are_created_read_only_and_seal_dirs_finishes_the_tree(tmp_path: Path) -> None:
+    root, _ = unpack(tmp_path, BASIC)
+    assert stat.S_IMODE((root / "manifests/01_ns.yaml").stat().st_mode) == 0o444
+    assert stat.S_IMODE((root / "manifests/bin/run").stat().st_mode) == 0o555
+    assert stat.S_IMODE((root / "manifests").stat().st_mode) == 0o755  # still writable
+    node_tree.seal_dirs(root)
+    assert stat.S_IMODE(root.stat().st_mode) == 0o555
+    assert stat.S_IMODE((root / "manifests").stat().st_mode) == 0o555
+    assert stat.S_IMODE((root / "manifests/bin").stat().st_mode) == 0o555
+
+
+def test_later_layers_replace_read_only_files_and_whole_directories(tmp_path: Path) -> None:
+    root, stats = unpack(
+        tmp_path,
+        [("d/", "dir"), ("d/sub/", "dir"), ("d/sub/f", "file", b"old"), ("d/g", "file", b"g")],
+        [("d/sub", "file", b"now a file"), ("d/g", "file", b"new"), ("d/sub2/f", "file", b"2")],
+        [("d/.wh.sub", "file", b""), ("d/sub/x", "file", b"again a dir")],
+    )
+    assert tree(root) == {
+        "d": "dir",
+        "d/g": "file:new",
+        "d/sub": "dir",
+        "d/sub/x": "file:again a dir",
+        "d/sub2": "dir",
+        "d/sub2/f": "file:2",
+    }
+    assert stats.warnings == []
+
+
+def test_a_directory_replaced_by_a_symlink_mid_layer_is_never_written_through(
+    tmp_path: Path,
+) -> None:
+    # The extractor remembers directory descriptors; replacing one must forget them.
+    root, stats = unpack(
+        tmp_path,
+        [
+            ("a/", "dir"),
+            ("a/f", "file", b"f"),
+            ("b/", "dir"),
+            ("a", "symlink", "b"),
+            ("a/g", "file", b"through the link"),
+        ],
+    )
+    assert tree(root) == {"a": "-> b", "b": "dir"}
+    assert any("'a/g'" in w and "symlink" in w for w in stats.warnings)
 
 
 def test_whiteouts_and_refused_entries_count_against_the_entry_budget(tmp_path: Path) -> None:

@@ -10,6 +10,15 @@ seam), the content store (``csi.node.store``) and the extractor
     unpacked/<hex>.tmp-<rand>   trees being extracted (removed at start)
     state.json                  tag → digest, tree metadata, which targets use which tree
 
+A pull streams each missing layer: the registry's verifying stream is teed
+into the content store's ingest file and into the extractor, so download,
+hashing, decompression and file creation overlap (as in ``curl | tar -xz``).
+The layer's blob is committed when its stream ends with the right size and
+digest (checked by the client and again by the store); a mismatch fails the
+pull, discarding both the ingest and the staging tree. Layers already in the
+store unpack from there. A pull whose stream breaks is retried once the old
+way: download every blob (with the client's retries), then unpack.
+
 The rename of a finished tree into ``unpacked/`` is the commit point: a crash
 before it leaves only a ``.tmp-`` dir (removed at start), after it a complete
 tree. ``state.json`` is rewritten atomically and is advisory for trees (a tree
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import io
 import json
 import logging
 import os
@@ -35,11 +45,11 @@ import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol, cast
 
 from csi import errors
 from csi.node import extract, tree
-from csi.node.store import ContentStore, fsync_dir
+from csi.node.store import ContentStore, Ingest, fsync_dir
 from csi.oci import digest as digests
 from csi.oci import mediatypes
 from csi.oci.auth import Credentials
@@ -85,6 +95,14 @@ class Puller(Protocol):
     ) -> tuple[Descriptor, Manifest]: ...
 
     def fetch_blob(self, ref: Reference, desc: Descriptor, dest: Path) -> None: ...
+
+
+class StreamingPuller(Puller, Protocol):
+    """A puller that can also stream a blob, verifying it as it is read."""
+
+    def open_blob(
+        self, ref: Reference, desc: Descriptor
+    ) -> contextlib.AbstractContextManager[BinaryIO]: ...
 
 
 PullerFactory = Callable[[Credentials | None], Puller]
@@ -321,28 +339,24 @@ class ImageCache:
                     f"image {ref}: layer {layer.digest} has media type {layer.media_type!r}, "
                     "which is not a filesystem layer; bundle images must use tar layers"
                 )
-        fetched = 0
         blobs = [manifest.config, *manifest.layers]
-        for desc in blobs:
-            if not self.store.has(desc.digest):
-                fetched += desc.size
-            self.store.put(desc.digest, desc.size, _fetcher(puller, ref, desc))
-        staging = self.unpacked_dir / f"{digests.hex_of(digest)}.tmp-{secrets.token_hex(4)}"
-        staging.mkdir(mode=0o755)
+        distinct = {d.digest: d for d in blobs}.values()
+        fetched = sum(d.size for d in distinct if not self.store.has(d.digest))
+        config = manifest.config
+        self.store.put(config.digest, config.size, _fetcher(puller, ref, config))
+        streaming = _streaming(puller)
         try:
-            layers = [
-                extract.Layer(self.store.path(d.digest), d.media_type, d.digest)
-                for d in manifest.layers
-            ]
-            stats = extract.extract_layers(staging, layers, image=str(ref), limits=self._limits)
-            for warning in stats.warnings:
-                log.warning("msg=%r image=%s detail=%r", "layer entry refused", ref, warning)
-            tree.seal(staging)
-            os.replace(staging, self.tree_path(digest))
-            fsync_dir(self.unpacked_dir)
-        except BaseException:
-            _remove_tree(staging)
-            raise
+            stats = self._unpack(puller, ref, digest, manifest, streaming=streaming)
+        except errors.Unavailable as exc:
+            if streaming is None:
+                raise
+            log.warning(
+                "msg=%r image=%s error=%r",
+                "streaming pull failed; downloading the blobs first",
+                ref,
+                exc.message,
+            )
+            stats = self._unpack(puller, ref, digest, manifest, streaming=None)
         with self._state_lock:
             self._state["trees"][digests.hex_of(digest)] = {
                 "digest": digest,
@@ -364,6 +378,59 @@ class ImageCache:
             stats.entries,
             stats.bytes,
         )
+
+    def _unpack(
+        self,
+        puller: Puller,
+        ref: Reference,
+        digest: str,
+        manifest: Manifest,
+        *,
+        streaming: StreamingPuller | None,
+    ) -> extract.ExtractStats:
+        """Extract every layer into a staging dir, seal it and rename it into place."""
+        layers = []
+        for d in manifest.layers:
+            source = None
+            if streaming is not None:
+                source = self._layer_source(streaming, ref, d)
+            else:
+                self.store.put(d.digest, d.size, _fetcher(puller, ref, d))
+            layers.append(extract.Layer(self.store.path(d.digest), d.media_type, d.digest, source))
+        staging = self.unpacked_dir / f"{digests.hex_of(digest)}.tmp-{secrets.token_hex(4)}"
+        staging.mkdir(mode=0o755)
+        try:
+            stats = extract.extract_layers(staging, layers, image=str(ref), limits=self._limits)
+            for warning in stats.warnings:
+                log.warning("msg=%r image=%s detail=%r", "layer entry refused", ref, warning)
+            tree.seal_dirs(staging)  # the extractor created the files read-only
+            os.replace(staging, self.tree_path(digest))
+            fsync_dir(self.unpacked_dir)
+        except BaseException:
+            _remove_tree(staging)
+            raise
+        return stats
+
+    def _layer_source(
+        self, puller: StreamingPuller, ref: Reference, desc: Descriptor
+    ) -> Callable[[], contextlib.AbstractContextManager[io.BufferedReader]]:
+        @contextlib.contextmanager
+        def open_layer() -> Iterator[io.BufferedReader]:
+            if self.store.has(desc.digest):  # e.g. the same layer twice in one image
+                with open(self.store.path(desc.digest), "rb") as f:
+                    yield f
+                return
+            # Exits run inner first: the client verifies what it streamed, then the
+            # store checks its own count and hash and commits the blob.
+            with (
+                self.store.ingest(desc.digest, desc.size) as sink,
+                puller.open_blob(ref, desc) as stream,
+            ):
+                tee = _Tee(stream, sink)
+                yield io.BufferedReader(tee, _Tee.CHUNK)
+                tee.drain()
+
+        return open_layer
 
     # --- eviction -----------------------------------------------------------------
 
@@ -404,6 +471,37 @@ class ImageCache:
                 log.info("msg=%r digest=%s", "evicted unused image", tree.get("digest", hex_))
             self._save()
         return evicted
+
+
+class _Tee(io.RawIOBase):
+    """Reads a blob stream and appends every byte read to the store's ingest file."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, stream: BinaryIO, sink: Ingest) -> None:
+        super().__init__()
+        self._stream = stream
+        self._sink = sink
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
+        data = self._stream.read(len(buffer))
+        n = len(data)
+        memoryview(buffer).cast("B")[:n] = data
+        self._sink.write(data)
+        return n
+
+    def drain(self) -> None:
+        """Store what the extractor left unread (tar padding after the end marker)."""
+        while data := self._stream.read(self.CHUNK):
+            self._sink.write(data)
+
+
+def _streaming(puller: Puller) -> StreamingPuller | None:
+    """``puller`` when it can stream blobs (the registry client can; test doubles may not)."""
+    return cast(StreamingPuller, puller) if callable(getattr(puller, "open_blob", None)) else None
 
 
 def _fetcher(puller: Puller, ref: Reference, desc: Descriptor) -> Callable[[Path], None]:

@@ -10,12 +10,16 @@ through a ``fetch`` callback. Layout under ``root``::
 A blob becomes visible only after its size and digest were checked, by one
 ``os.replace`` from ``ingest/`` followed by an fsync of the directory, so a
 crash at any moment leaves either nothing or a complete blob. Putting content
-that already exists is success (idempotent). Digests come from untrusted
-manifests, so each one is validated before it names a path.
+that already exists is success (idempotent). Besides ``put`` (a fetch callback
+writes a file), :meth:`ContentStore.ingest` takes the bytes as they stream by,
+hashing them on the way, so a caller can unpack a layer while it downloads.
+Digests come from untrusted manifests, so each one is validated before it
+names a path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -61,6 +65,46 @@ def verify_file(path: Path, *, digest: str, size: int) -> None:
             f"blob {digest}: content hashes to {hasher.digest()}; "
             "the registry served different content, try again or re-push the image"
         )
+
+
+class Ingest:
+    """An open ingest file: bytes written are hashed and counted (see ContentStore.ingest)."""
+
+    def __init__(self, fd: int, *, digest: str, size: int) -> None:
+        self._fd = fd
+        self._hasher = digests.Digester.for_digest(digest)
+        self.digest = digest
+        self.size = size
+
+    @property
+    def written(self) -> int:
+        return self._hasher.size
+
+    def write(self, data: bytes) -> None:
+        """Append ``data``; DataLoss as soon as more than ``size`` bytes arrive."""
+        self._hasher.update(data)
+        if self._hasher.size > self.size:
+            raise errors.DataLoss(
+                f"blob {self.digest}: more than the {self.size} bytes the manifest says "
+                "arrived; the registry served different content, try again or re-push the image"
+            )
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+    def check(self) -> None:
+        """Raise DataLoss unless exactly ``size`` bytes hashing to ``digest`` were written."""
+        if self._hasher.size != self.size:
+            raise errors.DataLoss(
+                f"blob {self.digest}: got {self._hasher.size} bytes, the manifest says "
+                f"{self.size}; the registry served different content, try again or re-push "
+                "the image"
+            )
+        if self._hasher.digest() != self.digest:
+            raise errors.DataLoss(
+                f"blob {self.digest}: content hashes to {self._hasher.digest()}; "
+                "the registry served different content, try again or re-push the image"
+            )
 
 
 class ContentStore:
@@ -109,6 +153,35 @@ class ContentStore:
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return final
+
+    @contextlib.contextmanager
+    def ingest(self, digest: str, size: int) -> Iterator[Ingest]:
+        """Stream a blob in: write its bytes to the yielded :class:`Ingest`.
+
+        Leaving the block normally checks size and digest and commits the blob
+        (DataLoss, keeping nothing, when they do not match); leaving it with an
+        error discards the ingest. Until the commit nothing is visible under
+        ``blobs/``, and an ingest a crash interrupts is wiped at the next start.
+        """
+        final = self.path(digest)
+        work = self.ingest_dir / f"{digests.hex_of(digest)}-{secrets.token_hex(4)}"
+        work.mkdir(mode=0o700)
+        try:
+            tmp = work / "data"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                sink = Ingest(fd, digest=digest, size=size)
+                yield sink
+                sink.check()
+                os.fsync(fd)
+                os.fchmod(fd, 0o444)
+            finally:
+                os.close(fd)
+            final.parent.mkdir(mode=0o700, exist_ok=True)
+            os.replace(tmp, final)
+            fsync_dir(final.parent)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
     def put_bytes(self, digest: str, data: bytes) -> Path:
         """Store small content already in memory (manifests), verified first."""

@@ -3,7 +3,8 @@
 Where it sits: the extractor (``csi.node.extract``) runs the escape check once
 all layers are applied, since a chain of individually harmless symlinks can
 still climb out of the tree; the image cache (``csi.node.images``) seals a
-finished tree read-only before renaming it into place, and unseals one before
+finished tree read-only before renaming it into place (its directories only,
+when the extractor already created the files read-only), and unseals one before
 deleting it. Every walk uses ``os.fwalk`` without following symlinks.
 """
 
@@ -27,6 +28,21 @@ def seal(root: Path) -> None:
             elif stat.S_ISREG(st.st_mode):
                 executable = st.st_mode & 0o111
                 os.chmod(name, 0o555 if executable else 0o444, dir_fd=dir_fd)
+    os.chmod(root, 0o555)
+
+
+def seal_dirs(root: Path) -> None:
+    """Make the directories of a tree whose files are already read-only 0555.
+
+    For trees from ``csi.node.extract``, which creates files with their final
+    modes: one walk that touches directories only.
+    """
+    for _dirpath, dirnames, _filenames, dir_fd in os.fwalk(root, follow_symlinks=False):
+        for name in dirnames:
+            # fwalk lists symlinks to directories too; chmod by name would follow them.
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                os.chmod(name, 0o555, dir_fd=dir_fd)
     os.chmod(root, 0o555)
 
 
