@@ -170,6 +170,9 @@ def test_drift_is_corrected_within_seconds_and_steady_state_sends_no_writes(
         eventually(
             lambda: OWNER_LABEL in ((kube.get(cfg) or {}).get("metadata", {}).get("labels") or {})
         )
+        # the watcher counts a correction once its write has returned, which can be just
+        # after the restored object is visible to us
+        eventually(lambda: watcher.corrections >= 3, what="the third correction to be counted")
         settled = watcher.corrections
         assert settled == 3, events
         time.sleep(7)  # past a watch timeout: re-watch must not write either
