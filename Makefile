@@ -6,7 +6,7 @@ GRPC_TOOLS := $(PY) -m grpc_tools.protoc
 PROTOS := csi/proto/csi.proto csi/proto/pluginregistration.proto
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint typecheck proto proto-check run bench clean
+.PHONY: setup test lint typecheck proto proto-check run bench image clean
 
 setup:
 	@bash hack/setup.sh
@@ -35,6 +35,12 @@ test: setup proto-check lint typecheck k8s-bins
 ## run: the project's main job as far as it reaches today, on a local default
 run: setup k8s-bins
 	@bash hack/run.sh
+
+## image: build the node plugin's container image (no container engine) and push it to IMAGE
+IMAGE ?=
+image: setup
+	@test -n "$(IMAGE)" || { echo "usage: make image IMAGE=registry.example.com/rukpak-python:TAG" >&2; exit 2; }
+	bash hack/image/build.sh $(IMAGE)
 
 bench: setup
 	$(PY) -m tests.bench

@@ -14,6 +14,7 @@ APT_PACKAGES=(
   libfuse3-dev fuse3 pkg-config  # pyfuse3 builds from source
   curl zstd            # benchmark baseline and zstd layers
   openssl iproute2 util-linux  # test PKI, the node bridge, mount/flock
+  debootstrap          # the node plugin image (hack/image/build.sh), no container engine
 )
 
 missing=()

@@ -10,6 +10,7 @@ socket at ``plugins_dir/<driver>/csi.sock``, exactly where a DaemonSet would put
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -191,9 +192,13 @@ def _absent(read: Callable[[], object]) -> bool:
 
 
 def csinode_drivers(api_client: client.ApiClient, node_name: str) -> dict[str, str]:
-    """Driver name → node ID, as the kubelet recorded them on the Node's CSINode."""
-    csinode = client.StorageV1Api(api_client).read_csi_node(node_name)
-    return {d.name: d.node_id for d in csinode.spec.drivers or []}
+    """Driver name → node ID, as the kubelet recorded them on the Node's CSINode.
+
+    Read as JSON: the typed client refuses a CSINode whose ``spec.drivers`` is null
+    (no driver registered)."""
+    raw: Any = client.StorageV1Api(api_client).read_csi_node(node_name, _preload_content=False)
+    spec = json.loads(raw.data).get("spec") or {}
+    return {d["name"]: d["nodeID"] for d in spec.get("drivers") or []}
 
 
 def push_bundle(directory: Path, ref: str) -> str:
