@@ -261,6 +261,13 @@ class Kube:
         )
         return result
 
+    def create(self, obj: Obj) -> Obj:
+        """POST ``obj``; ``AlreadyExists`` when an object of that name is there already."""
+        ref = ObjectRef.of(obj)
+        res = self._locate(ref)
+        created: Obj = self._send("POST", res.path(ref.namespace), what=f"create {ref}", body=obj)
+        return created
+
     def merge_patch(self, ref: ObjectRef, patch: Obj) -> Obj:
         res = self._locate(ref)
         result: Obj = self._send(

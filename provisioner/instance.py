@@ -1,0 +1,318 @@
+"""``rukpak-provisioner instance``: the process of the instance pod (DESIGN.md "Instance pod").
+
+The pod mounts its Bundle's content read-only at ``/bundle`` (a CSI volume)
+and runs this: load the bundle, take the deployment's Lease
+(``provisioner.lease``), install it with the apply engine, then correct drift
+until told to stop. One function per step, wired together by ``run``; the
+edge (arguments, signals, logging) is ``main``.
+
+Exit status, which the Deployment's restart policy acts on:
+
+* 0: stopped by SIGTERM/SIGINT (watcher stopped, Lease released), also when
+  the signal came while still waiting for the Lease;
+* 1: the bundle is invalid, applying it failed, the Lease was lost, or the
+  Lease could not be taken within ``--lease-timeout``. The message goes to
+  stderr and to the termination log (``--termination-log``, by default
+  ``/dev/termination-log`` when it exists), which Kubernetes shows as the
+  container's termination message.
+
+A bundle error is reported before waiting for the Lease: the volume is
+read-only and loading it changes nothing, so a broken revision says so at
+once, even while the previous revision's pod still holds the Lease.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from csi import errors
+from provisioner import lease
+from provisioner.engine import apply, drift, formats, inventory
+from provisioner.engine.kube import Kube
+
+log = logging.getLogger("rukpak.instance")
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
+TERMINATION_MESSAGE_LIMIT = 4096
+"""Kubernetes keeps at most this many bytes of a termination message."""
+
+
+@dataclass(frozen=True)
+class Config:
+    bundle_dir: Path
+    name: str
+    namespace: str = "default"
+    system_namespace: str = inventory.DEFAULT_SYSTEM_NAMESPACE
+    identity: str = ""
+    lease_duration: float = 15.0
+    lease_timeout: float | None = None
+    bundle_format: str = formats.DEFAULT_FORMAT
+    termination_log: Path | None = None
+
+
+def default_identity() -> str:
+    """``$POD_NAME``, else ``hostname_random`` (unique even for two processes on one host)."""
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
+def default_termination_log() -> Path | None:
+    return DEFAULT_TERMINATION_LOG if DEFAULT_TERMINATION_LOG.exists() else None
+
+
+def kv(msg: str, **fields: object) -> str:
+    """``msg='...' key=value ...``: the log line format of every rukpak process."""
+    parts = [f"msg={msg!r}"]
+    for key, value in fields.items():
+        text = str(value)
+        if not text or any(c.isspace() or c in "'\"=" for c in text):
+            text = repr(text)
+        parts.append(f"{key}={text}")
+    return " ".join(parts)
+
+
+def write_termination_log(path: Path | None, message: str) -> None:
+    """Best effort: Kubernetes reads it after the container exits; never fails the exit."""
+    if path is None:
+        return
+    data = message.encode(errors="replace")[:TERMINATION_MESSAGE_LIMIT]
+    try:
+        path.write_bytes(data)
+    except OSError as err:
+        log.warning(kv("cannot write the termination log", path=path, error=err))
+
+
+class Instance:
+    """One run of the instance process; ``stop`` may be called from a signal handler."""
+
+    def __init__(self, kube: Kube, config: Config) -> None:
+        self.kube = kube
+        self.config = config
+        self.identity = config.identity or default_identity()
+        self.stopping = threading.Event()
+        self.lock = lease.LeaseLock(
+            kube,
+            namespace=config.system_namespace,
+            name=lease.lease_name(config.name),
+            identity=self.identity,
+            duration=config.lease_duration,
+            on_lost=self._lease_lost,
+        )
+        self.watcher: drift.DriftWatcher | None = None
+
+    def stop(self, why: str) -> None:
+        if not self.stopping.is_set():
+            log.info(kv("stopping", reason=why))
+        self.stopping.set()
+
+    def _lease_lost(self, why: str) -> None:
+        self.stopping.set()
+
+    def load(self) -> formats.Bundle:
+        cfg = self.config
+        log.info(kv("loading bundle", dir=cfg.bundle_dir, format=cfg.bundle_format))
+        bundle = formats.load(cfg.bundle_dir, format=cfg.bundle_format)
+        log.info(kv("bundle loaded", objects=len(bundle.manifests)))
+        return bundle
+
+    def take_lease(self) -> bool:
+        """Wait for the Lease; False when stopped first. Raises on ``--lease-timeout``."""
+        log.info(kv("taking lease", lease=self.lock, identity=self.identity))
+        started = time.monotonic()
+        got = self.lock.acquire(
+            timeout=self.config.lease_timeout,
+            stop=self.stopping,
+            waiting=lambda holder: log.info(
+                kv("waiting for lease", lease=self.lock, holder=holder or "none")
+            ),
+        )
+        if got:
+            self.lock.start_renewing()
+            log.info(
+                kv(
+                    "lease acquired",
+                    lease=self.lock,
+                    identity=self.identity,
+                    waited=f"{time.monotonic() - started:.1f}s",
+                )
+            )
+            return True
+        if self.stopping.is_set():
+            return False
+        raise errors.DeadlineExceeded(
+            f"lease {self.lock} still held by {self.lock.holder()!r}"
+            f" after {self.config.lease_timeout}s"
+        )
+
+    def install(self, bundle: formats.Bundle) -> apply.Result:
+        cfg = self.config
+        options = apply.Options(
+            name=cfg.name, namespace=cfg.namespace, system_namespace=cfg.system_namespace
+        )
+        started = time.monotonic()
+        result = apply.install(
+            self.kube, bundle, options, progress=lambda m: log.info(kv("progress", step=m))
+        )
+        log.info(
+            kv(
+                "installed",
+                deployment=cfg.name,
+                applied=len(result.applied),
+                pruned=len(result.pruned),
+                seconds=f"{time.monotonic() - started:.1f}",
+            )
+        )
+        for ref, why in result.skipped:
+            log.info(kv("left alone", object=ref, reason=why))
+        return result
+
+    def watch(self, result: apply.Result) -> None:
+        """Correct drift until ``stopping`` is set (a signal, or the Lease lost)."""
+        self.watcher = drift.DriftWatcher(
+            self.kube,
+            self.config.name,
+            result.applied,
+            report=lambda m: log.info(kv("drift", detail=m)),
+        )
+        self.watcher.start()
+        log.info(kv("watching for drift", objects=len(result.applied)))
+        self.stopping.wait()
+        self.watcher.stop()
+        log.info(kv("drift watcher stopped", corrections=self.watcher.corrections))
+
+    def run(self) -> int:
+        """Every step in order; the exit status (see the module doc)."""
+        try:
+            bundle = self.load()
+            if not self.take_lease():
+                log.info(kv("stopped", lease="never taken"))
+                return EXIT_OK
+            if not self.stopping.is_set():
+                result = self.install(bundle)
+                if not self.lock.lost.is_set() and not self.stopping.is_set():
+                    self.watch(result)
+            if self.lock.lost.is_set():
+                return self._fail(f"lease {self.lock} lost; stopped applying")
+        except errors.RukpakError as err:
+            return self._fail(err.message)
+        finally:
+            if self.lock.held:
+                released = self.lock.release()
+                log.info(
+                    kv("lease released" if released else "lease not released", lease=self.lock)
+                )
+        log.info(kv("stopped"))
+        return EXIT_OK
+
+    def _fail(self, message: str) -> int:
+        log.error(kv("failed", error=message))
+        write_termination_log(self.config.termination_log, message + "\n")
+        return EXIT_ERROR
+
+
+# -- the command line -------------------------------------------------------------------
+
+
+def register(subparsers: Any) -> None:
+    """Add ``instance`` to the ``rukpak-provisioner`` parser."""
+    p = subparsers.add_parser(
+        "instance",
+        help="the instance pod's process: apply a mounted bundle and keep it applied",
+        description="Take the deployment's Lease, apply the bundle at --bundle-dir, then "
+        "correct drift until SIGTERM (then release the Lease and exit 0).",
+        epilog="exit status: 0 stopped by a signal; 1 bundle or apply error, or the Lease "
+        "lost (the message also goes to the termination log)",
+    )
+    p.add_argument("--bundle-dir", type=Path, required=True, help="the mounted bundle")
+    p.add_argument("--name", required=True, help="deployment name (owner label, inventory, Lease)")
+    p.add_argument(
+        "-n",
+        "--namespace",
+        default="default",
+        help="namespace for namespaced objects that name none (default: %(default)s)",
+    )
+    p.add_argument(
+        "--system-namespace",
+        default=inventory.DEFAULT_SYSTEM_NAMESPACE,
+        help="where the inventory and the Lease live (default: %(default)s)",
+    )
+    p.add_argument(
+        "--identity",
+        default="",
+        help="Lease holder identity (default: $POD_NAME, else hostname_random)",
+    )
+    p.add_argument(
+        "--lease-duration",
+        type=float,
+        default=15.0,
+        help="seconds a Lease outlives its holder's last renewal (default: %(default)s)",
+    )
+    p.add_argument(
+        "--lease-timeout",
+        type=float,
+        default=None,
+        help="give up (exit 1) after waiting this long for the Lease (default: wait forever)",
+    )
+    p.add_argument(
+        "--format", default=formats.DEFAULT_FORMAT, help="bundle format (default: %(default)s)"
+    )
+    p.add_argument(
+        "--termination-log",
+        type=Path,
+        default=None,
+        help="write a fatal error here (default: /dev/termination-log when it exists)",
+    )
+    p.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, else in-cluster)")
+    p.set_defaults(func=run_instance)
+
+
+def run_instance(args: argparse.Namespace) -> int:
+    config = Config(
+        bundle_dir=args.bundle_dir,
+        name=args.name,
+        namespace=args.namespace,
+        system_namespace=args.system_namespace,
+        identity=args.identity,
+        lease_duration=args.lease_duration,
+        lease_timeout=args.lease_timeout,
+        bundle_format=args.format,
+        termination_log=args.termination_log or default_termination_log(),
+    )
+    try:
+        kube = Kube.from_kubeconfig(args.kubeconfig)
+        instance = Instance(kube, config)
+    except errors.RukpakError as err:
+        log.error(kv("failed", error=err.message))
+        write_termination_log(config.termination_log, err.message + "\n")
+        return EXIT_ERROR
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        instance.stop(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info(
+        kv(
+            "starting",
+            deployment=config.name,
+            namespace=config.namespace,
+            identity=instance.identity,
+            pid=os.getpid(),
+        )
+    )
+    try:
+        return instance.run()
+    finally:
+        kube.close()
