@@ -23,7 +23,6 @@ import socket
 import stat
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from concurrent import futures
 from pathlib import Path
@@ -33,6 +32,7 @@ import grpc
 from csi import errors
 from csi.controller.server import ControllerServicer
 from csi.controller.volumes import VolumeRegistry
+from csi.logsetup import configure_logging
 from csi.node import extract, metrics
 from csi.node.identity import IdentityServicer
 from csi.node.images import ImageCache, Puller
@@ -153,29 +153,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="DEBUG, INFO, WARNING or ERROR (env LOG_LEVEL)",
     )
     return p
-
-
-class KeyValueFormatter(logging.Formatter):
-    """``ts=... level=... logger=... <message>``; messages are key=value already."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        line = f"ts={ts}.{int(record.msecs):03d}Z level={record.levelname.lower()} "
-        line += f"logger={record.name} {record.getMessage()}"
-        if record.exc_info:
-            line += " traceback=" + repr(self.formatException(record.exc_info))
-        return line
-
-
-def configure_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(KeyValueFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    # Libraries that might log URLs with tokens stay quiet below WARNING.
-    for noisy in ("urllib3", "requests", "oras"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def socket_path(endpoint: str) -> Path:
