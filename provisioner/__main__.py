@@ -2,59 +2,37 @@
 
 The edge of the processes that run in the cluster: parses arguments, sets up
 key=value logging on stderr once, and hands over to a subcommand module.
-Today there is one subcommand, ``instance`` (``provisioner.instance``: the
-instance pod's process). The manager (Bundle and BundleDeployment
-controllers, see DESIGN.md) is not built yet; without a subcommand this
-prints usage naming what exists and exits 2, so nothing mistakes it for a
-running controller.
+Subcommands: ``instance`` (``provisioner.instance``: the instance pod's
+process) and ``manager`` (``provisioner.manager.cli``: the BundleDeployment
+controller; the Bundle unpack controller of DESIGN.md is not built yet).
+Without a subcommand this prints usage and exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
-import time
 from collections.abc import Sequence
 
+from csi.logsetup import configure_logging
 from provisioner import instance
+from provisioner.manager import cli as manager_cli
 
 EXIT_USAGE = 2
-
-
-class KeyValueFormatter(logging.Formatter):
-    """``ts=... level=... logger=... <message>``; messages are key=value already."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        line = f"ts={ts}.{int(record.msecs):03d}Z level={record.levelname.lower()} "
-        line += f"logger={record.name} {record.getMessage()}"
-        if record.exc_info:
-            line += " traceback=" + repr(self.formatException(record.exc_info))
-        return line
-
-
-def configure_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(KeyValueFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    for noisy in ("urllib3", "requests", "kubernetes"):  # may log URLs and tokens
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rukpak-provisioner",
-        description="RukPak's in-cluster processes. The manager (Bundle and BundleDeployment "
-        "controllers) is not built yet; `instance` is the instance pod's process.",
+        description="RukPak's in-cluster processes: `manager` (the BundleDeployment "
+        "controller) and `instance` (the instance pod's process).",
     )
     parser.add_argument(
         "--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default: INFO)"
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     instance.register(subparsers)
+    manager_cli.register(subparsers)
     return parser
 
 
@@ -64,8 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_usage(sys.stderr)
         print(
-            "rukpak-provisioner: a subcommand is required: instance"
-            " (the manager is not built yet; see --help)",
+            "rukpak-provisioner: a subcommand is required: instance or manager"
+            " (the Bundle unpack half of the manager is not built yet; see --help)",
             file=sys.stderr,
         )
         return EXIT_USAGE

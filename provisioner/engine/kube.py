@@ -279,6 +279,18 @@ class Kube:
         )
         return result
 
+    def merge_patch_status(self, ref: ObjectRef, patch: Obj) -> Obj:
+        """Merge-patch ``ref``'s status subresource."""
+        res = self._locate(ref)
+        result: Obj = self._send(
+            "PATCH",
+            res.path(ref.namespace, ref.name) + "/status",
+            what=f"patch status of {ref}",
+            body=patch,
+            content_type="application/merge-patch+json",
+        )
+        return result
+
     def delete(self, ref: ObjectRef, *, propagation: str = "Background") -> bool:
         """Delete ``ref``; False when it was already gone (idempotent)."""
         try:

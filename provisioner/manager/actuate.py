@@ -1,0 +1,188 @@
+"""Performs the planner's actions against the API: the manager's only writer.
+
+Sits after ``plan``: each action becomes one request through ``Kube``, the
+one adapter to the API server.
+``write_status`` is the one function that writes a BundleDeployment's status.
+Resolving an image tag goes through ``csi.oci.client.RegistryClient`` (passed
+in as ``resolve`` so tests and the CLI choose the client); a permanent
+failure (bad reference, no such image, denied) becomes the Bundle's
+``Failing`` phase, a temporary one propagates so the work queue retries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from csi import errors
+from csi.oci import client as oci_client
+from csi.oci import reference
+from provisioner.engine import lifecycle
+from provisioner.engine.kube import Kube
+from provisioner.engine.objects import Obj, ObjectRef
+from provisioner.manager import model, plan
+
+log = logging.getLogger("rukpak.manager")
+
+PERMANENT_RESOLVE_ERRORS = (
+    errors.InvalidArgument,
+    errors.NotFound,
+    errors.PermissionDenied,
+    errors.Unauthenticated,
+)
+Resolver = Callable[[str], str]
+"""Image reference -> the same repository pinned by digest (``repo@sha256:...``)."""
+
+
+class RegistryResolver:
+    """Resolves tags with one shared ``RegistryClient`` (not thread-safe: serialised)."""
+
+    def __init__(self, registry: oci_client.RegistryClient | None = None) -> None:
+        self._client = registry or oci_client.RegistryClient()
+        self._lock = threading.Lock()
+
+    def __call__(self, ref: str) -> str:
+        if model.is_digest_ref(ref):
+            return ref
+        parsed = reference.Reference.parse(ref)
+        with self._lock:
+            desc = self._client.resolve(parsed)
+        return f"{parsed.name}@{desc.digest}"  # the tag is dropped: the digest decides
+
+
+def bd_ref(name: str) -> ObjectRef:
+    return ObjectRef(model.GROUP, model.VERSION, model.BUNDLE_DEPLOYMENT, "", name)
+
+
+def bundle_ref(name: str) -> ObjectRef:
+    return ObjectRef(model.GROUP, model.VERSION, model.BUNDLE, "", name)
+
+
+def write_status(kube: Kube, name: str, status: Obj) -> None:
+    """Replace the BD's status fields we own (conditions are replaced as a whole)."""
+    kube.merge_patch_status(bd_ref(name), {"status": status})
+
+
+def record_event(kube: Kube, bd: Obj, event: plan.RecordEvent, *, now: str) -> None:
+    """A core/v1 Event about ``bd`` (cluster-scoped, so in ``default``); best effort."""
+    meta = bd.get("metadata") or {}
+    body = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta.get('name')}.", "namespace": "default"},
+        "involvedObject": {
+            "apiVersion": model.API_VERSION,
+            "kind": model.BUNDLE_DEPLOYMENT,
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "type": event.type,
+        "reason": event.reason,
+        "message": event.message[:1024],
+        "source": {"component": "rukpak-manager"},
+        "reportingComponent": "rukpak-manager",
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+    try:
+        kube.create(body)
+    except errors.RukpakError as err:
+        log.warning("msg='cannot record event' bd=%s error=%r", meta.get("name"), err.message)
+
+
+def _set_finalizers(kube: Kube, bd: Obj, finalizers: list[str]) -> Obj:
+    """Replace the finalizers if the BD is unchanged since observed (else ``Aborted``)."""
+    meta = bd.get("metadata") or {}
+    return kube.merge_patch(
+        bd_ref(str(meta.get("name"))),
+        {"metadata": {"finalizers": finalizers, "resourceVersion": meta.get("resourceVersion")}},
+    )
+
+
+def resolve_bundle(kube: Kube, action: plan.ResolveBundle, resolve: Resolver) -> None:
+    try:
+        pinned = resolve(action.ref)
+    except PERMANENT_RESOLVE_ERRORS as err:
+        status: dict[str, Any] = {
+            "phase": "Failing",
+            "conditions": [
+                {
+                    "type": "Unpacked",
+                    "status": "False",
+                    "reason": "ResolveFailed",
+                    "message": f"cannot resolve {action.ref}: {err.message}",
+                    "lastTransitionTime": _now(),
+                }
+            ],
+        }
+    else:
+        status = {
+            "phase": "Pending",
+            "resolvedSource": {"type": "image", "image": {"ref": pinned}},
+        }
+    kube.merge_patch_status(bundle_ref(action.name), {"status": status})
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def perform(
+    kube: Kube,
+    bd: Obj,
+    actions: list[plan.Action],
+    *,
+    resolve: Resolver,
+    system_namespace: str,
+    now: str,
+) -> float | None:
+    """Perform ``actions`` in order; the requeue delay a ``Requeue`` asked for, if any.
+
+    Raises the first failure (the work queue retries the whole reconcile with backoff).
+    """
+    name = model.name_of(bd)
+    requeue: float | None = None
+    for action in actions:
+        log.info("msg='action' bd=%s action=%s", name, type(action).__name__)
+        match action:
+            case plan.AddFinalizer():
+                finalizers = list((bd.get("metadata") or {}).get("finalizers") or [])
+                bd = _set_finalizers(kube, bd, [*finalizers, model.FINALIZER])
+            case plan.RemoveFinalizer():
+                finalizers = list((bd.get("metadata") or {}).get("finalizers") or [])
+                _set_finalizers(kube, bd, [f for f in finalizers if f != model.FINALIZER])
+            case plan.CreateBundle(bundle=bundle):
+                with contextlib.suppress(errors.AlreadyExists):
+                    kube.create(bundle)
+            case plan.ResolveBundle():
+                resolve_bundle(kube, action, resolve)
+            case plan.ApplyInstance(deployment=deployment):
+                _ensure_namespace(kube, system_namespace)
+                kube.apply(deployment)
+            case plan.DeleteInstance(namespace=ns, name=inst):
+                kube.delete(ObjectRef("apps", "v1", "Deployment", ns, inst))
+            case plan.DeleteBundle(name=bundle_name):
+                kube.delete(bundle_ref(bundle_name))
+            case plan.Uninstall(policy=policy):
+                with contextlib.suppress(errors.NotFound):  # nothing was ever installed
+                    lifecycle.uninstall(
+                        kube, name, policy=policy, system_namespace=system_namespace
+                    )
+            case plan.WriteStatus(status=status):
+                write_status(kube, name, status)
+            case plan.RecordEvent():
+                record_event(kube, bd, action, now=now)
+            case plan.Requeue(after=after):
+                requeue = after if requeue is None else min(requeue, after)
+    return requeue
+
+
+def _ensure_namespace(kube: Kube, namespace: str) -> None:
+    if kube.get(ObjectRef("", "v1", "Namespace", "", namespace)) is None:
+        kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})

@@ -1,0 +1,121 @@
+"""Builders of the objects the manager generates: the Bundle and the instance Deployment.
+
+Sits under ``plan``: pure functions from a BundleDeployment (and the
+manager's ``Settings``) to the exact bodies ``actuate`` creates or applies.
+The instance Deployment follows tests/test_e2e_instance.py: one replica,
+Recreate, the Bundle's resolved image mounted read-only at ``/bundle``
+through an inline ``csi.rukpak.io`` volume, ``rukpak-provisioner instance``
+as its command, and a hash of its body as an annotation so an unchanged
+Deployment is never re-applied.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from provisioner.engine.objects import Obj
+from provisioner.manager import model
+from provisioner.manager.model import Settings
+
+
+def _meta(obj: Obj) -> dict[str, Any]:
+    meta: dict[str, Any] = obj.get("metadata") or {}
+    return meta
+
+
+def owner_reference(bd: Obj) -> Obj:
+    return {
+        "apiVersion": model.API_VERSION,
+        "kind": model.BUNDLE_DEPLOYMENT,
+        "name": model.name_of(bd),
+        "uid": str(_meta(bd).get("uid") or ""),
+        "controller": True,
+    }
+
+
+def desired_bundle(bd: Obj) -> Obj:
+    """The Bundle the BD's template describes, named ``<bd>-<hash>``."""
+    template = (bd.get("spec") or {}).get("template") or {}
+    tmeta = template.get("metadata") or {}
+    labels = {**(tmeta.get("labels") or {}), model.BD_LABEL: model.name_of(bd)}
+    meta: dict[str, Any] = {
+        "name": model.bundle_name(bd),
+        "labels": labels,
+        "ownerReferences": [owner_reference(bd)],
+    }
+    if tmeta.get("annotations"):
+        meta["annotations"] = dict(tmeta["annotations"])
+    return {
+        "apiVersion": model.API_VERSION,
+        "kind": model.BUNDLE,
+        "metadata": meta,
+        "spec": template.get("spec") or {},
+    }
+
+
+def instance_deployment(bd: Obj, bundle: str, image_ref: str, settings: Settings) -> Obj:
+    """The one-replica, Recreate Deployment whose pod mounts ``image_ref`` at /bundle."""
+    name = model.name_of(bd)
+    spec = bd.get("spec") or {}
+    install_ns = spec.get("installNamespace") or settings.default_install_namespace
+    labels = {
+        "app.kubernetes.io/name": "rukpak-instance",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/part-of": "rukpak",
+        "app.kubernetes.io/managed-by": "rukpak-manager",
+        model.BD_LABEL: name,
+    }
+    command = [model.INSTANCE_BINARY, "instance", "--bundle-dir", "/bundle"]
+    command += ["--name", name, "--namespace", install_ns]
+    command += ["--system-namespace", settings.system_namespace]
+    env: list[Obj] = [{"name": k, "value": v} for k, v in settings.env]
+    env.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": spec.get("serviceAccountName") or settings.service_account,
+        "terminationGracePeriodSeconds": 30,
+        "containers": [
+            {
+                "name": "instance",
+                "image": settings.image,
+                "command": command,
+                "env": env,
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+                "volumeMounts": [{"name": "bundle", "mountPath": "/bundle", "readOnly": True}],
+            }
+        ],
+        "volumes": [
+            {
+                "name": "bundle",
+                "csi": {
+                    "driver": "csi.rukpak.io",
+                    "readOnly": True,
+                    "volumeAttributes": {"image": image_ref, "pullPolicy": "IfNotPresent"},
+                },
+            }
+        ],
+    }
+    if settings.host_network:
+        pod_spec["hostNetwork"] = True
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    body: Obj = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": model.instance_name(name),
+            "namespace": settings.system_namespace,
+            "labels": labels,
+            "annotations": {model.BUNDLE_ANNOTATION: bundle},
+            "ownerReferences": [owner_reference(bd)],
+        },
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": {model.BD_LABEL: name}},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {model.BUNDLE_ANNOTATION: bundle}},
+                "spec": pod_spec,
+            },
+        },
+    }
+    body["metadata"]["annotations"][model.SPEC_HASH_ANNOTATION] = model.stable_hash(body, 16)
+    return body

@@ -1,0 +1,396 @@
+"""The BundleDeployment planner: ``plan(bd, observed) -> actions``, pure.
+
+Sits between the controller (which observes: the BD, the Bundles it owns,
+its instance Deployment and pods, the instance Lease's holder, the health of
+what its inventory lists) and ``actuate`` (which performs the actions). It
+never talks to the API and never reads the clock: ``Observed.now`` is the
+time to stamp on condition transitions.
+
+The flow for a live BD (DESIGN.md "Manager"):
+
+1. add the uninstall finalizer;
+2. generate the Bundle ``<bd>-<hash of template.spec>`` (a template change
+   is a new name: the pivot);
+3. resolve its image tag to a digest, once (the Bundle's ``resolvedSource``);
+4. point the instance Deployment at the resolved Bundle. Until then the
+   instance keeps running the previous Bundle, so the cluster stays as it was;
+5. delete owned Bundles that are neither wanted nor active;
+6. write the status (``activeBundle``, conditions ``HasValidBundle``,
+   ``Installed``, ``Healthy``) when it changed, with an event per transition.
+
+``spec.paused`` plans nothing. Deletion (a ``deletionTimestamp`` with our
+finalizer) stops the instance first (so it cannot re-apply), waits for its
+pods to go, uninstalls with the BD's ``deletionPolicy``, deletes the
+Bundles, then removes the finalizer; deletion runs even when paused, or the
+BD could never go away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from provisioner.engine.objects import Obj
+from provisioner.manager import model
+from provisioner.manager.build import desired_bundle, instance_deployment
+from provisioner.manager.model import Settings
+
+HAS_VALID_BUNDLE = "HasValidBundle"
+INSTALLED = "Installed"
+HEALTHY = "Healthy"
+WARNING_REASONS = frozenset(
+    {
+        "UnsupportedSource",
+        "UnsupportedProvisionerClass",
+        "ResolveFailed",
+        "InstallFailed",
+        "Unhealthy",
+    }
+)
+POLL_SECONDS = 2.0
+
+
+# -- what was observed -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Health:
+    """Summary of ``lifecycle.status`` over the deployment's inventory."""
+
+    healthy: bool
+    message: str
+
+
+@dataclass(frozen=True)
+class Observed:
+    bundles: tuple[Obj, ...] = ()
+    """Bundles labelled with the BD's name."""
+    instance: Obj | None = None
+    """The instance Deployment."""
+    pods: tuple[Obj, ...] = ()
+    """The instance Deployment's pods."""
+    lease_holder: str = ""
+    """Who holds the instance Lease ("" when nobody)."""
+    health: Health | None = None
+    """None when nothing is installed (no inventory) or health was not read."""
+    now: str = "1970-01-01T00:00:00Z"
+
+
+# -- what to do --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AddFinalizer:
+    pass
+
+
+@dataclass(frozen=True)
+class RemoveFinalizer:
+    pass
+
+
+@dataclass(frozen=True)
+class CreateBundle:
+    bundle: Obj
+
+
+@dataclass(frozen=True)
+class ResolveBundle:
+    """Resolve ``ref`` to a digest and record it in the Bundle's status."""
+
+    name: str
+    ref: str
+
+
+@dataclass(frozen=True)
+class ApplyInstance:
+    deployment: Obj
+
+
+@dataclass(frozen=True)
+class DeleteInstance:
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class DeleteBundle:
+    name: str
+
+
+@dataclass(frozen=True)
+class Uninstall:
+    policy: Literal["Delete", "Orphan"]
+
+
+@dataclass(frozen=True)
+class WriteStatus:
+    status: Obj
+
+
+@dataclass(frozen=True)
+class RecordEvent:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """Look again after ``after`` seconds: waiting on something no watch reports."""
+
+    after: float
+    why: str
+
+
+Action = (
+    AddFinalizer
+    | RemoveFinalizer
+    | CreateBundle
+    | ResolveBundle
+    | ApplyInstance
+    | DeleteInstance
+    | DeleteBundle
+    | Uninstall
+    | WriteStatus
+    | RecordEvent
+    | Requeue
+)
+
+
+def _meta(obj: Obj) -> dict[str, Any]:
+    meta: dict[str, Any] = obj.get("metadata") or {}
+    return meta
+
+
+# -- judging what was observed -----------------------------------------------------------
+
+
+def _annotation(obj: Obj | None, key: str) -> str:
+    if obj is None:
+        return ""
+    return str((_meta(obj).get("annotations") or {}).get(key) or "")
+
+
+def _pod_annotation(pod: Obj) -> str:
+    return _annotation(pod, model.BUNDLE_ANNOTATION)
+
+
+def _resolved_ref(bundle: Obj) -> str:
+    resolved = (bundle.get("status") or {}).get("resolvedSource") or {}
+    return str((resolved.get("image") or {}).get("ref") or "")
+
+
+def _failure(bundle: Obj) -> str | None:
+    status = bundle.get("status") or {}
+    if status.get("phase") != "Failing":
+        return None
+    for cond in status.get("conditions") or []:
+        if cond.get("status") == "False" and cond.get("message"):
+            return str(cond["message"])
+    return "the Bundle failed"
+
+
+Verdict = tuple[str, str, str]
+"""(status, reason, message) of one condition."""
+
+
+def installed(observed: Observed, active: str) -> Verdict:
+    """Installed: the active Bundle's instance pod runs and holds the instance Lease."""
+    if not active:
+        return "False", "InstallPending", "no Bundle is active yet"
+    pods = [
+        p
+        for p in observed.pods
+        if _pod_annotation(p) == active and not _meta(p).get("deletionTimestamp")
+    ]
+    if not pods:
+        return "False", "InstallPending", f"waiting for the instance pod of Bundle {active}"
+    for pod in pods:
+        name = model.name_of(pod)
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        for cs in statuses:
+            state = cs.get("state") or {}
+            for terminated in (
+                state.get("terminated"),
+                (cs.get("lastState") or {}).get("terminated"),
+            ):
+                if (
+                    terminated
+                    and int(terminated.get("exitCode") or 0) != 0
+                    and "running" not in state
+                ):
+                    message = str(terminated.get("message") or terminated.get("reason") or "")
+                    return (
+                        "False",
+                        "InstallFailed",
+                        f"instance pod {name} failed: {message.strip()}",
+                    )
+            if "running" in state and observed.lease_holder == name:
+                return (
+                    "True",
+                    "InstallationSucceeded",
+                    (f"instance pod {name} applied Bundle {active} and keeps it applied"),
+                )
+            waiting = state.get("waiting") or {}
+            if waiting.get("message"):
+                return "False", "InstallPending", f"instance pod {name}: {waiting['message']}"
+    phase = (pods[0].get("status") or {}).get("phase") or "Pending"
+    return "False", "InstallPending", f"instance pod {model.name_of(pods[0])} is {phase}"
+
+
+def healthy(observed: Observed, installed_status: str) -> Verdict:
+    if observed.health is None or installed_status != "True":
+        return "Unknown", "NotInstalled", "health is known once the bundle is installed"
+    if observed.health.healthy:
+        return "True", "Healthy", observed.health.message or "every installed object is healthy"
+    return "False", "Unhealthy", observed.health.message
+
+
+# -- status ------------------------------------------------------------------------------
+
+
+def _condition(kind: str, verdict: Verdict, old: Obj | None, now: str, generation: int) -> Obj:
+    status, reason, message = verdict
+    changed = old is None or old.get("status") != status
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now if changed or old is None else old.get("lastTransitionTime", now),
+        "observedGeneration": generation,
+    }
+
+
+def _status(
+    bd: Obj, active: str, verdicts: dict[str, Verdict], now: str
+) -> tuple[Obj, list[Action]]:
+    old_status = bd.get("status") or {}
+    old = {c.get("type"): c for c in old_status.get("conditions") or [] if isinstance(c, dict)}
+    generation = int(_meta(bd).get("generation") or 0)
+    conditions = [
+        _condition(kind, verdict, old.get(kind), now, generation)
+        for kind, verdict in verdicts.items()
+    ]
+    status: Obj = {"observedGeneration": generation, "conditions": conditions}
+    if active:
+        status["activeBundle"] = active
+    events: list[Action] = []
+    for cond in conditions:
+        before = old.get(cond["type"])
+        if before is None or (before.get("status"), before.get("reason")) != (
+            cond["status"],
+            cond["reason"],
+        ):
+            kind: Literal["Normal", "Warning"] = (
+                "Warning" if cond["reason"] in WARNING_REASONS else "Normal"
+            )
+            events.append(
+                RecordEvent(
+                    kind, cond["reason"], f"{cond['type']}={cond['status']}: {cond['message']}"
+                )
+            )
+    if status == old_status:
+        return status, []
+    return status, [WriteStatus(status), *events]
+
+
+# -- the planner -------------------------------------------------------------------------
+
+
+def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
+    """Everything to do, in order, to move ``bd`` towards its spec (see the module doc)."""
+    meta = _meta(bd)
+    if meta.get("deletionTimestamp"):
+        return _plan_deletion(bd, observed)
+    spec = bd.get("spec") or {}
+    if spec.get("paused"):
+        return []
+    actions: list[Action] = []
+    if model.FINALIZER not in (meta.get("finalizers") or []):
+        actions.append(AddFinalizer())
+
+    bundles = {model.name_of(b): b for b in observed.bundles}
+    wanted = model.bundle_name(bd)
+    source = ((spec.get("template") or {}).get("spec") or {}).get("source") or {}
+    current = bundles.get(wanted)
+    valid: Verdict
+    if spec.get("provisionerClassName") != model.PLAIN_CLASS:
+        valid = (
+            "False",
+            "UnsupportedProvisionerClass",
+            f"provisionerClassName {spec.get('provisionerClassName')!r} is not handled here; "
+            f"use {model.PLAIN_CLASS}",
+        )
+    elif source.get("type") != "image":
+        valid = (
+            "False",
+            "UnsupportedSource",
+            f"source type {source.get('type')!r} is not supported yet; use an image source",
+        )
+    elif current is None:
+        actions.append(CreateBundle(desired_bundle(bd)))
+        valid = ("False", "BundlePending", f"creating Bundle {wanted}")
+    elif (failure := _failure(current)) is not None:
+        valid = ("False", "ResolveFailed", f"Bundle {wanted}: {failure}")
+    elif not (resolved := _resolved_ref(current)):
+        ref = str((source.get("image") or {}).get("ref") or "")
+        actions.append(ResolveBundle(wanted, ref))
+        valid = ("False", "BundlePending", f"resolving {ref} for Bundle {wanted}")
+    else:
+        valid = ("True", "BundleResolved", f"Bundle {wanted} resolved to {resolved}")
+        want = instance_deployment(bd, wanted, resolved, settings)
+        if _annotation(observed.instance, model.SPEC_HASH_ANNOTATION) != _annotation(
+            want, model.SPEC_HASH_ANNOTATION
+        ):
+            actions.append(ApplyInstance(want))
+
+    active = _annotation(observed.instance, model.BUNDLE_ANNOTATION)
+    for name in sorted(bundles):
+        if name not in (wanted, active):
+            actions.append(DeleteBundle(name))
+
+    installed_verdict = installed(observed, active)
+    verdicts = {
+        HAS_VALID_BUNDLE: valid,
+        INSTALLED: installed_verdict,
+        HEALTHY: healthy(observed, installed_verdict[0]),
+    }
+    _, status_actions = _status(bd, active, verdicts, observed.now)
+    return actions + status_actions
+
+
+def _plan_deletion(bd: Obj, observed: Observed) -> list[Action]:
+    if model.FINALIZER not in (_meta(bd).get("finalizers") or []):
+        return []
+    if observed.instance is not None:
+        inst = _meta(observed.instance)
+        return [
+            RecordEvent("Normal", "Uninstalling", "stopping the instance before uninstalling"),
+            DeleteInstance(str(inst.get("namespace") or ""), str(inst.get("name") or "")),
+            Requeue(POLL_SECONDS, "waiting for the instance to stop"),
+        ]
+    if observed.pods:
+        return [Requeue(POLL_SECONDS, "waiting for the instance pods to stop")]
+    policy: Literal["Delete", "Orphan"] = (
+        "Orphan" if (bd.get("spec") or {}).get("deletionPolicy") == "Orphan" else "Delete"
+    )
+    actions: list[Action] = [Uninstall(policy)]
+    actions += [DeleteBundle(model.name_of(b)) for b in observed.bundles]
+    actions.append(RemoveFinalizer())
+    return actions
+
+
+@dataclass
+class Summary:
+    """For logs: how many actions of each kind a plan holds."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, actions: list[Action]) -> Summary:
+        out: dict[str, int] = {}
+        for action in actions:
+            out[type(action).__name__] = out.get(type(action).__name__, 0) + 1
+        return cls(out)

@@ -1,0 +1,112 @@
+"""A work queue of BundleDeployment names: per-key dedup, delays, exponential backoff.
+
+Sits between the watches (which ``add`` names) and the reconcile workers
+(``get`` / ``done``), like client-go's rate-limited work queue: a name is in
+the queue at most once; a name being processed is not handed to a second
+worker, and an ``add`` meanwhile marks it dirty so it runs once more after
+``done``. ``retry`` re-adds with a per-key delay doubling from ``base`` up
+to ``cap``; ``forget`` resets it after a success.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+
+
+class WorkQueue:
+    def __init__(self, *, base: float = 0.5, cap: float = 60.0) -> None:
+        self.base = base
+        self.cap = cap
+        self._cond = threading.Condition()
+        self._ready: list[str] = []
+        self._queued: set[str] = set()
+        self._processing: set[str] = set()
+        self._dirty: set[str] = set()
+        self._delayed: list[tuple[float, str]] = []
+        self._failures: dict[str, int] = {}
+        self._shutdown = False
+
+    def add(self, key: str) -> None:
+        """Queue ``key`` now (no-op when queued; once more after ``done`` when processing)."""
+        with self._cond:
+            if key in self._processing:
+                self._dirty.add(key)
+            elif key not in self._queued:
+                self._queued.add(key)
+                self._ready.append(key)
+                self._cond.notify()
+
+    def add_after(self, key: str, delay: float) -> None:
+        with self._cond:
+            heapq.heappush(self._delayed, (time.monotonic() + delay, key))
+            self._cond.notify()
+
+    def retry(self, key: str) -> float:
+        """Re-add after the key's backoff delay; returns the delay."""
+        with self._cond:
+            n = self._failures.get(key, 0)
+            self._failures[key] = n + 1
+        delay = min(self.cap, self.base * 2.0**n)
+        self.add_after(key, delay)
+        return delay
+
+    def forget(self, key: str) -> None:
+        with self._cond:
+            self._failures.pop(key, None)
+
+    def failures(self, key: str) -> int:
+        with self._cond:
+            return self._failures.get(key, 0)
+
+    def _promote(self) -> float | None:
+        """Move due delayed keys to ready; seconds until the next one is due."""
+        now = time.monotonic()
+        while self._delayed and self._delayed[0][0] <= now:
+            _, key = heapq.heappop(self._delayed)
+            if key in self._processing:
+                self._dirty.add(key)
+            elif key not in self._queued:
+                self._queued.add(key)
+                self._ready.append(key)
+        return self._delayed[0][0] - now if self._delayed else None
+
+    def get(self, timeout: float | None = None) -> str | None:
+        """The next key to process (marked processing), or None on shutdown or timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._shutdown:
+                    return None
+                wait = self._promote()
+                if self._ready:
+                    key = self._ready.pop(0)
+                    self._queued.discard(key)
+                    self._processing.add(key)
+                    return key
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    wait = left if wait is None else min(wait, left)
+                self._cond.wait(wait)
+
+    def done(self, key: str) -> None:
+        with self._cond:
+            self._processing.discard(key)
+            if key in self._dirty:
+                self._dirty.discard(key)
+                if key not in self._queued:
+                    self._queued.add(key)
+                    self._ready.append(key)
+                    self._cond.notify()
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._shutdown = True
+            self._cond.notify_all()
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._ready)

@@ -1,0 +1,228 @@
+"""The Bundle and BundleDeployment CRDs (provisioner/crds) on a real kube-apiserver.
+
+Upstream RukPak's example YAML is accepted as written; bad specs are rejected
+by the API server with a message that says what to fix; a Bundle's spec is
+immutable (CEL ``self == oldSelf``); status is a subresource.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from csi import errors
+from provisioner.engine.kube import Kube
+from provisioner.engine.objects import Obj, ObjectRef, condition
+from provisioner.manager import actuate, model
+from tests.polling import eventually
+
+
+def install_crds(kube: Kube) -> None:
+    """Apply both CRDs and wait until they are Established and served."""
+    for path in model.crd_files():
+        for doc in yaml.safe_load_all(path.read_text()):
+            kube.apply(doc)
+            ref = ObjectRef.of(doc)
+
+            def established(ref: ObjectRef = ref) -> bool:
+                live = kube.get(ref)
+                cond = condition(live or {}, "Established")
+                return bool(cond and cond.get("status") == "True")
+
+            eventually(established, timeout=30, what=f"{ref} Established")
+    for kind in (model.BUNDLE, model.BUNDLE_DEPLOYMENT):
+        eventually(functools.partial(kube.resource, model.API_VERSION, kind), timeout=30)
+
+
+@pytest.fixture(scope="module")
+def kube(kube_apiserver: Any) -> Iterator[Kube]:
+    client = Kube.from_kubeconfig(str(kube_apiserver.kubeconfig))
+    install_crds(client)
+    yield client
+    client.close()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+UPSTREAM_BUNDLE = """
+apiVersion: core.rukpak.io/v1alpha1
+kind: Bundle
+metadata:
+  name: combo-tag-ref
+spec:
+  source:
+    type: image
+    image:
+      ref: quay.io/operator-framework/combo-bundle:v0.0.1
+  provisionerClassName: core-rukpak-io-plain
+"""
+
+UPSTREAM_GIT_BUNDLE = """
+apiVersion: core.rukpak.io/v1alpha1
+kind: Bundle
+metadata:
+  name: combo-git-branch
+spec:
+  source:
+    type: git
+    git:
+      ref:
+        branch: main
+      repository: https://github.com/exdx/combo-bundle
+  provisionerClassName: core-rukpak-io-plain
+"""
+
+UPSTREAM_BD = """
+apiVersion: core.rukpak.io/v1alpha1
+kind: BundleDeployment
+metadata:
+  name: combo
+spec:
+  provisionerClassName: core-rukpak-io-plain
+  template:
+    metadata:
+      labels:
+        app: combo
+    spec:
+      source:
+        type: image
+        image:
+          ref: quay.io/operator-framework/combo-bundle:v0.0.1
+      provisionerClassName: core-rukpak-io-plain
+"""
+
+
+def load(text: str, name: str) -> Obj:
+    doc: Obj = yaml.safe_load(text)
+    doc["metadata"]["name"] = name
+    return doc
+
+
+@pytest.mark.parametrize("example", [UPSTREAM_BUNDLE, UPSTREAM_GIT_BUNDLE], ids=["image", "git"])
+def test_upstream_bundle_examples_are_accepted(kube: Kube, example: str) -> None:
+    created = kube.create(load(example, unique("bundle")))
+    assert created["spec"] == yaml.safe_load(example)["spec"]
+
+
+def test_an_upstream_bundledeployment_example_is_accepted_with_defaults(kube: Kube) -> None:
+    created = kube.create(load(UPSTREAM_BD, unique("combo")))
+    assert created["spec"]["template"]["metadata"]["labels"] == {"app": "combo"}
+    assert created["spec"]["deletionPolicy"] == "Delete"
+
+
+def test_our_extra_bundledeployment_fields_are_accepted(kube: Kube) -> None:
+    doc = load(UPSTREAM_BD, unique("extras"))
+    doc["spec"].update(
+        paused=True,
+        serviceAccountName="installer",
+        installNamespace="team-a",
+        deletionPolicy="Orphan",
+        config={"anything": {"goes": [1, 2]}},
+    )
+    created = kube.create(doc)
+    for key in ("paused", "serviceAccountName", "installNamespace", "deletionPolicy", "config"):
+        assert created["spec"][key] == doc["spec"][key]
+
+
+def test_a_bundle_spec_is_immutable(kube: Kube) -> None:
+    name = unique("immutable")
+    kube.create(load(UPSTREAM_BUNDLE, name))
+    ref = ObjectRef(model.GROUP, model.VERSION, model.BUNDLE, "", name)
+    with pytest.raises(errors.InvalidArgument, match="spec is immutable"):
+        kube.merge_patch(ref, {"spec": {"source": {"image": {"ref": "example.com/other:v2"}}}})
+
+
+def _bad_bundle_image_without_image(doc: Obj) -> None:
+    del doc["spec"]["source"]["image"]
+
+
+def _bad_bundle_unknown_type(doc: Obj) -> None:
+    doc["spec"]["source"]["type"] = "ftp"
+
+
+def _bad_bundle_no_class(doc: Obj) -> None:
+    del doc["spec"]["provisionerClassName"]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (_bad_bundle_image_without_image, r"source.image \(with ref\) must be set"),
+        (_bad_bundle_unknown_type, 'Unsupported value: "ftp"'),
+        (_bad_bundle_no_class, "provisionerClassName: Required value"),
+    ],
+    ids=["image type without image", "unknown source type", "no provisioner class"],
+)
+def test_a_bad_bundle_is_rejected_saying_why(kube: Kube, mutate: Any, message: str) -> None:
+    doc = load(UPSTREAM_BUNDLE, unique("bad"))
+    mutate(doc)
+    with pytest.raises(errors.InvalidArgument, match=message):
+        kube.create(doc)
+
+
+def _bad_bd_policy(doc: Obj) -> None:
+    doc["spec"]["deletionPolicy"] = "Keep"
+
+
+def _bad_bd_no_template(doc: Obj) -> None:
+    del doc["spec"]["template"]
+
+
+def _bad_bd_namespace(doc: Obj) -> None:
+    doc["spec"]["installNamespace"] = "Not_A_Namespace"
+
+
+def _bad_bd_template_source(doc: Obj) -> None:
+    doc["spec"]["template"]["spec"]["source"] = {"type": "git"}
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (_bad_bd_policy, 'supported values: "Delete", "Orphan"'),
+        (_bad_bd_no_template, "template: Required value"),
+        (_bad_bd_namespace, "installNamespace"),
+        (_bad_bd_template_source, r"source.git \(with repository\) must be set"),
+    ],
+    ids=["unknown deletion policy", "no template", "bad namespace name", "git without git"],
+)
+def test_a_bad_bundledeployment_is_rejected_saying_why(
+    kube: Kube, mutate: Any, message: str
+) -> None:
+    doc = load(UPSTREAM_BD, unique("bad"))
+    mutate(doc)
+    with pytest.raises(errors.InvalidArgument, match=message):
+        kube.create(doc)
+
+
+def test_status_is_a_subresource(kube: Kube) -> None:
+    name = unique("status")
+    kube.create(load(UPSTREAM_BD, name))
+    ref = actuate.bd_ref(name)
+    kube.merge_patch(ref, {"status": {"activeBundle": "ignored"}})
+    assert ((kube.get(ref) or {}).get("status") or {}).get("activeBundle") is None
+    actuate.write_status(kube, name, {"activeBundle": "b1", "observedGeneration": 1})
+    assert (kube.get(ref) or {})["status"]["activeBundle"] == "b1"
+
+
+def test_the_bundledeployment_crd_has_printer_columns(kube: Kube) -> None:
+    crd = kube.get(
+        ObjectRef(
+            "apiextensions.k8s.io",
+            "v1",
+            "CustomResourceDefinition",
+            "",
+            "bundledeployments.core.rukpak.io",
+        )
+    )
+    assert crd is not None
+    columns = [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
+    assert columns[:2] == ["Active Bundle", "Install State"]
+    assert "Age" in columns

@@ -1,0 +1,355 @@
+"""The pure BundleDeployment planner: observed state in, actions out (no API)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from provisioner.engine.objects import Obj
+from provisioner.manager import build, model, plan
+
+SETTINGS = model.Settings(image="registry.example/rukpak:v1", host_network=True)
+DIGEST = "registry.example/hello@sha256:" + "a" * 64
+NOW = "2026-01-01T00:00:00Z"
+
+
+def bd(**spec: Any) -> Obj:
+    base: Obj = {
+        "apiVersion": model.API_VERSION,
+        "kind": model.BUNDLE_DEPLOYMENT,
+        "metadata": {
+            "name": "hello",
+            "uid": "uid-1",
+            "generation": 1,
+            "finalizers": [model.FINALIZER],
+        },
+        "spec": {
+            "provisionerClassName": model.PLAIN_CLASS,
+            "template": {
+                "metadata": {"labels": {"app": "hello"}},
+                "spec": {
+                    "provisionerClassName": model.PLAIN_CLASS,
+                    "source": {"type": "image", "image": {"ref": "registry.example/hello:v1"}},
+                },
+            },
+        },
+    }
+    base["spec"].update(spec)
+    return base
+
+
+def with_ref(obj: Obj, ref: str) -> Obj:
+    out = copy.deepcopy(obj)
+    out["spec"]["template"]["spec"]["source"]["image"]["ref"] = ref
+    return out
+
+
+def bundle(of: Obj, *, resolved: str = "", failing: str = "") -> Obj:
+    b = build.desired_bundle(of)
+    if resolved:
+        b["status"] = {"resolvedSource": {"type": "image", "image": {"ref": resolved}}}
+    if failing:
+        b["status"] = {
+            "phase": "Failing",
+            "conditions": [{"type": "Unpacked", "status": "False", "message": failing}],
+        }
+    return b
+
+
+def instance(of: Obj, resolved: str = DIGEST) -> Obj:
+    return build.instance_deployment(of, model.bundle_name(of), resolved, SETTINGS)
+
+
+def pod(
+    of: Obj, name: str = "inst-1", *, running: bool = True, failed: str = "", waiting: str = ""
+) -> Obj:
+    state: Obj = {"running": {}} if running else {"waiting": {"reason": "X", "message": waiting}}
+    cs: Obj = {"name": "instance", "state": state}
+    if failed:
+        cs["state"] = {"waiting": {"reason": "CrashLoopBackOff"}}
+        cs["lastState"] = {"terminated": {"exitCode": 1, "message": failed}}
+    return {
+        "metadata": {
+            "name": name,
+            "annotations": {model.BUNDLE_ANNOTATION: model.bundle_name(of)},
+        },
+        "status": {"phase": "Running" if running else "Pending", "containerStatuses": [cs]},
+    }
+
+
+def kinds(actions: list[plan.Action]) -> list[str]:
+    return [type(a).__name__ for a in actions if not isinstance(a, plan.RecordEvent)]
+
+
+def status_of(actions: list[plan.Action]) -> Obj:
+    (written,) = [a for a in actions if isinstance(a, plan.WriteStatus)]
+    return written.status
+
+
+def cond(actions: list[plan.Action], kind: str) -> tuple[str, str]:
+    c = next(c for c in status_of(actions)["conditions"] if c["type"] == kind)
+    return c["status"], c["reason"]
+
+
+B = bd()
+B2 = with_ref(B, "registry.example/hello:v2")
+
+
+@pytest.mark.parametrize(
+    ("the_bd", "observed", "expected"),
+    [
+        (B, plan.Observed(), ["CreateBundle", "WriteStatus"]),
+        (bd(paused=True), plan.Observed(), []),
+        (
+            {**B, "metadata": {**B["metadata"], "finalizers": []}},
+            plan.Observed(),
+            ["AddFinalizer", "CreateBundle", "WriteStatus"],
+        ),
+        (B, plan.Observed(bundles=(bundle(B),)), ["ResolveBundle", "WriteStatus"]),
+        (
+            B,
+            plan.Observed(bundles=(bundle(B, resolved=DIGEST),)),
+            ["ApplyInstance", "WriteStatus"],
+        ),
+        (
+            B,
+            plan.Observed(bundles=(bundle(B, resolved=DIGEST),), instance=instance(B)),
+            ["WriteStatus"],
+        ),
+        (
+            B2,
+            plan.Observed(bundles=(bundle(B, resolved=DIGEST),), instance=instance(B)),
+            ["CreateBundle", "WriteStatus"],
+        ),
+        (
+            B2,
+            plan.Observed(
+                bundles=(bundle(B, resolved=DIGEST), bundle(B2, resolved=DIGEST)),
+                instance=instance(B),
+            ),
+            ["ApplyInstance", "WriteStatus"],
+        ),
+        (
+            B2,
+            plan.Observed(
+                bundles=(bundle(B, resolved=DIGEST), bundle(B2, resolved=DIGEST)),
+                instance=instance(B2),
+            ),
+            ["DeleteBundle", "WriteStatus"],
+        ),
+        (B, plan.Observed(bundles=(bundle(B, failing="manifest unknown"),)), ["WriteStatus"]),
+    ],
+    ids=[
+        "a new BD generates its Bundle",
+        "a paused BD plans nothing",
+        "the finalizer comes first",
+        "a new Bundle is resolved to a digest",
+        "a resolved Bundle gets an instance",
+        "a converged BD only reports status",
+        "a template change creates a new Bundle and keeps the old instance",
+        "the new Bundle resolved: the instance pivots to it",
+        "after the pivot the old Bundle is deleted",
+        "a Bundle that failed to resolve is not retried",
+    ],
+)
+def test_the_plan_for(the_bd: Obj, observed: plan.Observed, expected: list[str]) -> None:
+    assert kinds(plan.plan(the_bd, observed, settings=SETTINGS)) == expected
+
+
+def test_the_generated_bundle_is_named_by_the_template_hash_and_owned_by_the_bd() -> None:
+    b = build.desired_bundle(B)
+    assert b["metadata"]["name"].startswith("hello-")
+    assert b["metadata"]["name"] != build.desired_bundle(B2)["metadata"]["name"]
+    assert b["metadata"]["labels"] == {"app": "hello", model.BD_LABEL: "hello"}
+    assert b["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert b["spec"] == B["spec"]["template"]["spec"]
+
+
+def test_the_instance_deployment_mounts_the_resolved_digest_and_runs_the_instance() -> None:
+    dep = instance(bd(installNamespace="team-a", serviceAccountName="installer"))
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    pod_spec = dep["spec"]["template"]["spec"]
+    assert pod_spec["hostNetwork"] is True
+    assert pod_spec["serviceAccountName"] == "installer"
+    (volume,) = pod_spec["volumes"]
+    assert volume["csi"]["driver"] == "csi.rukpak.io"
+    assert volume["csi"]["volumeAttributes"] == {"image": DIGEST, "pullPolicy": "IfNotPresent"}
+    (container,) = pod_spec["containers"]
+    assert container["image"] == SETTINGS.image
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert container["command"][1:] == [
+        "instance",
+        "--bundle-dir",
+        "/bundle",
+        "--name",
+        "hello",
+        "--namespace",
+        "team-a",
+        "--system-namespace",
+        "rukpak-system",
+    ]
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in (
+        container["env"]
+    )
+    assert container["volumeMounts"][0]["mountPath"] == "/bundle"
+
+
+def test_without_host_network_the_instance_uses_the_pod_network() -> None:
+    settings = model.Settings(image="x")
+    dep = build.instance_deployment(B, "b", DIGEST, settings)
+    assert "hostNetwork" not in dep["spec"]["template"]["spec"]
+
+
+def _ready(of: Obj, **kw: Any) -> plan.Observed:
+    base: dict[str, Any] = {
+        "bundles": (bundle(of, resolved=DIGEST),),
+        "instance": instance(of),
+        "now": NOW,
+    }
+    base.update(kw)
+    return plan.Observed(**base)
+
+
+@pytest.mark.parametrize(
+    ("observed", "installed", "healthy"),
+    [
+        (_ready(B), ("False", "InstallPending"), ("Unknown", "NotInstalled")),
+        (
+            _ready(B, pods=(pod(B, running=False, waiting="MountVolume failed"),)),
+            ("False", "InstallPending"),
+            ("Unknown", "NotInstalled"),
+        ),
+        (_ready(B, pods=(pod(B),)), ("False", "InstallPending"), ("Unknown", "NotInstalled")),
+        (
+            _ready(B, pods=(pod(B),), lease_holder="inst-1", health=plan.Health(True, "ok")),
+            ("True", "InstallationSucceeded"),
+            ("True", "Healthy"),
+        ),
+        (
+            _ready(B, pods=(pod(B),), lease_holder="inst-1", health=plan.Health(False, "cm gone")),
+            ("True", "InstallationSucceeded"),
+            ("False", "Unhealthy"),
+        ),
+        (
+            _ready(B, pods=(pod(B, failed="phase 'crds': 1 object(s) failed"),)),
+            ("False", "InstallFailed"),
+            ("Unknown", "NotInstalled"),
+        ),
+    ],
+    ids=[
+        "no pod yet",
+        "pod cannot mount",
+        "pod running, lease not yet held",
+        "pod holds the lease, objects ready",
+        "pod holds the lease, an object unhealthy",
+        "pod crashed",
+    ],
+)
+def test_conditions_follow_the_instance_pod(
+    observed: plan.Observed, installed: tuple[str, str], healthy: tuple[str, str]
+) -> None:
+    actions = plan.plan(B, observed, settings=SETTINGS)
+    assert cond(actions, plan.HAS_VALID_BUNDLE) == ("True", "BundleResolved")
+    assert cond(actions, plan.INSTALLED) == installed
+    assert cond(actions, plan.HEALTHY) == healthy
+
+
+def test_a_failed_install_carries_the_termination_message() -> None:
+    observed = _ready(B, pods=(pod(B, failed="bundle invalid: manifests/x.yaml"),))
+    actions = plan.plan(B, observed, settings=SETTINGS)
+    installed = next(c for c in status_of(actions)["conditions"] if c["type"] == "Installed")
+    assert "bundle invalid: manifests/x.yaml" in installed["message"]
+    warnings = [a for a in actions if isinstance(a, plan.RecordEvent) and a.type == "Warning"]
+    assert [w.reason for w in warnings] == ["InstallFailed"]
+
+
+def test_unchanged_status_is_not_written_again_and_raises_no_events() -> None:
+    observed = _ready(B, pods=(pod(B),), lease_holder="inst-1", health=plan.Health(True, "ok"))
+    first = plan.plan(B, observed, settings=SETTINGS)
+    assert any(isinstance(a, plan.RecordEvent) for a in first)
+    converged = {**B, "status": status_of(first)}
+    later = plan.Observed(**{**observed.__dict__, "now": "2026-01-02T00:00:00Z"})
+    assert plan.plan(converged, later, settings=SETTINGS) == []
+
+
+def test_a_transition_keeps_the_time_of_unchanged_conditions() -> None:
+    observed = _ready(B, pods=(pod(B),))
+    first = status_of(plan.plan(B, observed, settings=SETTINGS))
+    later = _ready(B, pods=(pod(B),), lease_holder="inst-1", health=plan.Health(True, ""), now="T2")
+    second = status_of(plan.plan({**B, "status": first}, later, settings=SETTINGS))
+    times = {c["type"]: c["lastTransitionTime"] for c in second["conditions"]}
+    assert times == {"HasValidBundle": NOW, "Installed": "T2", "Healthy": "T2"}
+    assert second["activeBundle"] == model.bundle_name(B)
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [
+        ({"provisionerClassName": "core-rukpak-io-helm"}, "UnsupportedProvisionerClass"),
+        (
+            {
+                "template": {
+                    "spec": {
+                        "provisionerClassName": model.PLAIN_CLASS,
+                        "source": {"type": "git", "git": {"repository": "https://x"}},
+                    }
+                }
+            },
+            "UnsupportedSource",
+        ),
+    ],
+    ids=["another provisioner class", "a git source"],
+)
+def test_what_this_manager_cannot_install_becomes_a_condition(spec: Obj, reason: str) -> None:
+    actions = plan.plan(bd(**spec), plan.Observed(), settings=SETTINGS)
+    assert kinds(actions) == ["WriteStatus"]
+    assert cond(actions, plan.HAS_VALID_BUNDLE) == ("False", reason)
+
+
+def deleting(of: Obj, **spec: Any) -> Obj:
+    out = copy.deepcopy(of)
+    out["spec"].update(spec)
+    out["metadata"]["deletionTimestamp"] = NOW
+    return out
+
+
+@pytest.mark.parametrize(
+    ("the_bd", "observed", "expected"),
+    [
+        (
+            deleting(B),
+            plan.Observed(instance=instance(B), pods=(pod(B),)),
+            ["DeleteInstance", "Requeue"],
+        ),
+        (deleting(B), plan.Observed(pods=(pod(B),)), ["Requeue"]),
+        (
+            deleting(B),
+            plan.Observed(bundles=(bundle(B),)),
+            ["Uninstall", "DeleteBundle", "RemoveFinalizer"],
+        ),
+        (deleting(B, paused=True), plan.Observed(), ["Uninstall", "RemoveFinalizer"]),
+        (
+            {**deleting(B), "metadata": {"name": "hello", "deletionTimestamp": NOW}},
+            plan.Observed(),
+            [],
+        ),
+    ],
+    ids=[
+        "the instance stops first",
+        "then its pods must go",
+        "then uninstall, delete the Bundles, drop the finalizer",
+        "deletion runs even when paused",
+        "without our finalizer nothing is left to do",
+    ],
+)
+def test_deletion(the_bd: Obj, observed: plan.Observed, expected: list[str]) -> None:
+    assert kinds(plan.plan(the_bd, observed, settings=SETTINGS)) == expected
+
+
+@pytest.mark.parametrize("policy", ["Delete", "Orphan"])
+def test_uninstall_uses_the_deletion_policy(policy: str) -> None:
+    actions = plan.plan(deleting(B, deletionPolicy=policy), plan.Observed(), settings=SETTINGS)
+    assert plan.Uninstall(policy) in actions  # type: ignore[arg-type]
