@@ -82,7 +82,9 @@ class RegistryServer:
     def start(cls, workdir: Path, *, auth: AuthMode = "none") -> RegistryServer:
         """Start a registry with storage and config under ``workdir``; wait for ``/v2/``."""
         if shutil.which(REGISTRY_BINARY) is None:
-            pytest.skip(f"{REGISTRY_BINARY} is not installed (apt-get install docker-registry)")
+            raise RuntimeError(
+                f"{REGISTRY_BINARY} is missing: run `make setup` (it installs docker-registry)"
+            )
         workdir.mkdir(parents=True, exist_ok=True)
         storage = workdir / "storage"
         storage.mkdir(exist_ok=True)
