@@ -16,11 +16,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -151,6 +152,26 @@ def mounts_under(root: Path) -> list[Mount]:
 
 
 # --- cluster objects ----------------------------------------------------------------------
+
+
+def require_local_node(cluster: Any) -> None:
+    """Skip unless ``cluster`` is the local cluster, whose node and kubelet dirs these
+    end-to-end tests use (a cluster from ``KUBECONFIG`` has neither)."""
+    if getattr(cluster, "plugins_dir", None) is None or not getattr(cluster, "registry_host", ""):
+        pytest.skip("needs the local cluster's node (KUBECONFIG points at another cluster)")
+
+
+@pytest.fixture(scope="module")
+def api_client(kube_cluster: Any) -> Iterator[client.ApiClient]:
+    """An API client for the local cluster (skips elsewhere, see ``require_local_node``)."""
+    require_local_node(kube_cluster)
+    with api(kube_cluster) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def core(api_client: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(api_client)
 
 
 def api(cluster: Any) -> client.ApiClient:

@@ -25,23 +25,6 @@ from tests.polling import eventually
 MANIFEST = "02_configmap.yaml"
 
 
-def _local(cluster: Any) -> None:
-    if getattr(cluster, "plugins_dir", None) is None or not getattr(cluster, "registry_host", ""):
-        pytest.skip("needs the local cluster's node (KUBECONFIG points at another cluster)")
-
-
-@pytest.fixture(scope="module")
-def api_client(kube_cluster: Any) -> Iterator[client.ApiClient]:
-    _local(kube_cluster)
-    with e2e.api(kube_cluster) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def core(api_client: client.ApiClient) -> client.CoreV1Api:
-    return client.CoreV1Api(api_client)
-
-
 @pytest.fixture(scope="module")
 def plugin(kube_cluster: Any, api_client: client.ApiClient) -> Iterator[e2e.HostPlugin]:
     """Our plugin registered with the kubelet, and the CSIDriver object applied."""

@@ -41,11 +41,6 @@ SHIPPED_STATE_DIR = "/var/lib/rukpak-csi"
 MANIFEST = "02_configmap.yaml"
 
 
-def _local(cluster: Any) -> None:
-    if getattr(cluster, "plugins_dir", None) is None or not getattr(cluster, "registry_host", ""):
-        pytest.skip("needs the local cluster's node (KUBECONFIG points at another cluster)")
-
-
 def _kubectl(cluster: Any, *args: str, timeout: float = 60) -> str:
     kubectl = bins.find("kubectl")
     if kubectl is None:
@@ -93,20 +88,8 @@ class Deployment:
 
 
 @pytest.fixture(scope="module")
-def api_client(kube_cluster: Any) -> Iterator[client.ApiClient]:
-    _local(kube_cluster)
-    with e2e.api(kube_cluster) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def core(api_client: client.ApiClient) -> client.CoreV1Api:
-    return client.CoreV1Api(api_client)
-
-
-@pytest.fixture(scope="module")
 def plugin_image(kube_cluster: Any, request: pytest.FixtureRequest) -> str:
-    _local(kube_cluster)
+    e2e.require_local_node(kube_cluster)
     ref = f"{kube_cluster.registry_host}/rukpak/rukpak-python:e2e"
     return image_helpers.build_and_push(ref, request=request)
 

@@ -42,11 +42,6 @@ INSTANCE = "rukpak-instance-hello"  # the Deployment running the instance pod
 GREETING = "hello-greeting"
 
 
-def _local(cluster: Any) -> None:
-    if getattr(cluster, "plugins_dir", None) is None or not getattr(cluster, "registry_host", ""):
-        pytest.skip("needs the local cluster's node (KUBECONFIG points at another cluster)")
-
-
 @dataclass(frozen=True)
 class Names:
     system: str  # the instance pod, its ServiceAccount, the Lease and the inventory
@@ -61,7 +56,7 @@ def names() -> Names:
 
 @pytest.fixture(scope="module")
 def kube(kube_cluster: Any) -> Iterator[Kube]:
-    _local(kube_cluster)
+    e2e.require_local_node(kube_cluster)
     client = Kube.from_kubeconfig(str(kube_cluster.kubeconfig))
     yield client
     client.close()
@@ -69,7 +64,7 @@ def kube(kube_cluster: Any) -> Iterator[Kube]:
 
 @pytest.fixture(scope="module")
 def plugin(kube_cluster: Any) -> Iterator[e2e.HostPlugin]:
-    _local(kube_cluster)
+    e2e.require_local_node(kube_cluster)
     with e2e.api(kube_cluster) as api_client:
         e2e.apply_csidriver(api_client)
     started = e2e.HostPlugin.for_cluster(kube_cluster).start()
@@ -99,7 +94,7 @@ def adapted_hello(target: Path, *, namespace: str, image: str) -> Path:
 
 @pytest.fixture(scope="module")
 def bundle_image(kube_cluster: Any, names: Names, tmp_path_factory: pytest.TempPathFactory) -> str:
-    _local(kube_cluster)
+    e2e.require_local_node(kube_cluster)
     root = adapted_hello(
         tmp_path_factory.mktemp("hello") / "bundle",
         namespace=names.target,
@@ -112,7 +107,7 @@ def bundle_image(kube_cluster: Any, names: Names, tmp_path_factory: pytest.TempP
 
 @pytest.fixture(scope="module")
 def provisioner_image(kube_cluster: Any, request: pytest.FixtureRequest) -> str:
-    _local(kube_cluster)
+    e2e.require_local_node(kube_cluster)
     ref = f"{kube_cluster.registry_host}/rukpak/rukpak-python:e2e"
     return image_helpers.build_and_push(ref, request=request)
 
