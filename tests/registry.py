@@ -113,7 +113,7 @@ class RegistryServer:
                 f"    rootcertbundle: {issuer.cert_path}\n"
             )
         last_error = ""
-        for _attempt in range(3):  # a free port can be taken before the registry binds it
+        for _attempt in range(3):
             port = free_port()
             config = workdir / "config.yml"
             config.write_text(
@@ -145,10 +145,10 @@ class RegistryServer:
             )
             if server._wait_ready():
                 return server
-            last_error = server.log_tail()
+            # Whatever went wrong (most often the free port was taken before the
+            # registry bound it), try again on a new port; report the last failure.
+            last_error = f"exit status {process.poll()}; port {port}\n{server.log_tail()}"
             server.stop()
-            if "address already in use" not in last_error:
-                break
         if issuer is not None:
             issuer.stop()
         raise RuntimeError(f"docker-registry did not start; log tail:\n{last_error}")

@@ -91,7 +91,13 @@ class TestRegistration:
             what="csi.rukpak.io on the CSINode",
         )
         assert drivers[e2e.DRIVER] == kube_cluster.node_name
-        assert "registered with kubelet" in plugin.log()
+        # kubelet writes the CSINode before it notifies the plugin, so the log line
+        # may trail the API object by a moment.
+        eventually(
+            lambda: "registered with kubelet" in plugin.log(),
+            timeout=10,
+            what="the plugin to log the kubelet's registration status",
+        )
 
 
 class TestInlineVolume:
@@ -175,7 +181,10 @@ class TestInlineVolume:
             timeout=60,
             what=f"{target} to be unmounted and removed",
         )
-        assert f"msg='unpublished' target={target}" in plugin.log()
+        # The plugin logs once the RPC's work is done, which can be a moment after
+        # the directory disappears; wait for the line rather than race it.
+        line = f"msg='unpublished' target={target}"
+        eventually(lambda: line in plugin.log(), timeout=10, what=f"the log line {line!r}")
 
 
 class TestBadInput:
