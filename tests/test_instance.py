@@ -394,7 +394,7 @@ class TestTheInstanceProcess:
             timeout=15,
             what="the changed ConfigMap to be restored",
         )
-        assert "msg='drift' detail='corrected ConfigMap" in proc.log()
+        proc.wait_for("msg='drift' detail='corrected ConfigMap")  # logged just after the fix
         assert proc.term() == 0, proc.log()
 
     def test_losing_the_lease_stops_the_instance_with_exit_1(
