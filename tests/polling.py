@@ -35,3 +35,18 @@ def eventually(
                 f"timed out after {timeout}s waiting for {what}; last error: {last!r}"
             )
         time.sleep(interval)
+
+
+def logged(read: Callable[[], str], line: str, *, more_than: int = 0, timeout: float = 10.0) -> str:
+    """Wait until the text ``read()`` returns holds ``line`` more than ``more_than`` times.
+
+    Processes log what they did just after doing it, so a test that saw the effect must
+    still wait for the line. Returns the whole text, so "a secret is not in the log"
+    checks run on a log that already records the request.
+    """
+
+    def check() -> str | None:
+        text = read()
+        return text if text.count(line) > more_than else None
+
+    return eventually(check, timeout=timeout, what=f"{line!r} in the log")

@@ -22,22 +22,8 @@ import requests
 from csi.node import mounter
 from csi.proto import csi_pb2, csi_pb2_grpc
 from tests.csi_helpers import PluginProcess, free_port, mount_capability, push_image, simple_image
-from tests.polling import eventually
+from tests.polling import logged
 from tests.registry import RegistryServer
-
-
-def log_once_it_has(plugin: PluginProcess, line: str, *, more_than: int = 0) -> str:
-    """The plugin's log, read once ``line`` occurs in it more than ``more_than`` times.
-
-    "The secret is not in the log" means something only once the RPC has been logged.
-    """
-
-    def read() -> str | None:
-        text = plugin.log()
-        return text if text.count(line) > more_than else None
-
-    return eventually(read, timeout=10, what=f"{line!r} in the plugin log")
-
 
 pytestmark = [
     pytest.mark.registry,
@@ -296,8 +282,7 @@ def test_credentials_from_the_secret_are_used_and_never_logged(
     path = target(plugin)
     node.NodePublishVolume(publish_request(path, image.ref, secrets=secret))
     assert (Path(path) / "f").read_text() == "private"
-    # Read the log only once the RPC's own line is in it, so "not in" means something.
-    log = log_once_it_has(plugin, "method=NodePublishVolume code=OK")
+    log = logged(plugin.log, "method=NodePublishVolume code=OK")
     assert auth_registry.password not in log
     assert secret[".dockerconfigjson"] not in log
 
@@ -319,7 +304,7 @@ def test_missing_or_wrong_credentials_are_unauthenticated_or_permission_denied(
     seen = plugin.log().count(line)
     code = code_of(lambda: node.NodePublishVolume(request))
     assert code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
-    log = log_once_it_has(plugin, line, more_than=seen)
+    log = logged(plugin.log, line, more_than=seen)
     assert "wrong-password" not in log
 
 

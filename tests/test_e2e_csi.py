@@ -20,7 +20,7 @@ import pytest
 from kubernetes import client
 
 from tests import e2e_helpers as e2e
-from tests.polling import eventually
+from tests.polling import eventually, logged
 
 MANIFEST = "02_configmap.yaml"
 
@@ -91,13 +91,8 @@ class TestRegistration:
             what="csi.rukpak.io on the CSINode",
         )
         assert drivers[e2e.DRIVER] == kube_cluster.node_name
-        # kubelet writes the CSINode before it notifies the plugin, so the log line
-        # may trail the API object by a moment.
-        eventually(
-            lambda: "registered with kubelet" in plugin.log(),
-            timeout=10,
-            what="the plugin to log the kubelet's registration status",
-        )
+        # kubelet writes the CSINode before it notifies the plugin
+        logged(plugin.log, "registered with kubelet")
 
 
 class TestInlineVolume:
@@ -181,10 +176,7 @@ class TestInlineVolume:
             timeout=60,
             what=f"{target} to be unmounted and removed",
         )
-        # The plugin logs once the RPC's work is done, which can be a moment after
-        # the directory disappears; wait for the line rather than race it.
-        line = f"msg='unpublished' target={target}"
-        eventually(lambda: line in plugin.log(), timeout=10, what=f"the log line {line!r}")
+        logged(plugin.log, f"msg='unpublished' target={target}")
 
 
 class TestBadInput:
