@@ -156,6 +156,13 @@ def test_namespaced_objects_without_a_namespace_land_in_the_install_namespace(
     assert kube.get(ObjectRef("", "v1", "Namespace", "", name)) is not None
 
 
+def test_the_api_server_serves_only_kinds_it_knows(kube: Kube) -> None:
+    assert kube.serves("v1", "ConfigMap")
+    assert kube.serves("apps/v1", "Deployment")
+    assert not kube.serves("v1", "NoSuchKind")
+    assert not kube.serves("nosuch.example.com/v1", "Widget")
+
+
 def test_an_upgrade_prunes_what_the_new_revision_no_longer_has(
     kube: Kube, name: str, tmp_path: Path
 ) -> None:

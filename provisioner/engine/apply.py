@@ -253,12 +253,10 @@ def _wait_crds(kube: Kube, applied: Sequence[Applied], timeout: float) -> None:
             live = kube.get(a.ref)
             state = health.crd(live) if live is not None else health.Health(False, "not found")
             if state.ready:
-                try:
-                    for version in served:
-                        kube.resource(f"{spec.get('group')}/{version}", kind)
+                group = spec.get("group")
+                if all(kube.serves(f"{group}/{version}", kind) for version in served):
                     break
-                except UnknownKind:
-                    state = health.Health(False, "established but not yet in discovery")
+                state = health.Health(False, "established but not yet served")
             if "names not accepted" in state.reason:
                 raise ApplyFailed(
                     "crds", [(a.manifest.describe(), errors.InvalidArgument(state.reason))]

@@ -230,6 +230,20 @@ class Kube:
             )
         return found
 
+    def serves(self, api_version: str, kind: str) -> bool:
+        """Whether the API server answers a one-item list of ``kind`` in ``api_version``.
+
+        A version added to an existing CRD can be Established and listed by discovery a
+        moment before the server's handler for it is ready (requests then get a bare
+        404), so "served" is proven by asking, not by discovery alone.
+        """
+        try:
+            res = self.resource(api_version, kind)
+            self._send("GET", res.path(), what=f"list {kind}", query={"limit": "1"})
+        except (UnknownKind, errors.NotFound):
+            return False
+        return True
+
     # -- objects ------------------------------------------------------------
 
     def _locate(self, ref: ObjectRef) -> Resource:
