@@ -208,8 +208,8 @@ PY
   echo "kubelet's plugin watcher finds, and mounts only under $kubelet_dir."
   mkdir -p "$WORK/plugin"
   local sock="$kubelet_dir/plugins/$DRIVER/csi.sock"
-  printf '$ %s\n' "$PY -m csi.node --endpoint unix://$sock --node-id $node --kubelet-dir $kubelet_dir --registration-dir $kubelet_dir/plugins_registry --state-dir $WORK/plugin/state &"
-  "$PY" -m csi.node --endpoint "unix://$sock" --node-id "$node" \
+  printf '$ %s\n' "$PY -m csi.plugin --endpoint unix://$sock --node-id $node --kubelet-dir $kubelet_dir --registration-dir $kubelet_dir/plugins_registry --state-dir $WORK/plugin/state &"
+  "$PY" -m csi.plugin --endpoint "unix://$sock" --node-id "$node" \
     --kubelet-dir "$kubelet_dir" --registration-dir "$kubelet_dir/plugins_registry" \
     --state-dir "$WORK/plugin/state" >"$WORK/plugin/plugin.log" 2>&1 &
   PLUGIN_PID=$!

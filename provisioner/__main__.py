@@ -2,7 +2,7 @@
 
 The edge of the processes that run in the cluster: parses arguments, sets up
 key=value logging on stderr once, and hands over to a subcommand module.
-Subcommands: ``instance`` (``provisioner.instance``: the instance pod's
+Subcommands: ``instance`` (``provisioner.instance.process``: the instance pod's
 process) and ``manager`` (``provisioner.manager.cli``: the BundleDeployment
 controller; the Bundle unpack controller of DESIGN.md is not built yet).
 Without a subcommand this prints usage and exits 2.
@@ -14,8 +14,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from csi.logsetup import configure_logging
-from provisioner import instance
+from csi.common.logsetup import configure_logging
+from provisioner.instance import process as instance
 from provisioner.manager import cli as manager_cli
 
 EXIT_USAGE = 2

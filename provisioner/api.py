@@ -12,7 +12,7 @@ not listed here may change. The flow, in the order a caller uses it::
     api.DriftWatcher(kube, "demo", result.applied).run(stop_event)
 
 Bundle formats are plug-ins: ``register_format("registry+v1", loader)`` where
-``loader(root: Path) -> Bundle``. Errors are ``csi.errors`` values; the
+``loader(root: Path) -> Bundle``. Errors are ``csi.common.errors`` values; the
 engine's own subclasses are re-exported below.
 """
 

@@ -161,7 +161,7 @@ def free_port() -> int:
 
 @dataclass
 class PluginProcess:
-    """``python -m csi.node`` on a unix socket in a temp dir; stopped by pid."""
+    """``python -m csi.plugin`` on a unix socket in a temp dir; stopped by pid."""
 
     workdir: Path
     process: subprocess.Popen[bytes] | None = None
@@ -190,7 +190,7 @@ class PluginProcess:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [
-                    sys.executable, "-m", "csi.node",
+                    sys.executable, "-m", "csi.plugin",
                     "--endpoint", f"unix://{self.socket}",
                     "--node-id", "test-node",
                     "--state-dir", str(self.state_dir),

@@ -42,7 +42,7 @@ _OCTAL = re.compile(r"\\([0-7]{3})")
 
 @dataclass
 class HostPlugin:
-    """``python -m csi.node`` as a host process of the cluster's node, stopped by pid."""
+    """``python -m csi.plugin`` as a host process of the cluster's node, stopped by pid."""
 
     kubelet_dir: Path
     registration_dir: Path
@@ -75,7 +75,7 @@ class HostPlugin:
 
     def argv(self) -> list[str]:
         return [
-            sys.executable, "-m", "csi.node",
+            sys.executable, "-m", "csi.plugin",
             "--endpoint", f"unix://{self.socket}",
             "--driver-name", self.driver,
             "--node-id", self.node_id,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from provisioner import cli
+from provisioner.cli import main as cli
 from tests.test_apply_cluster import configmap, name, namespace, write_bundle
 
 pytestmark = pytest.mark.cluster

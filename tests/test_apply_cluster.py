@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from provisioner.engine import apply, formats, inventory, records
+from provisioner.engine import apply, formats, inventory, inventorystore
 from provisioner.engine.errors import (
     ApplyFailed,
     BundleInvalid,
@@ -136,7 +136,9 @@ def test_a_bundle_with_a_crd_and_its_resources_installs_in_one_revision(
     w1 = kube.get(ObjectRef(group, "v1", "Widget", name, "w1"))
     assert w1 is not None and w1["spec"] == {"size": 1}
     assert w1["metadata"]["labels"][OWNER_LABEL] == name
-    inv = records.read_inventory(kube, name, system_namespace=inventory.DEFAULT_SYSTEM_NAMESPACE)
+    inv = inventorystore.read_inventory(
+        kube, name, system_namespace=inventory.DEFAULT_SYSTEM_NAMESPACE
+    )
     assert inv is not None and len(inv.refs) == 5
     # a second install of the same bundle is a no-op on the server
     before = w1["metadata"]["resourceVersion"]
@@ -179,7 +181,7 @@ def test_an_upgrade_prunes_what_the_new_revision_no_longer_has(
     assert kube.get(ObjectRef("", "v1", "ConfigMap", name, "drop")) is None
     kept = kube.get(ObjectRef("", "v1", "ConfigMap", name, "keep"))
     assert kept is not None and kept["data"] == {"x": "2"}
-    inv = records.read_inventory(kube, name, system_namespace=opts.system_namespace)
+    inv = inventorystore.read_inventory(kube, name, system_namespace=opts.system_namespace)
     assert inv is not None and {r.name for r in inv.refs} == {name, "keep"}
 
 
@@ -249,7 +251,9 @@ def test_a_rejected_object_stops_its_phase_and_keeps_the_inventory(
     ):
         apply.install(kube, bundle, apply.Options(name=name, namespace=name))
     assert kube.get(ObjectRef("", "v1", "ConfigMap", name, "ok")) is not None
-    inv = records.read_inventory(kube, name, system_namespace=inventory.DEFAULT_SYSTEM_NAMESPACE)
+    inv = inventorystore.read_inventory(
+        kube, name, system_namespace=inventory.DEFAULT_SYSTEM_NAMESPACE
+    )
     assert inv is not None and ObjectRef("", "v1", "ConfigMap", name, "ok") in inv.refs
 
 
@@ -464,7 +468,9 @@ def test_an_rbac_denial_stops_at_its_phase_and_keeps_what_was_applied(
     assert info.value.code == "PERMISSION_DENIED"
     settings = ObjectRef("", "v1", "ConfigMap", name, "settings")
     assert kube.get(settings) is not None
-    inv = records.read_inventory(kube, name, system_namespace=inventory.DEFAULT_SYSTEM_NAMESPACE)
+    inv = inventorystore.read_inventory(
+        kube, name, system_namespace=inventory.DEFAULT_SYSTEM_NAMESPACE
+    )
     assert inv is not None and settings in inv.refs
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from csi import errors
-from provisioner.engine import apply, diff, drift, lifecycle, records
+from csi.common import errors
+from provisioner.engine import apply, diff, drift, inventorystore, lifecycle
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import DELETION_POLICY_ANNOTATION, OWNER_LABEL, ObjectRef
 from tests.polling import eventually
@@ -137,7 +137,7 @@ def test_uninstall_deletes_owned_objects_and_honours_orphan(
     # no namespace controller runs here, so the orphan outlives its Terminating namespace
     kept = kube.get(ObjectRef("", "v1", "ConfigMap", name, "keep"))
     assert kept is not None and OWNER_LABEL not in (kept["metadata"].get("labels") or {})
-    assert records.read_inventory(kube, name, system_namespace="rukpak-system") is None
+    assert inventorystore.read_inventory(kube, name, system_namespace="rukpak-system") is None
     with pytest.raises(errors.NotFound, match="no deployment"):
         lifecycle.uninstall(kube, name)
 

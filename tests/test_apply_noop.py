@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from provisioner.engine import apply, drift, formats, managed
+from provisioner.engine import apply, drift, formats, ownership
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import ObjectRef
 
@@ -158,7 +158,7 @@ def test_changed_content_and_fields_another_writer_took_are_applied_again(
     live = kube.get(cm)
     assert live is not None and live["data"] == {"mode": "fast", "level": "3"}
     desired = next(a.manifest.obj for a in result.applied if a.ref == cm)
-    assert managed.stale_reason(desired, live, name) is None
+    assert ownership.stale_reason(desired, live, name) is None
 
 
 def test_objects_applied_without_a_digest_are_applied_once_more(
@@ -169,7 +169,7 @@ def test_objects_applied_without_a_digest_are_applied_once_more(
     apply.install(kube, bundle, options)
     # as an engine without digests left it: same content, no annotation
     cm = ObjectRef("", "v1", "ConfigMap", name, "settings")
-    kube.merge_patch(cm, {"metadata": {"annotations": {managed.DIGEST_ANNOTATION: None}}})
+    kube.merge_patch(cm, {"metadata": {"annotations": {ownership.DIGEST_ANNOTATION: None}}})
     result = apply.install(kube, bundle, options)
     assert [a.ref for a in result.applied if not a.unchanged] == [cm]
     before = kube.writes

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from csi import errors
+from csi.common import errors
 from csi.oci import mediatypes
 from csi.oci.manifest import Index, Manifest, Platform
-from provisioner import bundleimage, bundleimage_layout, bundleimage_validate
+from provisioner.bundle import build as bundleimage
+from provisioner.bundle import layout as bundleimage_layout
+from provisioner.bundle import validate as bundleimage_validate
 
 NAMESPACE = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: hello\n"
 CONFIGMAP = (

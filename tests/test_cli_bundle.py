@@ -23,7 +23,8 @@ from csi.oci import mediatypes
 from csi.oci.client import RegistryClient
 from csi.oci.manifest import Manifest
 from csi.oci.reference import Reference
-from provisioner import bundlecli, cli
+from provisioner.cli import bundle as bundlecli
+from provisioner.cli import main as cli
 from tests.registry import RegistryServer, free_port
 
 NAMESPACE = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: hello\n"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from csi import errors
-from csi.node import extract
-from csi.node import tree as node_tree
+from csi.common import errors
+from csi.image import extract
+from csi.image import tree as image_tree
 from tests.csi_helpers import Entry, tree, write_layer
 
 
@@ -163,7 +163,7 @@ def test_hostile_entries_are_refused_and_reported(tmp_path: Path, case: str) -> 
     for path in root.rglob("*"):
         assert "evil" not in path.name
         if path.is_symlink():
-            assert not node_tree.escapes(root, path.relative_to(root).parts)
+            assert not image_tree.escapes(root, path.relative_to(root).parts)
 
 
 def test_a_symlink_chain_that_escapes_is_removed_in_the_final_pass(tmp_path: Path) -> None:
@@ -233,12 +233,12 @@ def test_unreadable_layer_data_is_invalid_argument(tmp_path: Path, junk: bytes) 
 
 def test_seal_makes_the_tree_read_only_and_unseal_reverses_it(tmp_path: Path) -> None:
     root, _ = unpack(tmp_path, BASIC)
-    node_tree.seal(root)
+    image_tree.seal(root)
     assert stat.S_IMODE(root.stat().st_mode) == 0o555
     assert stat.S_IMODE((root / "manifests").stat().st_mode) == 0o555
     assert stat.S_IMODE((root / "manifests/01_ns.yaml").stat().st_mode) == 0o444
     assert stat.S_IMODE((root / "manifests/bin/run").stat().st_mode) == 0o555
-    node_tree.unseal(root)
+    image_tree.unseal(root)
     assert stat.S_IMODE((root / "manifests").stat().st_mode) == 0o755
 
 
@@ -247,7 +247,7 @@ def test_files_are_created_read_only_and_seal_dirs_finishes_the_tree(tmp_path: P
     assert stat.S_IMODE((root / "manifests/01_ns.yaml").stat().st_mode) == 0o444
     assert stat.S_IMODE((root / "manifests/bin/run").stat().st_mode) == 0o555
     assert stat.S_IMODE((root / "manifests").stat().st_mode) == 0o755  # still writable
-    node_tree.seal_dirs(root)
+    image_tree.seal_dirs(root)
     assert stat.S_IMODE(root.stat().st_mode) == 0o555
     assert stat.S_IMODE((root / "manifests").stat().st_mode) == 0o555
     assert stat.S_IMODE((root / "manifests/bin").stat().st_mode) == 0o555

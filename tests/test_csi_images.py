@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from csi import errors
-from csi.node import tree
-from csi.node.images import Holder, ImageCache, Puller, PullPolicy
+from csi.common import errors
+from csi.image import tree
+from csi.image.cache import Holder, ImageCache, Puller, PullPolicy
 from csi.oci.auth import Credentials
 from csi.oci.client import RegistryClient
 from csi.oci.manifest import Platform

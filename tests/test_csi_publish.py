@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from csi import errors
+from csi.common import errors
+from csi.image.cache import Holder, ImageCache, Puller, PullPolicy
 from csi.node import mounter
-from csi.node.images import Holder, ImageCache, Puller, PullPolicy
-from csi.node.publish import Publisher, VolumeSource, credentials_from_secrets
+from csi.node.publish import Publisher
 from csi.oci.auth import Credentials
 from csi.oci.manifest import Platform
+from csi.volume.source import VolumeSource, credentials_from_secrets
 
 
 def no_network(credentials: Credentials | None) -> Puller:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from csi import errors
-from csi.node.store import ContentStore
+from csi.common import errors
+from csi.image.store import ContentStore
 from csi.oci import digest as digests
 
 DATA = b"hello bundle"

@@ -20,9 +20,9 @@ from typing import BinaryIO
 
 import pytest
 
-from csi import errors
-from csi.node.images import ImageCache, PullPolicy
-from csi.node.store import ContentStore
+from csi.common import errors
+from csi.image.cache import ImageCache, PullPolicy
+from csi.image.store import ContentStore
 from csi.oci import digest as digests
 from csi.oci import mediatypes
 from csi.oci.manifest import Descriptor, Manifest, Platform

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from provisioner.engine import managed
+from provisioner.engine import ownership
 from provisioner.engine.diff import comparable, unified
 from provisioner.engine.drift import drift_reason
 from provisioner.engine.objects import with_owner
@@ -118,41 +118,41 @@ def without(fields: dict[str, Any], *path: str) -> dict[str, Any]:
 
 def test_our_field_set_covers_what_we_apply_until_another_writer_takes_a_field() -> None:
     # leaves ({}) own their whole value: the atomic selector and args
-    assert managed.covers(DEPLOYMENT_FIELDS, DEPLOYMENT)
+    assert ownership.covers(DEPLOYMENT_FIELDS, DEPLOYMENT)
     container = ("f:spec", "f:template", "f:spec", "f:containers", 'k:{"name":"web"}')
-    assert not managed.covers(without(DEPLOYMENT_FIELDS, *container, "f:image"), DEPLOYMENT)
-    assert not managed.covers(without(DEPLOYMENT_FIELDS, "f:spec", "f:replicas"), DEPLOYMENT)
-    assert not managed.covers(without(DEPLOYMENT_FIELDS, *container, "f:ports"), DEPLOYMENT)
-    assert not managed.covers(None, DEPLOYMENT)
+    assert not ownership.covers(without(DEPLOYMENT_FIELDS, *container, "f:image"), DEPLOYMENT)
+    assert not ownership.covers(without(DEPLOYMENT_FIELDS, "f:spec", "f:replicas"), DEPLOYMENT)
+    assert not ownership.covers(without(DEPLOYMENT_FIELDS, *container, "f:ports"), DEPLOYMENT)
+    assert not ownership.covers(None, DEPLOYMENT)
     # a null asks for removal: nothing to own
-    assert managed.covers(DEPLOYMENT_FIELDS, {**DEPLOYMENT, "status": {"x": 1}, "extra": None})
+    assert ownership.covers(DEPLOYMENT_FIELDS, {**DEPLOYMENT, "status": {"x": 1}, "extra": None})
 
 
 def test_sets_of_scalars_are_matched_by_value() -> None:
     obj = {"apiVersion": "v1", "kind": "X", "metadata": {"name": "a", "finalizers": ["a", "b"]}}
     fields: dict[str, Any] = {"f:metadata": {"f:finalizers": {".": {}, 'v:"a"': {}, 'v:"b"': {}}}}
-    assert managed.covers(fields, obj)
-    assert not managed.covers(without(fields, "f:metadata", "f:finalizers", 'v:"b"'), obj)
+    assert ownership.covers(fields, obj)
+    assert not ownership.covers(without(fields, "f:metadata", "f:finalizers", 'v:"b"'), obj)
 
 
 def test_an_unchanged_object_is_recognised_by_digest_owner_and_fields() -> None:
-    desired = managed.with_digest(with_owner(DEPLOYMENT, "demo"))
-    assert managed.digest(desired) == managed.digest(with_owner(DEPLOYMENT, "demo"))
+    desired = ownership.with_digest(with_owner(DEPLOYMENT, "demo"))
+    assert ownership.digest(desired) == ownership.digest(with_owner(DEPLOYMENT, "demo"))
     fields = copy.deepcopy(DEPLOYMENT_FIELDS)
     fields["f:metadata"]["f:labels"]["f:core.rukpak.io/owner-name"] = {}
-    fields["f:metadata"]["f:annotations"] = {f"f:{managed.DIGEST_ANNOTATION}": {}}
+    fields["f:metadata"]["f:annotations"] = {f"f:{ownership.DIGEST_ANNOTATION}": {}}
     live = copy.deepcopy(desired)
     live["metadata"]["managedFields"] = [
         {"manager": "rukpak", "operation": "Apply", "fieldsV1": fields}
     ]
     live["status"] = {"replicas": 1}
-    assert managed.stale_reason(desired, live, "demo") is None
-    assert managed.stale_reason(desired, None, "demo") == "deleted"
-    assert managed.stale_reason(desired, live, "other") == "owner label removed or changed"
-    changed = managed.with_digest(with_owner({**DEPLOYMENT, "data": {"x": "1"}}, "demo"))
-    assert managed.stale_reason(changed, live, "demo") == "content changed since the last apply"
-    assert managed.stale_reason(with_owner(DEPLOYMENT, "demo"), live, "demo") is not None
+    assert ownership.stale_reason(desired, live, "demo") is None
+    assert ownership.stale_reason(desired, None, "demo") == "deleted"
+    assert ownership.stale_reason(desired, live, "other") == "owner label removed or changed"
+    changed = ownership.with_digest(with_owner({**DEPLOYMENT, "data": {"x": "1"}}, "demo"))
+    assert ownership.stale_reason(changed, live, "demo") == "content changed since the last apply"
+    assert ownership.stale_reason(with_owner(DEPLOYMENT, "demo"), live, "demo") is not None
     live["metadata"]["managedFields"][0]["fieldsV1"] = without(fields, "f:spec", "f:replicas")
-    assert managed.stale_reason(desired, live, "demo") == (
+    assert ownership.stale_reason(desired, live, "demo") == (
         "fields we apply were changed by another writer"
     )

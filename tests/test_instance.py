@@ -23,10 +23,11 @@ from typing import Any
 import pytest
 
 from provisioner import __main__ as provisioner_main
-from provisioner import instance, lease
 from provisioner.engine import inventory
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, ObjectRef
+from provisioner.instance import lease
+from provisioner.instance import process as instance
 from tests.polling import eventually
 from tests.test_apply_cluster import configmap, namespace, write_bundle
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from csi.oci import client as oci_client
-from provisioner.engine import apply, records
+from provisioner.engine import apply, inventorystore
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
 from provisioner.manager import actuate, controller, model
@@ -257,7 +257,7 @@ def test_deleting_a_bundledeployment_uninstalls_through_its_finalizer(
     eventually(lambda: kube.get(actuate.bd_ref(name)) is None, timeout=30, what="the BD to go")
     assert instance_of(kube, name) is None
     assert bundles_of(kube, name) == []
-    assert records.read_inventory(kube, name, system_namespace=SYSTEM_NS) is None
+    assert inventorystore.read_inventory(kube, name, system_namespace=SYSTEM_NS) is None
     live = kube.get(greeting)
     if policy == "Delete":
         assert live is None or live["metadata"].get("deletionTimestamp")

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from csi import errors
+from csi.common import errors
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
 from provisioner.manager import actuate, model

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from provisioner.engine.objects import Obj
-from provisioner.manager import build, model, plan
+from provisioner.manager import generate as build
+from provisioner.manager import model, plan
 
 SETTINGS = model.Settings(image="registry.example/rukpak:v1", host_network=True)
 DIGEST = "registry.example/hello@sha256:" + "a" * 64

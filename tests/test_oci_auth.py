@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from csi import errors
+from csi.common import errors
 from csi.oci import auth, transport
 from csi.oci.client import RegistryClient
 from csi.oci.reference import Reference

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from csi import errors
+from csi.common import errors
 from csi.oci import auth, mediatypes
 from csi.oci import client as client_module
 from csi.oci import digest as digests

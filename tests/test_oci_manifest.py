@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from csi import errors
+from csi.common import errors
 from csi.oci import digest as digests
 from csi.oci import mediatypes
 from csi.oci.manifest import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from csi import errors
+from csi.common import errors
 from csi.oci.reference import Reference
 
 D = "sha256:" + "a" * 64

@@ -17,7 +17,7 @@ import grpc
 import pytest
 from google.protobuf import descriptor, wrappers_pb2
 
-from csi import logredact
+from csi.common import logredact
 from csi.proto import csi_pb2, csi_pb2_grpc, pluginregistration_pb2
 
 # ------------------------------------------------------------ descriptors

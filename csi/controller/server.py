@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import grpc
 
-from csi import errors
+from csi.common import errors
+from csi.common.grpcerrors import RpcObserver, rpc
 from csi.controller.volumes import VolumeRegistry, VolumeSpec
-from csi.grpcerrors import RpcObserver, rpc
-from csi.node import access
-from csi.node.publish import VolumeSource
 from csi.proto import csi_pb2, csi_pb2_grpc
+from csi.volume import access
+from csi.volume.source import VolumeSource
 
 RPC = csi_pb2.ControllerServiceCapability.RPC
 

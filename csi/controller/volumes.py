@@ -19,8 +19,8 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from csi import errors
-from csi.node.images import write_json_atomic
+from csi.common import errors
+from csi.common.fsio import write_json_atomic
 
 log = logging.getLogger(__name__)
 

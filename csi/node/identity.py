@@ -1,7 +1,7 @@
 """The CSI Identity service: who the plugin is, what it serves, whether it is ready.
 
 Where it sits: registered beside the Node (and Controller) service on the
-plugin's socket by ``csi.node.__main__``; kubelet, node-driver-registrar,
+plugin's socket by ``csi.plugin.main``; kubelet, node-driver-registrar,
 livenessprobe and csi-sanity call it first.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Callable
 import grpc
 from google.protobuf import wrappers_pb2
 
-from csi.grpcerrors import RpcObserver, rpc
+from csi.common.grpcerrors import RpcObserver, rpc
 from csi.proto import csi_pb2, csi_pb2_grpc
 
 VENDOR_VERSION = "0.1.0"

@@ -2,7 +2,7 @@
 
 Where it sits: between the Node servicer (``csi.node.server``), which turns
 gRPC requests into the plain dataclasses here, and the image cache
-(``csi.node.images``) plus the mount seam (``csi.node.mounter``).
+(``csi.image.cache``) plus the mount seam (``csi.node.mounter``).
 
 Idempotency, as CSI demands:
 
@@ -22,79 +22,17 @@ import contextlib
 import errno
 import logging
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from csi import errors
+from csi.common import errors
+from csi.image.cache import Holder, ImageCache, KeyedLocks
 from csi.node import mounter as mounts
-from csi.node.images import Holder, ImageCache, KeyedLocks, PullPolicy
 from csi.oci.auth import Credentials
 from csi.oci.manifest import Platform
-from csi.oci.reference import Reference
+from csi.volume.source import VolumeSource
 
 log = logging.getLogger(__name__)
-
-ATTR_IMAGE = "image"
-ATTR_PULL_POLICY = "pullPolicy"
-ATTR_PLATFORM = "platform"
-KNOWN_ATTRIBUTES = (ATTR_IMAGE, ATTR_PULL_POLICY, ATTR_PLATFORM)
-# Added by Kubernetes (podInfoOnMount, ephemeral flag, provisioner metadata).
-K8S_ATTRIBUTE_PREFIX = "csi.storage.k8s.io/"
-SECRET_KEYS = (".dockerconfigjson", ".dockercfg")
-
-
-@dataclass(frozen=True)
-class VolumeSource:
-    """What a volume holds: an image, how to pull it, and for which platform."""
-
-    image: str
-    pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
-    platform: Platform | None = None
-
-    @classmethod
-    def from_attributes(cls, attributes: Mapping[str, str]) -> VolumeSource:
-        """Parse volume attributes (or StorageClass parameters); InvalidArgument if wrong."""
-        unknown = sorted(
-            k
-            for k in attributes
-            if k not in KNOWN_ATTRIBUTES and not k.startswith(K8S_ATTRIBUTE_PREFIX)
-        )
-        if unknown:
-            raise errors.InvalidArgument(
-                f"unknown volume attribute(s) {', '.join(unknown)}; "
-                f"supported: {', '.join(KNOWN_ATTRIBUTES)}"
-            )
-        image = attributes.get(ATTR_IMAGE, "").strip()
-        if not image:
-            raise errors.InvalidArgument(
-                "volume attribute 'image' is required: set it to the bundle image reference, "
-                "e.g. quay.io/org/bundle:v1"
-            )
-        Reference.parse(image)
-        policy = PullPolicy.parse(attributes.get(ATTR_PULL_POLICY) or "IfNotPresent")
-        platform_text = attributes.get(ATTR_PLATFORM, "").strip()
-        platform = Platform.parse(platform_text) if platform_text else None
-        return cls(image=image, pull_policy=policy, platform=platform)
-
-    def attributes(self) -> dict[str, str]:
-        out = {ATTR_IMAGE: self.image, ATTR_PULL_POLICY: self.pull_policy.value}
-        if self.platform is not None:
-            out[ATTR_PLATFORM] = str(self.platform)
-        return out
-
-
-def credentials_from_secrets(secrets: Mapping[str, str]) -> Credentials | None:
-    """Pull credentials from a dockerconfigjson Secret's data; None when there is none."""
-    if not secrets:
-        return None
-    for key in SECRET_KEYS:
-        if key in secrets:
-            return Credentials.from_dockerconfigjson(secrets[key])
-    raise errors.InvalidArgument(
-        "the publish secret has no '.dockerconfigjson' key: use a Secret of type "
-        "kubernetes.io/dockerconfigjson (kubectl create secret docker-registry)"
-    )
 
 
 @dataclass(frozen=True)

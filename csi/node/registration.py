@@ -1,6 +1,6 @@
 """Kubelet plugin registration: the job node-driver-registrar usually does.
 
-Where it sits: ``csi.node.__main__`` serves this on
+Where it sits: ``csi.plugin.main`` serves this on
 ``<registration-dir>/<driver>-reg.sock``; kubelet's plugin watcher finds the
 socket, calls GetInfo to learn the driver name and the CSI endpoint, then
 reports the outcome with NotifyRegistrationStatus.
@@ -12,7 +12,7 @@ import logging
 
 import grpc
 
-from csi.grpcerrors import rpc
+from csi.common.grpcerrors import rpc
 from csi.proto import pluginregistration_pb2, pluginregistration_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -1,9 +1,9 @@
 """The CSI Node service: the gRPC edge of ``csi.node.publish``.
 
-Where it sits: registered on the plugin's unix socket by ``csi.node.__main__``.
+Where it sits: registered on the plugin's unix socket by ``csi.plugin.main``.
 Each RPC validates its request, calls the publish core with plain dataclasses
-and builds the response; errors are ``csi.errors`` values turned into gRPC
-statuses by ``csi.grpcerrors.rpc``. NodeStage/NodeUnstage are not advertised
+and builds the response; errors are ``csi.common.errors`` values turned into gRPC
+statuses by ``csi.common.grpcerrors.rpc``. NodeStage/NodeUnstage are not advertised
 and answer UNIMPLEMENTED (inherited from the generated base class).
 """
 
@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import grpc
 
-from csi import errors
-from csi.grpcerrors import RpcObserver, rpc
-from csi.node import access
-from csi.node.publish import Publisher, PublishRequest, VolumeSource, credentials_from_secrets
+from csi.common import errors
+from csi.common.grpcerrors import RpcObserver, rpc
+from csi.node.publish import Publisher, PublishRequest
 from csi.proto import csi_pb2, csi_pb2_grpc
+from csi.volume import access
+from csi.volume.source import VolumeSource, credentials_from_secrets
 
 
 class NodeServicer(csi_pb2_grpc.NodeServicer):

@@ -28,7 +28,7 @@ import oras.auth.utils
 import oras.defaults
 import requests
 
-from csi import errors
+from csi.common import errors
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
-from csi import errors
+from csi.common import errors
+from csi.common.fsio import fsync_dir
 from csi.oci import digest as digests
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
@@ -103,15 +104,6 @@ def disk_error(exc: OSError, dest: Path, subject: str) -> errors.RukpakError:
     if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.EROFS):
         return errors.FailedPrecondition(f"{message}; check the directory exists and is writable")
     return errors.Internal(message)
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename in ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class VerifyingReader(io.RawIOBase):

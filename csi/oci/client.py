@@ -4,7 +4,7 @@ The entry point of ``csi.oci`` for the node plugin (pull a bundle image by
 digest, verified) and for the provisioner (resolve a tag to a digest once).
 Each method is one API operation built on ``csi.oci.transport`` (timeouts,
 retries, auth, error codes); content checks come from ``csi.oci.blobio`` and
-shapes from ``csi.oci.manifest``. Errors are ``csi.errors`` values:
+shapes from ``csi.oci.manifest``. Errors are ``csi.common.errors`` values:
 NotFound, Unauthenticated, PermissionDenied, Unavailable, InvalidArgument
 (malformed manifests, unknown media types) and DataLoss (content that does not
 match its digest).
@@ -25,7 +25,7 @@ from typing import BinaryIO, Final, cast
 import requests
 import urllib3
 
-from csi import errors
+from csi.common import errors
 from csi.oci import auth, blobio, mediatypes, transport, upload
 from csi.oci import digest as digests
 from csi.oci.manifest import Descriptor, Index, Manifest, Platform, parse_manifest, select_platform

@@ -13,7 +13,7 @@ import hashlib
 import re
 from typing import Final
 
-from csi import errors
+from csi.common import errors
 
 # Hex lengths of the supported algorithms.
 ALGORITHMS: Final[dict[str, int]] = {"sha256": 64, "sha512": 128}

@@ -16,7 +16,7 @@ import platform as _platform
 from dataclasses import dataclass, field
 from typing import Any
 
-from csi import errors
+from csi.common import errors
 from csi.oci import digest as digests
 from csi.oci import mediatypes
 

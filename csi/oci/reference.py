@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from csi import errors
+from csi.common import errors
 from csi.oci import digest as digests
 
 DOCKER_HUB: Final[str] = "docker.io"

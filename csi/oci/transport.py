@@ -12,7 +12,7 @@ builds API operations on :class:`Transport.request`, which
   cached (``csi.oci.auth``), answering a 401 challenge once;
 - never logs headers, credentials or tokens.
 
-:func:`raise_for_status` maps registry answers to ``csi.errors`` codes with
+:func:`raise_for_status` maps registry answers to ``csi.common.errors`` codes with
 messages that name the reference and say what to do.
 """
 
@@ -30,7 +30,7 @@ from typing import Final, Protocol
 
 import requests
 
-from csi import errors
+from csi.common import errors
 from csi.oci import auth
 from csi.oci.reference import Reference
 
@@ -316,7 +316,7 @@ def raise_for_status(
     ok: Iterable[int],
     has_credentials: bool = False,
 ) -> None:
-    """Raise the ``csi.errors`` exception matching a non-``ok`` registry answer.
+    """Raise the ``csi.common.errors`` exception matching a non-``ok`` registry answer.
 
     The response is closed when it is an error.
     """

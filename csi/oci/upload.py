@@ -19,7 +19,7 @@ from typing import BinaryIO, Final
 
 import requests
 
-from csi import errors
+from csi.common import errors
 from csi.oci import blobio, transport
 from csi.oci import digest as digests
 from csi.oci.manifest import Descriptor, parse_manifest

@@ -16,7 +16,7 @@ adapter and:
 4. applies the ordering phases one after another with server-side apply
    (field manager ``rukpak``), objects inside a phase concurrently with a
    bounded pool; an object whose live copy already is what it would apply
-   (``managed.stale_reason``) is left alone, so re-installing unchanged
+   (``ownership.stale_reason``) is left alone, so re-installing unchanged
    content sends no writes; after the CRD phase it waits until the CRDs are
    Established and served; a failing phase stops the run naming every failed
    object;
@@ -38,8 +38,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from csi import errors
-from provisioner.engine import crdsafety, health, inventory, managed, ordering, pool, records
+from csi.common import errors
+from provisioner.engine import (
+    crdsafety,
+    health,
+    inventory,
+    inventorystore,
+    ordering,
+    ownership,
+    pool,
+)
 from provisioner.engine.errors import (
     ApplyFailed,
     BundleInvalid,
@@ -136,7 +144,7 @@ def prepare(kube: Kube, bundle: Bundle, options: Options) -> list[Manifest]:
             except UnknownKind as err:
                 raise BundleInvalid(f"{m.source}: {err}") from None
         namespace = (ref.namespace or options.namespace) if namespaced else ""
-        obj = managed.with_digest(with_owner(with_namespace(m.obj, namespace), options.name))
+        obj = ownership.with_digest(with_owner(with_namespace(m.obj, namespace), options.name))
         prepared = Manifest(obj=obj, source=m.source)
         first = seen.setdefault(prepared.ref.identity, prepared)
         if first is not prepared:
@@ -309,7 +317,7 @@ def apply_phase(
     unchanged = {
         m.ref
         for m in phase.manifests
-        if managed.stale_reason(m.obj, live.get(m.ref), options.name) is None
+        if ownership.stale_reason(m.obj, live.get(m.ref), options.name) is None
     }
     todo = [m for m in phase.manifests if m.ref not in unchanged]
     total = len(todo)
@@ -356,9 +364,11 @@ def install(
     live = check_ownership(kube, manifests, options)
     check_crds(kube, manifests, live)
 
-    previous = records.read_inventory(kube, options.name, system_namespace=options.system_namespace)
+    previous = inventorystore.read_inventory(
+        kube, options.name, system_namespace=options.system_namespace
+    )
     previous_refs = previous.refs if previous else frozenset()
-    stored = records.write_inventory(
+    stored = inventorystore.write_inventory(
         kube,
         inventory.Inventory(
             options.name, options.namespace, inventory.merged(previous_refs, current)
@@ -389,7 +399,7 @@ def install(
             result=result,
             concurrency=options.concurrency,
         )
-    records.write_inventory(
+    inventorystore.write_inventory(
         kube,
         inventory.Inventory(options.name, options.namespace, frozenset(current)),
         system_namespace=options.system_namespace,

@@ -17,8 +17,8 @@ from typing import Literal
 
 import yaml
 
-from csi import errors
-from provisioner.engine import apply, inventory, pool, records
+from csi.common import errors
+from provisioner.engine import apply, inventory, inventorystore, pool
 from provisioner.engine.errors import ApplyFailed, UnknownKind
 from provisioner.engine.formats import Bundle, Manifest, Source
 from provisioner.engine.kube import Kube
@@ -97,7 +97,9 @@ def plan(kube: Kube, bundle: Bundle, options: apply.Options) -> list[Change]:
     if failures:
         raise ApplyFailed("diff", failures)
     changes = [r for _, r in results if isinstance(r, Change)]
-    previous = records.read_inventory(kube, options.name, system_namespace=options.system_namespace)
+    previous = inventorystore.read_inventory(
+        kube, options.name, system_namespace=options.system_namespace
+    )
     if previous is not None and options.prune:
         for ref in inventory.plan_prune(previous.refs, [m.ref for m in manifests]):
             live = kube.get(ref)

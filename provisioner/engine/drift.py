@@ -27,12 +27,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from csi import errors
+from csi.common import errors
 from provisioner.engine.apply import Applied
 from provisioner.engine.errors import Gone
 from provisioner.engine.kube import Kube
-from provisioner.engine.managed import applied_fields, lost_reason
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef
+from provisioner.engine.ownership import applied_fields, lost_reason
 
 log = logging.getLogger(__name__)
 

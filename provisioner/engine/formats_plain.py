@@ -6,7 +6,7 @@ one or more documents; the bundle holds at least one object. Files are read in
 name order and documents in file order, so the result is deterministic;
 ``ordering`` sorts by kind phase afterwards. Dotfiles (and Kubernetes'
 ``..data`` volume links) are skipped. A ``v1 List`` document contributes its
-items. ``provisioner.bundleimage_validate`` runs this same loader at build time.
+items. ``provisioner.bundle.validate`` runs this same loader at build time.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Everything else in the engine is pure; this module turns its decisions into
 HTTP requests through the ``kubernetes`` client's ``ApiClient`` (auth, TLS,
-kubeconfig handling) and turns HTTP failures into ``csi.errors`` values
+kubeconfig handling) and turns HTTP failures into ``csi.common.errors`` values
 carrying the API server's own message. It speaks JSON to raw REST paths
 rather than through the generated typed APIs, so one code path serves every
 kind, including custom resources created moments ago.
@@ -39,7 +39,7 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from csi import errors
+from csi.common import errors
 from provisioner.engine.errors import Gone, UnknownKind
 from provisioner.engine.objects import FIELD_MANAGER, Obj, ObjectRef, split_api_version
 

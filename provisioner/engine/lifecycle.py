@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from csi import errors
-from provisioner.engine import apply, health, inventory, records
+from csi.common import errors
+from provisioner.engine import apply, health, inventory, inventorystore
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, owner_of
 
@@ -24,7 +24,7 @@ class ObjectStatus:
 
 
 def _inventory(kube: Kube, name: str, system_namespace: str) -> inventory.Inventory:
-    inv = records.read_inventory(kube, name, system_namespace=system_namespace)
+    inv = inventorystore.read_inventory(kube, name, system_namespace=system_namespace)
     if inv is None:
         raise errors.NotFound(
             f"no deployment {name!r}: ConfigMap {system_namespace}/"
@@ -75,5 +75,5 @@ def uninstall(
     apply.delete_owned(
         kube, sorted(inv.refs), name, policy=policy, result=result, concurrency=concurrency
     )
-    records.delete_inventory(kube, name, system_namespace=system_namespace)
+    inventorystore.delete_inventory(kube, name, system_namespace=system_namespace)
     return result

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from csi import errors
+from csi.common import errors
 from csi.oci import client as oci_client
 from csi.oci import reference
 from provisioner.engine import lifecycle

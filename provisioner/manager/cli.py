@@ -1,7 +1,7 @@
 """``rukpak-provisioner manager``: the edge of the manager process.
 
 Parses flags into ``model.Settings``, optionally takes the ``rukpak-manager``
-Lease (``provisioner.lease.LeaseLock``) before reconciling, runs the
+Lease (``provisioner.instance.lease.LeaseLock``) before reconciling, runs the
 ``controller`` until SIGTERM/SIGINT or the Lease is lost, then stops the
 workers and releases the Lease. Exit 0 when stopped by a signal, 1 on a
 fatal error or a lost Lease.
@@ -16,11 +16,11 @@ import threading
 from types import FrameType
 from typing import Any
 
-from csi import errors
-from provisioner import lease
+from csi.common import errors
 from provisioner.engine import inventory
 from provisioner.engine.kube import Kube
-from provisioner.instance import default_identity
+from provisioner.instance import lease
+from provisioner.instance.process import default_identity
 from provisioner.manager import actuate, controller, model
 
 log = logging.getLogger("rukpak.manager")

@@ -18,12 +18,12 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from csi import errors
-from provisioner import lease
+from csi.common import errors
 from provisioner.engine import lifecycle
 from provisioner.engine.errors import Gone
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
+from provisioner.instance import lease
 from provisioner.manager import actuate, model, plan
 from provisioner.manager.model import Settings
 from provisioner.manager.queue import WorkQueue

@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from provisioner.engine.objects import Obj
 from provisioner.manager import model
-from provisioner.manager.build import desired_bundle, instance_deployment
+from provisioner.manager.generate import desired_bundle, instance_deployment
 from provisioner.manager.model import Settings
 
 HAS_VALID_BUNDLE = "HasValidBundle"

@@ -1,7 +1,7 @@
 """The CSI node plugin's pull → unpack → publish path, through its real gRPC socket.
 
 Where it sits: a module of ``tests.bench`` (``python -m tests.bench csi``). It
-starts Debian's docker-registry and ``python -m csi.node`` processes in the
+starts Debian's docker-registry and ``python -m csi.plugin`` processes in the
 work dir (stopped by pid), pushes generated bundle images and measures:
 
 - cold publish of a large bundle (10,000 files, ~100 MB, ~75 MB gzip) against

@@ -2,8 +2,8 @@
 
 The layout follows the OCI image-layout specification: an ``oci-layout`` marker
 file, an ``index.json`` naming the images it holds, and content-addressed blobs
-under ``blobs/sha256/<hex>``. ``provisioner.bundleimage`` writes into one,
-``provisioner.bundleimage_push`` reads one and sends it to a registry.
+under ``blobs/sha256/<hex>``. ``provisioner.bundle.build`` writes into one,
+``provisioner.bundle.push`` reads one and sends it to a registry.
 
 Blobs are written like containerd's content store writes them: into a hidden
 temp file next to the blobs, hashed while they stream, then renamed into place;
@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from csi import errors
+from csi.common import errors
 from csi.oci import digest as digests
 from csi.oci import mediatypes
 from csi.oci.manifest import Descriptor, Index, Manifest, parse_manifest

@@ -1,6 +1,6 @@
 """Reading layers: a layer's bytes (from the store or a live download) → a tar stream.
 
-Where it sits: under the extractor (``csi.node.extract``), which walks the tar
+Where it sits: under the extractor (``csi.image.extract``), which walks the tar
 members this module hands it. A layer's compressed bytes come either from a
 verified blob on disk or from a :data:`Source` — the image cache passes one
 that tees a verifying registry stream into the content store's ingest file,
@@ -26,7 +26,7 @@ from typing import IO, Any
 
 import zstandard
 
-from csi import errors
+from csi.common import errors
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"

@@ -29,19 +29,20 @@ from pathlib import Path
 
 import grpc
 
-from csi import errors
+from csi.common import errors
+from csi.common.logsetup import configure_logging
 from csi.controller.server import ControllerServicer
 from csi.controller.volumes import VolumeRegistry
-from csi.logsetup import configure_logging
-from csi.node import extract, metrics
+from csi.image import extract
+from csi.image.cache import ImageCache, Puller
 from csi.node.identity import IdentityServicer
-from csi.node.images import ImageCache, Puller
 from csi.node.mounter import Mounter
 from csi.node.publish import Publisher
 from csi.node.registration import RegistrationServicer
 from csi.node.server import NodeServicer
 from csi.oci.auth import Credentials
 from csi.oci.client import RegistryClient
+from csi.plugin import metrics
 from csi.proto import csi_pb2_grpc, pluginregistration_pb2_grpc
 
 log = logging.getLogger("csi.plugin")

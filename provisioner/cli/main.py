@@ -3,10 +3,10 @@
 This is the console script's edge. Each command module exposes
 ``register(subparsers)``, which adds its subcommands and sets ``func`` on
 their parsers (a function of the parsed arguments returning an exit code).
-Today these are ``provisioner.bundlecli`` (``rukpak bundle build|push|inspect``)
-and, once it exists, ``provisioner.applycli`` (``rukpak apply|diff``).
+Today these are ``provisioner.cli.bundle`` (``rukpak bundle build|push|inspect``)
+and, once it exists, ``provisioner.cli.apply`` (``rukpak apply|diff``).
 
-Exit codes: 0 success; 1 an error with a code (``csi.errors``) or a local
+Exit codes: 0 success; 1 an error with a code (``csi.common.errors``) or a local
 file error, printed as ``error: <message>`` on stderr; 2 a usage error
 (argparse); 130 interrupted.
 """
@@ -21,12 +21,12 @@ import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from csi import errors
+from csi.common import errors
 
 # Modules that contribute subcommands; a missing optional one is skipped.
 COMMAND_MODULES: tuple[tuple[str, bool], ...] = (
-    ("provisioner.bundlecli", True),
-    ("provisioner.applycli", False),
+    ("provisioner.cli.bundle", True),
+    ("provisioner.cli.apply", False),
 )
 
 Handler = Callable[[argparse.Namespace], int]

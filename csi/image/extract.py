@@ -1,7 +1,7 @@
 """Safe layer extraction: image layers (tar, tar+gzip, tar+zstd) → one staging tree.
 
 Sits between the content store (which holds verified layer blobs, or streams
-one while it downloads, see ``csi.node.layerio``) and the image cache (which
+one while it downloads, see ``csi.image.layerio``) and the image cache (which
 renames a finished staging tree into place and publishes it). The plugin runs
 privileged, and layers are untrusted input, so this module never writes
 outside the staging root:
@@ -26,7 +26,7 @@ outside the staging root:
 Files are created with their final, read-only mode (0444, or 0555 when any
 execute bit is set) — an ``O_WRONLY`` descriptor from ``open`` still writes —
 so sealing the finished tree only has to chmod directories
-(:func:`csi.node.tree.seal_dirs`).
+(:func:`csi.image.tree.seal_dirs`).
 
 Refused entries are skipped and reported in ``ExtractStats.warnings``; layer
 data that cannot be read at all is InvalidArgument. OCI whiteouts (``.wh.NAME``
@@ -48,9 +48,9 @@ from pathlib import Path
 
 import zstandard
 
-from csi import errors
-from csi.node import layerio, tree
-from csi.node.layerio import Layer, compression_of
+from csi.common import errors
+from csi.image import layerio, tree
+from csi.image.layerio import Layer, compression_of
 
 __all__ = ["ExtractStats", "Layer", "Limits", "compression_of", "extract_layers"]
 
@@ -99,7 +99,7 @@ def extract_layers(
     """Apply ``layers`` in order into the existing empty directory ``root``.
 
     Files get their final read-only modes; directories stay writable until
-    :func:`csi.node.tree.seal_dirs` (or :func:`~csi.node.tree.seal`) runs on
+    :func:`csi.image.tree.seal_dirs` (or :func:`~csi.image.tree.seal`) runs on
     the complete tree. Raises ResourceExhausted over budget, InvalidArgument
     for unreadable layer data, and whatever a layer's source raises when its
     content does not verify. Not idempotent on a used ``root``: callers

@@ -5,7 +5,7 @@ platform's manifest when the reference names an index, and lists the files of
 each layer by streaming the blob through the client's digest-verifying reader,
 a decompressor and ``tarfile`` in stream mode: nothing is written to disk and
 no layer is held in memory. The result is a plain dataclass; ``to_json`` is
-its machine-readable form and ``provisioner.bundlecli`` prints it as text.
+its machine-readable form and ``provisioner.cli.bundle`` prints it as text.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import IO, Any, cast
 
 import zstandard
 
-from csi import errors
+from csi.common import errors
 from csi.oci import client as oci_client
 from csi.oci import mediatypes
 from csi.oci.manifest import Descriptor, Index, Manifest, Platform, parse_manifest, select_platform

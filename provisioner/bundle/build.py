@@ -1,12 +1,12 @@
 """Building plain+v0 bundle images from a directory (``rukpak bundle build``).
 
 A plain+v0 bundle is a directory whose ``manifests/`` holds Kubernetes objects
-as YAML or JSON files. Once ``provisioner.bundleimage_validate`` has accepted
+as YAML or JSON files. Once ``provisioner.bundle.validate`` has accepted
 such a directory, this module packs ``manifests/`` into one deterministic
 tar+gzip layer and writes an OCI image (config, manifest, and an index when
 several platforms are asked for) into an OCI layout
-(``provisioner.bundleimage_layout``). Pushing the layout is
-``provisioner.bundleimage_push``; nothing here touches the network.
+(``provisioner.bundle.layout``). Pushing the layout is
+``provisioner.bundle.push``; nothing here touches the network.
 
 Determinism: the same files give the same digests on any machine. Entries are
 sorted, mtimes are 0, owners are 0/0 with empty names, modes are 0644/0755,
@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
 
-from csi import errors
+from csi.common import errors
 from csi.oci import mediatypes
 from csi.oci.manifest import Descriptor, Platform
-from provisioner.bundleimage_layout import BlobWriter, OciLayout, canonical_json
-from provisioner.bundleimage_validate import MANIFESTS_DIR, BundleFile, validate_bundle
+from provisioner.bundle.layout import BlobWriter, OciLayout, canonical_json
+from provisioner.bundle.validate import MANIFESTS_DIR, BundleFile, validate_bundle
 
 FORMAT_ANNOTATION = "io.rukpak.bundle.format"
 PLAIN_V0 = "plain+v0"

@@ -1,6 +1,6 @@
 """The node's content-addressed blob store, modelled on containerd's.
 
-Where it sits: under the image cache (``csi.node.images``), which asks it for
+Where it sits: under the image cache (``csi.image.cache``), which asks it for
 manifests, configs and layers by digest; the registry client writes into it
 through a ``fetch`` callback. Layout under ``root``::
 
@@ -27,7 +27,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from csi import errors
+from csi.common import errors
+from csi.common.fsio import fsync_dir
 from csi.oci import digest as digests
 
 Fetch = Callable[[Path], None]
@@ -39,14 +40,6 @@ class BlobInfo:
     digest: str
     size: int
     atime: float
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def verify_file(path: Path, *, digest: str, size: int) -> None:

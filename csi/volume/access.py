@@ -11,7 +11,7 @@ writer modes and raw block access are refused.
 
 from __future__ import annotations
 
-from csi import errors
+from csi.common import errors
 from csi.proto import csi_pb2
 
 Mode = csi_pb2.VolumeCapability.AccessMode

@@ -2,7 +2,7 @@
 
 Before ``formats``: ``rukpak apply IMAGE`` needs the bundle on local disk. An
 image goes through the same code the CSI node plugin uses
-(``csi.node.images.ImageCache``: digest-verified pull, safe extraction) into a
+(``csi.image.cache.ImageCache``: digest-verified pull, safe extraction) into a
 temporary cache that is removed afterwards. In the cluster the instance pod
 never needs this: the bundle arrives as a CSI volume.
 """
@@ -37,7 +37,7 @@ def local_bundle(
     if looks_like_directory(source):
         yield Path(source).expanduser()
         return
-    from csi.node import images
+    from csi.image import cache as images
     from csi.oci import client as oci_client
     from csi.oci.manifest import Platform
 

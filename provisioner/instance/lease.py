@@ -1,6 +1,6 @@
 """A Lease lock (``coordination.k8s.io/v1``) so two instance pods never apply at once.
 
-Where it sits: ``provisioner.instance`` takes the per-deployment Lease
+Where it sits: ``provisioner.instance.process`` takes the per-deployment Lease
 ``rukpak-instance-NAME`` before applying and keeps it renewed while it
 corrects drift; a Deployment rollout (or a stray second replica) then waits
 instead of fighting over the same objects. The ``kubernetes`` client's
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from csi import errors
+from csi.common import errors
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 

@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from csi import errors
+from csi.common import errors
 from provisioner.engine import formats
 
 MANIFESTS_DIR = "manifests"

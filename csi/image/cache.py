@@ -2,8 +2,8 @@
 
 Where it sits: called by the publish core (``csi.node.publish``) for every
 NodePublishVolume; below it are the registry client (through the ``Puller``
-seam), the content store (``csi.node.store``) and the extractor
-(``csi.node.extract``). Layout under ``root``::
+seam), the content store (``csi.image.store``) and the extractor
+(``csi.image.extract``). Layout under ``root``::
 
     content/                    the content store (ingest/, blobs/)
     unpacked/<manifest-hex>     finished trees, sealed read-only
@@ -47,9 +47,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, cast
 
-from csi import errors
-from csi.node import extract, tree
-from csi.node.store import ContentStore, Ingest, fsync_dir
+from csi.common import errors
+from csi.common.fsio import fsync_dir, write_json_atomic
+from csi.image import extract, tree
+from csi.image.store import ContentStore, Ingest
 from csi.oci import digest as digests
 from csi.oci import mediatypes
 from csi.oci.auth import Credentials
@@ -109,7 +110,7 @@ PullerFactory = Callable[[Credentials | None], Puller]
 
 
 class Observer(Protocol):
-    """Metrics hook; ``csi.node.metrics`` implements it."""
+    """Metrics hook; ``csi.plugin.metrics`` implements it."""
 
     def cache_result(self, *, hit: bool) -> None: ...
 
@@ -155,19 +156,6 @@ class KeyedLocks:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
             yield
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Temp file, fsync, os.replace, fsync dir."""
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    # json.dumps without indent takes the C encoder: rewritten on every publish, it matters.
-    text = json.dumps(data, sort_keys=True)
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 class ImageCache:

@@ -2,7 +2,7 @@
 
 The pod mounts its Bundle's content read-only at ``/bundle`` (a CSI volume)
 and runs this: load the bundle, take the deployment's Lease
-(``provisioner.lease``), install it with the apply engine, then correct drift
+(``provisioner.instance.lease``), install it with the apply engine, then correct drift
 until told to stop. One function per step, wired together by ``run``; the
 edge (arguments, signals, logging) is ``main``.
 
@@ -36,10 +36,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from csi import errors
-from provisioner import lease
+from csi.common import errors
 from provisioner.engine import apply, drift, formats, inventory
 from provisioner.engine.kube import Kube
+from provisioner.instance import lease
 
 log = logging.getLogger("rukpak.instance")
 

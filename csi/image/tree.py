@@ -1,8 +1,8 @@
 """Whole-tree operations on an unpacked image: the symlink escape check, sealing.
 
-Where it sits: the extractor (``csi.node.extract``) runs the escape check once
+Where it sits: the extractor (``csi.image.extract``) runs the escape check once
 all layers are applied, since a chain of individually harmless symlinks can
-still climb out of the tree; the image cache (``csi.node.images``) seals a
+still climb out of the tree; the image cache (``csi.image.cache``) seals a
 finished tree read-only before renaming it into place (its directories only,
 when the extractor already created the files read-only), and unseals one before
 deleting it. Every walk uses ``os.fwalk`` without following symlinks.
@@ -34,7 +34,7 @@ def seal(root: Path) -> None:
 def seal_dirs(root: Path) -> None:
     """Make the directories of a tree whose files are already read-only 0555.
 
-    For trees from ``csi.node.extract``, which creates files with their final
+    For trees from ``csi.image.extract``, which creates files with their final
     modes: one walk that touches directories only.
     """
     for _dirpath, dirnames, _filenames, dir_fd in os.fwalk(root, follow_symlinks=False):

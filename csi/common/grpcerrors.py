@@ -1,10 +1,10 @@
 """The one place where errors become gRPC statuses.
 
 Where it sits: wraps every RPC method of the servicers in ``csi.node`` and
-``csi.controller``. A ``csi.errors`` value becomes ``context.abort(code,
+``csi.controller``. A ``csi.common.errors`` value becomes ``context.abort(code,
 message)`` with its own code and message; anything else is INTERNAL with the
 traceback logged (the client sees only a short message). Each call is logged as
-one key=value line with the request redacted by ``csi.logredact`` (secrets
+one key=value line with the request redacted by ``csi.common.logredact`` (secrets
 never reach a log) and reported to the servicer's ``metrics`` if it has one.
 """
 
@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 import grpc
 from google.protobuf import message
 
-from csi import errors, logredact
+from csi.common import errors, logredact
 
 log = logging.getLogger("csi.rpc")
 

@@ -1,7 +1,7 @@
 """Prometheus metrics of the node plugin, in the text exposition format.
 
-Where it sits: one ``Metrics`` object is created in ``csi.node.__main__`` and
-handed to the servicers (``rpc_done``, via ``csi.grpcerrors``) and the image
+Where it sits: one ``Metrics`` object is created in ``csi.plugin.main`` and
+handed to the servicers (``rpc_done``, via ``csi.common.grpcerrors``) and the image
 cache (``cache_result``, ``pulled``); :func:`serve` exposes it on a loopback
 HTTP port with the standard library's ``http.server``. Hand-written to avoid a
 dependency: counters and sums only, labels escaped per the format.

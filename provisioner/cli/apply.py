@@ -2,7 +2,7 @@
 
 The edge over ``provisioner.engine``: parses arguments, builds the ``Kube``
 adapter from ``--kubeconfig`` (or $KUBECONFIG, ~/.kube/config, in-cluster),
-prints progress on stderr and results on stdout. ``provisioner.cli`` calls
+prints progress on stderr and results on stdout. ``provisioner.cli.main`` calls
 ``register`` and turns errors into ``error: <message>`` with exit status 1.
 
 Exit codes: 0 done (and, for ``status``, everything ready); 1 an error;
@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from csi import errors
-from provisioner.engine import apply, diff, drift, formats, inventory, lifecycle, source
+from csi.common import errors
+from provisioner.bundle import source
+from provisioner.engine import apply, diff, drift, formats, inventory, lifecycle
 from provisioner.engine.kube import Kube
 
 EXIT_OK = 0
@@ -153,7 +154,7 @@ def _load(args: argparse.Namespace) -> formats.Bundle:
     if source.looks_like_directory(args.source):
         return formats.load(Path(args.source).expanduser(), format=args.format)
     from csi.oci.reference import Reference
-    from provisioner.bundlecli import load_credentials
+    from provisioner.cli.bundle import load_credentials
 
     ref = Reference.parse(args.source)
     _progress(f"pulling {ref}")

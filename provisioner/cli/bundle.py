@@ -1,10 +1,10 @@
 """``rukpak bundle build|push|inspect``: bundle images from the command line.
 
-The edge over ``provisioner.bundleimage`` (build into an OCI layout),
-``provisioner.bundleimage_push`` (layout to registry) and
-``provisioner.bundleimage_inspect`` (registry to a description). This module
+The edge over ``provisioner.bundle.build`` (build into an OCI layout),
+``provisioner.bundle.push`` (layout to registry) and
+``provisioner.bundle.inspect`` (registry to a description). This module
 parses arguments, builds the registry client with credentials and insecure
-hosts, reports progress on stderr and prints results; ``provisioner.cli``
+hosts, reports progress on stderr and prints results; ``provisioner.cli.main``
 turns the errors it lets through into exit codes.
 """
 
@@ -21,13 +21,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from csi import errors
+from csi.common import errors
 from csi.oci import auth
 from csi.oci import client as oci_client
 from csi.oci.manifest import Descriptor, Platform
 from csi.oci.reference import Reference
-from provisioner import bundleimage, bundleimage_inspect, bundleimage_push
-from provisioner.bundleimage_layout import OciLayout
+from provisioner.bundle import build as bundleimage
+from provisioner.bundle import inspect as bundleimage_inspect
+from provisioner.bundle import push as bundleimage_push
+from provisioner.bundle.layout import OciLayout
 
 
 def register(subparsers: Any) -> None:
@@ -109,7 +111,7 @@ def _add_platform_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_registry_options(parser: argparse.ArgumentParser, *, progress: bool = True) -> None:
-    parser.add_argument(  # also accepted after the subcommand; see provisioner.cli
+    parser.add_argument(  # also accepted after the subcommand; see provisioner.cli.main
         "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
     )
     parser.add_argument(
