@@ -6,7 +6,7 @@ GRPC_TOOLS := $(PY) -m grpc_tools.protoc
 PROTOS := csi/proto/csi.proto csi/proto/pluginregistration.proto
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint typecheck proto proto-check run bench image clean
+.PHONY: setup test lint typecheck proto proto-check run bench image manifests clean
 
 setup:
 	@bash hack/setup.sh
@@ -32,15 +32,22 @@ test: setup proto-check lint typecheck k8s-bins
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5): that is a failure, not a pass" >&2; fi; \
 	exit $$rc
 
-## run: the project's main job as far as it reaches today, on a local default
+## run: the project's main job on a local cluster: install RukPak from deploy/, then a
+## BundleDeployment's life (install, drift, pivot, bad image, delete), each step timed
 run: setup k8s-bins
 	@bash hack/run.sh
 
-## image: build the node plugin's container image (no container engine) and push it to IMAGE
+## image: build the project's container image (no container engine) and push it to IMAGE;
+## it runs every component (node plugin, manager, instance and unpack pods)
 IMAGE ?=
 image: setup
 	@test -n "$(IMAGE)" || { echo "usage: make image IMAGE=registry.example.com/rukpak-python:TAG" >&2; exit 2; }
 	bash hack/image/build.sh $(IMAGE)
+
+## manifests: render deploy/ (the whole install) into one file, dist/rukpak.yaml, for releases;
+## IMAGE=REF sets the image (the one `images:` entry), e.g. what `make image` pushed
+manifests: setup k8s-bins
+	@bash hack/manifests.sh $(if $(IMAGE),--image $(IMAGE))
 
 bench: setup
 	$(PY) -m tests.bench

@@ -6,20 +6,26 @@
 #  2. build the example bundle examples/bundles/hello for linux/amd64 and
 #     linux/arm64 into an OCI layout, and push it;
 #  3. inspect what the registry now holds, the way the CSI driver will see it.
-# Part 2, the cluster (without KUBECONFIG):
+# Part 2, RukPak installed and used (without KUBECONFIG):
 #  4. start a single-node Kubernetes (tests/cluster: etcd, kube-apiserver,
 #     controller-manager, scheduler, containerd, kubelet, and the registry the
 #     node pulls from), in this run's work directory;
-#  5. start our CSI node plugin as a host process beside the kubelet; the kubelet
-#     finds its registration socket and lists csi.rukpak.io on the Node's CSINode;
-#  6. apply storageclass/csidriver.yaml, push the bundle to the node's registry,
-#     run a pod whose inline CSI volume is the bundle, print what it sees;
-#  7. rukpak apply IMAGE --name hello, rukpak status hello, rukpak uninstall hello.
+#  5. build the project's image (hack/image/build.sh, no container engine) and push
+#     it to the node's registry;
+#  6. install RukPak from the shipped manifests: an overlay of deploy/ with the two
+#     shipped components this cluster needs (kubelet-root: its kubelet dir is a temp
+#     dir; host-network: no kube-proxy), the image, `kubectl apply -k`;
+#  7. a pod reads the bundle through an inline CSI volume (the DaemonSet's plugin);
+#  8. a BundleDeployment of hello: Installed and Healthy; a deleted managed Deployment
+#     comes back; a template change pivots to a new Bundle; a bad image keeps the old
+#     content with HasValidBundle=False; deleting the BundleDeployment removes it all.
+# Each step prints its wall time; every wait is bounded and shows `kubectl describe`
+# when it fails.
 # With KUBECONFIG set, part 2 only runs `rukpak apply/status/uninstall` into a
 # namespace named for this run (nothing is started on a user's node).
 #
 # Unattended: no prompts, exits 0 on success and non-zero on the first failure.
-# Everything started is stopped by pid (plugin, cluster, registry), even on failure.
+# Everything started is stopped by pid (cluster, registry), even on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,7 +37,20 @@ REGISTRY_BINARY=/usr/bin/docker-registry
 DRIVER=csi.rukpak.io
 USER_KUBECONFIG=${KUBECONFIG:-}
 
-say() { printf '\n\033[1m== %s\033[0m  (%ss)\n' "$*" "$(since "$T0")"; }
+STEP="" STEP_T=0 TIMES=()
+step_end() {  # the previous step's wall time
+  if [ -n "$STEP" ]; then
+    local took; took=$(since "$STEP_T")
+    printf '   \033[2m(step took %ss)\033[0m\n' "$took"
+    TIMES+=("$(printf '%7ss  %s' "$took" "$STEP")")
+  fi
+  STEP=""
+}
+say() {
+  step_end
+  printf '\n\033[1m== %s\033[0m  (at %ss)\n' "$*" "$(since "$T0")"
+  STEP=$* STEP_T=$(now)
+}
 run() { printf '$ %s\n' "$*"; "$@"; }
 now() { echo "${EPOCHREALTIME/./}"; }   # microseconds
 since() { local d=$(( $(now) - $1 )); printf '%d.%d' $((d / 1000000)) $((d % 1000000 / 100000)); }
@@ -46,7 +65,7 @@ done
 
 WORK=$(mktemp -d -t rukpak-run.XXXXXX)
 SERVER_PID=""        # the Python process that keeps the demo registry
-PLUGIN_PID=""        # our CSI node plugin (host process)
+OVERLAY=""           # the install overlay (local cluster)
 CLUSTER_DIR=""       # set once `python -m tests.cluster up` was started
 RUN_NS=""            # a user's cluster: the namespace of this run
 KUBECTL=""
@@ -66,16 +85,17 @@ stop_pid() {  # SIGTERM, then SIGKILL after $2 seconds
 cleanup() {
   local status=$?
   trap - EXIT INT TERM
-  if [ "$status" -ne 0 ] && [ -s "$WORK/plugin/plugin.log" ]; then
-    echo "run.sh: the plugin's last log lines:" >&2
-    tail -n 15 "$WORK/plugin/plugin.log" >&2 || true
+  if [ "$status" -ne 0 ] && [ -n "$OVERLAY" ] && [ -n "$KUBECTL" ]; then
+    echo "run.sh: rukpak-system at the failure (pods, then each pod's last log lines):" >&2
+    "$KUBECTL" get pods -n rukpak-system -o wide >&2 2>&1 || true
+    for pod in $("$KUBECTL" get pods -n rukpak-system -o name 2>/dev/null); do
+      echo "--- $pod" >&2
+      "$KUBECTL" logs -n rukpak-system "$pod" --all-containers --tail=15 >&2 2>&1 || true
+    done
   fi
   if [ -n "$RUN_NS" ] && [ -n "$KUBECTL" ]; then
     "$RUKPAK" uninstall hello-run --system-namespace "$RUN_NS" >/dev/null 2>&1 || true
     "$KUBECTL" delete namespace "$RUN_NS" --wait=false >/dev/null 2>&1 || true
-  fi
-  if [ -n "$PLUGIN_PID" ]; then
-    stop_pid "$PLUGIN_PID" 15
   fi
   if [ -n "$CLUSTER_DIR" ]; then
     "$PY" -m tests.cluster down --dir "$CLUSTER_DIR" || status=1
@@ -178,7 +198,55 @@ user_cluster() {
   RUN_NS=""
 }
 
-# Part 2b: our own single-node cluster, with the CSI plugin beside its kubelet.
+# Part 2b: our own single-node cluster, RukPak installed from deploy/ and used.
+
+# poll SECONDS WHAT DESCRIBE -- CMD...: run CMD every 0.5 s until it succeeds; on timeout
+# say what never happened, show `kubectl describe` of each DESCRIBE item (KIND, KIND/NAME
+# or NAMESPACE:KIND/NAME, space-separated) and fail.
+poll() {
+  local timeout=$1 what=$2 describe=$3
+  shift 4
+  local deadline=$(( $(now) + timeout * 1000000 ))
+  until "$@" >/dev/null 2>&1; do
+    if [ "$(now)" -ge "$deadline" ]; then
+      echo "run.sh: timed out after ${timeout}s waiting for $what" >&2
+      local item ns
+      for item in $describe; do
+        ns=default
+        [[ $item == *:* ]] && { ns=${item%%:*}; item=${item#*:}; }
+        echo "run.sh: kubectl describe -n $ns $item:" >&2
+        "$KUBECTL" describe -n "$ns" "$item" >&2 2>&1 || true
+      done
+      exit 1
+    fi
+    sleep 0.5
+  done
+  echo "ok: $what ($(since "$STEP_T")s into this step)"
+}
+cond() {  # cond BD TYPE: the status of the BundleDeployment's condition TYPE
+  "$KUBECTL" get bundledeployment "$1" \
+    -o jsonpath="{.status.conditions[?(@.type==\"$2\")].status}" 2>/dev/null
+}
+bd_is() {  # bd_is BD TYPE STATUS
+  [ "$(cond "$1" "$2")" = "$3" ]
+}
+active_bundle() { "$KUBECTL" get bundledeployment "$1" -o jsonpath='{.status.activeBundle}'; }
+differs() { [ "$("${@:2}" 2>/dev/null)" != "$1" ] && [ -n "$("${@:2}" 2>/dev/null)" ]; }
+is_absent() { ! "$KUBECTL" get "$@" >/dev/null 2>&1; }
+none_left() {  # none_left ARGS...: kubectl get ARGS answers, and finds nothing
+  local out
+  out=$("$KUBECTL" get "$@" --ignore-not-found -o name 2>/dev/null) || return 1
+  [ -z "$out" ]
+}
+greeting() { "$KUBECTL" get configmap hello-greeting -n hello -o jsonpath='{.data.greeting}'; }
+has_greeting() { [ "$(greeting 2>/dev/null)" = "$1" ]; }
+deployment_uid() { "$KUBECTL" get deployment hello -n hello -o jsonpath='{.metadata.uid}'; }
+available() {
+  [ "$("$KUBECTL" get deployment "$@" -o jsonpath='{.status.availableReplicas}')" = 1 ]
+}
+pod_phase_is() { [ "$("$KUBECTL" get pod "$1" -o jsonpath='{.status.phase}')" = "$2" ]; }
+show() { printf '$ kubectl %s\n' "$*"; "$KUBECTL" "$@"; }
+
 local_cluster() {
   CLUSTER_DIR="$WORK/cluster"
   say "Starting a single-node Kubernetes on loopback"
@@ -195,52 +263,77 @@ from tests.cluster import bins
 from tests.cluster.localcluster import LocalCluster
 
 c = LocalCluster.load(Path(sys.argv[1]))
-print(c.registry_host, c.busybox_image, c.node_name, c.kubelet_dir, bins.find("kubectl"))
+print(c.registry_host, c.busybox_image, c.kubelet_dir, c.api_port, bins.find("kubectl"))
 PY
 )
-  local node_registry busybox node kubelet_dir
-  read -r node_registry busybox node kubelet_dir KUBECTL <<<"$info"
+  local node_registry busybox kubelet_dir api_port
+  read -r node_registry busybox kubelet_dir api_port KUBECTL <<<"$info"
   T_CLUSTER=$(since "$T0")
 
-  say "Starting our CSI node plugin as a host process"
-  echo "It runs beside the kubelet (as the DaemonSet's container would): its CSI socket in"
-  echo "the kubelet's plugins dir, a registration socket in plugins_registry that the"
-  echo "kubelet's plugin watcher finds, and mounts only under $kubelet_dir."
-  mkdir -p "$WORK/plugin"
-  local sock="$kubelet_dir/plugins/$DRIVER/csi.sock"
-  printf '$ %s\n' "$PY -m csi.plugin --endpoint unix://$sock --node-id $node --kubelet-dir $kubelet_dir --registration-dir $kubelet_dir/plugins_registry --state-dir $WORK/plugin/state &"
-  "$PY" -m csi.plugin --endpoint "unix://$sock" --node-id "$node" \
-    --kubelet-dir "$kubelet_dir" --registration-dir "$kubelet_dir/plugins_registry" \
-    --state-dir "$WORK/plugin/state" >"$WORK/plugin/plugin.log" 2>&1 &
-  PLUGIN_PID=$!
-  echo "plugin pid $PLUGIN_PID, log $WORK/plugin/plugin.log"
-  local drivers=""
-  for _ in $(seq 150); do
-    kill -0 "$PLUGIN_PID" 2>/dev/null || { echo "run.sh: the plugin exited" >&2; exit 1; }
-    drivers=$("$KUBECTL" get csinode "$node" -o jsonpath='{.spec.drivers[*].name}' 2>/dev/null || true)
-    [[ " $drivers " == *" $DRIVER "* ]] && break
-    sleep 0.2
+  say "Building the project's image and pushing it to the node's registry"
+  echo "hack/image/build.sh needs no container engine: a cached Debian base layer and the"
+  echo "project's wheel as a second layer. One image runs every component: the node"
+  echo "plugin, the manager, and the instance and unpack pods the manager starts."
+  local image_ref="$node_registry/rukpak/rukpak-python:run"
+  bash hack/image/build.sh --digest-file "$WORK/image.digest" "$image_ref" 2>&1 \
+    | grep -E '^==> .*(cached|wheel|push|done)' || true
+  [ -s "$WORK/image.digest" ] || { echo "run.sh: the image build failed" >&2; exit 1; }
+  local image="${image_ref%:*}@$(cat "$WORK/image.digest")"
+  echo "image: $image"
+
+  say "Installing RukPak from the shipped manifests (deploy/)"
+  echo "This cluster differs from a standard one in two ways, and the shipped components"
+  echo "cover both: its kubelet root is a temp dir (deploy/components/kubelet-root) and it"
+  echo "has no kube-proxy, so pods reach the API server on the host network at"
+  echo "127.0.0.1:$api_port (deploy/components/host-network). The overlay holds only"
+  echo "those values and the image:"
+  OVERLAY="$WORK/overlay"
+  mkdir -p "$OVERLAY"
+  local rel
+  rel=$(realpath --relative-to="$OVERLAY" deploy)
+  cat >"$OVERLAY/kustomization.yaml" <<YAML
+resources: [$rel]
+components:
+  - $rel/components/kubelet-root
+  - $rel/components/host-network
+configMapGenerator:
+  - name: rukpak-node-paths
+    literals: [kubeletRoot=$kubelet_dir, stateDir=$WORK/plugin-state]
+  - name: rukpak-apiserver
+    namespace: rukpak-system
+    literals: [KUBERNETES_SERVICE_HOST=127.0.0.1, KUBERNETES_SERVICE_PORT=$api_port]
+images:
+  - name: rukpak-python
+    newName: ${image%@*}
+    digest: ${image#*@}
+YAML
+  sed 's/^/    /' "$OVERLAY/kustomization.yaml"
+  show apply -k "$OVERLAY"
+  show rollout status -n rukpak-system daemonset/rukpak-csi-node --timeout=180s
+  for d in $("$KUBECTL" get deployments -n rukpak-system -o name); do
+    show rollout status -n rukpak-system "$d" --timeout=180s
   done
-  [[ " $drivers " == *" $DRIVER "* ]] || { echo "run.sh: kubelet did not register $DRIVER" >&2; exit 1; }
-  echo "The kubelet registered it; the Node's CSINode lists:"
-  run "$KUBECTL" get csinode "$node" -o jsonpath='{range .spec.drivers[*]}  driver={.name} nodeID={.nodeID}{"\n"}{end}'
-  grep -m1 "registered with kubelet" "$WORK/plugin/plugin.log" || true
+  show get pods -n rukpak-system -o wide
+  poll 60 "a manager replica holding the rukpak-manager Lease" "rukpak-system:lease/rukpak-manager" -- \
+    "$KUBECTL" get lease rukpak-manager -n rukpak-system -o jsonpath='{.spec.holderIdentity}'
+  echo "Lease holder (the other replica waits): $("$KUBECTL" get lease rukpak-manager \
+    -n rukpak-system -o jsonpath='{.spec.holderIdentity}')"
+  show get csinode -o jsonpath='{range .items[*].spec.drivers[*]}driver={.name} node={.nodeID}{"\n"}{end}'
 
-  say "Applying the CSIDriver object"
-  echo "It tells the kubelet: nothing to attach, pass pod info on mount, inline volumes OK."
-  run "$KUBECTL" apply -f storageclass/csidriver.yaml
-
-  say "Pushing the bundle to the registry the node pulls from"
+  say "Pushing the hello bundle to the node's registry"
   echo "This machine has no internet, so the copy for the cluster points its Deployment's"
   echo "image at the node's local busybox ($busybox)."
   local dir="$WORK/hello-local"
   cp -r "$BUNDLE" "$dir"
   sed -i "s|docker.io/library/busybox:1.36|$busybox|" "$dir/manifests/03_deployment.yaml"
-  local image="$node_registry/examples/hello:v1"
-  run "$RUKPAK" bundle build "$dir" --tag "$image" --platform linux/amd64,linux/arm64 --push
+  local v1="$node_registry/examples/hello:v1" v2="$node_registry/examples/hello:v2"
+  run "$RUKPAK" bundle build "$dir" --tag "$v1" --push
+  echo "v2 differs in its greeting:"
+  sed -i 's|Hello from a RukPak bundle|Hello from v2 of the bundle|' "$dir/manifests/02_configmap.yaml"
+  run "$RUKPAK" bundle build "$dir" --tag "$v2" --push
 
-  say "Running a pod that mounts the bundle as an inline CSI volume"
-  cat >"$WORK/bundle-reader.yaml" <<EOF
+  say "A pod reads the bundle through an inline CSI volume"
+  cat >"$WORK/bundle-reader.yaml" <<YAML
 apiVersion: v1
 kind: Pod
 metadata:
@@ -251,59 +344,107 @@ spec:
   containers:
     - name: reader
       image: $busybox
-      command: ["sh", "-c", "ls -l /bundle/manifests && cat /bundle/manifests/02_configmap.yaml && (touch /bundle/x || echo 'writing to /bundle fails: it is read-only')"]
+      command: ["sh", "-c", "ls /bundle/manifests && (touch /bundle/x || echo 'writing to /bundle fails: it is read-only')"]
       volumeMounts: [{name: bundle, mountPath: /bundle}]
   volumes:
     - name: bundle
-      csi:
-        driver: $DRIVER
-        readOnly: true
-        volumeAttributes: {image: "$image"}
-EOF
+      csi: {driver: $DRIVER, readOnly: true, volumeAttributes: {image: "$v1"}}
+YAML
   sed -n '/volumes:/,$p' "$WORK/bundle-reader.yaml"
-  # the default ServiceAccount appears a moment after the cluster starts
-  for i in $(seq 60); do
-    "$KUBECTL" apply -f "$WORK/bundle-reader.yaml" 2>"$WORK/apply.err" && break
-    [ "$i" -eq 60 ] && { cat "$WORK/apply.err" >&2; exit 1; }
-    sleep 0.5
-  done
-  run "$KUBECTL" wait pod/bundle-reader --for=jsonpath='{.status.phase}'=Succeeded --timeout=90s
-  echo "What the pod printed:"
-  run "$KUBECTL" logs bundle-reader
-  echo "kubectl describe pod, the volume and the events:"
-  "$KUBECTL" describe pod bundle-reader | sed -n '/^Volumes:/,/^QoS Class:/p;/^Events:/,$p' \
-    | grep -v '^QoS Class:' | tee "$WORK/describe.txt"
-  if grep -q 'FailedMount.*kube-api-access' "$WORK/describe.txt"; then
-    echo "(a FailedMount of kube-api-access-* just after start-up is the kubelet's ConfigMap"
-    echo " cache warming up; it retries at once. Our volume is the one named 'bundle'.)"
-  fi
-  local uid target
-  uid=$("$KUBECTL" get pod bundle-reader -o jsonpath='{.metadata.uid}')
-  target="$kubelet_dir/pods/$uid/volumes/kubernetes.io~csi/bundle/mount"
-  run "$KUBECTL" delete pod bundle-reader --wait=true
-  echo "The plugin's side (pull and unpack once, read-only bind mount, unmount):"
-  grep -E "msg='(image unpacked|published|unpublished)'" "$WORK/plugin/plugin.log" \
-    | sed -E 's/ (volume_id|digest|fetched_bytes)=[^ ]*//g' || true
-  for _ in $(seq 100); do
-    grep -qF " $target " /proc/self/mountinfo || [ -e "$target" ] || break
-    sleep 0.1
-  done
-  if grep -qF " $target " /proc/self/mountinfo || [ -e "$target" ]; then
-    echo "run.sh: $target is still there after the pod was deleted" >&2
-    exit 1
-  fi
-  echo "The pod is gone and so is its volume: $target is unmounted and removed."
-  T_CSI=$(since "$T0")
+  poll 30 "the default ServiceAccount (a fresh cluster makes it first)" "" -- \
+    "$KUBECTL" get serviceaccount default
+  show apply -f "$WORK/bundle-reader.yaml"
+  poll 90 "the reader pod to succeed" "pod/bundle-reader" -- pod_phase_is bundle-reader Succeeded
+  show logs bundle-reader
+  show delete pod bundle-reader --wait=true
 
-  say "rukpak apply $image --name hello"
-  echo "The apply engine pulls the same image, orders the objects (Namespace first) and"
-  echo "applies them with server-side apply, then waits until they are ready:"
-  run "$RUKPAK" apply "$image" --name hello --wait 90
-  say "rukpak status hello"
-  run "$RUKPAK" status hello
-  run "$KUBECTL" logs -n hello deployment/hello
-  say "rukpak uninstall hello"
-  run "$RUKPAK" uninstall hello
+  say "Creating a BundleDeployment of hello"
+  cat >"$WORK/bd.yaml" <<YAML
+apiVersion: core.rukpak.io/v1alpha1
+kind: BundleDeployment
+metadata:
+  name: hello
+spec:
+  provisionerClassName: core-rukpak-io-plain
+  template:
+    metadata:
+      labels: {app: hello}
+    spec:
+      provisionerClassName: core-rukpak-io-plain
+      source:
+        type: image
+        image: {ref: "$v1"}
+YAML
+  cat "$WORK/bd.yaml"
+  show apply -f "$WORK/bd.yaml"
+  poll 180 "hello to be Installed" "bundledeployment/hello bundles" -- bd_is hello Installed True
+  poll 120 "hello to be Healthy" "bundledeployment/hello bundles hello:deployment/hello" -- \
+    bd_is hello Healthy True
+  show get bd,bundles
+  show get all,configmaps -n hello -l app.kubernetes.io/part-of=rukpak-examples
+  local first_bundle
+  first_bundle=$(active_bundle hello)
+
+  say "Deleting the managed Deployment hello/hello: it comes back"
+  local uid
+  uid=$(deployment_uid)
+  show delete deployment hello -n hello --wait=false
+  poll 60 "hello/hello to be recreated" "bundledeployment/hello" -- differs "$uid" deployment_uid
+  poll 90 "hello/hello to be available again" "hello:deployment/hello" -- \
+    available hello -n hello
+  show get deployment hello -n hello
+
+  say "Changing the template (v1 -> v2): the pivot"
+  echo "A new Bundle is generated; the instance moves to it once it is unpacked; the old"
+  echo "Bundle is deleted once the new one is installed."
+  show patch bundledeployment hello --type=merge \
+    -p "{\"spec\":{\"template\":{\"spec\":{\"source\":{\"image\":{\"ref\":\"$v2\"}}}}}}"
+  poll 180 "the active Bundle to change" "bundledeployment/hello bundles" -- \
+    differs "$first_bundle" active_bundle hello
+  poll 60 "the v2 greeting in hello/hello-greeting" "bundledeployment/hello" -- \
+    has_greeting "Hello from v2 of the bundle"
+  poll 60 "the old Bundle $first_bundle to be deleted" "bundles" -- is_absent bundle "$first_bundle"
+  poll 60 "hello to be Installed on v2" "bundledeployment/hello" -- bd_is hello Installed True
+  poll 90 "hello to be Healthy on v2" "bundledeployment/hello hello:deployment/hello" -- \
+    bd_is hello Healthy True
+  show get bd,bundles
+
+  say "Setting a bad image: the old content stays"
+  echo "v3 is a bundle image whose manifests/ holds a subdirectory, which plain+v0 does not"
+  echo "allow ('rukpak bundle build' refuses to make one, so hack/image/ocitool.py packs it)."
+  local second_bundle
+  second_bundle=$(active_bundle hello)
+  local bad="$node_registry/examples/hello:v3-bad" baddir="$WORK/hello-bad"
+  mkdir -p "$baddir/manifests/extra"
+  cp "$dir/manifests/"*.yaml "$baddir/manifests/"
+  cp "$dir/manifests/02_configmap.yaml" "$baddir/manifests/extra/"
+  "$PY" hack/image/ocitool.py layer "$baddir" "$WORK/hello-bad.tar.gz" >/dev/null
+  "$PY" hack/image/ocitool.py push --layer "$WORK/hello-bad.tar.gz" --entrypoint /bin/false \
+    --path /bin "$bad" | tail -n 1
+  show patch bundledeployment hello --type=merge \
+    -p "{\"spec\":{\"template\":{\"spec\":{\"source\":{\"image\":{\"ref\":\"$bad\"}}}}}}"
+  poll 120 "HasValidBundle=False" "bundledeployment/hello bundles" -- bd_is hello HasValidBundle False
+  show get bd,bundles
+  echo "The conditions:"
+  show get bundledeployment hello \
+    -o jsonpath='{range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}'
+  [ "$(active_bundle hello)" = "$second_bundle" ] \
+    || { echo "run.sh: the active Bundle changed to $(active_bundle hello)" >&2; exit 1; }
+  has_greeting "Hello from v2 of the bundle" \
+    || { echo "run.sh: the v2 content is gone: $(greeting)" >&2; exit 1; }
+  available hello -n hello || { echo "run.sh: hello/hello is not available" >&2; exit 1; }
+  echo "Still active: $second_bundle; hello/hello is available and hello-greeting says: $(greeting)"
+
+  say "Deleting the BundleDeployment: what it installed goes too"
+  show delete bundledeployment hello --timeout=120s
+  poll 60 "hello/hello and hello/hello-greeting to be gone" "namespace/hello" -- \
+    none_left -n hello deployment/hello configmap/hello-greeting
+  echo "(the namespace takes longer: hello's busybox ignores SIGTERM, so its pod gets the"
+  echo " full 30 s grace period before the namespace can finish terminating)"
+  poll 90 "namespace hello to be gone" "namespace/hello" -- is_absent namespace hello
+  show get bd,bundles
+  show get pods -n rukpak-system
+  T_CSI=$(since "$T0")
 }
 
 T_CLUSTER="" T_CSI=""
@@ -313,26 +454,23 @@ else
   local_cluster
 fi
 
-say "Done in $(since "$T0")s"
-cat <<EOF
-What happened:
-  - examples/bundles/hello/manifests/ was checked and packed into one deterministic
-    tar+gzip layer; one OCI image manifest per platform (linux/amd64, linux/arm64)
-    points at it, and an OCI index lists both; 'rukpak bundle inspect' read it back
-    the way the CSI driver pulls bundles (resolve, pick the platform, verify).
-EOF
+step_end
+printf '\n\033[1m== Done\033[0m  (at %ss)\n' "$(since "$T0")"
+echo "Wall time per step:"
+printf '%s\n' "${TIMES[@]}"
 if [ -z "$USER_KUBECONFIG" ]; then
-  cat <<EOF
-  - a single-node Kubernetes started on loopback; our CSI node plugin registered with
-    its kubelet (no node-driver-registrar: the plugin serves kubelet's registration API);
-  - a pod got the bundle as a read-only CSI volume at /bundle: the plugin pulled the
-    image (by digest, verified), unpacked it once into its node cache and bind-mounted
-    it read-only; deleting the pod unmounted and removed it;
-  - 'rukpak apply' installed the same image's manifests, 'rukpak status' saw them
-    ready, 'rukpak uninstall' removed them.
-Timings: bundles ${T_BUNDLES}s, cluster up at ${T_CLUSTER}s, CSI pod done at ${T_CSI}s, total $(since "$T0")s.
-Everything started (plugin, cluster, registries) is being stopped now by pid.
-EOF
+  cat <<TXT
+What happened:
+  - examples/bundles/hello was packed into a deterministic OCI image (two platforms)
+    and read back the way the CSI driver pulls bundles;
+  - a single-node Kubernetes started on loopback and RukPak was installed on it from
+    deploy/ (CRDs, CSIDriver, node plugin DaemonSet, two manager replicas with leader
+    election, least-privilege RBAC) with only the image and this node's paths changed;
+  - a BundleDeployment installed hello, undid a deletion, pivoted to v2, kept v2 when
+    v3's content was invalid (HasValidBundle=False, upstream's message), and took
+    everything away when deleted.
+Total $(since "$T0")s; cluster up at ${T_CLUSTER}s. Everything started is being stopped now.
+TXT
 else
-  echo "Timings: bundles ${T_BUNDLES}s, total $(since "$T0")s. The registry is being stopped now."
+  echo "Total $(since "$T0")s. The registry is being stopped now."
 fi

@@ -3,8 +3,9 @@
 The edge of the processes that run in the cluster: parses arguments, sets up
 key=value logging on stderr once, and hands over to a subcommand module.
 Subcommands: ``instance`` (``provisioner.instance.process``: the instance pod's
-process) and ``manager`` (``provisioner.manager.cli``: the BundleDeployment
-controller; the Bundle unpack controller of DESIGN.md is not built yet).
+process), ``volumes`` (``provisioner.storage.cli``: the PV provisioner for
+StorageClasses of csi.rukpak.io) and ``manager`` (``provisioner.manager.cli``: the
+BundleDeployment controller; the Bundle unpack controller of DESIGN.md is not built yet).
 Without a subcommand this prints usage and exits 2.
 """
 
@@ -17,6 +18,8 @@ from collections.abc import Sequence
 from csi.common.logsetup import configure_logging
 from provisioner.instance import process as instance
 from provisioner.manager import cli as manager_cli
+from provisioner.manager import unpack
+from provisioner.storage import cli as volumes_cli
 
 EXIT_USAGE = 2
 
@@ -24,8 +27,10 @@ EXIT_USAGE = 2
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rukpak-provisioner",
-        description="RukPak's in-cluster processes: `manager` (the BundleDeployment "
-        "controller) and `instance` (the instance pod's process).",
+        description="RukPak's in-cluster processes: `manager` (the Bundle and "
+        "BundleDeployment controllers), `instance` (the instance pod's process), `unpack` "
+        "(the unpack pod's process) and `volumes` (the PV provisioner of csi.rukpak.io "
+        "StorageClasses).",
     )
     parser.add_argument(
         "--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default: INFO)"
@@ -33,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     instance.register(subparsers)
     manager_cli.register(subparsers)
+    unpack.register(subparsers)
+    volumes_cli.register(subparsers)
     return parser
 
 
@@ -42,8 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_usage(sys.stderr)
         print(
-            "rukpak-provisioner: a subcommand is required: instance or manager"
-            " (the Bundle unpack half of the manager is not built yet; see --help)",
+            "rukpak-provisioner: a subcommand is required: instance, manager, unpack or volumes"
+            " (see --help)",
             file=sys.stderr,
         )
         return EXIT_USAGE

@@ -11,6 +11,10 @@ not listed here may change. The flow, in the order a caller uses it::
     print(api.unhealthy([(a.ref, kube.get(a.ref)) for a in result.applied]))
     api.DriftWatcher(kube, "demo", result.applied).run(stop_event)
 
+To follow other objects the way drift correction and the manager do (list, then
+watch; re-list on 410 Gone; a local cache with add/update/delete handlers), use
+``api.Informer`` (``provisioner.engine.listwatch``).
+
 Bundle formats are plug-ins: ``register_format("registry+v1", loader)`` where
 ``loader(root: Path) -> Bundle``. Errors are ``csi.common.errors`` values; the
 engine's own subclasses are re-exported below.
@@ -38,6 +42,7 @@ from provisioner.engine.health import assess as assess_health
 from provisioner.engine.inventory import Inventory, plan_prune
 from provisioner.engine.kube import Kube
 from provisioner.engine.lifecycle import ObjectStatus, status, uninstall
+from provisioner.engine.listwatch import Informer
 from provisioner.engine.objects import FIELD_MANAGER, OWNER_LABEL, ObjectRef
 from provisioner.engine.ordering import Phase, phases
 
@@ -53,6 +58,7 @@ __all__ = [
     "DeletionPolicy",
     "DriftWatcher",
     "Health",
+    "Informer",
     "Inventory",
     "Kube",
     "Manifest",

@@ -1,10 +1,44 @@
-"""Shared pytest configuration.
+"""Shared pytest configuration and fixtures.
 
 Heavy real components are session fixtures provided by plugin modules:
 ``tests.registry`` (Debian's docker-registry, plain, htpasswd and token auth),
 ``tests.cluster.fixture`` (etcd + kube-apiserver, and the full local cluster
 with a kubelet; or the cluster ``KUBECONFIG`` points at) and
 ``tests.e2e_helpers`` (API clients for the end-to-end tests on the local cluster).
+
+Here: the engine's API client on that kube-apiserver (``kube``; modules that need
+more, such as installed CRDs, define their own) and a fresh deployment name per test
+(``name``), so tests share one API server without seeing each other's objects.
+Bundle manifests for these tests are built with ``tests.bundles``.
 """
 
-pytest_plugins = ["tests.registry", "tests.cluster.fixture", "tests.e2e_helpers"]
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from provisioner.engine.kube import Kube
+
+pytest_plugins = [
+    "tests.registry",
+    "tests.cluster.fixture",
+    "tests.e2e_helpers",
+    "tests.install_helpers",
+]
+
+
+@pytest.fixture(scope="session")
+def kube(kube_apiserver: Any) -> Iterator[Kube]:
+    """The engine's API adapter on the session's kube-apiserver (admin credentials)."""
+    client = Kube.from_kubeconfig(str(kube_apiserver.kubeconfig))
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def name() -> str:
+    """A deployment (and namespace) name no other test uses."""
+    return f"t-{uuid.uuid4().hex[:8]}"

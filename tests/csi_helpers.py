@@ -7,18 +7,23 @@ optional fourth item is the mode.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import gzip
 import io
 import json
+import os
 import socket
 import subprocess
 import sys
 import tarfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 import zstandard
 
 from csi.node import mounter
@@ -27,7 +32,7 @@ from csi.oci.auth import Credentials
 from csi.oci.client import RegistryClient
 from csi.oci.manifest import Manifest
 from csi.oci.reference import Reference
-from csi.proto import csi_pb2
+from csi.proto import csi_pb2, csi_pb2_grpc
 
 Entry = tuple[Any, ...]
 
@@ -236,6 +241,39 @@ class PluginProcess:
             subprocess.run(["umount", "-l", points[-1]], check=False)
 
 
+@contextlib.contextmanager
+def running_plugin(workdir: Path, *extra_args: str) -> Iterator[PluginProcess]:
+    """A started plugin process for a ``with`` block; stopped and unmounted after it."""
+    if os.geteuid() != 0:
+        raise RuntimeError("the plugin's bind mounts need root: run the suite as root")
+    proc = PluginProcess(workdir, extra_args=extra_args).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+        proc.unmount_all()
+
+
+def plugin_fixture(name: str) -> Any:
+    """A module-scoped ``plugin`` fixture: one plugin process for the test module."""
+
+    def plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginProcess]:
+        with running_plugin(tmp_path_factory.mktemp(name)) as proc:
+            yield proc
+
+    return pytest.fixture(scope="module", name="plugin")(plugin)
+
+
+def node_fixture() -> Any:
+    """A module-scoped ``node`` fixture: a Node stub on the module's ``plugin`` socket."""
+
+    def node(plugin: PluginProcess) -> Iterator[csi_pb2_grpc.NodeStub]:
+        with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
+            yield csi_pb2_grpc.NodeStub(channel)
+
+    return pytest.fixture(scope="module", name="node")(node)
+
+
 def mount_capability(mode: str = "MULTI_NODE_READER_ONLY") -> csi_pb2.VolumeCapability:
     return csi_pb2.VolumeCapability(
         mount=csi_pb2.VolumeCapability.MountVolume(),
@@ -245,3 +283,49 @@ def mount_capability(mode: str = "MULTI_NODE_READER_ONLY") -> csi_pb2.VolumeCapa
             )
         ),
     )
+
+
+_counter = iter(range(10_000))
+
+
+def target(plugin: PluginProcess) -> str:
+    """A fresh target path as kubelet would pass it (parent exists, target does not)."""
+    parent = plugin.kubelet_dir / "pods" / f"pod-{next(_counter)}" / "volumes"
+    parent.mkdir(parents=True)
+    return str(parent / "mount")
+
+
+def publish_request(
+    target_path: str,
+    image: str | None,
+    *,
+    volume_id: str = "vol-1",
+    secrets: dict[str, str] | None = None,
+    **attributes: str,
+) -> csi_pb2.NodePublishVolumeRequest:
+    context = dict(attributes)
+    if image is not None:
+        context["image"] = image
+    context.setdefault("csi.storage.k8s.io/ephemeral", "true")
+    return csi_pb2.NodePublishVolumeRequest(
+        volume_id=volume_id,
+        target_path=target_path,
+        volume_capability=mount_capability("SINGLE_NODE_WRITER"),
+        volume_context=context,
+        secrets=secrets or {},
+    )
+
+
+def code_of(call: Callable[[], object]) -> grpc.StatusCode:
+    """The gRPC status code ``call`` fails with (AssertionError when it succeeds)."""
+    try:
+        call()
+    except grpc.RpcError as exc:
+        return exc.code()  # type: ignore[no-any-return,attr-defined]
+    raise AssertionError("the call succeeded; an error was expected")
+
+
+def dockerconfig(host: str, user: str, password: str) -> dict[str, str]:
+    """A kubernetes.io/dockerconfigjson Secret's data, as NodePublishVolume gets it."""
+    auth = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {".dockerconfigjson": json.dumps({"auths": {host: {"auth": auth}}})}

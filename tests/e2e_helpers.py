@@ -10,12 +10,14 @@ socket at ``plugins_dir/<driver>/csi.sock``, exactly where a DaemonSet would put
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,18 +224,26 @@ def csinode_drivers(api_client: client.ApiClient, node_name: str) -> dict[str, s
     return {d["name"]: d["nodeID"] for d in spec.get("drivers") or []}
 
 
+def run_tool(
+    argv: list[str], *, what: str, timeout: float, check: bool = True, stdin: str | None = None
+) -> str:
+    """Run a command-line tool; its stdout, or RuntimeError naming ``what`` with both streams."""
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, input=stdin, check=False
+    )
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{done.stdout}{done.stderr}")
+    return done.stdout
+
+
 def push_bundle(directory: Path, ref: str) -> str:
     """``rukpak bundle build DIR --tag REF --push``; return its output."""
     rukpak = Path(sys.executable).parent / "rukpak"
-    done = subprocess.run(
+    return run_tool(
         [str(rukpak), "bundle", "build", str(directory), "--tag", ref, "--push"],
-        capture_output=True,
-        text=True,
+        what=f"pushing {directory} to {ref}",
         timeout=120,
     )
-    if done.returncode != 0:
-        raise RuntimeError(f"pushing {directory} to {ref} failed:\n{done.stdout}{done.stderr}")
-    return done.stdout
 
 
 def bundle_pod(
@@ -285,6 +295,22 @@ def claim_volume(claim: str, *, name: str = "bundle") -> client.V1Volume:
             claim_name=claim, read_only=True
         ),
     )
+
+
+@contextlib.contextmanager
+def temporary_namespace(core: client.CoreV1Api, prefix: str) -> Iterator[str]:
+    """A fresh namespace ``PREFIX-xxxxxx``, deleted (with what it holds) afterwards."""
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name, grace_period_seconds=0)
+
+
+def start_bundle_pod(core: client.CoreV1Api, namespace: str, name: str, **pod: Any) -> client.V1Pod:
+    """Create ``bundle_pod(name, **pod)`` (image, command, volume, ...) in ``namespace``."""
+    return create_pod(core, namespace, bundle_pod(name, **pod))
 
 
 def create_pod(core: client.CoreV1Api, namespace: str, pod: client.V1Pod) -> client.V1Pod:

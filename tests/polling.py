@@ -1,10 +1,17 @@
-"""Waiting in tests: poll a check until it holds, or fail saying what never happened."""
+"""Waiting in tests: poll a check until it holds, or fail saying what never happened.
+
+And, for "nothing happened" checks, wait for the event that must come first (a watch
+event the watcher handled) instead of sleeping.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from typing import TypeVar
+
+from provisioner.engine import listwatch
+from provisioner.engine.objects import Obj
 
 T = TypeVar("T")
 
@@ -50,3 +57,13 @@ def logged(read: Callable[[], str], line: str, *, more_than: int = 0, timeout: f
         return text if text.count(line) > more_than else None
 
     return eventually(check, timeout=timeout, what=f"{line!r} in the log")
+
+
+def seen_by(informer: listwatch.Informer, obj: Obj, *, timeout: float = 10.0) -> None:
+    """Wait until ``informer``'s handlers have run for ``obj``'s write (or a later one).
+
+    The proof that a watcher had its chance to react to a write: assert afterwards
+    that it did not (no correction queued, no request sent).
+    """
+    written = int(obj["metadata"]["resourceVersion"])
+    informer.wait(lambda: int(informer.handled or 0) >= written, timeout=timeout)

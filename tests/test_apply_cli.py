@@ -8,10 +8,9 @@ from typing import Any
 import pytest
 
 from provisioner.cli import main as cli
-from tests.test_apply_cluster import configmap, name, namespace, write_bundle
+from tests.bundles import configmap, namespace, write_bundle
 
 pytestmark = pytest.mark.cluster
-__all__ = ["name"]  # fixture
 
 
 def rukpak(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -5,13 +5,10 @@ Each test uses its own deployment name and namespace, so they share one API serv
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from provisioner.engine import apply, formats, inventory, inventorystore
 from provisioner.engine.errors import (
@@ -22,92 +19,9 @@ from provisioner.engine.errors import (
 )
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, ObjectRef
+from tests.bundles import configmap, crd, deployment, namespace, widget, write_bundle
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture(scope="module")
-def kube(kube_apiserver: Any) -> Iterator[Kube]:
-    client = Kube.from_kubeconfig(str(kube_apiserver.kubeconfig))
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def name() -> str:
-    return f"t-{uuid.uuid4().hex[:8]}"
-
-
-def write_bundle(root: Path, files: dict[str, list[dict[str, Any]]]) -> formats.Bundle:
-    manifests = root / "manifests"
-    manifests.mkdir(parents=True, exist_ok=True)
-    for old in manifests.iterdir():
-        old.unlink()
-    for file, docs in files.items():
-        (manifests / file).write_text(yaml.safe_dump_all(docs))
-    return formats.load(root)
-
-
-def namespace(name: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-
-
-def configmap(name: str, namespace: str | None = None, **data: str) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name}
-    if namespace:
-        meta["namespace"] = namespace
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
-
-
-def crd(
-    group: str,
-    *,
-    versions: list[tuple[str, bool, bool]],
-    spec_props: dict[str, Any] | None = None,
-    annotations: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    props = spec_props or {"size": {"type": "integer"}}
-    meta: dict[str, Any] = {"name": f"widgets.{group}"}
-    if annotations:
-        meta["annotations"] = annotations
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": meta,
-        "spec": {
-            "group": group,
-            "scope": "Namespaced",
-            "names": {
-                "kind": "Widget",
-                "plural": "widgets",
-                "singular": "widget",
-                "listKind": "WidgetList",
-            },
-            "versions": [
-                {
-                    "name": v,
-                    "served": served,
-                    "storage": storage,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "properties": {"spec": {"type": "object", "properties": props}},
-                        }
-                    },
-                }
-                for v, served, storage in versions
-            ],
-        },
-    }
-
-
-def widget(group: str, version: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{group}/{version}",
-        "kind": "Widget",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
 
 
 def test_a_bundle_with_a_crd_and_its_resources_installs_in_one_revision(
@@ -268,75 +182,66 @@ def test_a_missing_namespace_is_named_in_the_error(kube: Kube, name: str, tmp_pa
 
 
 class TestCRDUpgradeSafety:
+    @staticmethod
+    def install(kube: Kube, name: str, tmp_path: Path, *docs: dict[str, Any]) -> apply.Result:
+        """Install namespace ``name`` and ``docs`` as deployment ``name``."""
+        bundle = write_bundle(tmp_path, {"a.yaml": [namespace(name), *docs]})
+        return apply.install(kube, bundle, apply.Options(name=name, namespace=name))
+
     def install_v1(self, kube: Kube, name: str, tmp_path: Path, size: int) -> str:
+        """The Widget CRD at v1 and one Widget ``w`` of ``size``; the CRD's group."""
         group = f"{name}.example.com"
-        bundle = write_bundle(
-            tmp_path,
-            {
-                "a.yaml": [
-                    namespace(name),
-                    crd(group, versions=[("v1", True, True)]),
-                    widget(group, "v1", "w", {"size": size}),
-                ]
-            },
-        )
-        apply.install(kube, bundle, apply.Options(name=name, namespace=name))
+        v1 = crd(group, versions=[("v1", True, True)])
+        self.install(kube, name, tmp_path, v1, widget(group, "v1", "w", {"size": size}))
         return group
 
-    def test_removing_a_stored_version_is_refused(
-        self, kube: Kube, name: str, tmp_path: Path
+    @pytest.mark.parametrize(
+        ("size", "versions", "spec_props", "widget_version", "says"),
+        [
+            pytest.param(
+                5,
+                [("v2", True, True)],
+                None,
+                "v2",
+                "CRD widgets.{group}: version v1 is removed but listed in status.storedVersions",
+                id="removing-a-stored-version",
+            ),
+            pytest.param(
+                5,
+                [("v1", False, False), ("v2", True, True)],
+                None,
+                None,
+                "version v1 is stored but would no longer be served",
+                id="unserving-a-stored-version",
+            ),
+            pytest.param(
+                50,
+                [("v1", True, True)],
+                {"size": {"type": "integer", "maximum": 10}},
+                None,
+                r"CRD widgets.{group} version v1: existing Widget {name}/w"
+                r" field .spec.size: 50 is greater than the maximum 10",
+                id="a-schema-existing-resources-would-fail",
+            ),
+        ],
+    )
+    def test_an_unsafe_upgrade_is_refused(
+        self,
+        kube: Kube,
+        name: str,
+        tmp_path: Path,
+        size: int,
+        versions: list[tuple[str, bool, bool]],
+        spec_props: dict[str, Any] | None,
+        widget_version: str | None,
+        says: str,
     ) -> None:
-        group = self.install_v1(kube, name, tmp_path, 5)
-        bundle = write_bundle(
-            tmp_path,
-            {
-                "a.yaml": [
-                    namespace(name),
-                    crd(group, versions=[("v2", True, True)]),
-                    widget(group, "v2", "w", {"size": 5}),
-                ]
-            },
-        )
-        with pytest.raises(
-            CRDUpgradeUnsafe,
-            match=f"CRD widgets.{group}: version v1 is removed but listed in status.storedVersions",
-        ):
-            apply.install(kube, bundle, apply.Options(name=name, namespace=name))
-
-    def test_unserving_a_stored_version_is_refused(
-        self, kube: Kube, name: str, tmp_path: Path
-    ) -> None:
-        group = self.install_v1(kube, name, tmp_path, 5)
-        bundle = write_bundle(
-            tmp_path,
-            {
-                "a.yaml": [
-                    namespace(name),
-                    crd(group, versions=[("v1", False, False), ("v2", True, True)]),
-                ]
-            },
-        )
-        with pytest.raises(
-            CRDUpgradeUnsafe, match="version v1 is stored but would no longer be served"
-        ):
-            apply.install(kube, bundle, apply.Options(name=name, namespace=name))
-
-    def test_a_schema_existing_resources_would_fail_is_refused(
-        self, kube: Kube, name: str, tmp_path: Path
-    ) -> None:
-        group = self.install_v1(kube, name, tmp_path, 50)
-        tighter = crd(
-            group,
-            versions=[("v1", True, True)],
-            spec_props={"size": {"type": "integer", "maximum": 10}},
-        )
-        bundle = write_bundle(tmp_path, {"a.yaml": [namespace(name), tighter]})
-        with pytest.raises(
-            CRDUpgradeUnsafe,
-            match=rf"CRD widgets.{group} version v1: existing Widget {name}/w"
-            r" field .spec.size: 50 is greater than the maximum 10",
-        ):
-            apply.install(kube, bundle, apply.Options(name=name, namespace=name))
+        group = self.install_v1(kube, name, tmp_path, size)
+        docs = [crd(group, versions=versions, spec_props=spec_props)]
+        if widget_version:
+            docs.append(widget(group, widget_version, "w", {"size": size}))
+        with pytest.raises(CRDUpgradeUnsafe, match=says.format(group=group, name=name)):
+            self.install(kube, name, tmp_path, *docs)
 
     def test_the_opt_out_annotation_lets_an_unsafe_upgrade_through(
         self, kube: Kube, name: str, tmp_path: Path
@@ -348,24 +253,26 @@ class TestCRDUpgradeSafety:
             spec_props={"size": {"type": "integer", "maximum": 10}},
             annotations={"core.rukpak.io/crd-upgrade-safety": "disabled"},
         )
-        bundle = write_bundle(tmp_path, {"a.yaml": [namespace(name), tighter]})
-        apply.install(kube, bundle, apply.Options(name=name, namespace=name))
+        result = self.install(kube, name, tmp_path, tighter)
+        ref = ObjectRef(
+            "apiextensions.k8s.io",
+            "v1",
+            "CustomResourceDefinition",
+            "",
+            tighter["metadata"]["name"],
+        )
+        assert ref in [a.ref for a in result.applied if not a.unchanged]
+        live = kube.get(ref)
+        assert live is not None
+        schema = live["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        assert schema["properties"]["spec"]["properties"]["size"]["maximum"] == 10
 
     def test_a_compatible_new_version_is_accepted(
         self, kube: Kube, name: str, tmp_path: Path
     ) -> None:
         group = self.install_v1(kube, name, tmp_path, 5)
-        bundle = write_bundle(
-            tmp_path,
-            {
-                "a.yaml": [
-                    namespace(name),
-                    crd(group, versions=[("v1", True, False), ("v2", True, True)]),
-                    widget(group, "v2", "w", {"size": 6}),
-                ]
-            },
-        )
-        apply.install(kube, bundle, apply.Options(name=name, namespace=name))
+        v2 = crd(group, versions=[("v1", True, False), ("v2", True, True)])
+        self.install(kube, name, tmp_path, v2, widget(group, "v2", "w", {"size": 6}))
         live = kube.get(ObjectRef(group, "v2", "Widget", name, "w"))
         assert live is not None and live["spec"]["size"] == 6
 
@@ -434,19 +341,22 @@ def as_user(kube_apiserver: Any, user: str) -> Kube:
 
 
 def app_bundle(tmp_path: Path) -> formats.Bundle:
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "web"},
-        "spec": {
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": {
-                "metadata": {"labels": {"app": "web"}},
-                "spec": {"containers": [{"name": "web", "image": "example.invalid/web:1"}]},
-            },
-        },
-    }
-    return write_bundle(tmp_path / "app", {"app.yaml": [configmap("settings"), deployment]})
+    return write_bundle(tmp_path / "app", {"app.yaml": [configmap("settings"), deployment()]})
+
+
+def install_as_limited_user(
+    kube: Kube, kube_apiserver: Any, name: str, tmp_path: Path, *, verbs: list[str], match: str
+) -> tuple[ApplyFailed, int]:
+    """Install ``app_bundle`` as user ``name`` (``verbs`` on Deployments), which must fail
+    with ``match``; the error and the write requests that user's client sent."""
+    limited_user(kube, name, tmp_path, deployment_verbs=verbs)
+    limited = as_user(kube_apiserver, name)
+    try:
+        with pytest.raises(ApplyFailed, match=match) as info:
+            apply.install(limited, app_bundle(tmp_path), apply.Options(name=name, namespace=name))
+        return info.value, limited.writes
+    finally:
+        limited.close()
 
 
 def test_an_rbac_denial_stops_at_its_phase_and_keeps_what_was_applied(
@@ -454,18 +364,16 @@ def test_an_rbac_denial_stops_at_its_phase_and_keeps_what_was_applied(
 ) -> None:
     """May read Deployments but not write them: the ConfigMap phase lands and is recorded;
     the workload phase stops with 'forbidden', naming file, document and object."""
-    limited_user(kube, name, tmp_path, deployment_verbs=["get", "list", "watch"])
-    limited = as_user(kube_apiserver, name)
-    try:
-        with pytest.raises(
-            ApplyFailed,
-            match=rf"(?s)phase .workloads..*Deployment\.apps {name}/web"
-            r" from manifests/app.yaml document 2.*forbidden",
-        ) as info:
-            apply.install(limited, app_bundle(tmp_path), apply.Options(name=name, namespace=name))
-    finally:
-        limited.close()
-    assert info.value.code == "PERMISSION_DENIED"
+    failed, _ = install_as_limited_user(
+        kube,
+        kube_apiserver,
+        name,
+        tmp_path,
+        verbs=["get", "list", "watch"],
+        match=rf"(?s)phase .workloads..*Deployment\.apps {name}/web"
+        r" from manifests/app.yaml document 2.*forbidden",
+    )
+    assert failed.code == "PERMISSION_DENIED"
     settings = ObjectRef("", "v1", "ConfigMap", name, "settings")
     assert kube.get(settings) is not None
     inv = inventorystore.read_inventory(
@@ -477,16 +385,14 @@ def test_an_rbac_denial_stops_at_its_phase_and_keeps_what_was_applied(
 def test_objects_the_user_may_not_even_read_stop_the_install_before_any_write(
     kube: Kube, kube_apiserver: Any, name: str, tmp_path: Path
 ) -> None:
-    limited_user(kube, name, tmp_path, deployment_verbs=[])
-    limited = as_user(kube_apiserver, name)
-    try:
-        with pytest.raises(
-            ApplyFailed,
-            match=rf"(?s)ownership check.*Deployment\.apps {name}/web"
-            r" from manifests/app.yaml document 2.*forbidden",
-        ):
-            apply.install(limited, app_bundle(tmp_path), apply.Options(name=name, namespace=name))
-        assert limited.writes == 0
-    finally:
-        limited.close()
+    _, writes = install_as_limited_user(
+        kube,
+        kube_apiserver,
+        name,
+        tmp_path,
+        verbs=[],
+        match=rf"(?s)ownership check.*Deployment\.apps {name}/web"
+        r" from manifests/app.yaml document 2.*forbidden",
+    )
+    assert writes == 0
     assert kube.get(ObjectRef("", "v1", "ConfigMap", name, "settings")) is None

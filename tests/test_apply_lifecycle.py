@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -11,43 +10,21 @@ from csi.common import errors
 from provisioner.engine import apply, diff, drift, inventorystore, lifecycle
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import DELETION_POLICY_ANNOTATION, OWNER_LABEL, ObjectRef
-from tests.polling import eventually
-from tests.test_apply_cluster import configmap, kube, name, namespace, write_bundle
+from tests.bundles import configmap, crd, deployment, namespace, widget, write_bundle
+from tests.polling import eventually, seen_by
 
 pytestmark = pytest.mark.cluster
-__all__ = ["kube", "name"]  # fixtures
 
 
 def test_diff_shows_creates_updates_and_prunes_without_writing(
     kube: Kube, name: str, tmp_path: Path
 ) -> None:
     opts = apply.Options(name=name, namespace=name)
-    apply.install(
-        kube,
-        write_bundle(
-            tmp_path,
-            {
-                "a.yaml": [
-                    namespace(name),
-                    configmap("same", k="v"),
-                    configmap("edit", k="old"),
-                    configmap("gone"),
-                ]
-            },
-        ),
-        opts,
-    )
-    bundle = write_bundle(
-        tmp_path,
-        {
-            "a.yaml": [
-                namespace(name),
-                configmap("same", k="v"),
-                configmap("edit", k="new"),
-                configmap("fresh"),
-            ]
-        },
-    )
+    same = configmap("same", k="v")
+    before = [namespace(name), same, configmap("edit", k="old"), configmap("gone")]
+    apply.install(kube, write_bundle(tmp_path, {"a.yaml": before}), opts)
+    after = [namespace(name), same, configmap("edit", k="new"), configmap("fresh")]
+    bundle = write_bundle(tmp_path, {"a.yaml": after})
     changes = {(c.ref.kind, c.ref.name): c for c in diff.plan(kube, bundle, opts)}
     assert {k: c.action for k, c in changes.items()} == {
         ("Namespace", name): "unchanged",
@@ -63,8 +40,6 @@ def test_diff_shows_creates_updates_and_prunes_without_writing(
 def test_diff_of_a_fresh_bundle_with_its_own_namespace_and_crd_only_creates(
     kube: Kube, name: str, tmp_path: Path
 ) -> None:
-    from tests.test_apply_cluster import crd, widget
-
     group = f"{name}.example.com"
     bundle = write_bundle(
         tmp_path,
@@ -92,21 +67,9 @@ def test_diff_of_a_fresh_bundle_with_its_own_namespace_and_crd_only_creates(
 def test_status_reports_health_of_every_inventoried_object(
     kube: Kube, name: str, tmp_path: Path
 ) -> None:
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "web"},
-        "spec": {
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": {
-                "metadata": {"labels": {"app": "web"}},
-                "spec": {"containers": [{"name": "c", "image": "example.invalid/x"}]},
-            },
-        },
-    }
     apply.install(
         kube,
-        write_bundle(tmp_path, {"a.yaml": [namespace(name), configmap("c"), deployment]}),
+        write_bundle(tmp_path, {"a.yaml": [namespace(name), configmap("c"), deployment()]}),
         apply.Options(name=name, namespace=name),
     )
     states = {s.ref.kind: s.health for s in lifecycle.status(kube, name)}
@@ -157,8 +120,9 @@ def test_drift_is_corrected_within_seconds_and_steady_state_sends_no_writes(
     watcher = drift.DriftWatcher(kube, name, result.applied, report=events.append, watch_timeout=5)
     watcher.start()
     try:
-        time.sleep(2)
-        assert watcher.corrections == 0, events
+        informer = watcher.informer("v1", "ConfigMap")
+        assert informer.wait_synced(10)  # the listed copies were compared: equal
+        assert watcher.idle and watcher.corrections == 0, events
         cfg = ObjectRef("", "v1", "ConfigMap", name, "cfg")
         kube.merge_patch(cfg, {"data": {"mode": "slow", "extra": "kept"}})
         eventually(lambda: (kube.get(cfg) or {}).get("data", {}).get("mode") == "fast")
@@ -175,7 +139,12 @@ def test_drift_is_corrected_within_seconds_and_steady_state_sends_no_writes(
         eventually(lambda: watcher.corrections >= 3, what="the third correction to be counted")
         settled = watcher.corrections
         assert settled == 3, events
-        time.sleep(7)  # past a watch timeout: re-watch must not write either
-        assert watcher.corrections == settled, events
+        # past a watch timeout the server ends the watch and the watcher starts another:
+        # a write that touches no field of ours, seen by that new watch, changes nothing
+        watches = informer.listwatch.watches
+        eventually(lambda: informer.listwatch.watches > watches, timeout=20, what="a re-watch")
+        note = kube.merge_patch(cfg, {"metadata": {"annotations": {"note": "not ours"}}})
+        seen_by(informer, note)
+        assert watcher.idle and watcher.corrections == settled, events
     finally:
         watcher.stop()

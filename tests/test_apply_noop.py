@@ -5,39 +5,22 @@ Against a real kube-apiserver: the ``Kube`` adapter counts the requests it sends
 
 from __future__ import annotations
 
-import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from provisioner.engine import apply, drift, formats, ownership
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import ObjectRef
+from tests import bundles
+from tests.polling import eventually
 
 pytestmark = pytest.mark.cluster
 
 
-@pytest.fixture(scope="module")
-def kube(kube_apiserver: Any) -> Iterator[Kube]:
-    client = Kube.from_kubeconfig(str(kube_apiserver.kubeconfig))
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def name() -> str:
-    return f"n-{uuid.uuid4().hex[:8]}"
-
-
 def write_bundle(root: Path, docs: list[dict[str, Any]]) -> formats.Bundle:
-    manifests = root / "manifests"
-    manifests.mkdir(parents=True, exist_ok=True)
-    (manifests / "all.yaml").write_text(yaml.safe_dump_all(docs))
-    return formats.load(root)
+    return bundles.write_bundle(root, {"all.yaml": docs})
 
 
 def varied(name: str, *, replicas: int = 1) -> list[dict[str, Any]]:
@@ -161,12 +144,18 @@ def test_changed_content_and_fields_another_writer_took_are_applied_again(
     assert ownership.stale_reason(desired, live, name) is None
 
 
-def test_objects_applied_without_a_digest_are_applied_once_more(
-    kube: Kube, name: str, tmp_path: Path
-) -> None:
+def install_two(kube: Kube, name: str, tmp_path: Path) -> tuple[formats.Bundle, apply.Options]:
+    """Namespace ``name`` and its ConfigMap ``settings``, installed as deployment ``name``."""
     options = apply.Options(name=name, namespace=name)
     bundle = write_bundle(tmp_path, varied(name)[:2])
     apply.install(kube, bundle, options)
+    return bundle, options
+
+
+def test_objects_applied_without_a_digest_are_applied_once_more(
+    kube: Kube, name: str, tmp_path: Path
+) -> None:
+    bundle, options = install_two(kube, name, tmp_path)
     # as an engine without digests left it: same content, no annotation
     cm = ObjectRef("", "v1", "ConfigMap", name, "settings")
     kube.merge_patch(cm, {"metadata": {"annotations": {ownership.DIGEST_ANNOTATION: None}}})
@@ -180,23 +169,23 @@ def test_objects_applied_without_a_digest_are_applied_once_more(
 def test_the_drift_watcher_works_from_an_unchanged_reinstall(
     kube: Kube, name: str, tmp_path: Path
 ) -> None:
-    options = apply.Options(name=name, namespace=name)
-    bundle = write_bundle(tmp_path, varied(name)[:2])
-    apply.install(kube, bundle, options)
+    bundle, options = install_two(kube, name, tmp_path)
     result = apply.install(kube, bundle, options)
     assert all(a.unchanged for a in result.applied)
     events: list[str] = []
     watcher = drift.DriftWatcher(kube, name, result.applied, report=events.append, watch_timeout=5)
     watcher.start()
     try:
-        time.sleep(1)
-        assert watcher.corrections == 0, events  # the listed copies compare equal
+        informer = watcher.informer("v1", "ConfigMap")
+        assert informer.wait_synced(10)
+        assert watcher.idle and watcher.corrections == 0, events  # listed copies compare equal
         cm = ObjectRef("", "v1", "ConfigMap", name, "settings")
         kube.merge_patch(cm, {"data": {"mode": "slow"}})
-        deadline = time.monotonic() + 10
-        while ((kube.get(cm) or {}).get("data") or {}).get("mode") != "fast":
-            assert time.monotonic() < deadline, events
-            time.sleep(0.1)
+        eventually(
+            lambda: ((kube.get(cm) or {}).get("data") or {}).get("mode") == "fast",
+            what=f"the edit undone; reports: {events}",
+        )
+        eventually(lambda: watcher.corrections >= 1, what="the correction to be counted")
         assert watcher.corrections == 1, events
     finally:
         watcher.stop()

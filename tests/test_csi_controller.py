@@ -1,16 +1,49 @@
-"""The Controller service and kubelet registration, over the plugin's unix sockets."""
+"""The Controller service and kubelet registration, over the plugin's unix sockets.
+
+CreateVolume resolves the image tag to a digest against a real registry
+(``tests.registry``), so the images these tests name are pushed there first.
+"""
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Iterator
 
 import grpc
 import pytest
 
+from csi.oci.auth import Credentials
 from csi.proto import csi_pb2, csi_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
-from tests.csi_helpers import PluginProcess, mount_capability
+from tests.csi_helpers import (
+    PluginProcess,
+    free_port,
+    mount_capability,
+    push_image,
+    simple_image,
+)
+from tests.registry import RegistryServer
 
+pytestmark = [pytest.mark.registry]
+
+# The ``images`` fixture sets these to a pushed image (tag form) and its manifest digest;
+# requests built at collection time (the invalid ones, refused before any registry
+# lookup) see the placeholder.
 IMAGE = "registry.example.com/bundles/demo:v1"
+DIGEST = ""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def images(registry: RegistryServer) -> None:
+    global IMAGE, DIGEST
+    pushed = simple_image(registry.host, "controller/demo", "v1")
+    simple_image(registry.host, "controller/other", "v1", text="other")
+    IMAGE, DIGEST = pushed.ref, pushed.manifest_digest
+
+
+def pinned(ref: str, digest: str) -> str:
+    """``host/repo:tag`` → ``host/repo@digest``, as CreateVolume names images."""
+    return f"{ref.rsplit(':', 1)[0]}@{digest}"
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +90,7 @@ def code_of(call: object) -> grpc.StatusCode:
     return info.value.code()  # type: ignore[no-any-return]
 
 
-def test_create_volume_copies_the_source_into_the_volume_context(
+def test_create_volume_pins_the_image_tag_to_its_digest_in_the_volume_context(
     controller: csi_pb2_grpc.ControllerStub,
 ) -> None:
     request = create("pvc-1", pullPolicy="Always")
@@ -65,7 +98,82 @@ def test_create_volume_copies_the_source_into_the_volume_context(
     vol = controller.CreateVolume(request).volume
     assert vol.volume_id.startswith("bundle-")
     assert vol.capacity_bytes == 0  # nothing requested, nothing reported
-    assert dict(vol.volume_context) == {"image": IMAGE, "pullPolicy": "Always"}
+    assert dict(vol.volume_context) == {"image": pinned(IMAGE, DIGEST), "pullPolicy": "Always"}
+
+
+def test_a_retried_create_keeps_the_first_digest_after_the_tag_moved(
+    controller: csi_pb2_grpc.ControllerStub, registry: RegistryServer
+) -> None:
+    first = simple_image(registry.host, "controller/moving", "v1", text="first")
+    before = controller.CreateVolume(create("pvc-moving", image=first.ref)).volume
+    second = simple_image(registry.host, "controller/moving", "v1", text="second")
+    assert second.manifest_digest != first.manifest_digest
+    again = controller.CreateVolume(create("pvc-moving", image=first.ref)).volume
+    assert again.volume_id == before.volume_id
+    assert again.volume_context["image"] == pinned(first.ref, first.manifest_digest)
+    # a new volume from the same class now gets the new content
+    fresh = controller.CreateVolume(create("pvc-moving-2", image=first.ref)).volume
+    assert fresh.volume_context["image"] == pinned(first.ref, second.manifest_digest)
+
+
+def test_an_image_named_by_digest_is_passed_on_without_asking_the_registry(
+    controller: csi_pb2_grpc.ControllerStub,
+) -> None:
+    # a registry that does not exist: a digest reference needs none
+    ref = f"127.0.0.1:{free_port()}/gone/bundle@{DIGEST}"
+    vol = controller.CreateVolume(create("pvc-by-digest", image=ref)).volume
+    assert vol.volume_context["image"] == ref
+
+
+@pytest.mark.parametrize(
+    ("image", "code", "words"),
+    [
+        ("missing-tag", grpc.StatusCode.NOT_FOUND, "names a pushed tag"),
+        ("dead-registry", grpc.StatusCode.UNAVAILABLE, "to a digest"),
+    ],
+)
+def test_an_image_that_cannot_be_resolved_fails_naming_it(
+    controller: csi_pb2_grpc.ControllerStub,
+    registry: RegistryServer,
+    image: str,
+    code: grpc.StatusCode,
+    words: str,
+) -> None:
+    ref = {
+        "missing-tag": f"{registry.host}/controller/demo:no-such-tag",
+        "dead-registry": f"127.0.0.1:{free_port()}/controller/demo:v1",
+    }[image]
+    with pytest.raises(grpc.RpcError) as info:
+        controller.CreateVolume(create(f"pvc-unresolved-{image}", image=ref))
+    assert info.value.code() == code
+    assert ref in (info.value.details() or "") and words in (info.value.details() or "")
+
+
+def dockerconfig(host: str, user: str, password: str) -> dict[str, str]:
+    auth = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {".dockerconfigjson": json.dumps({"auths": {host: {"auth": auth}}})}
+
+
+def test_a_private_image_is_resolved_with_the_secrets_of_the_request(
+    plugin: PluginProcess, controller: csi_pb2_grpc.ControllerStub, auth_registry: RegistryServer
+) -> None:
+    assert auth_registry.username and auth_registry.password
+    secret = dockerconfig(auth_registry.host, auth_registry.username, auth_registry.password)
+    creds = Credentials.from_dockerconfigjson(secret[".dockerconfigjson"])
+    image = push_image(
+        auth_registry.host, "controller/private", "v1", [[("f", "file", b"x")]], credentials=creds
+    )
+    anonymous = create("pvc-private-anon", image=image.ref)
+    with pytest.raises(grpc.RpcError) as info:
+        controller.CreateVolume(anonymous)
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "provisioner-secret-name" in (info.value.details() or "")
+
+    request = create("pvc-private", image=image.ref)
+    request.secrets.update(secret)
+    vol = controller.CreateVolume(request).volume
+    assert vol.volume_context["image"] == pinned(image.ref, image.manifest_digest)
+    assert auth_registry.password not in plugin.log()
 
 
 def test_creating_the_same_volume_twice_returns_the_same_id(
@@ -79,7 +187,7 @@ def test_creating_the_same_volume_twice_returns_the_same_id(
 @pytest.mark.parametrize(
     "other",
     [
-        {"image": "registry.example.com/bundles/other:v1"},
+        {"image": "other"},  # replaced by the pushed controller/other image
         {"pullPolicy": "Never"},
         {"required": 1 << 30},
     ],
@@ -89,6 +197,8 @@ def test_same_name_with_other_parameters_or_capacity_is_already_exists(
 ) -> None:
     name = f"pvc-conflict-{sorted(other)[0]}"
     controller.CreateVolume(create(name))
+    if other.get("image") == "other":
+        other = {"image": IMAGE.replace("controller/demo", "controller/other")}
     request = create(name, **other)  # type: ignore[arg-type]
     assert code_of(lambda: controller.CreateVolume(request)) == grpc.StatusCode.ALREADY_EXISTS
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import stat
 import tarfile
@@ -112,9 +113,66 @@ def test_rewriting_a_hardlinked_file_does_not_change_its_twin(tmp_path: Path) ->
     assert (root / "b").read_bytes() == b"changed"
 
 
-def test_absolute_names_are_made_relative(tmp_path: Path) -> None:
-    root, _ = unpack(tmp_path, [("/etc/thing", "file", b"x"), ("./ok", "file", b"y")])
+def test_absolute_names_are_made_relative_and_reported(tmp_path: Path) -> None:
+    root, stats = unpack(tmp_path, [("/etc/thing", "file", b"x"), ("./ok", "file", b"y")])
     assert tree(root) == {"etc": "dir", "etc/thing": "file:x", "ok": "file:y"}
+    assert [w for w in stats.warnings if "'/etc/thing'" in w and "absolute" in w]
+
+
+def _raw_layer(tmp_path: Path, archive: bytes) -> extract.Layer:
+    path = tmp_path / "raw.tar.gz"
+    path.write_bytes(gzip.compress(archive, mtime=0))
+    return extract.Layer(path)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "what"),
+    [(tarfile.PAX_FORMAT, "pax extended header"), (tarfile.GNU_FORMAT, "GNU long name")],
+)
+def test_an_oversized_long_name_header_refuses_the_layer_before_it_is_read(
+    tmp_path: Path, fmt: int, what: str
+) -> None:
+    name = "d/" * 40_000 + "f"  # 80 KB of path: over the 64 KiB header cap
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
+        info = tarfile.TarInfo(name)
+        tar.addfile(info, io.BytesIO(b""))
+    root = tmp_path / "root"
+    root.mkdir()
+    with pytest.raises(errors.InvalidArgument) as caught:
+        extract.extract_layers(root, [_raw_layer(tmp_path, buf.getvalue())], image="img:1")
+    message = caught.value.message
+    assert what in message and "65536" in message
+    assert len(message) < 1000  # the attacker's name is cut short, never echoed whole
+    assert os.listdir(root) == []
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["a/" * 2000 + "f", "a/" * 129 + "f", "x" * 200 + "/" + "y" * 4000],
+    ids=["2000 components", "129 components", "4201 bytes"],
+)
+def test_paths_deeper_or_longer_than_the_limits_refuse_the_layer(tmp_path: Path, name: str) -> None:
+    with pytest.raises(errors.InvalidArgument, match="rebuild the image with shallower paths"):
+        unpack(tmp_path, [(name, "file", b"x")])
+    assert os.listdir(tmp_path / "root") == []
+
+
+def test_tree_walks_are_iterative_whatever_the_depth(tmp_path: Path) -> None:
+    root = tmp_path / "deep"
+    root.mkdir()
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(3000):  # deeper than the recursion limit and than PATH_MAX allows by name
+        os.mkdir("d", dir_fd=fd)
+        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    os.close(fd)
+    assert sum(1 for _ in image_tree.walk(root)) == 3001
+    image_tree.seal_dirs(root)
+    assert stat.S_IMODE(root.stat().st_mode) == 0o555
+    image_tree.remove(root)
+    assert not root.exists()
 
 
 def test_absolute_symlink_targets_are_rewritten_inside_the_tree(tmp_path: Path) -> None:
@@ -204,7 +262,8 @@ def test_a_big_declared_file_stops_before_any_data_is_written(tmp_path: Path) ->
 
 def test_a_decompression_bomb_in_tar_headers_stops_early(tmp_path: Path) -> None:
     # A pax header that declares 64 MiB: tarfile would read it all into memory;
-    # the decompressed-stream counter stops it (64 MiB of zeros gzip to ~64 KiB).
+    # the header cap refuses it by its declared size, before reading (64 MiB of
+    # zeros gzip to ~64 KiB).
     header = tarfile.TarInfo("pax")
     header.type = tarfile.XHDTYPE
     header.size = 64 << 20
@@ -216,7 +275,7 @@ def test_a_decompression_bomb_in_tar_headers_stops_early(tmp_path: Path) -> None
             out.write(chunk)
     root = tmp_path / "root"
     root.mkdir()
-    with pytest.raises(errors.ResourceExhausted, match="decompressed"):
+    with pytest.raises(errors.InvalidArgument, match=r"pax extended header 'pax' holds 67108864"):
         extract.extract_layers(
             root, [extract.Layer(bomb)], image="bomb", limits=extract.Limits(1000, 10)
         )

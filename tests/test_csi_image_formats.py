@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -22,7 +20,15 @@ from csi.oci.client import RegistryClient
 from csi.oci.manifest import Descriptor, Index, Manifest, Platform
 from csi.oci.reference import Reference
 from csi.proto import csi_pb2, csi_pb2_grpc
-from tests.csi_helpers import PluginProcess, compress, mount_capability, push_image, tar_bytes
+from tests.csi_helpers import (
+    PluginProcess,
+    compress,
+    mount_capability,
+    node_fixture,
+    plugin_fixture,
+    push_image,
+    tar_bytes,
+)
 from tests.registry import RegistryServer
 
 pytestmark = [
@@ -30,22 +36,10 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginProcess]:
-    if os.geteuid() != 0:
-        pytest.fail("the plugin's bind mounts need root: run the suite as root")
-    proc = PluginProcess(tmp_path_factory.mktemp("formats")).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
-        proc.unmount_all()
+plugin = plugin_fixture("formats")
 
 
-@pytest.fixture(scope="module")
-def node(plugin: PluginProcess) -> Iterator[csi_pb2_grpc.NodeStub]:
-    with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
-        yield csi_pb2_grpc.NodeStub(channel)
+node = node_fixture()
 
 
 _targets = iter(range(10_000))

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
 import stat
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from csi.common import errors
 from csi.image import tree
-from csi.image.cache import Holder, ImageCache, Puller, PullPolicy
+from csi.image.cache import ImageCache
+from csi.image.cachestate import Holder
+from csi.image.seams import Puller, PullPolicy
 from csi.oci.auth import Credentials
 from csi.oci.client import RegistryClient
 from csi.oci.manifest import Platform
@@ -63,6 +68,97 @@ def test_a_second_ensure_is_a_cache_hit_without_any_request(
     assert registry.count_requests("GET", "^/v2/images/hit/") == before
 
 
+def ensure_concurrently(c: ImageCache, refs: list[str]) -> list[str]:
+    """``ensure`` each of ``refs`` in its own thread; the digests, in order. Fails on errors."""
+    results: list[str] = [""] * len(refs)
+    failures: list[BaseException] = []
+
+    def pull(n: int) -> None:
+        try:
+            got = c.ensure(refs[n], platform=AMD64, pull_policy=PullPolicy.IF_NOT_PRESENT)
+            results[n] = got.digest
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=pull, args=(n,)) for n in range(len(refs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    return results
+
+
+def test_images_sharing_a_layer_pulled_concurrently_fetch_it_once(
+    tmp_path: Path, registry: RegistryServer
+) -> None:
+    shared = [("big", "file", os.urandom(4 << 20))]
+    images = [
+        push_image(registry.host, f"images/share{n}", "v1", [shared, [("own", "file", str(n))]])
+        for n in range(4)
+    ]
+    layer = images[0].blob_digests[1]
+    assert all(i.blob_digests[1] == layer for i in images)
+    results = ensure_concurrently(cache(tmp_path), [i.ref for i in images])
+    assert results == [i.manifest_digest for i in images]
+    assert registry.count_requests("GET", rf"/blobs/{layer}$") == 1
+
+
+class GatedPuller:
+    """The real client, except that opening the blob ``gate`` waits until ``go`` is set."""
+
+    def __init__(self, gate: str) -> None:
+        self.client = RegistryClient(retries=0, timeout=5)
+        self.gate = gate
+        self.reached = threading.Event()
+        self.go = threading.Event()
+
+    def resolve_image(self, ref: Any, platform: Any = None) -> Any:
+        return self.client.resolve_image(ref, platform)
+
+    def fetch_blob(self, ref: Any, desc: Any, dest: Path) -> None:
+        self.client.fetch_blob(ref, desc, dest)
+
+    def open_blob(self, ref: Any, desc: Any) -> Any:
+        if desc.digest == self.gate:
+            self.reached.set()
+            assert self.go.wait(30)
+        return self.client.open_blob(ref, desc)
+
+
+def test_eviction_keeps_blobs_an_in_flight_pull_found_present(
+    tmp_path: Path, registry: RegistryServer
+) -> None:
+    shared = [("shared", "file", os.urandom(100_000))]
+    old = push_image(registry.host, "images/lease-old", "v1", [shared])
+    new = push_image(
+        registry.host, "images/lease-new", "v1", [[("own", "file", os.urandom(100_000))], shared]
+    )
+    gated = GatedPuller(gate=new.blob_digests[1])  # its own layer, before the shared one
+    c = cache(tmp_path, puller_factory=lambda creds: gated)
+    gated.go.set()
+    c.ensure(old.ref, platform=AMD64, pull_policy=PullPolicy.IF_NOT_PRESENT)
+    shared_digest = old.blob_digests[1]
+    assert c.store.has(shared_digest)
+    gated.go.clear()
+    done: list[str] = []
+    worker = threading.Thread(
+        target=lambda: done.append(
+            c.ensure(new.ref, platform=AMD64, pull_policy=PullPolicy.IF_NOT_PRESENT).digest
+        )
+    )
+    worker.start()
+    assert gated.reached.wait(30)  # the new pull has found the shared blob present
+    c.budget_bytes = 1
+    c.evict()
+    assert not c.has_tree(old.manifest_digest)  # evicted: nothing holds it
+    assert c.store.has(shared_digest)  # leased by the pull in flight: kept
+    gated.go.set()
+    worker.join(30)
+    assert done == [new.manifest_digest]
+    assert registry.count_requests("GET", rf"^/v2/images/lease-new/blobs/{shared_digest}$") == 0
+
+
 def test_concurrent_requests_for_one_image_fetch_each_blob_once(
     tmp_path: Path, registry: RegistryServer
 ) -> None:
@@ -72,23 +168,7 @@ def test_concurrent_requests_for_one_image_fetch_each_blob_once(
         "v1",
         [[("a", "file", b"x" * 200_000)], [("b", "file", b"y" * 100_000)]],
     )
-    c = cache(tmp_path)
-    results: list[str] = []
-    failures: list[BaseException] = []
-
-    def pull() -> None:
-        try:
-            got = c.ensure(image.ref, platform=AMD64, pull_policy=PullPolicy.IF_NOT_PRESENT)
-            results.append(got.digest)
-        except BaseException as exc:
-            failures.append(exc)
-
-    threads = [threading.Thread(target=pull) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert failures == []
+    results = ensure_concurrently(cache(tmp_path), [image.ref] * 8)
     assert results == [image.manifest_digest] * 8
     for digest in image.blob_digests:
         assert registry.count_requests("GET", rf"^/v2/images/concurrent/blobs/{digest}$") == 1
@@ -161,6 +241,23 @@ def test_a_layer_that_is_not_a_tar_is_invalid_argument(
         cache(tmp_path).ensure(str(ref), platform=AMD64, pull_policy=PullPolicy.IF_NOT_PRESENT)
 
 
+def test_a_tampered_layer_that_breaks_decompression_is_data_loss(
+    tmp_path: Path, registry: RegistryServer
+) -> None:
+    image = push_image(
+        registry.host, "images/tampered", "v1", [[("f", "file", os.urandom(64_000))]]
+    )
+    blob = registry.blob_path(image.blob_digests[1])
+    data = bytearray(blob.read_bytes())
+    data[20:4000] = b"\xff" * 3980  # same size, deflate stream broken near its start
+    blob.write_bytes(bytes(data))
+    c = cache(tmp_path)
+    with pytest.raises(errors.DataLoss, match="does not match"):
+        c.ensure(image.ref, platform=AMD64, pull_policy=PullPolicy.IF_NOT_PRESENT)
+    assert not c.store.has(image.blob_digests[1])
+    assert [p.name for p in (tmp_path / "unpacked").iterdir()] == []
+
+
 def test_a_tree_survives_a_restart_and_leftover_temp_trees_are_removed(
     tmp_path: Path, registry: RegistryServer
 ) -> None:
@@ -175,6 +272,20 @@ def test_a_tree_survives_a_restart_and_leftover_temp_trees_are_removed(
     assert list((tmp_path / "content" / "ingest").iterdir()) == []
     again = c.ensure(image.ref, platform=AMD64, pull_policy=PullPolicy.IF_NOT_PRESENT)
     assert again.cache_hit and again.path == got.path
+
+
+def test_a_committed_tree_has_its_marker_and_an_unsealed_one_is_removed_at_start(
+    tmp_path: Path, registry: RegistryServer
+) -> None:
+    image = simple_image(registry.host, "images/sealed", text="durable")
+    got = cache(tmp_path).ensure(image.ref, platform=AMD64, pull_policy=PullPolicy.IF_NOT_PRESENT)
+    marker = got.path.with_name(got.path.name + ".sealed")
+    assert json.loads(marker.read_text())["digest"] == image.manifest_digest
+    marker.unlink()  # as after a power loss between the rename and the marker
+    again = cache(tmp_path)
+    assert not got.path.exists()
+    pulled = again.ensure(image.ref, platform=AMD64, pull_policy=PullPolicy.IF_NOT_PRESENT)
+    assert not pulled.cache_hit and (pulled.path / "manifests/cm.yaml").read_text() == "durable"
 
 
 def test_eviction_removes_least_recently_used_unheld_trees_and_their_blobs(
@@ -193,6 +304,7 @@ def test_eviction_removes_least_recently_used_unheld_trees_and_their_blobs(
     unheld = c.ensure(b.ref, platform=AMD64, pull_policy=PullPolicy.IF_NOT_PRESENT)
     assert held.path.exists() and unheld.path.exists()
     newest = c.ensure(d.ref, platform=AMD64, pull_policy=PullPolicy.IF_NOT_PRESENT)
+    c.evict()  # eviction runs in the background after a pull; this waits for a full pass
     assert held.path.exists() and newest.path.exists()
     assert not unheld.path.exists()
     assert not any(c.store.has(digest) for digest in b.blob_digests[1:])

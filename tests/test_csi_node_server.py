@@ -6,8 +6,8 @@ live under its temp kubelet dir and everything mounted is unmounted at the end.
 
 from __future__ import annotations
 
-import base64
 import errno
+import functools
 import json
 import os
 import threading
@@ -21,7 +21,18 @@ import requests
 
 from csi.node import mounter
 from csi.proto import csi_pb2, csi_pb2_grpc
-from tests.csi_helpers import PluginProcess, free_port, mount_capability, push_image, simple_image
+from tests.csi_helpers import (
+    PluginProcess,
+    code_of,
+    dockerconfig,
+    free_port,
+    mount_capability,
+    plugin_fixture,
+    publish_request,
+    push_image,
+    simple_image,
+    target,
+)
 from tests.polling import logged
 from tests.registry import RegistryServer
 
@@ -30,16 +41,7 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginProcess]:
-    if os.geteuid() != 0:
-        pytest.fail("the plugin's bind mounts need root: run the suite as root")
-    proc = PluginProcess(tmp_path_factory.mktemp("plugin")).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
-        proc.unmount_all()
+plugin = plugin_fixture("plugin")
 
 
 @pytest.fixture(scope="module")
@@ -51,43 +53,6 @@ def channel(plugin: PluginProcess) -> Iterator[grpc.Channel]:
 @pytest.fixture
 def node(channel: grpc.Channel) -> csi_pb2_grpc.NodeStub:
     return csi_pb2_grpc.NodeStub(channel)
-
-
-_counter = iter(range(10_000))
-
-
-def target(plugin: PluginProcess) -> str:
-    """A fresh target path as kubelet would pass it (parent exists, target does not)."""
-    parent = plugin.kubelet_dir / "pods" / f"pod-{next(_counter)}" / "volumes"
-    parent.mkdir(parents=True)
-    return str(parent / "mount")
-
-
-def publish_request(
-    target_path: str,
-    image: str | None,
-    *,
-    volume_id: str = "vol-1",
-    secrets: dict[str, str] | None = None,
-    **attributes: str,
-) -> csi_pb2.NodePublishVolumeRequest:
-    context = dict(attributes)
-    if image is not None:
-        context["image"] = image
-    context.setdefault("csi.storage.k8s.io/ephemeral", "true")
-    return csi_pb2.NodePublishVolumeRequest(
-        volume_id=volume_id,
-        target_path=target_path,
-        volume_capability=mount_capability("SINGLE_NODE_WRITER"),
-        volume_context=context,
-        secrets=secrets or {},
-    )
-
-
-def code_of(call: object) -> grpc.StatusCode:
-    with pytest.raises(grpc.RpcError) as info:
-        call()  # type: ignore[operator]
-    return info.value.code()  # type: ignore[no-any-return]
 
 
 # --- identity and info ----------------------------------------------------------------
@@ -232,6 +197,16 @@ def test_bad_publish_requests_are_invalid_argument(
     assert not Path(path).exists()
 
 
+def test_a_target_path_with_a_nul_byte_is_invalid_argument(
+    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+) -> None:
+    path = target(plugin) + "\0/evil"
+    publish = publish_request(path, f"{registry.host}/node/x:v1")
+    assert code_of(lambda: node.NodePublishVolume(publish)) == grpc.StatusCode.INVALID_ARGUMENT
+    unpublish = csi_pb2.NodeUnpublishVolumeRequest(volume_id="v", target_path=path)
+    assert code_of(lambda: node.NodeUnpublishVolume(unpublish)) == grpc.StatusCode.INVALID_ARGUMENT
+
+
 def test_unpublish_without_volume_id_or_target_is_invalid_argument(
     node: csi_pb2_grpc.NodeStub,
 ) -> None:
@@ -239,7 +214,7 @@ def test_unpublish_without_volume_id_or_target_is_invalid_argument(
         csi_pb2.NodeUnpublishVolumeRequest(target_path="/x"),
         csi_pb2.NodeUnpublishVolumeRequest(volume_id="v"),
     ):
-        code = code_of(lambda r=request: node.NodeUnpublishVolume(r))
+        code = code_of(functools.partial(node.NodeUnpublishVolume, request))
         assert code == grpc.StatusCode.INVALID_ARGUMENT
 
 
@@ -261,11 +236,6 @@ def test_pull_policy_never_for_an_absent_image_is_failed_precondition(
 def test_a_dead_registry_is_unavailable(plugin: PluginProcess, node: csi_pb2_grpc.NodeStub) -> None:
     request = publish_request(target(plugin), f"127.0.0.1:{free_port()}/node/dead:v1")
     assert code_of(lambda: node.NodePublishVolume(request)) == grpc.StatusCode.UNAVAILABLE
-
-
-def dockerconfig(host: str, user: str, password: str) -> dict[str, str]:
-    auth = base64.b64encode(f"{user}:{password}".encode()).decode()
-    return {".dockerconfigjson": json.dumps({"auths": {host: {"auth": auth}}})}
 
 
 def test_credentials_from_the_secret_are_used_and_never_logged(
@@ -348,10 +318,10 @@ def test_metrics_count_calls_cache_results_and_published_volumes(
     node.NodePublishVolume(publish_request(target(plugin), image.ref))
     node.NodePublishVolume(publish_request(target(plugin), image.ref, volume_id="vol-2"))
     text = requests.get(f"http://127.0.0.1:{plugin.metrics_port}/metrics", timeout=5).text
-    assert 'rukpak_csi_rpc_total{method="NodePublishVolume",code="OK"}' in text
+    assert 'rukpak_csi_rpc_total{code="OK",method="NodePublishVolume"}' in text
     assert 'rukpak_csi_image_cache_total{result="hit"}' in text
     published = [line for line in text.splitlines() if line.startswith("rukpak_csi_published_")]
-    assert int(published[0].split()[-1]) >= 2
+    assert float(published[0].split()[-1]) >= 2
 
 
 # --- crashes and restarts ---------------------------------------------------------------
@@ -394,6 +364,62 @@ def test_a_crash_during_a_pull_leaves_no_partial_tree_and_keeps_published_volume
     finally:
         proc.stop()
         proc.unmount_all()
+
+
+def test_republishing_after_the_holders_digest_record_was_lost_succeeds(
+    tmp_path: Path, registry: RegistryServer
+) -> None:
+    image = simple_image(registry.host, "node/lost-record", text="kept")
+    proc = PluginProcess(tmp_path).start()
+    try:
+        path = target(proc)
+        request = publish_request(path, image.ref, volume_id="vol-lost")
+        with grpc.insecure_channel(f"unix://{proc.socket}") as ch:
+            csi_pb2_grpc.NodeStub(ch).NodePublishVolume(request)
+        proc.stop()  # state.json is rewritten atomically on every change
+        state_path = proc.state_dir / "images/state.json"
+        state = json.loads(state_path.read_text())
+        del state["holders"][path]["digest"]
+        state_path.write_text(json.dumps(state))
+        proc.start()
+        with grpc.insecure_channel(f"unix://{proc.socket}") as ch:
+            csi_pb2_grpc.NodeStub(ch).NodePublishVolume(request)  # idempotent: OK
+        assert (Path(path) / "manifests/cm.yaml").read_text() == "kept"
+    finally:
+        proc.stop()
+        proc.unmount_all()
+
+
+def test_an_unreadable_state_file_is_kept_aside_and_the_plugin_starts(tmp_path: Path) -> None:
+    state_path = tmp_path / "state/images/state.json"
+    state_path.parent.mkdir(parents=True)
+    state_path.write_text('{"holders": {"/var/lib/kubelet/pods/x": ')  # torn write
+    proc = PluginProcess(tmp_path).start()
+    try:
+        kept = list(state_path.parent.glob("state.json.bad-*"))
+        assert [p.read_text() for p in kept] == ['{"holders": {"/var/lib/kubelet/pods/x": ']
+        assert "state file unreadable; kept aside" in proc.log()
+    finally:
+        proc.stop()
+
+
+def test_the_plugin_starts_and_removes_a_leftover_staging_tree_of_any_depth(
+    tmp_path: Path,
+) -> None:
+    leftover = tmp_path / "state/images/unpacked" / ("0" * 64 + ".tmp-dead")
+    leftover.mkdir(parents=True)
+    fd = os.open(leftover, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(2500):  # what a 200-byte layer with a deep pax path used to leave
+        os.mkdir("a", 0o555, dir_fd=fd)
+        child = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    os.close(fd)
+    proc = PluginProcess(tmp_path).start()
+    try:
+        assert not leftover.exists()
+    finally:
+        proc.stop()
 
 
 def test_sigterm_stops_the_plugin_cleanly_and_removes_its_socket(tmp_path: Path) -> None:

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from csi.common import errors
-from csi.image.cache import Holder, ImageCache, Puller, PullPolicy
+from csi.image.cache import ImageCache
+from csi.image.cachestate import Holder
+from csi.image.seams import Puller, PullPolicy
 from csi.node import mounter
 from csi.node.publish import Publisher
 from csi.oci.auth import Credentials

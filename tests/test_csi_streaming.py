@@ -21,7 +21,8 @@ from typing import BinaryIO
 import pytest
 
 from csi.common import errors
-from csi.image.cache import ImageCache, PullPolicy
+from csi.image.cache import ImageCache
+from csi.image.seams import PullPolicy
 from csi.image.store import ContentStore
 from csi.oci import digest as digests
 from csi.oci import mediatypes
@@ -99,10 +100,12 @@ def ensure(root: Path, puller: FakePuller) -> Path:
 
 
 def visible(root: Path) -> dict[str, list[str]]:
-    """What a pull left: trees, staging dirs, blobs, ingests."""
+    """What a pull left: trees, staging dirs, blobs, ingests (not the trees' sealed markers)."""
     blobs = root / "content" / "blobs" / "sha256"
     return {
-        "unpacked": sorted(p.name for p in (root / "unpacked").iterdir()),
+        "unpacked": sorted(
+            p.name for p in (root / "unpacked").iterdir() if not p.name.endswith(".sealed")
+        ),
         "blobs": sorted(p.name for p in blobs.iterdir()) if blobs.exists() else [],
         "ingest": sorted(p.name for p in (root / "content" / "ingest").iterdir()),
     }

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +49,8 @@ def bundle_image(kube_cluster: Any) -> str:
 
 @pytest.fixture(scope="module")
 def namespace(core: client.CoreV1Api) -> Iterator[str]:
-    name = f"e2e-csi-{uuid.uuid4().hex[:6]}"
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    try:
+    with e2e.temporary_namespace(core, "e2e-csi") as name:
         yield name
-    finally:
-        core.delete_namespace(name, grace_period_seconds=0)
 
 
 def _name(prefix: str) -> str:
@@ -81,6 +78,57 @@ def _claim_phase(core: client.CoreV1Api, namespace: str, name: str) -> str:
     return str(claim.status.phase)
 
 
+@dataclass(frozen=True)
+class Scene:
+    """What the volume tests use: the cluster, its API, our plugin, the bundle, a namespace."""
+
+    cluster: Any
+    core: client.CoreV1Api
+    plugin: e2e.HostPlugin
+    bundle_image: str
+    namespace: str
+
+    def start_pod(
+        self, prefix: str, command: str, volume: client.V1Volume, *, read_only: bool = True
+    ) -> str:
+        """Create a busybox pod running ``sh -c command`` with ``volume`` at /bundle; its name."""
+        name = _name(prefix)
+        e2e.start_bundle_pod(
+            self.core,
+            self.namespace,
+            name,
+            image=self.cluster.busybox_image,
+            command=command,
+            volume=volume,
+            read_only=read_only,
+        )
+        return name
+
+    def finished(self, name: str) -> str:
+        return _finished(self.core, self.namespace, name, self.plugin)
+
+    def delete_pod(self, name: str) -> None:
+        e2e.delete_pod_and_wait(self.core, self.namespace, name)
+
+    def cat_manifest(self, prefix: str, volume: client.V1Volume) -> str:
+        """What a pod with ``volume`` at /bundle prints for ``cat`` of the test manifest."""
+        name = self.start_pod(prefix, f"cat /bundle/manifests/{MANIFEST}", volume)
+        log = self.finished(name)
+        self.delete_pod(name)
+        return log
+
+
+@pytest.fixture
+def scene(
+    kube_cluster: Any,
+    core: client.CoreV1Api,
+    plugin: e2e.HostPlugin,
+    bundle_image: str,
+    namespace: str,
+) -> Scene:
+    return Scene(kube_cluster, core, plugin, bundle_image, namespace)
+
+
 class TestRegistration:
     def test_the_kubelet_registers_the_plugin_on_the_nodes_csinode(
         self, kube_cluster: Any, api_client: client.ApiClient, plugin: e2e.HostPlugin
@@ -97,72 +145,34 @@ class TestRegistration:
 
 class TestInlineVolume:
     def test_a_pod_reads_a_manifest_of_the_bundle_from_its_inline_volume(
-        self,
-        kube_cluster: Any,
-        core: client.CoreV1Api,
-        plugin: e2e.HostPlugin,
-        bundle_image: str,
-        namespace: str,
+        self, scene: Scene
     ) -> None:
-        name = _name("reader")
-        pod = e2e.bundle_pod(
-            name,
-            image=kube_cluster.busybox_image,
-            command=f"cat /bundle/manifests/{MANIFEST}",
-            volume=e2e.inline_bundle_volume(bundle_image),
-        )
-        e2e.create_pod(core, namespace, pod)
-        log = _finished(core, namespace, name, plugin)
+        log = scene.cat_manifest("reader", e2e.inline_bundle_volume(scene.bundle_image))
         assert log == (e2e.HELLO_BUNDLE / "manifests" / MANIFEST).read_text()
-        e2e.delete_pod_and_wait(core, namespace, name)
 
     def test_writing_to_the_volume_fails_even_when_the_pod_mounts_it_read_write(
-        self,
-        kube_cluster: Any,
-        core: client.CoreV1Api,
-        plugin: e2e.HostPlugin,
-        bundle_image: str,
-        namespace: str,
+        self, scene: Scene
     ) -> None:
-        name = _name("writer")
         script = (
             "if echo x > /bundle/manifests/new.yaml; then echo WROTE; else echo REFUSED; fi; "
             "if rm /bundle/manifests/" + MANIFEST + "; then echo REMOVED; else echo KEPT; fi; "
             "ls /bundle/manifests"
         )
-        pod = e2e.bundle_pod(
-            name,
-            image=kube_cluster.busybox_image,
-            command=script,
-            volume=e2e.inline_bundle_volume(bundle_image),
-            read_only=False,
-        )
-        e2e.create_pod(core, namespace, pod)
-        log = _finished(core, namespace, name, plugin)
+        volume = e2e.inline_bundle_volume(scene.bundle_image)
+        name = scene.start_pod("writer", script, volume, read_only=False)
+        log = scene.finished(name)
         assert "REFUSED" in log and "KEPT" in log, log
         assert "Read-only file system" in log
         assert "WROTE" not in log and "REMOVED" not in log
-        e2e.delete_pod_and_wait(core, namespace, name)
+        scene.delete_pod(name)
 
-    def test_deleting_the_pod_unmounts_and_removes_the_published_volume(
-        self,
-        kube_cluster: Any,
-        core: client.CoreV1Api,
-        plugin: e2e.HostPlugin,
-        bundle_image: str,
-        namespace: str,
-    ) -> None:
-        name = _name("sleeper")
-        pod = e2e.bundle_pod(
-            name,
-            image=kube_cluster.busybox_image,
-            command="ls /bundle/manifests && exec sleep 3600",
-            volume=e2e.inline_bundle_volume(bundle_image),
-        )
-        e2e.create_pod(core, namespace, pod)
+    def test_deleting_the_pod_unmounts_and_removes_the_published_volume(self, scene: Scene) -> None:
+        core, namespace = scene.core, scene.namespace
+        volume = e2e.inline_bundle_volume(scene.bundle_image)
+        name = scene.start_pod("sleeper", "ls /bundle/manifests && exec sleep 3600", volume)
         running: Any = e2e.wait_phase(core, namespace, name, ("Running",), timeout=90)
         target = e2e.csi_target_path(
-            Path(kube_cluster.kubelet_dir), running.metadata.uid, "bundle"
+            Path(scene.cluster.kubelet_dir), running.metadata.uid, "bundle"
         ).resolve()
         mounted = {Path(m.mount_point): m for m in e2e.mounts_under(target)}
         assert target in mounted, f"{target} is not in /proc/self/mountinfo"
@@ -170,32 +180,22 @@ class TestInlineVolume:
         expected = sorted(p.name for p in (e2e.HELLO_BUNDLE / "manifests").iterdir())
         assert sorted(p.name for p in (target / "manifests").iterdir()) == expected
 
-        e2e.delete_pod_and_wait(core, namespace, name)
+        scene.delete_pod(name)
         eventually(
             lambda: not e2e.mounts_under(target) and not target.exists(),
             timeout=60,
             what=f"{target} to be unmounted and removed",
         )
-        logged(plugin.log, f"msg='unpublished' target={target}")
+        logged(scene.plugin.log, f"msg='unpublished' target={target}")
 
 
 class TestBadInput:
     def test_a_missing_image_shows_the_plugins_not_found_error_as_a_failed_mount_event(
-        self,
-        kube_cluster: Any,
-        core: client.CoreV1Api,
-        plugin: e2e.HostPlugin,
-        namespace: str,
+        self, scene: Scene
     ) -> None:
-        name = _name("missing")
-        missing = f"{kube_cluster.registry_host}/rukpak-e2e/does-not-exist:v9"
-        pod = e2e.bundle_pod(
-            name,
-            image=kube_cluster.busybox_image,
-            command="ls /bundle",
-            volume=e2e.inline_bundle_volume(missing),
-        )
-        e2e.create_pod(core, namespace, pod)
+        core, namespace = scene.core, scene.namespace
+        missing = f"{scene.cluster.registry_host}/rukpak-e2e/does-not-exist:v9"
+        name = scene.start_pod("missing", "ls /bundle", e2e.inline_bundle_volume(missing))
         messages = eventually(
             lambda: e2e.failed_mount_messages(core, namespace, name),
             timeout=60,
@@ -210,18 +210,14 @@ class TestBadInput:
         assert "check the name and tag" in message, message
         pending: Any = core.read_namespaced_pod(name, namespace)
         assert pending.status.phase == "Pending"
-        e2e.delete_pod_and_wait(core, namespace, name)
+        scene.delete_pod(name)
 
 
 class TestPersistentVolume:
     def test_a_pod_reads_the_bundle_through_a_static_read_only_many_pv_and_claim(
-        self,
-        kube_cluster: Any,
-        core: client.CoreV1Api,
-        plugin: e2e.HostPlugin,
-        bundle_image: str,
-        namespace: str,
+        self, scene: Scene
     ) -> None:
+        core, namespace = scene.core, scene.namespace
         pv_name = _name("hello-bundle")
         labels = {"app.kubernetes.io/part-of": "rukpak"}
         pv = client.V1PersistentVolume(
@@ -235,7 +231,10 @@ class TestPersistentVolume:
                     driver=e2e.DRIVER,
                     volume_handle=pv_name,
                     read_only=True,
-                    volume_attributes={"image": bundle_image, "pullPolicy": "IfNotPresent"},
+                    volume_attributes={
+                        "image": scene.bundle_image,
+                        "pullPolicy": "IfNotPresent",
+                    },
                 ),
             ),
         )
@@ -256,17 +255,8 @@ class TestPersistentVolume:
                 timeout=60,
                 what="the claim to bind",
             )
-            name = _name("pv-reader")
-            pod = e2e.bundle_pod(
-                name,
-                image=kube_cluster.busybox_image,
-                command=f"cat /bundle/manifests/{MANIFEST}",
-                volume=e2e.claim_volume("hello-bundle"),
-            )
-            e2e.create_pod(core, namespace, pod)
-            log = _finished(core, namespace, name, plugin)
+            log = scene.cat_manifest("pv-reader", e2e.claim_volume("hello-bundle"))
             assert log == (e2e.HELLO_BUNDLE / "manifests" / MANIFEST).read_text()
-            e2e.delete_pod_and_wait(core, namespace, name)
             core.delete_namespaced_persistent_volume_claim("hello-bundle", namespace)
         finally:
             core.delete_persistent_volume(pv_name)

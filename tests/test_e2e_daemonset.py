@@ -1,21 +1,18 @@
-"""End to end: the shipped ``daemonset/`` manifests run the node plugin's real image.
+"""End to end: the node plugin's DaemonSet as ``deploy/`` installs it, from the real image.
 
-``hack/image/build.sh`` builds the image (no container engine) and pushes it to the
-registry the local cluster's containerd pulls from; ``kubectl kustomize daemonset/`` is
-applied with only what differs on this test node changed: the image reference, the
-kubelet's root dir (a temp dir here, not /var/lib/kubelet) and the plugin's state dir
-(a temp dir). Then, in order: the DaemonSet's pod runs and the kubelet lists
-``csi.rukpak.io`` on the node's CSINode; a pod reads a bundle manifest from an inline
-volume and, deleted, leaves no mount behind; deleting the DaemonSet stops the plugin
-through its SIGTERM path, removes its sockets and leaves nothing mounted.
+The ``rukpak_system`` fixture (``tests.install_helpers``) installs the whole system from
+``deploy/`` with the shipped ``kubelet-root`` component pointing the DaemonSet at this
+node's kubelet root (a temp dir here) and plugin cache dir; nothing is edited by hand.
+Then, in order: the DaemonSet's pod runs and the kubelet lists ``csi.rukpak.io`` on the
+node's CSINode; a pod reads a bundle manifest from an inline volume and, deleted, leaves
+no mount behind; the volume is read-only on the node too; deleting the DaemonSet stops
+the plugin through its SIGTERM path, removes its sockets and leaves nothing mounted,
+and re-applying it from the same rendered manifests brings the plugin back.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 import subprocess
-import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,97 +24,41 @@ import yaml
 from kubernetes import client
 
 from tests import e2e_helpers as e2e
-from tests import image_helpers
-from tests.cluster import bins
+from tests import install_helpers as inst
 from tests.polling import eventually
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-NAMESPACE = "rukpak-system"
-DAEMONSET = "rukpak-csi-node"
+NAMESPACE = inst.NAMESPACE
+DAEMONSET = inst.DAEMONSET
 SELECTOR = "app.kubernetes.io/name=rukpak-csi,app.kubernetes.io/component=node-plugin"
-SHIPPED_KUBELET_DIR = "/var/lib/kubelet"
-SHIPPED_STATE_DIR = "/var/lib/rukpak-csi"
 MANIFEST = "02_configmap.yaml"
-
-
-def _kubectl(cluster: Any, *args: str, timeout: float = 60) -> str:
-    kubectl = bins.find("kubectl")
-    if kubectl is None:
-        pytest.fail(
-            "no kubectl binary: run `make k8s-bins` (make test does) or set KUBEBUILDER_ASSETS"
-        )
-    done = subprocess.run(
-        [str(kubectl), "--kubeconfig", str(cluster.kubeconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"kubectl {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
-    return done.stdout
-
-
-def for_test_node(
-    docs: list[dict[str, Any]], *, image: str, kubelet_dir: Path, state_dir: Path
-) -> list[dict[str, Any]]:
-    """The rendered manifests with the image, kubelet root and state dir of this node."""
-    adapted = []
-    for doc in docs:
-        if doc["kind"] == "DaemonSet":
-            text = json.dumps(doc).replace(SHIPPED_KUBELET_DIR, str(kubelet_dir))
-            doc = json.loads(text)
-            spec = doc["spec"]["template"]["spec"]
-            (plugin,) = [c for c in spec["containers"] if c["name"] == "plugin"]
-            plugin["image"] = image
-            for volume in spec["volumes"]:
-                if volume.get("hostPath", {}).get("path") == SHIPPED_STATE_DIR:
-                    volume["hostPath"]["path"] = str(state_dir)
-        adapted.append(doc)
-    return adapted
 
 
 @dataclass
 class Deployment:
-    """The applied manifests and what the test checks against afterwards."""
+    """The installed system and the mounts that existed before these tests."""
 
-    manifests: Path
-    state_dir: Path
+    system: inst.RukpakSystem
     mounts_before: set[Path]
 
-
-@pytest.fixture(scope="module")
-def plugin_image(kube_cluster: Any, request: pytest.FixtureRequest) -> str:
-    e2e.require_local_node(kube_cluster)
-    ref = f"{kube_cluster.registry_host}/rukpak/rukpak-python:e2e"
-    return image_helpers.build_and_push(ref, request=request)
+    @property
+    def state_dir(self) -> Path:
+        return self.system.state_dir
 
 
 @pytest.fixture(scope="module")
-def deployed(
-    kube_cluster: Any, api_client: client.ApiClient, plugin_image: str
-) -> Iterator[Deployment]:
-    """``daemonset/`` applied for this node; everything it created deleted afterwards."""
-    kubelet_dir = Path(kube_cluster.kubelet_dir)
-    assert Path(kube_cluster.plugins_dir) == kubelet_dir / "plugins"
-    assert Path(kube_cluster.plugins_registry_dir) == kubelet_dir / "plugins_registry"
-    workdir = Path(tempfile.mkdtemp(prefix="rk-ds-"))
-    state_dir = workdir / "state"
-    rendered = list(
-        yaml.safe_load_all(_kubectl(kube_cluster, "kustomize", str(e2e.REPO_ROOT / "daemonset")))
-    )
-    docs = for_test_node(rendered, image=plugin_image, kubelet_dir=kubelet_dir, state_dir=state_dir)
-    manifests = workdir / "manifests.yaml"
-    manifests.write_text(yaml.safe_dump_all(docs))
+def deployed(rukpak_system: inst.RukpakSystem) -> Deployment:
+    kubelet_dir = rukpak_system.kubelet_dir
+    assert Path(rukpak_system.cluster.plugins_dir) == kubelet_dir / "plugins"
+    assert Path(rukpak_system.cluster.plugins_registry_dir) == kubelet_dir / "plugins_registry"
     before = {m.mount_point for m in e2e.mounts_under(kubelet_dir)}
-    _kubectl(kube_cluster, "apply", "-f", str(manifests))
-    try:
-        yield Deployment(manifests=manifests, state_dir=state_dir, mounts_before=before)
-    finally:
-        _kubectl(kube_cluster, "delete", "--ignore-not-found", "--wait=false", "-f", str(manifests))
-        if not e2e.mounts_under(workdir):
-            shutil.rmtree(workdir, ignore_errors=True)
+    return Deployment(system=rukpak_system, mounts_before=before)
+
+
+@pytest.fixture(scope="module")
+def plugin_image(rukpak_system: inst.RukpakSystem) -> str:
+    return rukpak_system.image
 
 
 def _plugin_pod(core: client.CoreV1Api) -> Any:
@@ -160,12 +101,8 @@ def _registered(api_client: client.ApiClient, node: str) -> dict[str, str] | Non
 
 @pytest.fixture(scope="module")
 def namespace(core: client.CoreV1Api) -> Iterator[str]:
-    name = f"e2e-ds-{uuid.uuid4().hex[:6]}"
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    try:
+    with e2e.temporary_namespace(core, "e2e-ds") as name:
         yield name
-    finally:
-        core.delete_namespace(name, grace_period_seconds=0)
 
 
 class TestTheShippedDaemonSet:
@@ -202,13 +139,14 @@ class TestTheShippedDaemonSet:
         bundle = f"{kube_cluster.registry_host}/rukpak-e2e/hello-ds:v1"
         e2e.push_bundle(e2e.HELLO_BUNDLE, bundle)
         name = f"reader-{uuid.uuid4().hex[:6]}"
-        pod = e2e.bundle_pod(
+        e2e.start_bundle_pod(
+            core,
+            namespace,
             name,
             image=kube_cluster.busybox_image,
             command=f"cat /bundle/manifests/{MANIFEST} && exec sleep 3600",
             volume=e2e.inline_bundle_volume(bundle),
         )
-        e2e.create_pod(core, namespace, pod)
         plugin = _plugin_pod(core)
         try:
             running: Any = e2e.wait_phase(core, namespace, name, ("Running",), timeout=90)
@@ -248,14 +186,15 @@ class TestTheShippedDaemonSet:
             "if touch /bundle/manifests/new.yaml; then echo WROTE; else echo REFUSED; fi; "
             "rm -f /bundle/manifests/new.yaml; exec sleep 3600"
         )
-        pod = e2e.bundle_pod(
+        e2e.start_bundle_pod(
+            core,
+            namespace,
             name,
             image=kube_cluster.busybox_image,
             command=script,
             volume=e2e.inline_bundle_volume(bundle),
             read_only=False,
         )
-        e2e.create_pod(core, namespace, pod)
         target: Path | None = None
         try:
             running: Any = e2e.wait_phase(core, namespace, name, ("Running",), timeout=90)
@@ -287,9 +226,8 @@ class TestTheShippedDaemonSet:
         deployed: Deployment,
     ) -> None:
         pod = _running_plugin(core)
-        kubectl = bins.find("kubectl")
-        assert kubectl is not None
-        follow_log = deployed.manifests.parent / "plugin-follow.log"
+        kubectl = inst.kubectl_binary()
+        follow_log = deployed.system.workdir / "plugin-follow.log"
         argv = [str(kubectl), "--kubeconfig", str(kube_cluster.kubeconfig), "logs", "-f"]
         argv += ["-n", NAMESPACE, pod.metadata.name, "-c", "plugin"]
         with follow_log.open("wb") as out:
@@ -300,7 +238,7 @@ class TestTheShippedDaemonSet:
                 timeout=20,
                 what="kubectl logs -f to follow the plugin",
             )
-            _kubectl(kube_cluster, "delete", "daemonset", DAEMONSET, "-n", NAMESPACE)
+            deployed.system.kubectl("delete", "daemonset", DAEMONSET, "-n", NAMESPACE)
             eventually(lambda: _plugin_pod(core) is None, timeout=90, what="the plugin's pod to go")
             follower.wait(timeout=30)
         finally:
@@ -333,3 +271,22 @@ class TestTheShippedDaemonSet:
             )
         except AssertionError as e:
             raise AssertionError(f"{e}: {sorted(map(str, leftover()))}") from None
+
+    def test_reapplying_the_rendered_manifests_brings_the_plugin_back(
+        self,
+        kube_cluster: Any,
+        api_client: client.ApiClient,
+        core: client.CoreV1Api,
+        deployed: Deployment,
+    ) -> None:
+        system = deployed.system
+        (daemonset,) = [d for d in system.documents() if d["kind"] == "DaemonSet"]
+        system.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(daemonset))
+        inst.rollout(system, [daemonset], timeout=120)
+        pod = _running_plugin(core)
+        assert pod.spec.containers[0].image == system.image
+        eventually(
+            lambda: _registered(api_client, kube_cluster.node_name),
+            timeout=60,
+            what="csi.rukpak.io on the CSINode again",
+        )

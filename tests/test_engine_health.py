@@ -30,21 +30,39 @@ def cond(kind: str, status: str, reason: str = "", message: str = "") -> dict[st
 
 AVAILABLE = [cond("Available", "True")]
 
+
+def statefulset(update_revision: str) -> dict[str, Any]:
+    """Two ready replicas, all updated; on revision r1, rolling to ``update_revision``."""
+    status: dict[str, Any] = {"observedGeneration": 1, "readyReplicas": 2, "updatedReplicas": 2}
+    status |= {"currentRevision": "r1", "updateRevision": update_revision}
+    return obj("apps/v1", "StatefulSet", spec={"replicas": 2}, status=status)
+
+
+def daemonset(available: int) -> dict[str, Any]:
+    """Scheduled and updated on 3 nodes, ``available`` of them available."""
+    status = {"observedGeneration": 1, "desiredNumberScheduled": 3, "updatedNumberScheduled": 3}
+    return obj("apps/v1", "DaemonSet", status=status | {"numberAvailable": available})
+
+
+def with_conditions(api_version: str, kind: str, *conditions: dict[str, str]) -> dict[str, Any]:
+    return obj(api_version, kind, status={"conditions": list(conditions)})
+
+
+def deployment(replicas: int, *conditions: dict[str, str]) -> dict[str, Any]:
+    """Observed, every replica updated, with ``conditions``."""
+    status = {"observedGeneration": 1, "replicas": replicas, "updatedReplicas": replicas}
+    spec = {"replicas": replicas}
+    return obj("apps/v1", "Deployment", spec=spec, status=status | {"conditions": list(conditions)})
+
+
+CRD = ("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+APISERVICE = ("apiregistration.k8s.io/v1", "APIService")
+
 CASES = [
     ("present ConfigMap", obj("v1", "ConfigMap"), True, ""),
     (
         "available Deployment",
-        obj(
-            "apps/v1",
-            "Deployment",
-            spec={"replicas": 2},
-            status={
-                "observedGeneration": 1,
-                "replicas": 2,
-                "updatedReplicas": 2,
-                "conditions": AVAILABLE,
-            },
-        ),
+        deployment(2, *AVAILABLE),
         True,
         "",
     ),
@@ -82,134 +100,68 @@ CASES = [
     ),
     (
         "unavailable Deployment",
-        obj(
-            "apps/v1",
-            "Deployment",
-            spec={"replicas": 1},
-            status={
-                "observedGeneration": 1,
-                "replicas": 1,
-                "updatedReplicas": 1,
-                "conditions": [cond("Available", "False", "MinimumReplicasUnavailable")],
-            },
-        ),
+        deployment(1, cond("Available", "False", "MinimumReplicasUnavailable")),
         False,
         "Available is False: MinimumReplicasUnavailable",
     ),
     (
         "rolled-out StatefulSet",
-        obj(
-            "apps/v1",
-            "StatefulSet",
-            spec={"replicas": 2},
-            status={
-                "observedGeneration": 1,
-                "readyReplicas": 2,
-                "updatedReplicas": 2,
-                "currentRevision": "r1",
-                "updateRevision": "r1",
-            },
-        ),
+        statefulset("r1"),
         True,
         "",
     ),
     (
         "StatefulSet still rolling",
-        obj(
-            "apps/v1",
-            "StatefulSet",
-            spec={"replicas": 2},
-            status={
-                "observedGeneration": 1,
-                "readyReplicas": 2,
-                "updatedReplicas": 2,
-                "currentRevision": "r1",
-                "updateRevision": "r2",
-            },
-        ),
+        statefulset("r2"),
         False,
         "rolling out revision r2",
     ),
     (
         "DaemonSet on every node",
-        obj(
-            "apps/v1",
-            "DaemonSet",
-            status={
-                "observedGeneration": 1,
-                "desiredNumberScheduled": 3,
-                "updatedNumberScheduled": 3,
-                "numberAvailable": 3,
-            },
-        ),
+        daemonset(3),
         True,
         "",
     ),
     (
         "DaemonSet missing nodes",
-        obj(
-            "apps/v1",
-            "DaemonSet",
-            status={
-                "observedGeneration": 1,
-                "desiredNumberScheduled": 3,
-                "updatedNumberScheduled": 3,
-                "numberAvailable": 1,
-            },
-        ),
+        daemonset(1),
         False,
         "1 of 3 nodes available",
     ),
     (
         "established CRD",
-        obj(
-            "apiextensions.k8s.io/v1",
-            "CustomResourceDefinition",
-            status={"conditions": [cond("Established", "True")]},
-        ),
+        with_conditions(*CRD, cond("Established", "True")),
         True,
         "",
     ),
     (
         "CRD with clashing names",
-        obj(
-            "apiextensions.k8s.io/v1",
-            "CustomResourceDefinition",
-            status={"conditions": [cond("NamesAccepted", "False", message="plural in use")]},
-        ),
+        with_conditions(*CRD, cond("NamesAccepted", "False", message="plural in use")),
         False,
         "names not accepted: plural in use",
     ),
     (
         "complete Job",
-        obj("batch/v1", "Job", status={"conditions": [cond("Complete", "True")]}),
+        with_conditions("batch/v1", "Job", cond("Complete", "True")),
         True,
         "",
     ),
     (
         "failed Job",
-        obj(
-            "batch/v1",
-            "Job",
-            status={"conditions": [cond("Failed", "True", "BackoffLimitExceeded")]},
-        ),
+        with_conditions("batch/v1", "Job", cond("Failed", "True", "BackoffLimitExceeded")),
         False,
         "job failed: BackoffLimitExceeded",
     ),
     ("running Job", obj("batch/v1", "Job", status={}), False, "no Complete condition yet"),
     (
         "available APIService",
-        obj("apiregistration.k8s.io/v1", "APIService", status={"conditions": AVAILABLE}),
+        with_conditions(*APISERVICE, *AVAILABLE),
         True,
         "",
     ),
     (
         "unavailable APIService",
-        obj(
-            "apiregistration.k8s.io/v1",
-            "APIService",
-            status={"conditions": [cond("Available", "False", message="no endpoints")]},
-        ),
+        with_conditions(*APISERVICE, cond("Available", "False", message="no endpoints")),
         False,
         "Available is False: no endpoints",
     ),

@@ -1,23 +1,26 @@
 """The BundleDeployment controller against a real kube-apiserver and a real registry.
 
-The controller runs in-process (its watches, queue and workers on threads),
+The controller runs in-process (its informers, queue and workers on threads),
 tags are resolved against the ``registry`` fixture, where the hello bundle is
-pushed. The API server has no controller-manager, so instance Deployments
-never get pods here: what is checked is what the manager writes (Bundles,
-the instance Deployment's pod template, status, events, the finalizer's
-uninstall). The process itself (``rukpak-provisioner manager``) runs as a
-subprocess in the last tests, with leader election.
+pushed. The API server has no kubelet or controller-manager, so pods never
+run here: the tests play the kubelet's part for unpack pods (they write the
+pod's status with the termination message ``rukpak-provisioner unpack``
+writes) and check what the manager writes (Bundles and their status, unpack
+pods, the instance Deployment's pod template, BD status, events, the
+finalizer's uninstall). The process itself (``rukpak-provisioner manager``)
+runs as a subprocess in the last tests, with leader election.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
-import time
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +30,10 @@ from csi.oci import client as oci_client
 from provisioner.engine import apply, inventorystore
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
-from provisioner.manager import actuate, controller, model
+from provisioner.manager import actuate, controller, healthwatch, model, unpack
 from tests import e2e_helpers as e2e
+from tests.bundles import bundle_doc, configmap, namespace, write_bundle
 from tests.polling import eventually
-from tests.test_apply_cluster import configmap, namespace, write_bundle
 from tests.test_manager_crds import install_crds
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -39,12 +42,10 @@ SYSTEM_NS = f"rukpak-mgr-{SUFFIX}"
 IMAGE = "registry.example/rukpak-python:test"
 
 
-@pytest.fixture(scope="module")
-def kube(kube_apiserver: Any) -> Iterator[Kube]:
-    client = Kube.from_kubeconfig(str(kube_apiserver.kubeconfig))
-    install_crds(client)
-    yield client
-    client.close()
+@pytest.fixture(scope="module", autouse=True)
+def crds(kube: Kube) -> None:
+    """The Bundle and BundleDeployment CRDs, on the session's API server."""
+    install_crds(kube)
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +57,59 @@ def images(registry: Any) -> dict[str, str]:
     return refs
 
 
+def prepare_system_namespace(kube: Kube, namespace: str) -> None:
+    """The system namespace and its ``default`` ServiceAccount (no controller-manager here)."""
+    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "default", "namespace": namespace},
+        }
+    )
+
+
+def finish_unpack(
+    kube: Kube,
+    bundle: str,
+    result: unpack.Result | None = None,
+    *,
+    namespace: str = SYSTEM_NS,
+) -> Obj:
+    """Play the kubelet: end the Bundle's unpack pod with ``result`` as its termination message."""
+    result = result or unpack.Result(kinds={"ConfigMap": 1, "Namespace": 1})
+    ref = ObjectRef("", "v1", "Pod", namespace, bundle)
+    pod = eventually(lambda: kube.get(ref), timeout=30, what=f"the unpack pod of {bundle}")
+    terminated = {
+        "exitCode": 0 if result.ok else 1,
+        "reason": "Completed" if result.ok else "Error",
+        "message": result.to_json(),
+        "startedAt": "2026-01-01T00:00:00Z",
+        "finishedAt": "2026-01-01T00:00:01Z",
+    }
+    container = {
+        "name": "unpack",
+        "image": IMAGE,
+        "imageID": "",
+        "ready": False,
+        "restartCount": 0,
+        "state": {"terminated": terminated},
+    }
+    kube.merge_patch_status(
+        ref,
+        {
+            "status": {
+                "phase": "Succeeded" if result.ok else "Failed",
+                "containerStatuses": [container],
+            }
+        },
+    )
+    return pod
+
+
 @pytest.fixture(scope="module")
 def running(kube: Kube, images: dict[str, str]) -> Iterator[controller.Controller]:
+    prepare_system_namespace(kube, SYSTEM_NS)
     settings = model.Settings(image=IMAGE, system_namespace=SYSTEM_NS, host_network=True)
     ctl = controller.Controller(
         kube,
@@ -119,8 +171,19 @@ def test_a_bundledeployment_becomes_a_resolved_bundle_and_an_instance_deployment
 ) -> None:
     name = unique("hello")
     kube.create(bd_doc(name, images["v1"], installNamespace="team-a"))
+    generated = eventually(lambda: bundles_of(kube, name), timeout=30, what="the Bundle")
+    unpack_pod = finish_unpack(kube, generated[0]["metadata"]["name"])
     dep = eventually(lambda: instance_of(kube, name), timeout=30, what="the instance Deployment")
     (bundle,) = bundles_of(kube, name)
+    assert bundle["status"]["phase"] == "Unpacked"
+    assert (
+        unpack_pod["spec"]["volumes"][0]["csi"]["volumeAttributes"]["image"]
+        == (bundle["status"]["resolvedSource"]["image"]["ref"])
+    )
+    labels = bundle["metadata"]["labels"]
+    assert labels["core.rukpak.io/owner-kind"] == "BundleDeployment"
+    assert labels["core.rukpak.io/owner-name"] == name
+    assert labels["core.rukpak.io/bundle-template-hash"] == model.template_hash(get_bd(kube, name))
     assert bundle["metadata"]["name"] == model.bundle_name(get_bd(kube, name))
     assert bundle["metadata"]["labels"]["app"] == name
     pinned = bundle["status"]["resolvedSource"]["image"]["ref"]
@@ -146,20 +209,20 @@ def test_a_bundledeployment_becomes_a_resolved_bundle_and_an_instance_deployment
     assert template["spec"]["hostNetwork"] is True
 
     eventually(
-        lambda: cond_of(kube, name, "HasValidBundle") == ("True", "BundleResolved"),
+        lambda: cond_of(kube, name, "HasValidBundle") == ("True", "UnpackSuccessful"),
         timeout=20,
         what="HasValidBundle=True",
     )
-    # activeBundle is what the instance Deployment runs, so it is set by the reconcile
-    # that observes the Deployment, possibly one after HasValidBundle turned True
-    live = eventually(
-        lambda: (b := get_bd(kube, name))["status"].get("activeBundle") and b,
-        timeout=10,
-        what="activeBundle",
+    eventually(
+        lambda: kube.get(ObjectRef("", "v1", "Pod", SYSTEM_NS, bundle["metadata"]["name"])) is None,
+        timeout=20,
+        what="the unpack pod deleted once the Bundle is Unpacked",
     )
+    live = get_bd(kube, name)
     assert model.FINALIZER in live["metadata"]["finalizers"]
-    assert live["status"]["activeBundle"] == bundle["metadata"]["name"]
-    assert cond_of(kube, name, "Installed") == ("False", "InstallPending")  # no kubelet here
+    # activeBundle names a Bundle only once it is installed; no kubelet runs the instance
+    assert "activeBundle" not in live["status"]
+    assert cond_of(kube, name, "Installed") == ("False", "InstallPending")
 
     def reasons() -> set[str]:
         events, _ = kube.list("v1", "Event", namespace="default")
@@ -167,9 +230,9 @@ def test_a_bundledeployment_becomes_a_resolved_bundle_and_an_instance_deployment
 
     # events are recorded after the status write they describe
     eventually(
-        lambda: {"BundlePending", "BundleResolved"} <= reasons(),
+        lambda: {"UnpackPending", "UnpackSuccessful"} <= reasons(),
         timeout=10,
-        what="the BundlePending and BundleResolved events",
+        what="the UnpackPending and UnpackSuccessful events",
     )
 
 
@@ -178,6 +241,7 @@ def test_a_template_change_pivots_to_a_new_bundle_and_deletes_the_old_one(
 ) -> None:
     name = unique("pivot")
     kube.create(bd_doc(name, images["v1"]))
+    finish_unpack(kube, model.bundle_name(eventually(lambda: kube.get(actuate.bd_ref(name)))))
     first = eventually(lambda: instance_of(kube, name), timeout=30, what="the first instance")
     old_bundle = first["metadata"]["annotations"][model.BUNDLE_ANNOTATION]
     kube.merge_patch(
@@ -186,6 +250,7 @@ def test_a_template_change_pivots_to_a_new_bundle_and_deletes_the_old_one(
     )
     new_bundle = model.bundle_name(get_bd(kube, name))
     assert new_bundle != old_bundle
+    finish_unpack(kube, new_bundle)
 
     def pivoted() -> bool:
         dep = instance_of(kube, name) or {}
@@ -193,26 +258,46 @@ def test_a_template_change_pivots_to_a_new_bundle_and_deletes_the_old_one(
         names = [b["metadata"]["name"] for b in bundles_of(kube, name)]
         return points == new_bundle and names == [new_bundle]
 
+    # the old Bundle was never installed (no kubelet here), so it is neither deployed nor
+    # active once the instance points at the new one: it goes at once
     eventually(pivoted, timeout=30, what="the instance on the new Bundle, the old one deleted")
-    eventually(
-        lambda: get_bd(kube, name).get("status", {}).get("activeBundle") == new_bundle,
-        timeout=20,
-        what="activeBundle to follow",
-    )
+
+
+def _reconciled(
+    running: controller.Controller, method: str, key: str, monkeypatch: pytest.MonkeyPatch
+) -> threading.Event:
+    """An Event set once ``running.<method>(key)`` (a whole reconcile of ``key``) has returned."""
+    done = threading.Event()
+    real: Callable[[str], float | None] = getattr(running, method)
+
+    def recording(k: str) -> float | None:
+        after = real(k)
+        if k == key:
+            done.set()
+        return after
+
+    monkeypatch.setattr(running, method, recording)
+    return done
 
 
 def test_a_paused_bundledeployment_is_left_alone(
-    kube: Kube, running: controller.Controller, images: dict[str, str]
+    kube: Kube,
+    running: controller.Controller,
+    images: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     name = unique("paused")
+    reconciled = _reconciled(running, "reconcile", name, monkeypatch)
     kube.create(bd_doc(name, images["v1"], paused=True))
-    time.sleep(3)  # a resync (2 s) and the create event have both passed
+    # the event that must come first: a whole reconcile of this BD has run
+    assert reconciled.wait(30), "the controller never reconciled the paused BundleDeployment"
     live = get_bd(kube, name)
     assert bundles_of(kube, name) == []
     assert instance_of(kube, name) is None
     assert not live["metadata"].get("finalizers")
     assert "status" not in live or not live["status"]
     kube.merge_patch(actuate.bd_ref(name), {"spec": {"paused": False}})
+    finish_unpack(kube, model.bundle_name(live))
     eventually(lambda: instance_of(kube, name), timeout=30, what="the instance once unpaused")
 
 
@@ -220,15 +305,23 @@ def test_an_image_that_does_not_exist_becomes_a_condition(
     kube: Kube, running: controller.Controller, images: dict[str, str]
 ) -> None:
     name = unique("missing")
-    kube.create(bd_doc(name, images["v1"].replace(":v1", ":no-such-tag")))
-    eventually(
-        lambda: cond_of(kube, name, "HasValidBundle") == ("False", "ResolveFailed"),
+    missing = images["v1"].replace(":v1", ":no-such-tag")
+    kube.create(bd_doc(name, missing))
+
+    def waiting_message() -> str:
+        cond = condition(get_bd(kube, name), "HasValidBundle") or {}
+        ok = (cond.get("status"), cond.get("reason")) == ("True", "UnpackPending")
+        return str(cond.get("message") or "") if ok else ""
+
+    message: str = eventually(
+        lambda: waiting_message() if "no-such-tag" in waiting_message() else None,
         timeout=30,
-        what="HasValidBundle=False ResolveFailed",
+        what="HasValidBundle UnpackPending naming the missing tag",
     )
+    assert f"cannot resolve {missing}" in message
+    (bundle,) = bundles_of(kube, name)
+    assert bundle["status"]["phase"] == "Pending"
     assert instance_of(kube, name) is None
-    message = str((condition(get_bd(kube, name), "HasValidBundle") or {})["message"])
-    assert "no-such-tag" in message
 
 
 @pytest.mark.parametrize("policy", ["Delete", "Orphan"])
@@ -249,6 +342,7 @@ def test_deleting_a_bundledeployment_uninstalls_through_its_finalizer(
         kube, bundle, apply.Options(name=name, namespace=target, system_namespace=SYSTEM_NS)
     )
     kube.create(bd_doc(name, images["v1"], deletionPolicy=policy))
+    finish_unpack(kube, model.bundle_name(eventually(lambda: kube.get(actuate.bd_ref(name)))))
     eventually(lambda: instance_of(kube, name), timeout=30, what="the instance Deployment")
     greeting = ObjectRef("", "v1", "ConfigMap", target, "greeting")
     assert kube.get(greeting) is not None
@@ -265,15 +359,126 @@ def test_deleting_a_bundledeployment_uninstalls_through_its_finalizer(
         assert live is not None and not live["metadata"].get("deletionTimestamp")
 
 
+# -- standalone Bundles -------------------------------------------------------------------
+
+
+def bundle_status(kube: Kube, name: str) -> Obj:
+    live = kube.get(actuate.bundle_ref(name)) or {}
+    status: Obj = live.get("status") or {}
+    return status
+
+
+def unpacked(kube: Kube, name: str) -> tuple[str, str, str, str]:
+    status = bundle_status(kube, name)
+    cond: Obj = next((c for c in status.get("conditions") or [] if c["type"] == "Unpacked"), {})
+    return (
+        str(status.get("phase")),
+        str(cond.get("status")),
+        str(cond.get("reason")),
+        str(cond.get("message")),
+    )
+
+
+def test_a_bundle_of_another_class_keeps_an_empty_status(
+    kube: Kube,
+    running: controller.Controller,
+    images: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    name = unique("helm")
+    seen = _reconciled(running, "reconcile_bundle", name, monkeypatch)
+    kube.create(bundle_doc(name, images["v1"], cls="core-rukpak-io-helm"))
+    assert seen.wait(30), "the controller never looked at the Bundle"
+    assert bundle_status(kube, name) == {}
+    assert kube.get(ObjectRef("", "v1", "Pod", SYSTEM_NS, name)) is None
+
+
+def test_a_bundle_is_resolved_unpacked_by_a_pod_and_the_pod_goes(
+    kube: Kube, running: controller.Controller, images: dict[str, str]
+) -> None:
+    name = unique("standalone")
+    kube.create(bundle_doc(name, images["v1"]))
+    pod_ref = ObjectRef("", "v1", "Pod", SYSTEM_NS, name)
+    first = eventually(lambda: kube.get(pod_ref), timeout=30, what="the unpack pod")
+    assert unpacked(kube, name)[:3] == ("Pending", "False", "UnpackPending")
+    pinned = bundle_status(kube, name)["resolvedSource"]["image"]["ref"]
+    assert pinned.startswith(images["v1"].rsplit(":", 1)[0] + "@sha256:")
+    assert first["metadata"]["ownerReferences"][0]["kind"] == "Bundle"
+
+    kube.delete(pod_ref)  # a deleted unpack pod comes back until the Bundle is Unpacked
+    eventually(
+        lambda: (
+            (p := kube.get(pod_ref)) is not None
+            and p["metadata"]["uid"] != first["metadata"]["uid"]
+        ),
+        timeout=30,
+        what="a new unpack pod",
+    )
+    finish_unpack(kube, name, unpack.Result(kinds={"ConfigMap": 3}))
+    eventually(
+        lambda: (
+            unpacked(kube, name)
+            == (
+                "Unpacked",
+                "True",
+                "UnpackSuccessful",
+                "Successfully unpacked the image Bundle: 3 objects (ConfigMap 3)",
+            )
+        ),
+        timeout=30,
+        what="the Bundle Unpacked",
+    )
+    eventually(lambda: kube.get(pod_ref) is None, timeout=30, what="the unpack pod gone")
+    assert bundle_status(kube, name)["resolvedSource"]["image"]["ref"] == pinned
+
+
+def test_an_invalid_bundle_is_failing_with_the_unpack_message(
+    kube: Kube, running: controller.Controller, images: dict[str, str]
+) -> None:
+    name = unique("invalid")
+    kube.create(bundle_doc(name, images["v1"]))
+    finish_unpack(kube, name, unpack.Result(error=unpack.MISSING_MANIFESTS))
+    eventually(
+        lambda: (
+            unpacked(kube, name) == ("Failing", "False", "UnpackFailed", unpack.MISSING_MANIFESTS)
+        ),
+        timeout=30,
+        what="the Bundle Failing",
+    )
+    pod_ref = ObjectRef("", "v1", "Pod", SYSTEM_NS, name)
+    eventually(lambda: kube.get(pod_ref) is None, timeout=30, what="the unpack pod gone")
+
+
+def test_a_missing_tag_stays_pending_with_the_registrys_answer(
+    kube: Kube, running: controller.Controller, images: dict[str, str]
+) -> None:
+    name = unique("notag")
+    missing = images["v1"].replace(":v1", ":no-such-tag")
+    kube.create(bundle_doc(name, missing))
+    phase, status, reason, message = eventually(
+        lambda: u if (u := unpacked(kube, name))[0] != "None" else None,
+        timeout=30,
+        what="a status",
+    )
+    assert (phase, status, reason) == ("Pending", "False", "UnpackPending")
+    assert message.startswith(f"cannot resolve {missing}: ")
+    assert kube.get(ObjectRef("", "v1", "Pod", SYSTEM_NS, name)) is None
+
+
 # -- the process ---------------------------------------------------------------------------
 
 
 @pytest.fixture
 def manager_process(kube_apiserver: Any, kube: Kube) -> Iterator[Any]:
     system_ns = unique("rukpak-proc")
+    prepare_system_namespace(kube, system_ns)
     env = {**os.environ, "KUBECONFIG": str(kube_apiserver.kubeconfig), "POD_NAME": "manager-0"}
     args = [sys.executable, "-m", "provisioner", "manager", "--image", IMAGE]
     args += ["--system-namespace", system_ns, "--leader-elect", "--resync", "2"]
+    with socket.socket() as probe:  # a free loopback port for the CRD webhook
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    args += ["--webhook-bind", "127.0.0.1", "--webhook-port", str(port)]
     proc = subprocess.Popen(
         args, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
@@ -298,6 +503,9 @@ def test_the_manager_process_takes_its_lease_reconciles_and_releases_on_sigterm(
         timeout=30,
         what="the manager Lease held by $POD_NAME",
     )
+    secret = kube.get(ObjectRef("", "v1", "Secret", system_ns, "rukpak-webhook-cert"))
+    assert secret is not None, "the webhook certificate is generated before the Lease is taken"
+    finish_unpack(kube, model.bundle_name(get_bd(kube, name)), namespace=system_ns)
     eventually(
         lambda: kube.get(
             ObjectRef("apps", "v1", "Deployment", system_ns, model.instance_name(name))
@@ -323,3 +531,41 @@ def test_the_manager_refuses_to_start_without_an_image() -> None:
     )
     assert done.returncode == 1
     assert "--image is required" in done.stderr
+
+
+# -- health from watches ---------------------------------------------------------------------
+
+
+def test_health_follows_the_installed_objects_through_watches(kube: Kube, tmp_path: Path) -> None:
+    name = unique("health")
+    target = unique("target")
+    system_ns = unique("rukpak-health")
+    changed: list[str] = []
+    stop = threading.Event()
+    watch = healthwatch.HealthWatch(kube, system_ns, on_change=changed.append, stop=stop)
+    watch.start()
+    try:
+        assert watch.health(name) is None  # nothing installed under that name
+        bundle = write_bundle(
+            tmp_path, {"00.yaml": [namespace(target), configmap("greeting", target, hello="x")]}
+        )
+        apply.install(
+            kube, bundle, apply.Options(name=name, namespace=target, system_namespace=system_ns)
+        )
+        # the ConfigMap informer may list before the apply creates "greeting": wait for ready
+        verdict = eventually(
+            lambda: v if (v := watch.health(name)) and v[0] else None,
+            timeout=30,
+            what="a ready verdict",
+        )
+        assert verdict == (True, "all 2 installed objects are ready")
+        assert name in changed
+        kube.delete(ObjectRef("", "v1", "ConfigMap", target, "greeting"))
+        _, message = eventually(
+            lambda: v if (v := watch.health(name)) and not v[0] else None,
+            timeout=30,
+            what="the deleted ConfigMap seen",
+        )
+        assert "greeting" in message and "not found" in message
+    finally:
+        stop.set()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -39,12 +38,13 @@ def install_crds(kube: Kube) -> None:
         eventually(functools.partial(kube.resource, model.API_VERSION, kind), timeout=30)
 
 
-@pytest.fixture(scope="module")
-def kube(kube_apiserver: Any) -> Iterator[Kube]:
-    client = Kube.from_kubeconfig(str(kube_apiserver.kubeconfig))
-    install_crds(client)
-    yield client
-    client.close()
+@pytest.fixture(scope="module", autouse=True)
+def crds(kube: Kube) -> None:
+    """The Bundle and BundleDeployment CRDs, on the session's API server."""
+    install_crds(kube)
+
+
+ONE_OF = r"must validate one and only one schema \(oneOf\). "
 
 
 def unique(prefix: str) -> str:
@@ -135,7 +135,7 @@ def test_a_bundle_spec_is_immutable(kube: Kube) -> None:
     name = unique("immutable")
     kube.create(load(UPSTREAM_BUNDLE, name))
     ref = ObjectRef(model.GROUP, model.VERSION, model.BUNDLE, "", name)
-    with pytest.raises(errors.InvalidArgument, match="spec is immutable"):
+    with pytest.raises(errors.InvalidArgument, match=r"bundle\.spec is immutable"):
         kube.merge_patch(ref, {"spec": {"source": {"image": {"ref": "example.com/other:v2"}}}})
 
 
@@ -154,7 +154,7 @@ def _bad_bundle_no_class(doc: Obj) -> None:
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (_bad_bundle_image_without_image, r"source.image \(with ref\) must be set"),
+        (_bad_bundle_image_without_image, '"spec.source" ' + ONE_OF + "Found none valid"),
         (_bad_bundle_unknown_type, 'Unsupported value: "ftp"'),
         (_bad_bundle_no_class, "provisionerClassName: Required value"),
     ],
@@ -189,7 +189,7 @@ def _bad_bd_template_source(doc: Obj) -> None:
         (_bad_bd_policy, 'supported values: "Delete", "Orphan"'),
         (_bad_bd_no_template, "template: Required value"),
         (_bad_bd_namespace, "installNamespace"),
-        (_bad_bd_template_source, r"source.git \(with repository\) must be set"),
+        (_bad_bd_template_source, "spec.template.spec.source.git: Required value"),
     ],
     ids=["unknown deletion policy", "no template", "bad namespace name", "git without git"],
 )
@@ -226,3 +226,90 @@ def test_the_bundledeployment_crd_has_printer_columns(kube: Kube) -> None:
     columns = [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
     assert columns[:2] == ["Active Bundle", "Install State"]
     assert "Age" in columns
+
+
+# -- upstream's API validation, in upstream's words ---------------------------------------
+
+
+def _two_sources(doc: Obj) -> None:
+    doc["spec"]["source"]["git"] = {"repository": "https://x", "ref": {"branch": "main"}}
+
+
+def _no_source(doc: Obj) -> None:
+    doc["spec"]["source"] = {"type": "image"}
+
+
+def _two_git_refs(doc: Obj) -> None:
+    doc["spec"]["source"] = {
+        "type": "git",
+        "git": {"repository": "https://x", "ref": {"branch": "main", "tag": "v1"}},
+    }
+
+
+def _no_git_ref(doc: Obj) -> None:
+    doc["spec"]["source"] = {"type": "git", "git": {"repository": "https://x", "ref": {}}}
+
+
+def _bad_class(doc: Obj) -> None:
+    doc["spec"]["provisionerClassName"] = "invalid/class-name"
+
+
+UPSTREAM_REFUSALS = [
+    (_two_sources, '"spec.source" ' + ONE_OF + "Found 2 valid alternatives"),
+    (_no_source, '"spec.source" ' + ONE_OF + "Found none valid"),
+    (_two_git_refs, '"spec.source.git.ref" ' + ONE_OF + "Found 2 valid alternatives"),
+    (_no_git_ref, '"spec.source.git.ref" ' + ONE_OF + "Found none valid"),
+    (
+        _bad_class,
+        'spec.provisionerClassName: Invalid value: "invalid/class-name": spec.provisionerClassName',
+    ),
+]
+UPSTREAM_IDS = ["two sources", "no source", "two git refs", "no git ref", "bad class name"]
+
+
+@pytest.mark.parametrize(("mutate", "message"), UPSTREAM_REFUSALS, ids=UPSTREAM_IDS)
+def test_a_bundle_is_validated_as_upstream(kube: Kube, mutate: Any, message: str) -> None:
+    doc = load(UPSTREAM_BUNDLE, unique("upstream"))
+    mutate(doc)
+    with pytest.raises(errors.InvalidArgument, match=message):
+        kube.create(doc)
+
+
+@pytest.mark.parametrize(("mutate", "message"), UPSTREAM_REFUSALS, ids=UPSTREAM_IDS)
+def test_a_bundledeployment_template_is_validated_as_upstream(
+    kube: Kube, mutate: Any, message: str
+) -> None:
+    doc = load(UPSTREAM_BD, unique("upstream"))
+    mutate(doc["spec"]["template"])
+    with pytest.raises(
+        errors.InvalidArgument, match=message.replace("spec.", "spec.template.spec.")
+    ):
+        kube.create(doc)
+
+
+def test_a_bundledeployment_class_name_is_a_dns_label(kube: Kube) -> None:
+    doc = load(UPSTREAM_BD, unique("upstream"))
+    doc["spec"]["provisionerClassName"] = "invalid/class-name"
+    with pytest.raises(
+        errors.InvalidArgument,
+        match=r'spec\.provisionerClassName: Invalid value: "invalid/class-name": '
+        r"spec\.provisionerClassName",
+    ):
+        kube.create(doc)
+
+
+@pytest.mark.parametrize(
+    ("example", "limit"), [(UPSTREAM_BUNDLE, 52), (UPSTREAM_BD, 45)], ids=["Bundle", "BD"]
+)
+def test_names_longer_than_upstreams_limit_are_refused(
+    kube: Kube, example: str, limit: int
+) -> None:
+    fits = load(example, "n" * limit)
+    kube.create(fits)
+    too_long = load(example, "n" * (limit + 1))
+    with pytest.raises(
+        errors.InvalidArgument,
+        match=f"metadata.name: Too long: may not be (longer|more) than {limit}",
+    ):
+        kube.create(too_long)
+    kube.delete(ObjectRef.of(fits))

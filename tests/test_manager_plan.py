@@ -47,10 +47,13 @@ def with_ref(obj: Obj, ref: str) -> Obj:
     return out
 
 
-def bundle(of: Obj, *, resolved: str = "", failing: str = "") -> Obj:
+def bundle(of: Obj, *, resolved: str = "", failing: str = "", phase: str = "Unpacked") -> Obj:
     b = build.desired_bundle(of)
     if resolved:
-        b["status"] = {"resolvedSource": {"type": "image", "image": {"ref": resolved}}}
+        b["status"] = {
+            "phase": phase,
+            "resolvedSource": {"type": "image", "image": {"ref": resolved}},
+        }
     if failing:
         b["status"] = {
             "phase": "Failing",
@@ -108,7 +111,12 @@ B2 = with_ref(B, "registry.example/hello:v2")
             plan.Observed(),
             ["AddFinalizer", "CreateBundle", "WriteStatus"],
         ),
-        (B, plan.Observed(bundles=(bundle(B),)), ["ResolveBundle", "WriteStatus"]),
+        (B, plan.Observed(bundles=(bundle(B),)), ["WriteStatus"]),
+        (
+            B,
+            plan.Observed(bundles=(bundle(B, resolved=DIGEST, phase="Unpacking"),)),
+            ["WriteStatus"],
+        ),
         (
             B,
             plan.Observed(bundles=(bundle(B, resolved=DIGEST),)),
@@ -133,10 +141,20 @@ B2 = with_ref(B, "registry.example/hello:v2")
             ["ApplyInstance", "WriteStatus"],
         ),
         (
-            B2,
+            {**B2, "status": {"activeBundle": model.bundle_name(B)}},
             plan.Observed(
                 bundles=(bundle(B, resolved=DIGEST), bundle(B2, resolved=DIGEST)),
                 instance=instance(B2),
+            ),
+            ["WriteStatus"],
+        ),
+        (
+            {**B2, "status": {"activeBundle": model.bundle_name(B)}},
+            plan.Observed(
+                bundles=(bundle(B, resolved=DIGEST), bundle(B2, resolved=DIGEST)),
+                instance=instance(B2),
+                pods=(pod(B2),),
+                lease_holder="inst-1",
             ),
             ["DeleteBundle", "WriteStatus"],
         ),
@@ -146,13 +164,15 @@ B2 = with_ref(B, "registry.example/hello:v2")
         "a new BD generates its Bundle",
         "a paused BD plans nothing",
         "the finalizer comes first",
-        "a new Bundle is resolved to a digest",
+        "a new Bundle waits for the Bundle controller",
+        "an unpacking Bundle is waited for",
         "a resolved Bundle gets an instance",
         "a converged BD only reports status",
         "a template change creates a new Bundle and keeps the old instance",
         "the new Bundle resolved: the instance pivots to it",
-        "after the pivot the old Bundle is deleted",
-        "a Bundle that failed to resolve is not retried",
+        "the old Bundle stays until the new one is installed",
+        "once the new Bundle is installed the old one is deleted",
+        "a Bundle that failed to unpack gets no instance",
     ],
 )
 def test_the_plan_for(the_bd: Obj, observed: plan.Observed, expected: list[str]) -> None:
@@ -163,7 +183,14 @@ def test_the_generated_bundle_is_named_by_the_template_hash_and_owned_by_the_bd(
     b = build.desired_bundle(B)
     assert b["metadata"]["name"].startswith("hello-")
     assert b["metadata"]["name"] != build.desired_bundle(B2)["metadata"]["name"]
-    assert b["metadata"]["labels"] == {"app": "hello", model.BD_LABEL: "hello"}
+    assert b["metadata"]["labels"] == {
+        "app": "hello",
+        "core.rukpak.io/owner-kind": "BundleDeployment",
+        "core.rukpak.io/owner-name": "hello",
+        "core.rukpak.io/bundle-template-hash": model.template_hash(B),
+        model.BD_LABEL: "hello",
+    }
+    assert len(b["metadata"]["name"]) <= 52
     assert b["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     assert b["spec"] == B["spec"]["template"]["spec"]
 
@@ -185,6 +212,8 @@ def test_the_instance_deployment_mounts_the_resolved_digest_and_runs_the_instanc
         "instance",
         "--bundle-dir",
         "/bundle",
+        "--format",
+        "plain+v0",
         "--name",
         "hello",
         "--namespace",
@@ -196,6 +225,41 @@ def test_the_instance_deployment_mounts_the_resolved_digest_and_runs_the_instanc
         container["env"]
     )
     assert container["volumeMounts"][0]["mountPath"] == "/bundle"
+
+
+def registry_bd(*, bd_class: str = model.PLAIN_CLASS) -> Obj:
+    out = bd(provisionerClassName=bd_class)
+    out["spec"]["template"]["spec"]["provisionerClassName"] = model.REGISTRY_CLASS
+    return out
+
+
+def test_each_provisioner_class_has_one_bundle_format() -> None:
+    assert model.bundle_format(model.PLAIN_CLASS) == "plain+v0"
+    assert model.bundle_format(model.REGISTRY_CLASS) == "registry+v1"
+    assert model.bundle_format("core-rukpak-io-helm") is None
+    assert model.bundle_format(None) is None
+
+
+@pytest.mark.parametrize(
+    "bd_class", [model.PLAIN_CLASS, model.REGISTRY_CLASS], ids=["plain BD", "registry BD"]
+)
+def test_a_registry_bundle_is_installed_by_an_instance_loading_registry_v1(bd_class: str) -> None:
+    of = registry_bd(bd_class=bd_class)
+    observed = plan.Observed(bundles=(bundle(of, resolved=DIGEST),), now=NOW)
+    actions = plan.plan(of, observed, settings=SETTINGS)
+    (apply,) = [a for a in actions if isinstance(a, plan.ApplyInstance)]
+    (container,) = apply.deployment["spec"]["template"]["spec"]["containers"]
+    at = container["command"].index("--format")
+    assert container["command"][at + 1] == "registry+v1"
+    assert cond(actions, plan.HAS_VALID_BUNDLE) == ("True", "UnpackSuccessful")
+
+
+def test_a_template_of_another_provisioner_class_is_refused() -> None:
+    of = bd()
+    of["spec"]["template"]["spec"]["provisionerClassName"] = "core-rukpak-io-helm"
+    actions = plan.plan(of, plan.Observed(), settings=SETTINGS)
+    assert kinds(actions) == ["WriteStatus"]
+    assert cond(actions, plan.HAS_VALID_BUNDLE) == ("False", "UnsupportedProvisionerClass")
 
 
 def test_without_host_network_the_instance_uses_the_pod_network() -> None:
@@ -253,7 +317,7 @@ def test_conditions_follow_the_instance_pod(
     observed: plan.Observed, installed: tuple[str, str], healthy: tuple[str, str]
 ) -> None:
     actions = plan.plan(B, observed, settings=SETTINGS)
-    assert cond(actions, plan.HAS_VALID_BUNDLE) == ("True", "BundleResolved")
+    assert cond(actions, plan.HAS_VALID_BUNDLE) == ("True", "UnpackSuccessful")
     assert cond(actions, plan.INSTALLED) == installed
     assert cond(actions, plan.HEALTHY) == healthy
 
@@ -354,3 +418,49 @@ def test_deletion(the_bd: Obj, observed: plan.Observed, expected: list[str]) -> 
 def test_uninstall_uses_the_deletion_policy(policy: str) -> None:
     actions = plan.plan(deleting(B, deletionPolicy=policy), plan.Observed(), settings=SETTINGS)
     assert plan.Uninstall(policy) in actions  # type: ignore[arg-type]
+
+
+def test_a_long_bd_name_still_fits_upstreams_bundle_name_limit() -> None:
+    long_bd = {**B, "metadata": {**B["metadata"], "name": "x" * 45}}
+    name = model.bundle_name(long_bd)
+    assert len(name) == 52
+    assert name.startswith("x" * 45 + "-")
+
+
+def test_has_valid_bundle_follows_the_unpack_result_in_upstreams_words() -> None:
+    wanted = model.bundle_name(B)
+    pending = plan.plan(B, plan.Observed(bundles=(bundle(B),)), settings=SETTINGS)
+    assert cond(pending, plan.HAS_VALID_BUNDLE) == ("True", "UnpackPending")
+    failed = plan.plan(B, plan.Observed(bundles=(bundle(B, failing="boom"),)), settings=SETTINGS)
+    valid = next(c for c in status_of(failed)["conditions"] if c["type"] == "HasValidBundle")
+    assert (valid["status"], valid["reason"]) == ("False", "UnpackFailed")
+    assert valid["message"] == f"Failed to unpack the {wanted} Bundle: boom"
+    done = plan.plan(B, _ready(B), settings=SETTINGS)
+    valid = next(c for c in status_of(done)["conditions"] if c["type"] == "HasValidBundle")
+    assert valid["message"] == f"Successfully unpacked the {wanted} Bundle"
+
+
+def test_a_failed_new_bundle_keeps_the_active_one_and_its_instance() -> None:
+    active = model.bundle_name(B)
+    observed = plan.Observed(
+        bundles=(bundle(B, resolved=DIGEST), bundle(B2, failing="found zero objects")),
+        instance=instance(B),
+        pods=(pod(B),),
+        lease_holder="inst-1",
+        health=plan.Health(True, "ok"),
+    )
+    actions = plan.plan({**B2, "status": {"activeBundle": active}}, observed, settings=SETTINGS)
+    assert kinds(actions) == ["WriteStatus"]  # no DeleteBundle, no ApplyInstance
+    assert status_of(actions)["activeBundle"] == active
+    assert cond(actions, plan.HAS_VALID_BUNDLE) == ("False", "UnpackFailed")
+    assert cond(actions, plan.INSTALLED) == ("True", "InstallationSucceeded")
+
+
+def test_active_bundle_is_named_only_once_installed() -> None:
+    actions = plan.plan(B, _ready(B, pods=(pod(B),)), settings=SETTINGS)
+    assert "activeBundle" not in status_of(actions)
+    installed = plan.plan(B, _ready(B, pods=(pod(B),), lease_holder="inst-1"), settings=SETTINGS)
+    status = status_of(installed)
+    assert status["activeBundle"] == model.bundle_name(B)
+    message = next(c["message"] for c in status["conditions"] if c["type"] == "Installed")
+    assert message == f"Instantiated bundle {model.bundle_name(B)} successfully"

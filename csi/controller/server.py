@@ -11,28 +11,39 @@ is its image's, which only a node learns). Core: ``csi.controller.volumes``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import grpc
 
 from csi.common import errors
 from csi.common.grpcerrors import RpcObserver, rpc
+from csi.controller import resolve
 from csi.controller.volumes import VolumeRegistry, VolumeSpec
 from csi.proto import csi_pb2, csi_pb2_grpc
 from csi.volume import access
-from csi.volume.source import VolumeSource
+from csi.volume.source import VolumeSource, credentials_from_secrets
 
 RPC = csi_pb2.ControllerServiceCapability.RPC
 
 
 class ControllerServicer(csi_pb2_grpc.ControllerServicer):
-    def __init__(self, *, volumes: VolumeRegistry, metrics: RpcObserver | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        volumes: VolumeRegistry,
+        resolver: resolve.Resolver,
+        metrics: RpcObserver | None = None,
+    ) -> None:
         self.volumes = volumes
+        self.resolver = resolver
         self.metrics = metrics
 
     @rpc
     def CreateVolume(
         self, request: csi_pb2.CreateVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.CreateVolumeResponse:
-        """Idempotent: the same name and spec returns the same volume; else AlreadyExists."""
+        """Idempotent: the same name and spec returns the same volume (with the digest
+        resolved the first time, without asking the registry again); else AlreadyExists."""
         if not request.name:
             raise errors.InvalidArgument("name is required")
         if not request.volume_capabilities:
@@ -47,20 +58,23 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         if capacity.limit_bytes and capacity.required_bytes > capacity.limit_bytes:
             raise errors.InvalidArgument("capacity_range: required_bytes exceeds limit_bytes")
         source = VolumeSource.from_attributes(dict(request.parameters))
-        volume = self.volumes.create(
-            VolumeSpec(
-                name=request.name,
-                attributes=source.attributes(),
-                required_bytes=capacity.required_bytes,
-                limit_bytes=capacity.limit_bytes,
-                modes=tuple(sorted({c.access_mode.mode for c in request.volume_capabilities})),
-            )
+        spec = VolumeSpec(
+            name=request.name,
+            attributes=source.attributes(),
+            required_bytes=capacity.required_bytes,
+            limit_bytes=capacity.limit_bytes,
+            modes=tuple(sorted({c.access_mode.mode for c in request.volume_capabilities})),
         )
+        volume = self.volumes.existing(spec)
+        if volume is None:
+            credentials = credentials_from_secrets(dict(request.secrets))
+            pinned = resolve.pin(source, self.resolver, credentials)
+            volume = self.volumes.create(dataclasses.replace(spec, context=pinned.attributes()))
         return csi_pb2.CreateVolumeResponse(
             volume=csi_pb2.Volume(
                 volume_id=volume.volume_id,
                 capacity_bytes=capacity.required_bytes or capacity.limit_bytes,
-                volume_context=volume.spec.attributes,
+                volume_context=volume.spec.volume_context,
             )
         )
 
@@ -94,7 +108,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                 params = VolumeSource.from_attributes(dict(request.parameters)).attributes()
             except errors.InvalidArgument as exc:
                 return csi_pb2.ValidateVolumeCapabilitiesResponse(message=exc.message)
-            if params != volume.spec.attributes:
+            if params != volume.spec.attributes and params != volume.spec.volume_context:
                 return csi_pb2.ValidateVolumeCapabilitiesResponse(
                     message="parameters differ from the volume's"
                 )

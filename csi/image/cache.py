@@ -1,128 +1,70 @@
 """The node's image cache: reference → one unpacked, read-only tree per manifest digest.
 
 Where it sits: called by the publish core (``csi.node.publish``) for every
-NodePublishVolume; below it are the registry client (through the ``Puller``
-seam), the content store (``csi.image.store``) and the extractor
-(``csi.image.extract``). Layout under ``root``::
+NodePublishVolume and by ``rukpak apply IMAGE`` (``provisioner.bundle.source``);
+below it are the registry client (through the seams in ``csi.image.seams``), the
+content store (``csi.image.store``), the streaming tee (``csi.image.layerstream``)
+and the extractor (``csi.image.extract``). Its records live in
+``csi.image.cachestate``. Layout under ``root``::
 
     content/                    the content store (ingest/, blobs/)
     unpacked/<manifest-hex>     finished trees, sealed read-only
-    unpacked/<hex>.tmp-<rand>   trees being extracted (removed at start)
+    unpacked/<hex>.sealed       marker written after the tree is durable
+    unpacked/<hex>.tmp-<rand>   trees being extracted or evicted (removed at start)
     state.json                  tag → digest, tree metadata, which targets use which tree
 
-A pull streams each missing layer: the registry's verifying stream is teed
-into the content store's ingest file and into the extractor, so download,
-hashing, decompression and file creation overlap (as in ``curl | tar -xz``).
-The layer's blob is committed when its stream ends with the right size and
-digest (checked by the client and again by the store); a mismatch fails the
-pull, discarding both the ingest and the staging tree. Layers already in the
-store unpack from there. A pull whose stream breaks is retried once the old
-way: download every blob (with the client's retries), then unpack.
+A pull streams each missing layer into the store and the extractor at once; a
+mismatch fails the pull, discarding both the ingest and the staging tree. Layers
+already in the store unpack from there. A pull whose stream breaks is retried
+once the old way: download every blob (with the client's retries), then unpack.
 
-The rename of a finished tree into ``unpacked/`` is the commit point: a crash
-before it leaves only a ``.tmp-`` dir (removed at start), after it a complete
-tree. ``state.json`` is rewritten atomically and is advisory for trees (a tree
-on disk without metadata is still used).
+Commit is durable: the staging tree's files are flushed (``syncfs``) before the
+rename into ``unpacked/``, and ``unpacked/<hex>.sealed`` is written last. At start
+``.tmp-`` dirs and trees without their marker are removed (a held one is adopted).
+
+Private images: a tree pulled with credentials that anonymous access cannot read
+is served to another pod only after its own credentials pass a manifest check
+(``csi.image.grants``); public trees are served at once.
 
 Concurrency: one lock per (reference, platform) makes concurrent requests for
 one image resolve and pull once; one lock per manifest digest covers two tags
-naming the same content; a state lock guards the metadata. Order is always
+naming the same content; the state lock guards the metadata. Order is always
 reference → digest → state, so they cannot deadlock.
 """
 
 from __future__ import annotations
 
-import contextlib
-import enum
-import io
-import json
+import functools
 import logging
 import os
 import secrets
-import shutil
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol, cast
 
 from csi.common import errors
-from csi.common.fsio import fsync_dir, write_json_atomic
-from csi.image import extract, tree
-from csi.image.store import ContentStore, Ingest
+from csi.common.fsio import fsync_dir, syncfs, write_json_atomic
+from csi.image import extract, grants, layerstream, seams, tree
+from csi.image.cachestate import CacheState, Holder
+from csi.image.grants import fingerprint
+from csi.image.leases import Leases
+from csi.image.locks import KeyedLocks
+from csi.image.seams import Observer, Puller, PullerFactory, PullPolicy, StreamingPuller
+from csi.image.store import ContentStore, Fetch
 from csi.oci import digest as digests
 from csi.oci import mediatypes
 from csi.oci.auth import Credentials
 from csi.oci.manifest import Descriptor, Manifest, Platform
 from csi.oci.reference import Reference
 
+__all__ = ["Holder", "ImageCache", "KeyedLocks", "PullPolicy", "Puller", "Unpacked"]
+
 log = logging.getLogger(__name__)
 
-LAYER_TYPES = frozenset(
-    {
-        mediatypes.OCI_LAYER_TAR,
-        mediatypes.OCI_LAYER_GZIP,
-        mediatypes.OCI_LAYER_ZSTD,
-        mediatypes.OCI_LAYER_NONDIST_TAR,
-        mediatypes.OCI_LAYER_NONDIST_GZIP,
-        mediatypes.OCI_LAYER_NONDIST_ZSTD,
-        mediatypes.DOCKER_LAYER_GZIP,
-        mediatypes.DOCKER_LAYER_FOREIGN_GZIP,
-    }
-)
-
-
-class PullPolicy(enum.Enum):
-    IF_NOT_PRESENT = "IfNotPresent"
-    ALWAYS = "Always"
-    NEVER = "Never"
-
-    @classmethod
-    def parse(cls, text: str) -> PullPolicy:
-        for policy in cls:
-            if policy.value == text:
-                return policy
-        raise errors.InvalidArgument(
-            f"pullPolicy {text!r} is invalid: use IfNotPresent, Always or Never"
-        )
-
-
-class Puller(Protocol):
-    """What the cache needs from a registry client (``csi.oci.client.RegistryClient``)."""
-
-    def resolve_image(
-        self, ref: Reference, platform: Platform | None = None
-    ) -> tuple[Descriptor, Manifest]: ...
-
-    def fetch_blob(self, ref: Reference, desc: Descriptor, dest: Path) -> None: ...
-
-
-class StreamingPuller(Puller, Protocol):
-    """A puller that can also stream a blob, verifying it as it is read."""
-
-    def open_blob(
-        self, ref: Reference, desc: Descriptor
-    ) -> contextlib.AbstractContextManager[BinaryIO]: ...
-
-
-PullerFactory = Callable[[Credentials | None], Puller]
-
-
-class Observer(Protocol):
-    """Metrics hook; ``csi.plugin.metrics`` implements it."""
-
-    def cache_result(self, *, hit: bool) -> None: ...
-
-    def pulled(self, *, seconds: float, nbytes: int) -> None: ...
-
-
-class _NoObserver:
-    def cache_result(self, *, hit: bool) -> None:
-        pass
-
-    def pulled(self, *, seconds: float, nbytes: int) -> None:
-        pass
+SEALED = ".sealed"
+"""Suffix of a committed tree's marker, ``unpacked/<hex>.sealed``, written last."""
 
 
 @dataclass(frozen=True)
@@ -132,30 +74,6 @@ class Unpacked:
     digest: str
     path: Path
     cache_hit: bool
-
-
-@dataclass(frozen=True)
-class Holder:
-    """Who uses a tree: one published target path and its volume."""
-
-    target: str
-    volume_id: str
-    image: str
-
-
-class KeyedLocks:
-    """A lock per key, created on first use."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._locks: dict[str, threading.Lock] = {}
-
-    @contextlib.contextmanager
-    def hold(self, key: str) -> Iterator[None]:
-        with self._guard:
-            lock = self._locks.setdefault(key, threading.Lock())
-        with lock:
-            yield
 
 
 class ImageCache:
@@ -169,51 +87,62 @@ class ImageCache:
         limits: extract.Limits | None = None,
         budget_bytes: int = 10 * 1024**3,
         observer: Observer | None = None,
+        auth_ttl: float = grants.DEFAULT_TTL,
+        durable: bool = True,
     ) -> None:
         self.root = root
         self.unpacked_dir = root / "unpacked"
-        self.state_path = root / "state.json"
         self.store = ContentStore(root / "content")
         self.unpacked_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.unpacked_dir, 0o711)  # bind-mount sources must be reachable
         self._puller_factory = puller_factory
+        self.grants = grants.Grants(puller_factory, ttl=auth_ttl)
         self._limits = limits or extract.Limits()
         self.budget_bytes = budget_bytes
-        self._observer: Observer = observer or _NoObserver()
+        self.durable = durable
+        self._observer: Observer = observer or seams.NoObserver()
         self._ref_locks = KeyedLocks()
         self._digest_locks = KeyedLocks()
-        self._state_lock = threading.RLock()
-        self._state = self._load_state()
+        self._blob_locks = KeyedLocks()
+        self.leases = Leases()
+        self._evict_wanted = threading.Event()
+        self._evictor: threading.Thread | None = None
+        self._evictor_guard = threading.Lock()
+        self._evict_lock = threading.Lock()
+        self.state = CacheState(root / "state.json")
+        self._state_lock = self.state.lock
         self._remove_unfinished_trees()
 
-    # --- state ------------------------------------------------------------------
-
-    def _load_state(self) -> dict[str, Any]:
-        empty: dict[str, Any] = {"tags": {}, "trees": {}, "holders": {}}
-        try:
-            data = json.loads(self.state_path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return empty
-        except (OSError, ValueError) as exc:
-            log.warning(
-                "msg=%r path=%s error=%r",
-                "state file unreadable; starting empty",
-                self.state_path,
-                str(exc),
-            )
-            return empty
-        for key in empty:
-            if not isinstance(data.get(key), dict):
-                data[key] = {}
-        return dict(data)
-
-    def _save(self) -> None:
-        write_json_atomic(self.state_path, self._state)
+    @property
+    def state_path(self) -> Path:
+        return self.state.path
 
     def _remove_unfinished_trees(self) -> None:
-        for entry in self.unpacked_dir.iterdir():
-            if ".tmp-" in entry.name:
+        """Delete what a crash left behind, whatever it holds; never fails start.
+
+        Staging trees (``.tmp-``) go, and so do trees without their sealed marker
+        (renamed into place but the marker never written: not known to be on
+        disk). A tree without a marker that a target holds (written by an older
+        plugin) is adopted: a marker is written for it.
+        """
+        held = self.state.held_trees()
+        names = {e.name for e in self.unpacked_dir.iterdir()}
+        for name in sorted(names):
+            entry = self.unpacked_dir / name
+            if ".tmp-" in name:
+                log.info("msg=%r path=%s", "removing unfinished tree", entry)
                 _remove_tree(entry)
+            elif name.endswith(SEALED):
+                if name[: -len(SEALED)] not in names:
+                    entry.unlink(missing_ok=True)
+            elif name + SEALED not in names and digests.is_valid(f"sha256:{name}"):
+                if name in held:
+                    log.info("msg=%r path=%s", "adopting a held tree without marker", entry)
+                    write_json_atomic(entry.with_name(name + SEALED), {"digest": f"sha256:{name}"})
+                    continue
+                log.warning("msg=%r path=%s", "removing a tree that was never sealed", entry)
+                _remove_tree(entry)
+                self.state.forget_tree(name)
 
     def tree_path(self, digest: str) -> Path:
         return self.unpacked_dir / digests.hex_of(digest)
@@ -222,37 +151,18 @@ class ImageCache:
         return self.tree_path(digest).is_dir()
 
     def holders(self) -> dict[str, Holder]:
-        with self._state_lock:
-            return {
-                target: Holder(target, h["volume_id"], h["image"])
-                for target, h in self._state["holders"].items()
-            }
+        return self.state.holders()
 
     def holder_digest(self, target: str) -> str | None:
-        with self._state_lock:
-            entry = self._state["holders"].get(target)
-            return None if entry is None else str(entry["digest"])
+        return self.state.holder_digest(target)
 
     def hold(self, digest: str, holder: Holder) -> None:
         """Record that ``holder`` uses the tree of ``digest`` (protects it from eviction)."""
-        with self._state_lock:
-            self._state["holders"][holder.target] = {
-                "digest": digest,
-                "volume_id": holder.volume_id,
-                "image": holder.image,
-            }
-            self._touch(digest)
-            self._save()
+        self.state.hold(digest, holder)
 
     def release(self, target: str) -> None:
         """Forget the holder at ``target``; idempotent."""
-        with self._state_lock:
-            if self._state["holders"].pop(target, None) is not None:
-                self._save()
-
-    def _touch(self, digest: str) -> None:
-        tree = self._state["trees"].setdefault(digests.hex_of(digest), {})
-        tree["last_used"] = time.time()
+        self.state.release(target)
 
     # --- ensure -------------------------------------------------------------------
 
@@ -276,6 +186,10 @@ class ImageCache:
         with self._ref_locks.hold(key):
             cached = self._cached_digest(key)
             if cached is not None and pull_policy is not PullPolicy.ALWAYS:
+                if self._is_private(cached):
+                    self.grants.authorize(
+                        ref, cached, credentials, platform=platform, policy=pull_policy
+                    )
                 return self._done(cached, holder, hit=True)
             if pull_policy is PullPolicy.NEVER:
                 raise errors.FailedPrecondition(
@@ -286,74 +200,81 @@ class ImageCache:
             try:
                 desc, manifest = puller.resolve_image(ref, platform)
                 digest = digests.check(desc.digest, what=str(ref))
-                with self._digest_locks.hold(digest):
+                self.grants.grant(ref, digest, credentials)  # they just resolved it
+                with self._digest_locks.hold(digest), self.leases.lease([digest]):
                     hit = self.has_tree(digest)
                     if not hit:
-                        self._pull(puller, ref, digest, manifest)
+                        private = fingerprint(ref, credentials) != "anonymous" and (
+                            not self.grants.is_public(ref, digest, platform)
+                        )
+                        self._pull(puller, ref, digest, manifest, private=private)
             finally:
-                close = getattr(puller, "close", None)
-                if callable(close):
-                    close()
-            with self._state_lock:
-                self._state["tags"][key] = digest
+                seams.close(puller)
+            self.state.set_tag(key, digest)
             return self._done(digest, holder, hit=hit)
 
+    def _is_private(self, digest: str) -> bool:
+        """Trees pulled with credentials that anonymous access could not read; a tree
+        without a record (state lost) counts as private until a check proves otherwise."""
+        record = self.state.tree(digest)
+        return record is None or record.get("private", True) is not False
+
     def _cached_digest(self, key: str) -> str | None:
-        with self._state_lock:
-            digest = self._state["tags"].get(key)
-        if isinstance(digest, str) and digests.is_valid(digest) and self.has_tree(digest):
-            return digest
-        return None
+        digest = self.state.tag(key)
+        return digest if digest is not None and self.has_tree(digest) else None
 
     def _done(self, digest: str, holder: Holder | None, *, hit: bool) -> Unpacked:
         with self._state_lock:
             if not self.has_tree(digest):  # evicted between the lookup and now
                 raise errors.Aborted(f"image {digest} was evicted while in use; retry")
-            self._touch(digest)
+            self.state.touch(digest)
             if holder is not None:
-                self.hold(digest, holder)
+                self.state.hold(digest, holder)
             else:
-                self._save()
+                self.state.save()
         self._observer.cache_result(hit=hit)
         if not hit:
-            self.evict(keep={digest})
+            self._request_eviction()
         return Unpacked(digest=digest, path=self.tree_path(digest), cache_hit=hit)
 
-    def _pull(self, puller: Puller, ref: Reference, digest: str, manifest: Manifest) -> None:
+    def _pull(
+        self, puller: Puller, ref: Reference, digest: str, manifest: Manifest, *, private: bool
+    ) -> None:
         started = time.monotonic()
         for layer in manifest.layers:
-            if layer.media_type not in LAYER_TYPES:
+            if layer.media_type not in mediatypes.LAYER_TYPES:
                 raise errors.InvalidArgument(
                     f"image {ref}: layer {layer.digest} has media type {layer.media_type!r}, "
                     "which is not a filesystem layer; bundle images must use tar layers"
                 )
         blobs = [manifest.config, *manifest.layers]
-        distinct = {d.digest: d for d in blobs}.values()
-        fetched = sum(d.size for d in distinct if not self.store.has(d.digest))
-        config = manifest.config
-        self.store.put(config.digest, config.size, _fetcher(puller, ref, config))
-        streaming = _streaming(puller)
-        try:
-            stats = self._unpack(puller, ref, digest, manifest, streaming=streaming)
-        except errors.Unavailable as exc:
-            if streaming is None:
-                raise
-            log.warning(
-                "msg=%r image=%s error=%r",
-                "streaming pull failed; downloading the blobs first",
-                ref,
-                exc.message,
-            )
-            stats = self._unpack(puller, ref, digest, manifest, streaming=None)
-        with self._state_lock:
-            self._state["trees"][digests.hex_of(digest)] = {
+        with self.leases.lease(d.digest for d in blobs):  # eviction keeps its hands off
+            distinct = {d.digest: d for d in blobs}.values()
+            fetched = sum(d.size for d in distinct if not self.store.has(d.digest))
+            self._put(puller, ref, manifest.config)
+            streaming = seams.streaming(puller)
+            try:
+                stats = self._unpack(puller, ref, digest, manifest, streaming=streaming)
+            except errors.Unavailable as exc:
+                if streaming is None:
+                    raise
+                log.warning(
+                    "msg=%r image=%s error=%r",
+                    "streaming pull failed; downloading the blobs first",
+                    ref,
+                    exc.message,
+                )
+                stats = self._unpack(puller, ref, digest, manifest, streaming=None)
+        self.state.record_tree(
+            digest,
+            {
                 "digest": digest,
                 "image": str(ref),
                 "blobs": [d.digest for d in blobs],
                 "size": stats.bytes,
-                "last_used": time.time(),
-            }
-            self._save()
+                "private": private,
+            },
+        )
         seconds = time.monotonic() - started
         self._observer.pulled(seconds=seconds, nbytes=fetched)
         log.info(
@@ -381,9 +302,11 @@ class ImageCache:
         for d in manifest.layers:
             source = None
             if streaming is not None:
-                source = self._layer_source(streaming, ref, d)
+                source = layerstream.layer_source(
+                    self.store, streaming, ref, d, locks=self._blob_locks
+                )
             else:
-                self.store.put(d.digest, d.size, _fetcher(puller, ref, d))
+                self._put(puller, ref, d)
             layers.append(extract.Layer(self.store.path(d.digest), d.media_type, d.digest, source))
         staging = self.unpacked_dir / f"{digests.hex_of(digest)}.tmp-{secrets.token_hex(4)}"
         staging.mkdir(mode=0o755)
@@ -392,107 +315,111 @@ class ImageCache:
             for warning in stats.warnings:
                 log.warning("msg=%r image=%s detail=%r", "layer entry refused", ref, warning)
             tree.seal_dirs(staging)  # the extractor created the files read-only
+            if self.durable:
+                syncfs(staging)  # every file on disk before the rename commits the tree
             os.replace(staging, self.tree_path(digest))
             fsync_dir(self.unpacked_dir)
         except BaseException:
             _remove_tree(staging)
             raise
+        # Written last: a tree without its marker was never committed (see start-up).
+        write_json_atomic(
+            self._marker(digest),
+            {"digest": digest, "files": stats.entries, "bytes": stats.bytes},
+        )
         return stats
 
-    def _layer_source(
-        self, puller: StreamingPuller, ref: Reference, desc: Descriptor
-    ) -> Callable[[], contextlib.AbstractContextManager[io.BufferedReader]]:
-        @contextlib.contextmanager
-        def open_layer() -> Iterator[io.BufferedReader]:
-            if self.store.has(desc.digest):  # e.g. the same layer twice in one image
-                with open(self.store.path(desc.digest), "rb") as f:
-                    yield f
-                return
-            # Exits run inner first: the client verifies what it streamed, then the
-            # store checks its own count and hash and commits the blob.
-            with (
-                self.store.ingest(desc.digest, desc.size) as sink,
-                puller.open_blob(ref, desc) as stream,
-            ):
-                tee = _Tee(stream, sink)
-                yield io.BufferedReader(tee, _Tee.CHUNK)
-                tee.drain()
+    def _marker(self, digest: str) -> Path:
+        return self.unpacked_dir / f"{digests.hex_of(digest)}{SEALED}"
 
-        return open_layer
+    def _put(self, puller: Puller, ref: Reference, desc: Descriptor) -> None:
+        """Download ``desc`` into the store unless present; one download per blob at a time
+        (concurrent pulls of images sharing it wait, then find it present)."""
+        with self._blob_locks.hold(desc.digest):
+            self.store.put(desc.digest, desc.size, _fetcher(puller, ref, desc))
 
     # --- eviction -----------------------------------------------------------------
 
     def usage(self) -> int:
         """Bytes held: blobs plus unpacked trees (as recorded)."""
-        with self._state_lock:
-            trees = sum(int(t.get("size", 0)) for t in self._state["trees"].values())
-        return self.store.total_size() + trees
+        return self.store.total_size() + self.state.tree_bytes()
+
+    def _blob_size(self, digest: str) -> int:
+        try:
+            return self.store.path(digest).stat().st_size
+        except OSError:
+            return 0
+
+    def _request_eviction(self) -> None:
+        """Evict in the background, outside every publish (one evictor thread at most)."""
+        if self.usage() <= self.budget_bytes:
+            return
+        self._evict_wanted.set()
+        with self._evictor_guard:
+            if self._evictor is None or not self._evictor.is_alive():
+                self._evictor = threading.Thread(target=self._evict_loop, name="evict")
+                self._evictor.daemon = True
+                self._evictor.start()
+
+    def _evict_loop(self) -> None:
+        while self._evict_wanted.is_set():
+            self._evict_wanted.clear()
+            try:
+                self.evict()
+            except Exception:  # logged; the next pull asks again
+                log.exception("msg=%r", "eviction failed")
 
     def evict(self, *, keep: Collection[str] = ()) -> list[str]:
-        """Remove least recently used trees no target holds until under budget.
+        """Remove least recently used trees no target holds and no pull leases, until under
+        budget; returns the evicted manifest digests. Blobs no remaining tree lists go too.
 
-        Returns the evicted manifest digests. Blobs no remaining tree lists go too.
+        Under the state lock a victim tree is only renamed away (atomic, fast), so no
+        publish can pick it up afterwards; the slow deletion runs after the lock is
+        released. Blobs are deleted only when no pull leases them (``csi.image.leases``).
         """
+        with self._evict_lock:  # one eviction at a time; publishes never wait for it
+            return self._evict(keep)
+
+    def _evict(self, keep: Collection[str]) -> list[str]:
         evicted: list[str] = []
+        doomed: list[Path] = []
+        blobs: set[str] = set()
         with self._state_lock:
             if self.usage() <= self.budget_bytes:
                 return evicted
-            held = {digests.hex_of(h["digest"]) for h in self._state["holders"].values()}
-            held |= {digests.hex_of(d) for d in keep}
-            candidates = sorted(
-                (hex_ for hex_ in self._state["trees"] if hex_ not in held),
-                key=lambda h: float(self._state["trees"][h].get("last_used", 0)),
-            )
-            for hex_ in candidates:
-                if self.usage() <= self.budget_bytes:
+            held = self.state.held_trees() | {digests.hex_of(d) for d in keep}
+            for hex_ in self.state.lru_trees():
+                pending = blobs - self.state.blobs_in_use()
+                if self.usage() - sum(self._blob_size(b) for b in pending) <= self.budget_bytes:
                     break
-                tree = self._state["trees"].pop(hex_)
-                _remove_tree(self.unpacked_dir / hex_)
-                in_use = {b for t in self._state["trees"].values() for b in t.get("blobs", [])}
-                for blob in tree.get("blobs", []):
-                    if blob not in in_use and digests.is_valid(blob):
-                        self.store.delete(blob)
-                self._state["tags"] = {
-                    k: v for k, v in self._state["tags"].items() if not str(v).endswith(hex_)
-                }
-                evicted.append(str(tree.get("digest", hex_)))
-                log.info("msg=%r digest=%s", "evicted unused image", tree.get("digest", hex_))
-            self._save()
+                record = self.state.tree(f"sha256:{hex_}") or {}
+                digest = str(record.get("digest", f"sha256:{hex_}"))
+                if hex_ in held or self.leases.leased(digest):
+                    continue
+                grave = self.unpacked_dir / f"{hex_}.tmp-evict-{secrets.token_hex(4)}"
+                try:
+                    os.replace(self.unpacked_dir / hex_, grave)
+                except FileNotFoundError:
+                    pass
+                else:
+                    doomed.append(grave)
+                self.state.forget_tree(hex_)
+                blobs.update(b for b in record.get("blobs", []) if digests.is_valid(b))
+                evicted.append(digest)
+            blobs -= self.state.blobs_in_use()
+            self.state.save()
+        for digest in evicted:
+            self._marker(digest).unlink(missing_ok=True)
+        for blob in sorted(blobs):
+            self.leases.unless_leased(blob, functools.partial(self.store.delete, blob))
+        for grave in doomed:
+            _remove_tree(grave)
+        for digest in evicted:
+            log.info("msg=%r digest=%s", "evicted unused image", digest)
         return evicted
 
 
-class _Tee(io.RawIOBase):
-    """Reads a blob stream and appends every byte read to the store's ingest file."""
-
-    CHUNK = 1 << 20
-
-    def __init__(self, stream: BinaryIO, sink: Ingest) -> None:
-        super().__init__()
-        self._stream = stream
-        self._sink = sink
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
-        data = self._stream.read(len(buffer))
-        n = len(data)
-        memoryview(buffer).cast("B")[:n] = data
-        self._sink.write(data)
-        return n
-
-    def drain(self) -> None:
-        """Store what the extractor left unread (tar padding after the end marker)."""
-        while data := self._stream.read(self.CHUNK):
-            self._sink.write(data)
-
-
-def _streaming(puller: Puller) -> StreamingPuller | None:
-    """``puller`` when it can stream blobs (the registry client can; test doubles may not)."""
-    return cast(StreamingPuller, puller) if callable(getattr(puller, "open_blob", None)) else None
-
-
-def _fetcher(puller: Puller, ref: Reference, desc: Descriptor) -> Callable[[Path], None]:
+def _fetcher(puller: Puller, ref: Reference, desc: Descriptor) -> Fetch:
     def fetch(dest: Path) -> None:
         puller.fetch_blob(ref, desc, dest)
 
@@ -500,7 +427,8 @@ def _fetcher(puller: Puller, ref: Reference, desc: Descriptor) -> Callable[[Path
 
 
 def _remove_tree(path: Path) -> None:
-    if path.is_symlink() or not path.exists():
-        return
-    tree.unseal(path)
-    shutil.rmtree(path, ignore_errors=True)
+    """Remove a tree (however deep, sealed or not); a failure is logged, never raised."""
+    try:
+        tree.remove(path)
+    except OSError as exc:
+        log.error("msg=%r path=%s error=%r", "cannot remove tree", path, str(exc)[:300])

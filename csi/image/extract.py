@@ -11,7 +11,10 @@ outside the staging root:
   symlinked parent (placed by this layer or an earlier one) is refused, never
   followed. Descriptors of directories already walked are reused until this
   extraction removes anything (nobody else writes in a staging dir);
-* names with ``..`` are refused; leading ``/`` is stripped (as GNU tar does);
+* names with ``..`` are refused; leading ``/`` is stripped (as GNU tar does) and
+  reported; a path deeper or longer than ``Limits`` refuses the layer, and so does
+  an oversized pax or GNU long-name header (``csi.image.layerio``), before it is
+  read into memory; attacker strings are cut short in warnings and errors;
 * absolute symlink targets are rewritten relative to the tree root; targets that
   climb above the root are refused, and when any symlink was created a final
   pass re-checks every symlink against the finished tree (symlink chains) and
@@ -37,64 +40,38 @@ from __future__ import annotations
 
 import errno
 import os
-import posixpath
 import shutil
 import stat
 import tarfile
-import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-
-import zstandard
 
 from csi.common import errors
 from csi.image import layerio, tree
-from csi.image.layerio import Layer, compression_of
+from csi.image.layerio import Layer, compression_of, shown
+from csi.image.members import (
+    OPAQUE_MARKER,
+    WHITEOUT_PREFIX,
+    ExtractStats,
+    Limits,
+    Refused,
+    final_mode,
+    safe_symlink_target,
+    split_name,
+    unreadable,
+)
 
 __all__ = ["ExtractStats", "Layer", "Limits", "compression_of", "extract_layers"]
 
-WHITEOUT_PREFIX = ".wh."
-OPAQUE_MARKER = ".wh..wh..opq"
-MAX_WARNINGS = 50
 MAX_OPEN_DIRS = 256
+DEFAULT_LIMITS = Limits()
 WRITE_CHUNK = 1 << 20
-
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-@dataclass(frozen=True)
-class Limits:
-    """Budgets for one image: bytes written (all layers) and entries created."""
-
-    max_bytes: int = 2 * 1024**3
-    max_entries: int = 200_000
-
-
-@dataclass
-class ExtractStats:
-    """What extraction did; ``warnings`` lists refused or altered entries."""
-
-    bytes: int = 0
-    entries: int = 0
-    symlinks: int = 0
-    warnings: list[str] = field(default_factory=list)
-    suppressed_warnings: int = 0
-
-    def warn(self, message: str) -> None:
-        if len(self.warnings) < MAX_WARNINGS:
-            self.warnings.append(message)
-        else:
-            self.suppressed_warnings += 1
-
-
-class _Refused(Exception):
-    """An entry that is skipped (and reported), not a failure of the layer."""
-
-
 def extract_layers(
-    root: Path, layers: Sequence[Layer], *, image: str, limits: Limits = Limits()
+    root: Path, layers: Sequence[Layer], *, image: str, limits: Limits = DEFAULT_LIMITS
 ) -> ExtractStats:
     """Apply ``layers`` in order into the existing empty directory ``root``.
 
@@ -126,43 +103,11 @@ def _current_umask() -> int:
     return 0o777  # unknown: always chmod explicitly
 
 
-def _split(name: str) -> tuple[str, ...]:
-    """Normalise a member name into path components, refusing ``..``."""
-    parts = tuple(p for p in name.split("/") if p not in ("", "."))
-    if ".." in parts:
-        raise _Refused("path contains '..'")
-    return parts
-
-
 def _lstat(name: str, dir_fd: int) -> os.stat_result | None:
     try:
         return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return None
-
-
-def _safe_symlink_target(parts: tuple[str, ...], target: str) -> str:
-    """Rewrite an absolute target relative to the tree root; refuse one that climbs out."""
-    if not target:
-        raise _Refused("symlink has an empty target")
-    if target.startswith("/"):
-        rel = posixpath.normpath(target.lstrip("/")) if target.strip("/") else "."
-        depth = len(parts) - 1
-        target = posixpath.join(*([".."] * depth), rel) if depth else rel
-    # Lexically, ``..`` past the root would stay at "/"; detect the climb by counting.
-    level = len(parts) - 1
-    for comp in target.split("/"):
-        if comp == "..":
-            level -= 1
-            if level < 0:
-                raise _Refused(f"symlink target {target!r} points outside the image")
-        elif comp not in ("", "."):
-            level += 1
-    return target
-
-
-def _final_mode(mode: int) -> int:
-    return 0o555 if mode & 0o111 else 0o444
 
 
 class _Tree:
@@ -214,12 +159,12 @@ class _Tree:
                 nfd = os.open(comp, _DIR_FLAGS, dir_fd=fd)
             except FileNotFoundError:
                 if not create:
-                    raise _Refused(f"parent {comp!r} does not exist") from None
+                    raise Refused(f"parent {comp!r} does not exist") from None
                 os.mkdir(comp, 0o755, dir_fd=fd)
                 nfd = os.open(comp, _DIR_FLAGS, dir_fd=fd)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise _Refused(f"parent {comp!r} is a symlink or not a directory") from None
+                    raise Refused(f"parent {comp!r} is a symlink or not a directory") from None
                 raise
             if len(self._dirs) >= MAX_OPEN_DIRS:
                 self.forget_dirs()
@@ -254,22 +199,27 @@ class _Tree:
                 for member in tar:
                     try:
                         self.apply_member(tar, member)
-                    except _Refused as refused:
-                        self.stats.warn(f"layer {name}: {member.name!r}: {refused}")
+                    except Refused as refused:
+                        self.stats.warn(f"layer {name}: {shown(member.name)!r}: {refused}")
         except errors.RukpakError:
             raise
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        except layerio.HeaderRefused as exc:
+            raise errors.InvalidArgument(
+                f"image {image}: layer {name} refused: {exc}; rebuild the image with "
+                "ordinary file names"
+            ) from None
+        except Exception as exc:
+            if layerio.is_unreadable(exc):
+                raise unreadable(image, name, exc) from exc
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise errors.ResourceExhausted(
                     f"image {image}: no space left on the node while unpacking layer {name}"
                 ) from exc
-            if exc.errno:
+            if isinstance(exc, OSError):
                 raise errors.Internal(
-                    f"image {image}: unpacking layer {name} failed: {exc}"
+                    f"image {image}: unpacking layer {name} failed: {shown(str(exc))}"
                 ) from exc
-            raise _unreadable(image, name, exc) from exc  # BadGzipFile and friends: no errno
-        except (tarfile.TarError, EOFError, zlib.error, zstandard.ZstdError) as exc:
-            raise _unreadable(image, name, exc) from exc
+            raise
 
     def charge(self, size: int) -> None:
         stats, limits = self.stats, self.limits
@@ -289,16 +239,19 @@ class _Tree:
     def apply_member(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
         # Every header counts against the entry budget, even refused ones and whiteouts.
         self.charge(member.size if member.isreg() else 0)
-        parts = _split(member.name)
+        parts = split_name(member.name)
         if not parts:
             return  # the root itself ("./"): keep our own root
+        self.check_shape(member.name, parts)
+        if member.name.startswith("/"):
+            self.stats.warn(f"{shown(member.name)!r}: leading '/' removed (absolute path)")
         if parts[-1].startswith(WHITEOUT_PREFIX):
             self.whiteout(parts)
             return
         if member.ischr() or member.isblk() or member.isfifo():
-            raise _Refused("device nodes and fifos are not extracted")
+            raise Refused("device nodes and fifos are not extracted")
         if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
-            raise _Refused(f"unsupported tar entry type {member.type!r}")
+            raise Refused(f"unsupported tar entry type {member.type!r}")
         if member.mode & 0o7000:
             self.stats.warn(f"{member.name!r}: setuid/setgid/sticky bits removed")
         for i in range(1, len(parts) + 1):
@@ -315,8 +268,18 @@ class _Tree:
                 self.make_hardlink(parts, member.linkname, dir_fd)
         except OSError as exc:
             if exc.errno in (errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EEXIST):
-                raise _Refused(os.strerror(exc.errno)) from None
+                raise Refused(os.strerror(exc.errno)) from None
             raise
+
+    def check_shape(self, name: str, parts: tuple[str, ...]) -> None:
+        """Refuse (the whole layer) a path deeper or longer than the limits allow."""
+        limits = self.limits
+        if len(parts) > limits.max_depth or len(name.encode()) > limits.max_path_bytes:
+            raise errors.InvalidArgument(
+                f"image {self.image}: entry {shown(name)!r} has {len(parts)} components and "
+                f"{len(name.encode())} bytes; at most {limits.max_depth} and "
+                f"{limits.max_path_bytes} are allowed: rebuild the image with shallower paths"
+            )
 
     def make_dir(self, base: str, dir_fd: int) -> None:
         try:
@@ -329,7 +292,7 @@ class _Tree:
             os.mkdir(base, 0o755, dir_fd=dir_fd)
 
     def make_symlink(self, parts: tuple[str, ...], linkname: str, dir_fd: int) -> None:
-        target = _safe_symlink_target(parts, linkname)
+        target = safe_symlink_target(parts, linkname)
         try:
             os.symlink(target, parts[-1], dir_fd=dir_fd)
         except FileExistsError:
@@ -339,15 +302,15 @@ class _Tree:
         self.stats.symlinks += 1
 
     def make_hardlink(self, parts: tuple[str, ...], linkname: str, dir_fd: int) -> None:
-        link_parts = _split(linkname)
+        link_parts = split_name(linkname)
         if not link_parts:
-            raise _Refused("hard link to the root directory")
+            raise Refused("hard link to the root directory")
         src_fd = self.parent(link_parts, create=False)
         src = _lstat(link_parts[-1], src_fd)
         if src is None:
-            raise _Refused(f"hard link target {linkname!r} does not exist")
+            raise Refused(f"hard link target {linkname!r} does not exist")
         if not stat.S_ISREG(src.st_mode):
-            raise _Refused(f"hard link target {linkname!r} is not a regular file")
+            raise Refused(f"hard link target {linkname!r} is not a regular file")
         if link_parts == parts:
             return
         if _lstat(parts[-1], dir_fd) is not None:
@@ -362,11 +325,11 @@ class _Tree:
     def write_file(
         self, tar: tarfile.TarFile, member: tarfile.TarInfo, base: str, dir_fd: int
     ) -> None:
-        mode = _final_mode(member.mode)
+        mode = final_mode(member.mode)
         try:
             fd = os.open(base, _FILE_FLAGS, mode, dir_fd=dir_fd)
         except FileExistsError:
-            parts = _split(member.name)
+            parts = split_name(member.name)
             self.remove(base, dir_fd)
             dir_fd = self.parent(parts, create=True)
             fd = os.open(base, _FILE_FLAGS, mode, dir_fd=dir_fd)
@@ -394,7 +357,7 @@ class _Tree:
             return
         target = base[len(WHITEOUT_PREFIX) :]
         if target in ("", ".", ".."):
-            raise _Refused("whiteout of an invalid name")
+            raise Refused("whiteout of an invalid name")
         self.remove(target, dir_fd)
 
     def clear_opaque(self, dir_fd: int, prefix: tuple[str, ...]) -> None:
@@ -434,10 +397,3 @@ def _copy_member_data(tar: tarfile.TarFile, size: int, fd: int) -> None:
         view = memoryview(chunk)
         while view:
             view = view[os.write(fd, view) :]
-
-
-def _unreadable(image: str, name: str, exc: Exception) -> errors.InvalidArgument:
-    return errors.InvalidArgument(
-        f"image {image}: layer {name} is not a readable tar archive ({exc}); "
-        "check the image was built correctly"
-    )

@@ -13,6 +13,7 @@ against the unpack budget before tar sees it.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import io
 import queue
 import tarfile
@@ -22,11 +23,12 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import zstandard
 
 from csi.common import errors
+from csi.oci import mediatypes
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -35,6 +37,65 @@ Source = Callable[[], AbstractContextManager[io.BufferedReader]]
 """Opens a layer's compressed bytes as a stream. Leaving the context normally
 must check the content (and may commit it somewhere); an error leaving it
 fails the layer."""
+
+
+MAX_HEADER_BYTES = 64 * 1024
+"""Largest pax extended header or GNU long-name/long-link record read into memory
+(PATH_MAX is 4 KiB; a layer asking for more is refused before the bytes are read)."""
+MAX_CHAINED_HEADERS = 8
+"""Extended headers in a row before one member (tarfile reads them recursively)."""
+_EXTENDED = frozenset(
+    {
+        tarfile.XHDTYPE,
+        tarfile.XGLTYPE,
+        tarfile.SOLARIS_XHDTYPE,
+        tarfile.GNUTYPE_LONGNAME,
+        tarfile.GNUTYPE_LONGLINK,
+    }
+)
+
+
+def shown(text: str, limit: int = 256) -> str:
+    """Attacker-controlled text cut to ``limit`` characters for logs and error messages."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...({len(text)} characters)"
+
+
+class HeaderRefused(Exception):
+    """A tar header the extractor will not read (too large, or too many chained)."""
+
+
+class _CappedTarInfo(tarfile.TarInfo):
+    """``TarInfo`` that refuses oversized or endlessly chained extended headers
+    *before* ``tarfile`` reads them into memory."""
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type not in _EXTENDED:
+            return super()._proc_member(tarfile_)  # type: ignore[misc,no-any-return]
+        kind = "pax extended header" if self.type != tarfile.GNUTYPE_LONGNAME else "GNU long name"
+        if self.type == tarfile.GNUTYPE_LONGLINK:
+            kind = "GNU long link name"
+        if self.size > MAX_HEADER_BYTES:
+            raise HeaderRefused(
+                f"{kind} {shown(self.name)!r} holds {self.size} bytes, more than the "
+                f"{MAX_HEADER_BYTES} allowed"
+            )
+        chain = int(getattr(tarfile_, "_rukpak_chain", 0))
+        if chain >= MAX_CHAINED_HEADERS:
+            raise HeaderRefused(f"more than {MAX_CHAINED_HEADERS} extended headers in a row")
+        if self.type == tarfile.XGLTYPE:
+            total = int(getattr(tarfile_, "_rukpak_global", 0)) + self.size
+            if total > MAX_HEADER_BYTES:
+                raise HeaderRefused(
+                    f"global pax headers hold more than {MAX_HEADER_BYTES} bytes in all"
+                )
+            tarfile_._rukpak_global = total  # type: ignore[attr-defined]
+        tarfile_._rukpak_chain = chain + 1  # type: ignore[attr-defined]
+        try:
+            return super()._proc_member(tarfile_)  # type: ignore[misc,no-any-return]
+        finally:
+            tarfile_._rukpak_chain = chain  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -48,19 +109,38 @@ class Layer:
 
 
 def compression_of(media_type: str, head: bytes) -> str:
-    """``gzip``, ``zstd`` or ``none``: from the media type, else from magic bytes."""
+    """``gzip``, ``zstd`` or ``none``: from the media-type table, else from magic bytes.
+
+    Unknown types (layers of older tools, blobs read by digest only) fall back
+    to the suffix of the type and then to the first bytes of the data.
+    """
+    known = mediatypes.LAYER_COMPRESSION.get(media_type)
+    if known is not None:
+        return known
     mt = media_type.lower()
     if mt.endswith("gzip"):
-        return "gzip"
+        return mediatypes.GZIP
     if mt.endswith("zstd"):
-        return "zstd"
-    if mt.endswith(".tar") or mt.endswith("tar"):
-        return "none"
+        return mediatypes.ZSTD
+    if mt.endswith("tar"):
+        return mediatypes.NO_COMPRESSION
     if head.startswith(GZIP_MAGIC):
-        return "gzip"
+        return mediatypes.GZIP
     if head.startswith(ZSTD_MAGIC):
-        return "zstd"
-    return "none"
+        return mediatypes.ZSTD
+    return mediatypes.NO_COMPRESSION
+
+
+def decompressed(raw: IO[bytes], media_type: str, head: bytes = b"") -> IO[bytes]:
+    """``raw`` decompressed as its media type (or magic bytes) says, read in the caller's
+    thread. For reading a layer once (``rukpak bundle inspect``); the extractor uses
+    :func:`open_tar_stream`, which inflates gzip in a helper thread."""
+    kind = compression_of(media_type, head)
+    if kind == mediatypes.GZIP:
+        return cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="rb"))
+    if kind == mediatypes.ZSTD:
+        return cast(IO[bytes], zstandard.ZstdDecompressor().stream_reader(raw, closefd=False))
+    return raw
 
 
 class _CountingReader(io.RawIOBase):
@@ -179,21 +259,50 @@ def _compressed(layer: Layer) -> Iterator[io.BufferedReader]:
             yield f
 
 
+UNREADABLE: tuple[type[BaseException], ...] = (
+    tarfile.TarError,
+    EOFError,
+    zlib.error,
+    zstandard.ZstdError,
+    HeaderRefused,
+)
+"""What reading a layer raises when its bytes are not a well-formed (compressed) tar."""
+
+
+def is_unreadable(exc: BaseException) -> bool:
+    """Whether ``exc`` means "these bytes are not a readable layer" (not a disk error)."""
+    if isinstance(exc, UNREADABLE):
+        return True
+    return isinstance(exc, OSError) and not exc.errno  # BadGzipFile and friends
+
+
 @contextmanager
 def open_tar_stream(layer: Layer, *, limit: int, image: str) -> Iterator[tarfile.TarFile]:
-    """The layer's tar members, in stream mode, at most ``limit`` decompressed bytes."""
+    """The layer's tar members, in stream mode, at most ``limit`` decompressed bytes.
+
+    When the bytes turn out unreadable, the rest of the compressed stream is read
+    before the error propagates, so a verifying source compares the digest first:
+    tampered content is DataLoss even when it breaks decompression before its end.
+    """
     with _compressed(layer) as reader:
         inner: IO[bytes] = reader
         try:
             head = reader.peek(4)[:4]
             kind = compression_of(layer.media_type, head)
-            if kind == "gzip":
+            if kind == mediatypes.GZIP:
                 inner = _Gunzip(reader)  # type: ignore[assignment]
-            elif kind == "zstd":
-                inner = zstandard.ZstdDecompressor().stream_reader(reader, closefd=False)
+            else:
+                inner = decompressed(reader, layer.media_type, head)
             counted = io.BufferedReader(_CountingReader(inner, limit=limit, image=image), 1 << 16)
-            with tarfile.open(fileobj=counted, mode="r|") as tar:
+            with tarfile.open(fileobj=counted, mode="r|", tarinfo=_CappedTarInfo) as tar:
                 yield tar
+        except BaseException as exc:
+            if is_unreadable(exc) and layer.source is not None:
+                if isinstance(inner, _Gunzip):
+                    inner.close()  # stop its reads before draining the same stream
+                while reader.read(1 << 20):  # the source verifies at its end: DataLoss
+                    pass
+            raise
         finally:
             if isinstance(inner, _Gunzip):
                 inner.close()

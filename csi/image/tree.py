@@ -5,29 +5,89 @@ all layers are applied, since a chain of individually harmless symlinks can
 still climb out of the tree; the image cache (``csi.image.cache``) seals a
 finished tree read-only before renaming it into place (its directories only,
 when the extractor already created the files read-only), and unseals one before
-deleting it. Every walk uses ``os.fwalk`` without following symlinks.
+deleting it (:func:`remove`). Every walk is iterative (:func:`walk`) and never
+follows symlinks, so no tree depth can exhaust the stack or the descriptors.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 MAX_SYMLINK_HOPS = 40
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_UP_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One directory entry as :func:`walk` lists it (``lstat`` mode: links not followed)."""
+
+    name: str
+    mode: int
+
+    @property
+    def is_dir(self) -> bool:
+        return stat.S_ISDIR(self.mode)
+
+
+def _entries(fd: int) -> list[Entry]:
+    out = []
+    with os.scandir(fd) as it:
+        for e in it:
+            out.append(Entry(e.name, e.stat(follow_symlinks=False).st_mode))
+    return out
+
+
+def walk(root: Path) -> Iterator[tuple[int, tuple[str, ...], list[Entry]]]:
+    """Every directory under ``root`` (itself first): ``(dir_fd, components, entries)``.
+
+    Depth first and iterative, whatever the depth: no recursion, and at most two
+    descriptors open at a time (the walk climbs back with ``..``; nobody else
+    writes in these trees while it runs). Symlinks are listed, never followed.
+    ``dir_fd`` is borrowed: valid until the next item.
+    """
+    fd = os.open(root, _DIR_FLAGS)
+    path: list[str] = []
+    pending: list[list[str]] = []
+    try:
+        while True:
+            entries = _entries(fd)
+            yield fd, tuple(path), entries
+            pending.append([e.name for e in entries if e.is_dir])
+            while True:
+                if pending[-1]:
+                    name = pending[-1].pop()
+                    child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                    os.close(fd)
+                    fd = child
+                    path.append(name)
+                    break
+                pending.pop()
+                if not path:
+                    return
+                parent = os.open("..", _UP_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = parent
+                path.pop()
+    finally:
+        os.close(fd)
+
+
 def seal(root: Path) -> None:
     """Make the finished tree read-only for everyone: dirs 0555, files 0444/0555."""
-    for _dirpath, dirnames, filenames, dir_fd in os.fwalk(root, follow_symlinks=False):
-        for name in (*filenames, *dirnames):
-            # lstat first: chmod by name must never act through a symlink.
-            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                os.chmod(name, 0o555, dir_fd=dir_fd)
-            elif stat.S_ISREG(st.st_mode):
-                executable = st.st_mode & 0o111
-                os.chmod(name, 0o555 if executable else 0o444, dir_fd=dir_fd)
+    for dir_fd, _parts, entries in walk(root):
+        for e in entries:
+            # Modes from lstat: chmod by name must never act through a symlink.
+            if e.is_dir:
+                os.chmod(e.name, 0o555, dir_fd=dir_fd)
+            elif stat.S_ISREG(e.mode):
+                os.chmod(e.name, 0o555 if e.mode & 0o111 else 0o444, dir_fd=dir_fd)
     os.chmod(root, 0o555)
 
 
@@ -37,13 +97,8 @@ def seal_dirs(root: Path) -> None:
     For trees from ``csi.image.extract``, which creates files with their final
     modes: one walk that touches directories only.
     """
-    for _dirpath, dirnames, _filenames, dir_fd in os.fwalk(root, follow_symlinks=False):
-        for name in dirnames:
-            # fwalk lists symlinks to directories too; chmod by name would follow them.
-            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                os.chmod(name, 0o555, dir_fd=dir_fd)
-    os.chmod(root, 0o555)
+    for dir_fd, _parts, _entries in walk(root):
+        os.fchmod(dir_fd, 0o555)
 
 
 def unseal(root: Path) -> None:
@@ -51,11 +106,49 @@ def unseal(root: Path) -> None:
     if not root.is_dir() or root.is_symlink():
         return
     os.chmod(root, 0o755)
-    for _dirpath, dirnames, _filenames, dir_fd in os.fwalk(root, follow_symlinks=False):
-        for name in dirnames:
-            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                os.chmod(name, 0o755, dir_fd=dir_fd)
+    for dir_fd, _parts, _entries in walk(root):
+        os.fchmod(dir_fd, 0o755)
+
+
+def remove(root: Path) -> None:
+    """Delete the tree at ``root`` (sealed or not, however deep); missing is fine.
+
+    Iterative, like :func:`walk`: a staging tree left by a hostile layer with
+    thousands of nested directories is removed as surely as a small one.
+    """
+    try:
+        st = os.lstat(root)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(root)
+        return
+    fd = os.open(root, _DIR_FLAGS)
+    names: list[str] = []
+    try:
+        while True:
+            os.fchmod(fd, 0o700)  # a sealed dir: let its entries go (root needs no bits)
+            subdir = None
+            for e in _entries(fd):
+                if e.is_dir:
+                    subdir = e.name
+                    break
+                os.unlink(e.name, dir_fd=fd)
+            if subdir is not None:
+                child = os.open(subdir, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = child
+                names.append(subdir)
+                continue
+            if not names:
+                break
+            parent = os.open("..", _UP_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            os.rmdir(names.pop(), dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(root)
 
 
 def escapes(root: Path, link: tuple[str, ...]) -> bool:
@@ -98,11 +191,10 @@ def escapes(root: Path, link: tuple[str, ...]) -> bool:
 def remove_escaping_symlinks(root: Path) -> list[str]:
     """Delete every symlink under ``root`` that resolves above it; returns warnings."""
     warnings = []
-    for dirpath, dirnames, filenames, _dir_fd in os.fwalk(root, follow_symlinks=False):
-        rel = Path(dirpath).relative_to(root).parts
-        for name in (*dirnames, *filenames):
-            path = Path(dirpath, name)
-            if path.is_symlink() and escapes(root, (*rel, name)):
-                path.unlink()
-                warnings.append(f"{'/'.join((*rel, name))!r}: symlink resolves outside the image")
+    for dir_fd, rel, entries in walk(root):
+        for e in entries:
+            if stat.S_ISLNK(e.mode) and escapes(root, (*rel, e.name)):
+                os.unlink(e.name, dir_fd=dir_fd)
+                shown = "/".join((*rel, e.name))[-256:]
+                warnings.append(f"{shown!r}: symlink resolves outside the image")
     return warnings

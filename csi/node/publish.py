@@ -24,13 +24,19 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from csi.common import errors
-from csi.image.cache import Holder, ImageCache, KeyedLocks
+from csi.image.cache import ImageCache
+from csi.image.cachestate import Holder
+from csi.image.locks import KeyedLocks
 from csi.node import mounter as mounts
 from csi.oci.auth import Credentials
 from csi.oci.manifest import Platform
 from csi.volume.source import VolumeSource
+
+if TYPE_CHECKING:
+    from csi.fuse.publisher import FusePublisher
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +59,23 @@ class Publisher:
         mounter: mounts.MounterProtocol,
         kubelet_dir: Path,
         platform: Platform | None = None,
+        fuse: FusePublisher | None = None,
+        default_mode: str = "bind",
     ) -> None:
         self.images = images
         self.mounter = mounter
         self.kubelet_dir = Path(os.path.realpath(kubelet_dir))
         self.platform = platform or Platform.current()
+        self.fuse = fuse  # publishMode fuse (csi.fuse.publisher); None: FUSE mode is off
+        self.default_mode = default_mode
         self._locks = KeyedLocks()
 
     def check_target(self, target_path: str) -> Path:
         """The real path to mount on; InvalidArgument unless strictly inside the kubelet dir."""
+        if "\0" in target_path:
+            raise errors.InvalidArgument(
+                f"target_path {target_path[:200]!r} contains a NUL byte; pass a plain path"
+            )
         if not target_path.startswith("/"):
             raise errors.InvalidArgument(f"target_path {target_path!r} must be absolute")
         normal = Path(os.path.normpath(target_path))
@@ -84,17 +98,37 @@ class Publisher:
         target = self.check_target(req.target_path)
         key = str(target)
         with self._locks.hold(key):
+            if (req.source.publish_mode or self.default_mode) == "fuse":
+                if self.fuse is None:
+                    raise errors.FailedPrecondition(
+                        "publishMode fuse is not enabled on this node: start the plugin with "
+                        "--fuse, or use publishMode bind"
+                    )
+                return self.fuse.publish(
+                    target=target,
+                    volume_id=req.volume_id,
+                    source=req.source,
+                    platform=self.platform,
+                    credentials=req.credentials,
+                    mounter=self.mounter,
+                )
             current = mounts.find(self.mounter.mounts(), target)
             if current is not None:
                 known = self.images.holders().get(key)
-                if known is not None and known.volume_id:
-                    if known.volume_id == req.volume_id and known.image == req.source.image:
-                        log.info(
-                            "msg=%r target=%s volume_id=%s", "already published", key, req.volume_id
-                        )
-                        digest = self.images.holder_digest(key)
-                        if digest is not None:
-                            return self.images.tree_path(digest)
+                same = (
+                    known is not None
+                    and known.volume_id == req.volume_id
+                    and known.image == req.source.image
+                )
+                if same:
+                    log.info(
+                        "msg=%r target=%s volume_id=%s", "already published", key, req.volume_id
+                    )
+                    digest = self.images.holder_digest(key)
+                    if digest is not None and self.images.has_tree(digest):
+                        return self.images.tree_path(digest)
+                    # The digest record is lost: resolve again and compare the mount below.
+                elif known is not None and known.volume_id:
                     raise errors.AlreadyExists(
                         f"target {key} already holds volume {known.volume_id} with image "
                         f"{known.image}; unpublish it first"
@@ -155,6 +189,8 @@ class Publisher:
                     ) from None
                 raise
             self.images.release(key)
+            if self.fuse is not None:
+                self.fuse.release(key)
             log.info("msg=%r target=%s volume_id=%s", "unpublished", key, volume_id)
 
     def reconcile(self) -> None:
@@ -166,6 +202,8 @@ class Publisher:
         """
         table = self.mounter.mounts()
         mounted = {m.mount_point: m for m in table}
+        if self.fuse is not None:
+            self.fuse.reconcile(set(mounted))
         for target in list(self.images.holders()):
             if target not in mounted:
                 log.info("msg=%r target=%s", "dropping record of a vanished mount", target)
@@ -187,4 +225,4 @@ class Publisher:
                     self.images.hold(digest, Holder(m.mount_point, volume_id="", image=""))
 
     def published(self) -> int:
-        return len(self.images.holders())
+        return len(self.images.holders()) + (self.fuse.published() if self.fuse else 0)

@@ -10,17 +10,15 @@ stream when the content is not what the descriptor promised.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import io
 import os
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
 from csi.common import errors
-from csi.common.fsio import fsync_dir
+from csi.common.fsio import atomic_writer
 from csi.oci import digest as digests
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
@@ -59,19 +57,12 @@ def write_atomically(
 ) -> None:
     """Write ``chunks`` to ``dest`` only if they are exactly ``size`` bytes hashing to ``digest``.
 
-    The temp file lives in ``dest``'s directory (same filesystem, so the final
-    ``os.replace`` is atomic); it is fsynced before and the directory after
-    the rename. On any failure the temp file is removed and ``dest`` is left
-    as it was.
+    The temp file, fsync and rename are ``csi.common.fsio.atomic_writer``'s: on
+    any failure the temp file is removed and ``dest`` is left as it was.
     """
     digester = digests.Digester.for_digest(digest)
     try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent)
-    except OSError as exc:
-        raise disk_error(exc, dest, subject) from None
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as out:
+        with atomic_writer(dest) as out:
             for chunk in chunks:
                 if not chunk:
                     continue
@@ -83,16 +74,8 @@ def write_atomically(
                     progress(digester.size, size)
             if digester.size != size or digester.digest() != digest:
                 raise mismatch(subject, digest, size, digester.digest(), digester.size)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, dest)
-        fsync_dir(dest.parent)
-    except BaseException as exc:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        if isinstance(exc, OSError) and not isinstance(exc, errors.RukpakError):
-            raise disk_error(exc, dest, subject) from exc
-        raise
+    except OSError as exc:
+        raise disk_error(exc, dest, subject) from exc
 
 
 def disk_error(exc: OSError, dest: Path, subject: str) -> errors.RukpakError:

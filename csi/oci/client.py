@@ -18,14 +18,15 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Final, cast
 
 import requests
 import urllib3
 
-from csi.common import errors
+from csi.common import backoff, errors
 from csi.oci import auth, blobio, mediatypes, transport, upload
 from csi.oci import digest as digests
 from csi.oci.manifest import Descriptor, Index, Manifest, Platform, parse_manifest, select_platform
@@ -52,13 +53,14 @@ class RegistryClient:
         backoff: float = 0.2,
         ca_bundle: str | None = None,
         proxies_from_env: bool = True,
+        sleep: Callable[[float], object] = time.sleep,
     ) -> None:
         """``insecure`` hosts (``host`` or ``host:port``) are spoken to over plain
         HTTP, as are loopback hosts; everything else over HTTPS, verified against
         the system trust store or ``ca_bundle``. ``timeout`` bounds each read,
         ``connect_timeout`` (default min(timeout, 5)) each connect; failed
         connections, 429 and 5xx are retried ``retries`` times with exponential
-        backoff from ``backoff`` seconds (capped at 4 s)."""
+        backoff from ``backoff`` seconds (capped at 4 s), waiting with ``sleep``."""
         self.transport = transport.Transport(
             credentials=credentials,
             insecure=insecure,
@@ -69,6 +71,7 @@ class RegistryClient:
             user_agent=user_agent,
             ca_bundle=ca_bundle,
             proxies_from_env=proxies_from_env,
+            sleep=sleep,
         )
 
     def close(self) -> None:
@@ -109,6 +112,19 @@ class RegistryClient:
         ):
             return self.get_manifest(ref)[0]
         return Descriptor(media_type=media_type, digest=sent, size=int(length))
+
+    def check_manifest_access(self, ref: Reference, digest: str) -> None:
+        """Raise unless this client's credentials may read manifest ``digest`` of ``ref``'s
+        repository (one HEAD by digest): Unauthenticated, PermissionDenied or NotFound
+        as the registry answers. The image cache asks this before it serves a private
+        image it already holds to another pod."""
+        pinned = ref.with_digest(digests.check(digest, what=str(ref)))
+        target = transport.image_target(pinned)
+        response = self.transport.request(
+            "HEAD", target, _manifest_path(pinned), headers={"Accept": _MANIFEST_ACCEPT}
+        )
+        self.transport.check(response, target, ok=(200,))
+        response.close()
 
     def get_manifest(self, ref: Reference) -> tuple[Descriptor, bytes]:
         """Fetch the manifest or index ``ref`` names, verified, at most 4 MiB.
@@ -199,12 +215,7 @@ class RegistryClient:
         media_type: str = "application/octet-stream",
         progress: blobio.Progress | None = None,
     ) -> Descriptor:
-        """Upload a blob to ``ref``'s repository unless it is already there.
-
-        ``source`` is bytes or a file streamed from disk (never read whole).
-        Small content goes in one POST + PUT; files over 16 MiB in PATCH chunks.
-        The registry checks the digest on the final PUT.
-        """
+        """Upload a blob unless the repository has it (:func:`csi.oci.upload.push_blob`)."""
         return upload.push_blob(
             self.transport,
             ref,
@@ -232,27 +243,29 @@ class RegistryClient:
         """
         digests.check(desc.digest, what=f"blob of {ref.name}")
         target = transport.blob_target(ref, desc.digest)
-        attempts = 1 + self.transport.retries
-        for attempt in range(attempts):
+
+        def download() -> None:
             response = self.transport.request(
                 "GET", target, f"/v2/{ref.repository}/blobs/{desc.digest}", stream=True
             )
             self.transport.check(response, target, ok=(200,))
-            try:
-                with response:
-                    blobio.write_atomically(
-                        _chunks(response, target),
-                        dest,
-                        digest=desc.digest,
-                        size=desc.size,
-                        subject=f"blob {desc.digest} of {ref.name}",
-                        progress=progress,
-                    )
-                return
-            except _StreamBroken:
-                if attempt + 1 == attempts:
-                    raise
-                self.transport.pause(attempt)
+            with response:
+                blobio.write_atomically(
+                    _chunks(response, target),
+                    dest,
+                    digest=desc.digest,
+                    size=desc.size,
+                    subject=f"blob {desc.digest} of {ref.name}",
+                    progress=progress,
+                )
+
+        backoff.retry(
+            download,
+            attempts=1 + self.transport.retries,
+            backoff=self.transport.backoff,
+            retryable=lambda err: isinstance(err, _StreamBroken),
+            sleep=self.transport.sleep,
+        )
 
     @contextlib.contextmanager
     def open_blob(self, ref: Reference, desc: Descriptor) -> Iterator[BinaryIO]:

@@ -3,12 +3,14 @@
 The puller (``csi.oci.client``) sends ``MANIFEST_ACCEPT`` when it asks for a
 manifest, ``csi.oci.manifest`` decides from these names whether a body is an
 index or an image manifest, and the extractor picks a decompressor from the
-layer types. The manifest and index strings are taken from ``oras.defaults``
-(the dependency already names them) so the two never disagree.
+layer table (:data:`LAYER_COMPRESSION`). The manifest and index strings are taken
+from ``oras.defaults`` (the dependency already names them) so the two never disagree.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Final
 
 import oras.defaults
@@ -44,10 +46,22 @@ SCHEMA1_TYPES: Final[frozenset[str]] = frozenset({DOCKER_MANIFEST_V1, DOCKER_MAN
 # modern registry may hold, most specific first.
 MANIFEST_ACCEPT: Final[tuple[str, ...]] = (OCI_INDEX, OCI_MANIFEST, DOCKER_LIST, DOCKER_MANIFEST)
 
-# Layer media types by compression; the extractor maps these to decompressors.
-TAR_LAYERS: Final[frozenset[str]] = frozenset({OCI_LAYER_TAR, OCI_LAYER_NONDIST_TAR})
-GZIP_LAYERS: Final[frozenset[str]] = frozenset(
-    {OCI_LAYER_GZIP, OCI_LAYER_NONDIST_GZIP, DOCKER_LAYER_GZIP, DOCKER_LAYER_FOREIGN_GZIP}
+# The one table of filesystem layer media types: each type → how its bytes are
+# compressed ("none", "gzip" or "zstd"). ``csi.image.layerio`` maps a compression
+# to its decompressor; everything that asks "is this a layer?" uses LAYER_TYPES.
+NO_COMPRESSION: Final[str] = "none"
+GZIP: Final[str] = "gzip"
+ZSTD: Final[str] = "zstd"
+LAYER_COMPRESSION: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        OCI_LAYER_TAR: NO_COMPRESSION,
+        OCI_LAYER_NONDIST_TAR: NO_COMPRESSION,
+        OCI_LAYER_GZIP: GZIP,
+        OCI_LAYER_NONDIST_GZIP: GZIP,
+        DOCKER_LAYER_GZIP: GZIP,
+        DOCKER_LAYER_FOREIGN_GZIP: GZIP,
+        OCI_LAYER_ZSTD: ZSTD,
+        OCI_LAYER_NONDIST_ZSTD: ZSTD,
+    }
 )
-ZSTD_LAYERS: Final[frozenset[str]] = frozenset({OCI_LAYER_ZSTD, OCI_LAYER_NONDIST_ZSTD})
-LAYER_TYPES: Final[frozenset[str]] = TAR_LAYERS | GZIP_LAYERS | ZSTD_LAYERS
+LAYER_TYPES: Final[frozenset[str]] = frozenset(LAYER_COMPRESSION)

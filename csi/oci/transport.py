@@ -12,32 +12,46 @@ builds API operations on :class:`Transport.request`, which
   cached (``csi.oci.auth``), answering a 401 challenge once;
 - never logs headers, credentials or tokens.
 
-:func:`raise_for_status` maps registry answers to ``csi.common.errors`` codes with
+``csi.oci.answers.raise_for_status`` maps registry answers to ``csi.common.errors`` codes with
 messages that name the reference and say what to do.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Final, Protocol
 
 import requests
 
-from csi.common import errors
+from csi.common import backoff, errors
+from csi.common.backoff import Backoff
 from csi.oci import auth
-from csi.oci.reference import Reference
+from csi.oci.answers import (
+    RETRY_STATUS,
+    Target,
+    blob_target,
+    image_target,
+    raise_for_status,
+)
 
 log = logging.getLogger(__name__)
 
+__all__ = [
+    "RETRY_STATUS",
+    "Target",
+    "Transport",
+    "blob_target",
+    "image_target",
+    "raise_for_status",
+    "scheme_for",
+]
+
 USER_AGENT: Final[str] = "rukpak-python/0.1 (csi.oci)"
-RETRY_STATUS: Final[frozenset[int]] = frozenset({429, 500, 502, 503, 504})
 MAX_BACKOFF: Final[float] = 4.0
 
 
@@ -78,27 +92,13 @@ def scheme_for(host: str, insecure: Iterable[str] = ()) -> str:
     return "https"
 
 
-@dataclass(frozen=True)
-class Target:
-    """What a request is about, for auth scopes and error messages."""
+class _Retry(Exception):
+    """A failed attempt worth retrying: no answer (``reason``), or a 429/5xx ``response``."""
 
-    host: str  # registry API host[:port]
-    repository: str
-    subject: str  # e.g. "image quay.io/a/b:v1" or "blob sha256:... of quay.io/a/b"
-    push: bool = False
-
-    @property
-    def scope(self) -> str:
-        actions = "pull,push" if self.push else "pull"
-        return f"repository:{self.repository}:{actions}"
-
-
-def image_target(ref: Reference, *, push: bool = False) -> Target:
-    return Target(ref.api_host, ref.repository, f"image {ref}", push)
-
-
-def blob_target(ref: Reference, digest: str, *, push: bool = False) -> Target:
-    return Target(ref.api_host, ref.repository, f"blob {digest} of {ref.name}", push)
+    def __init__(self, reason: str, response: requests.Response | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.response = response
 
 
 class Transport:
@@ -116,6 +116,7 @@ class Transport:
         user_agent: str = USER_AGENT,
         ca_bundle: str | None = None,
         proxies_from_env: bool = True,
+        sleep: Callable[[float], object] = time.sleep,
     ) -> None:
         self.ca_bundle = ca_bundle
         self.proxies_from_env = proxies_from_env
@@ -123,7 +124,8 @@ class Transport:
         self.insecure = frozenset(h.lower() for h in insecure)
         self.timeout = (min(timeout, 5.0) if connect_timeout is None else connect_timeout, timeout)
         self.retries = max(0, retries)
-        self.backoff = backoff
+        self.backoff = Backoff(base=backoff, cap=MAX_BACKOFF)
+        self.sleep = sleep
         self.session = requests.Session()
         self.session.headers["User-Agent"] = user_agent
         # No ~/.netrc (it would replace our Authorization header); proxies are
@@ -135,10 +137,6 @@ class Transport:
 
     def close(self) -> None:
         self.session.close()
-
-    def pause(self, attempt: int) -> None:
-        """Sleep the backoff before retry number ``attempt + 1``."""
-        time.sleep(min(self.backoff * 2**attempt, MAX_BACKOFF))
 
     def check(self, response: requests.Response, target: Target, *, ok: Iterable[int]) -> None:
         """:func:`raise_for_status`, knowing whether we hold credentials for the host."""
@@ -200,12 +198,9 @@ class Transport:
         if authorization:
             all_headers["Authorization"] = authorization
         attempts = 1 + (self.retries if retry else 0)
-        last_error = ""
-        retry_after = 0.0
-        for attempt in range(attempts):
-            if attempt:
-                # The backoff, or the registry's Retry-After when longer (capped).
-                time.sleep(max(min(self.backoff * 2 ** (attempt - 1), MAX_BACKOFF), retry_after))
+        retry_after = [0.0]
+
+        def attempt() -> requests.Response:
             data = body() if callable(body) else body
             try:
                 response = self.session.request(
@@ -221,21 +216,42 @@ class Transport:
                     verify=self.ca_bundle or True,
                 )
             except requests.RequestException as exc:
-                last_error = _describe(exc)
-                log.info("registry request failed method=%s url=%s error=%r attempt=%d",
-                         method, _strip_query(url), last_error, attempt + 1)  # fmt: skip
-                continue
+                raise _Retry(_describe(exc)) from exc
             finally:
                 if callable(body) and data is not None and not isinstance(data, bytes):
                     data.close()
             log.debug("registry request method=%s url=%s status=%d",
                       method, _strip_query(url), response.status_code)  # fmt: skip
-            if response.status_code in RETRY_STATUS and attempt + 1 < attempts:
-                last_error = f"HTTP {response.status_code}"
-                retry_after = _retry_after(response)
-                response.close()
-                continue
+            if response.status_code in RETRY_STATUS:
+                raise _Retry(f"HTTP {response.status_code}", response)
             return response
+
+        def on_retry(n: int, err: BaseException, _delay: float) -> None:
+            assert isinstance(err, _Retry)
+            log.info("registry request failed method=%s url=%s error=%r attempt=%d",
+                     method, _strip_query(url), err.reason, n)  # fmt: skip
+            retry_after[0] = 0.0
+            if err.response is not None:
+                retry_after[0] = _retry_after(err.response)
+                err.response.close()
+
+        def pause(delay: float) -> None:
+            # The backoff, or the registry's Retry-After when longer (capped).
+            self.sleep(max(delay, retry_after[0]))
+
+        try:
+            return backoff.retry(
+                attempt,
+                attempts=attempts,
+                backoff=self.backoff,
+                retryable=lambda err: isinstance(err, _Retry),
+                sleep=pause,
+                on_retry=on_retry,
+            )
+        except _Retry as final:
+            if final.response is not None:
+                return final.response  # a 5xx or 429 after the last retry: the caller maps it
+            last_error = final.reason
         raise errors.Unavailable(
             f"registry {target.host} at {self.base_url(target.host)} is unreachable: {last_error} "
             f"(after {attempts} attempt{'s' if attempts > 1 else ''}); {target.subject} could not "
@@ -307,76 +323,6 @@ class Transport:
         )
         self.tokens.put((challenge.realm, challenge.service, target.scope), token)
         return f"Bearer {token.value}"
-
-
-def raise_for_status(
-    response: requests.Response,
-    target: Target,
-    *,
-    ok: Iterable[int],
-    has_credentials: bool = False,
-) -> None:
-    """Raise the ``csi.common.errors`` exception matching a non-``ok`` registry answer.
-
-    The response is closed when it is an error.
-    """
-    status = response.status_code
-    if status in set(ok):
-        return
-    codes, detail = _registry_errors(response)
-    response.close()
-    where = f"registry {target.host}"
-    said = f" (registry said: {detail})" if detail else ""
-    if status == 404 or codes & {"MANIFEST_UNKNOWN", "NAME_UNKNOWN", "BLOB_UNKNOWN"}:
-        raise errors.NotFound(
-            f"{target.subject} not found in {where}: check the name and tag{said}"
-        )
-    if status == 401:
-        challenges = auth.parse_challenges(response.headers.get("WWW-Authenticate", ""))
-        if has_credentials and any(
-            c.params.get("error") == "insufficient_scope" for c in challenges
-        ):
-            raise errors.PermissionDenied(
-                f"{where} denied access to {target.subject}: the credentials for {target.host} "
-                f"lack {'push' if target.push else 'pull'} permission on {target.repository}"
-                f"{said}"
-            )
-        if has_credentials:
-            raise errors.Unauthenticated(
-                f"{where} rejected the credentials for {target.subject}: check the username "
-                f"and password (or token) for {target.host} in the pull secret{said}"
-            )
-        raise errors.Unauthenticated(
-            f"{where} requires authentication for {target.subject}: provide credentials "
-            f"for {target.host} (a dockerconfigjson pull secret){said}"
-        )
-    if status == 403 or "DENIED" in codes:
-        raise errors.PermissionDenied(
-            f"{where} denied access to {target.subject}: the credentials lack "
-            f"{'push' if target.push else 'pull'} permission on {target.repository}{said}"
-        )
-    if status in RETRY_STATUS or status >= 500:
-        raise errors.Unavailable(
-            f"{where} failed to serve {target.subject}: HTTP {status} after retries; "
-            f"retry later{said}"
-        )
-    raise errors.InvalidArgument(
-        f"{where} refused the request for {target.subject}: HTTP {status}{said}"
-    )
-
-
-def _registry_errors(response: requests.Response) -> tuple[set[str], str]:
-    """Codes and a short message from a distribution-spec error body."""
-    try:
-        body = json.loads(response.content[:65536] or b"{}")
-    except (ValueError, requests.RequestException):
-        return set(), ""
-    items = body.get("errors") if isinstance(body, dict) else None
-    if not isinstance(items, list):
-        return set(), ""
-    codes = {str(e.get("code", "")) for e in items if isinstance(e, dict)}
-    messages = [str(e.get("message", "")) for e in items if isinstance(e, dict)]
-    return codes, "; ".join(m for m in messages if m)[:300]
 
 
 def _retry_after(response: requests.Response) -> float:

@@ -4,7 +4,8 @@ Where it sits: the top of the CSI driver. It builds the image cache, the
 publisher, the servicers (Identity, Node and, unless ``--no-controller``,
 Controller) and serves them on the ``--endpoint`` unix socket; with
 ``--registration-dir`` it also serves kubelet's plugin registration, and with
-``--metrics-port`` Prometheus metrics on loopback. At start it removes a
+``--metrics-port`` Prometheus metrics and ``/healthz`` (``csi.plugin.health``)
+on loopback. At start it removes a
 leftover socket and reconciles its records with the mount table; on SIGTERM or
 SIGINT it stops the gRPC servers with a grace period.
 
@@ -23,7 +24,7 @@ import socket
 import stat
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from pathlib import Path
 
@@ -31,10 +32,12 @@ import grpc
 
 from csi.common import errors
 from csi.common.logsetup import configure_logging
+from csi.controller.resolve import RegistryResolver
 from csi.controller.server import ControllerServicer
 from csi.controller.volumes import VolumeRegistry
 from csi.image import extract
-from csi.image.cache import ImageCache, Puller
+from csi.image.cache import ImageCache
+from csi.image.seams import Puller
 from csi.node.identity import IdentityServicer
 from csi.node.mounter import Mounter
 from csi.node.publish import Publisher
@@ -42,7 +45,7 @@ from csi.node.registration import RegistrationServicer
 from csi.node.server import NodeServicer
 from csi.oci.auth import Credentials
 from csi.oci.client import RegistryClient
-from csi.plugin import metrics
+from csi.plugin import health, metrics
 from csi.proto import csi_pb2_grpc, pluginregistration_pb2_grpc
 
 log = logging.getLogger("csi.plugin")
@@ -81,42 +84,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=env("NODE_ID") or env("KUBE_NODE_NAME") or socket.gethostname(),
         help="node ID reported by NodeGetInfo (env NODE_ID or KUBE_NODE_NAME; default hostname)",
     )
-    p.add_argument(
-        "--state-dir",
-        type=Path,
-        default=Path(env("STATE_DIR", "/var/lib/rukpak-csi")),
-        help="where the blob store, unpacked trees and records live (env STATE_DIR)",
-    )
-    p.add_argument(
-        "--kubelet-dir",
-        type=Path,
-        default=Path(env("KUBELET_DIR", "/var/lib/kubelet")),
-        help="kubelet root dir; the plugin mounts only under it (env KUBELET_DIR)",
-    )
-    p.add_argument(
-        "--cache-budget",
-        type=parse_size,
-        default=parse_size("10Gi"),
-        help="evict unused images when the cache exceeds this size (e.g. 10Gi, 500M)",
-    )
-    p.add_argument(
-        "--max-unpacked-bytes",
-        type=parse_size,
-        default=parse_size("2Gi"),
-        help="refuse an image that unpacks to more than this (decompression-bomb guard)",
-    )
-    p.add_argument(
-        "--max-unpacked-files",
-        type=int,
-        default=200_000,
-        help="refuse an image whose layers hold more entries than this",
-    )
-    p.add_argument(
-        "--metrics-port",
-        type=int,
-        default=int(env("METRICS_PORT", "0")),
-        help="serve Prometheus metrics on 127.0.0.1:PORT; 0 disables (env METRICS_PORT)",
-    )
+    typed: list[tuple[str, Callable[[str], object], object, str]] = [
+        ("--state-dir", Path, Path(env("STATE_DIR", "/var/lib/rukpak-csi")),
+         "where the blob store, unpacked trees and records live (env STATE_DIR)"),
+        ("--kubelet-dir", Path, Path(env("KUBELET_DIR", "/var/lib/kubelet")),
+         "kubelet root dir; the plugin mounts only under it (env KUBELET_DIR)"),
+        ("--cache-budget", parse_size, parse_size("10Gi"),
+         "evict unused images when the cache exceeds this size (e.g. 10Gi, 500M)"),
+        ("--max-unpacked-bytes", parse_size, parse_size("2Gi"),
+         "refuse an image that unpacks to more than this (decompression-bomb guard)"),
+        ("--max-unpacked-files", int, 200_000,
+         "refuse an image whose layers hold more entries than this"),
+        ("--metrics-port", int, int(env("METRICS_PORT", "0")),
+         "serve Prometheus metrics and /healthz on 127.0.0.1:PORT; 0 disables (env METRICS_PORT)"),
+    ]  # fmt: skip
+    for flag, kind, default, text in typed:
+        p.add_argument(flag, type=kind, default=default, help=text)
     p.add_argument(
         "--registration-dir",
         type=Path,
@@ -147,6 +130,41 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=30.0,
         help="seconds a registry read may stall before failing (connects: at most 5)",
+    )
+    p.add_argument(
+        "--durable-commit",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="flush an unpacked tree to disk (syncfs) before committing it; turn off only "
+        "to measure what durability costs",
+    )
+    p.add_argument(
+        "--private-image-auth-ttl",
+        type=float,
+        default=60.0,
+        help="seconds a pod credential's successful check against a private image is "
+        "remembered before the registry is asked again",
+    )
+    p.add_argument(
+        "--publish-mode",
+        choices=("bind", "fuse"),
+        default=env("PUBLISH_MODE", "bind"),
+        help="how volumes without a publishMode attribute are published (env PUBLISH_MODE); "
+        "fuse turns --fuse on",
+    )
+    p.add_argument(
+        "--fuse",
+        action=argparse.BooleanOptionalAction,
+        default=env("FUSE", "") == "true",
+        help="serve publishMode fuse volumes from a FUSE mount (pyfuse3) under "
+        "<state-dir>/fuse (env FUSE=true)",
+    )
+    p.add_argument(
+        "--fuse-holder-socket",
+        type=Path,
+        default=None,
+        help="socket of the /dev/fuse holder (python -m csi.fuse.holder); one is started "
+        "when none answers (default <state-dir>/fuse/holder.sock)",
     )
     p.add_argument(
         "--log-level",
@@ -203,8 +221,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             limits=extract.Limits(args.max_unpacked_bytes, args.max_unpacked_files),
             budget_bytes=args.cache_budget,
             observer=m,
+            auth_ttl=args.private_image_auth_ttl,
+            durable=args.durable_commit,
         )
-        publisher = Publisher(images=images, mounter=Mounter(), kubelet_dir=args.kubelet_dir)
+        fuse = None
+        if args.fuse or args.publish_mode == "fuse":
+            from csi.fuse.service import FuseService  # pyfuse3 only when FUSE mode is on
+
+            fuse = FuseService(
+                args.state_dir / "fuse",
+                puller_factory=puller,
+                limits=extract.Limits(args.max_unpacked_bytes, args.max_unpacked_files),
+                holder_socket=args.fuse_holder_socket,
+            )
+            fuse.start()
+        publisher = Publisher(
+            images=images,
+            mounter=Mounter(),
+            kubelet_dir=args.kubelet_dir,
+            fuse=fuse.publisher if fuse else None,
+            default_mode=args.publish_mode,
+        )
         publisher.reconcile()
     except errors.RukpakError as exc:
         log.error("msg=%r error=%r", "cannot start", exc.message)
@@ -229,16 +266,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         servicers.append(
             (
                 csi_pb2_grpc.add_ControllerServicer_to_server,
-                ControllerServicer(volumes=registry, metrics=m),
+                ControllerServicer(
+                    volumes=registry,
+                    resolver=RegistryResolver(insecure=insecure, timeout=timeout),
+                    metrics=m,
+                ),
             )
         )
     sockets = [csi_socket]
     servers = [serve_unix(csi_socket, servicers)]
+    registered: Callable[[], bool | None] | None = None
     if args.registration_dir is not None:
         reg = RegistrationServicer(
             driver_name=args.driver_name,
             endpoint=args.kubelet_registration_path or str(csi_socket),
+            on_status=lambda accepted: m.registration(accepted=accepted),
         )
+        registered = lambda: reg.registered  # noqa: E731
         reg_socket = args.registration_dir / f"{args.driver_name}-reg.sock"
         sockets.append(reg_socket)
         servers.append(
@@ -246,7 +290,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 reg_socket, [(pluginregistration_pb2_grpc.add_RegistrationServicer_to_server, reg)]
             )
         )
-    http = metrics.serve(m, port=args.metrics_port) if args.metrics_port else None
+    http = None
+    if args.metrics_port:
+        check = health.checker(csi_socket, registered=registered)
+        http = metrics.serve(m, port=args.metrics_port, health=check)
     ready.set()
     log.info(
         "msg=%r driver=%s node_id=%s endpoint=%s state_dir=%s kubelet_dir=%s metrics_port=%s",
@@ -267,13 +314,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    stop.wait()
+    # Wake up now and then: a SIGTERM delivered to another thread only interrupts the
+    # main thread's wait when it next runs Python code, so never block it forever.
+    while not stop.wait(0.5):
+        pass
     ready.clear()
     events = [s.stop(GRACE_SECONDS) for s in servers]
     for event in events:
         event.wait(GRACE_SECONDS + 1)
     if http is not None:
         http.shutdown()
+    if fuse is not None:
+        fuse.stop()  # the mount stays with the holder for the next plugin process
     for path in sockets:
         remove_stale_socket(path)
     log.info("msg=%r", "stopped")

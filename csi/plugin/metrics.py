@@ -1,10 +1,12 @@
-"""Prometheus metrics of the node plugin, in the text exposition format.
+"""Prometheus metrics of the node plugin, and its ``/healthz``, on one loopback HTTP port.
 
 Where it sits: one ``Metrics`` object is created in ``csi.plugin.main`` and
-handed to the servicers (``rpc_done``, via ``csi.common.grpcerrors``) and the image
-cache (``cache_result``, ``pulled``); :func:`serve` exposes it on a loopback
-HTTP port with the standard library's ``http.server``. Hand-written to avoid a
-dependency: counters and sums only, labels escaped per the format.
+handed to the servicers (``rpc_done``, via ``csi.common.grpcerrors``), the image
+cache (``cache_result``, ``pulled``) and the registration servicer
+(``registration``). :func:`serve` exposes ``/metrics`` (``prometheus_client``,
+its own registry so several plugins can live in one test process) and
+``/healthz``, whose answer comes from the ``health`` callable ``csi.plugin.health``
+builds: it probes the CSI socket and checks kubelet accepted the plugin.
 """
 
 from __future__ import annotations
@@ -13,82 +15,106 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+# Publishes are mostly cache hits (milliseconds); cold pulls take seconds.
+RPC_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+PULL_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+Health = Callable[[], tuple[bool, str]]
+"""Whether the plugin is healthy, and a one-line reason."""
 
 
 class Metrics:
-    """Thread-safe counters; ``published`` is read at scrape time."""
+    """The plugin's metrics; every method is thread-safe. ``published`` is read at scrape."""
 
     def __init__(self, published: Callable[[], int] = lambda: 0) -> None:
-        self._lock = threading.Lock()
-        self.published = published
-        self.rpcs: dict[tuple[str, str], int] = {}
-        self.rpc_seconds: dict[str, float] = {}
-        self.cache = {"hit": 0, "miss": 0}
-        self.pulls = 0
-        self.pull_seconds = 0.0
-        self.pull_bytes = 0
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.rpcs = Counter(
+            "rukpak_csi_rpc", "CSI calls by method and gRPC code.", ["method", "code"], registry=r
+        )
+        self.rpc_seconds = Counter(
+            "rukpak_csi_rpc_seconds", "Time spent in CSI calls by method.", ["method"], registry=r
+        )
+        self.rpc_latency = Histogram(
+            "rukpak_csi_rpc_duration_seconds",
+            "Latency of CSI calls by method.",
+            ["method"],
+            buckets=RPC_BUCKETS,
+            registry=r,
+        )
+        self.cache = Counter(
+            "rukpak_csi_image_cache", "Image lookups by result.", ["result"], registry=r
+        )
+        self.pulls = Counter("rukpak_csi_image_pulls", "Images pulled and unpacked.", registry=r)
+        self.pull_seconds = Counter(
+            "rukpak_csi_image_pull_seconds", "Time spent pulling and unpacking.", registry=r
+        )
+        self.pull_duration = Histogram(
+            "rukpak_csi_image_pull_duration_seconds",
+            "Time to pull and unpack one image.",
+            buckets=PULL_BUCKETS,
+            registry=r,
+        )
+        self.pull_bytes = Counter(
+            "rukpak_csi_image_pull_bytes", "Blob bytes fetched from registries.", registry=r
+        )
+        self.published_volumes = Gauge(
+            "rukpak_csi_published_volumes", "Volumes currently published on this node.", registry=r
+        )
+        self.published_volumes.set_function(lambda: float(published()))
+        self.registered = Gauge(
+            "rukpak_csi_registered",
+            "1 once kubelet accepted the plugin's registration, 0 while it has not.",
+            registry=r,
+        )
+        self.registration_failures = Counter(
+            "rukpak_csi_registration_failures",
+            "Registrations kubelet reported as failed.",
+            registry=r,
+        )
+        for result in ("hit", "miss"):
+            self.cache.labels(result=result)
 
     def rpc_done(self, *, method: str, code: str, seconds: float) -> None:
-        with self._lock:
-            self.rpcs[(method, code)] = self.rpcs.get((method, code), 0) + 1
-            self.rpc_seconds[method] = self.rpc_seconds.get(method, 0.0) + seconds
+        self.rpcs.labels(method=method, code=code).inc()
+        self.rpc_seconds.labels(method=method).inc(seconds)
+        self.rpc_latency.labels(method=method).observe(seconds)
 
     def cache_result(self, *, hit: bool) -> None:
-        with self._lock:
-            self.cache["hit" if hit else "miss"] += 1
+        self.cache.labels(result="hit" if hit else "miss").inc()
 
     def pulled(self, *, seconds: float, nbytes: int) -> None:
-        with self._lock:
-            self.pulls += 1
-            self.pull_seconds += seconds
-            self.pull_bytes += nbytes
+        self.pulls.inc()
+        self.pull_seconds.inc(seconds)
+        self.pull_duration.observe(seconds)
+        self.pull_bytes.inc(nbytes)
+
+    def registration(self, *, accepted: bool) -> None:
+        self.registered.set(1 if accepted else 0)
+        if not accepted:
+            self.registration_failures.inc()
 
     def render(self) -> str:
-        with self._lock:
-            lines = [
-                "# HELP rukpak_csi_rpc_total CSI calls by method and gRPC code.",
-                "# TYPE rukpak_csi_rpc_total counter",
-            ]
-            for (method, code), n in sorted(self.rpcs.items()):
-                lines.append(
-                    f'rukpak_csi_rpc_total{{method="{_label(method)}",code="{_label(code)}"}} {n}'
-                )
-            lines += [
-                "# HELP rukpak_csi_rpc_seconds_total Time spent in CSI calls by method.",
-                "# TYPE rukpak_csi_rpc_seconds_total counter",
-            ]
-            for method, s in sorted(self.rpc_seconds.items()):
-                lines.append(f'rukpak_csi_rpc_seconds_total{{method="{_label(method)}"}} {s:.6f}')
-            lines += [
-                "# HELP rukpak_csi_image_cache_total Image lookups by result.",
-                "# TYPE rukpak_csi_image_cache_total counter",
-                f'rukpak_csi_image_cache_total{{result="hit"}} {self.cache["hit"]}',
-                f'rukpak_csi_image_cache_total{{result="miss"}} {self.cache["miss"]}',
-                "# HELP rukpak_csi_image_pulls_total Images pulled and unpacked.",
-                "# TYPE rukpak_csi_image_pulls_total counter",
-                f"rukpak_csi_image_pulls_total {self.pulls}",
-                "# HELP rukpak_csi_image_pull_seconds_total Time spent pulling and unpacking.",
-                "# TYPE rukpak_csi_image_pull_seconds_total counter",
-                f"rukpak_csi_image_pull_seconds_total {self.pull_seconds:.6f}",
-                "# HELP rukpak_csi_image_pull_bytes_total Blob bytes fetched from registries.",
-                "# TYPE rukpak_csi_image_pull_bytes_total counter",
-                f"rukpak_csi_image_pull_bytes_total {self.pull_bytes}",
-            ]
-        lines += [
-            "# HELP rukpak_csi_published_volumes Volumes currently published on this node.",
-            "# TYPE rukpak_csi_published_volumes gauge",
-            f"rukpak_csi_published_volumes {self.published()}",
-        ]
-        return "\n".join(lines) + "\n"
+        return prometheus_client.generate_latest(self.registry).decode()
 
 
-def serve(metrics: Metrics, *, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
-    """Serve ``/metrics`` (and ``/healthz``) in a daemon thread; returns the server."""
+def serve(
+    metrics: Metrics,
+    *,
+    port: int,
+    host: str = "127.0.0.1",
+    health: Health = lambda: (True, "ok"),
+) -> ThreadingHTTPServer:
+    """Serve ``/metrics`` and ``/healthz`` in a daemon thread; returns the server.
+
+    ``/healthz`` answers 200 with ``ok`` when ``health()`` says so, else 503 with
+    its reason (what the kubelet's liveness probe and a human see).
+    """
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -97,8 +123,9 @@ def serve(metrics: Metrics, *, port: int, host: str = "127.0.0.1") -> ThreadingH
                 self.send_response(200)
                 self.send_header("Content-Type", CONTENT_TYPE)
             elif self.path == "/healthz":
-                body = b"ok\n"
-                self.send_response(200)
+                healthy, reason = health()
+                body = f"{'ok' if healthy else reason}\n".encode()
+                self.send_response(200 if healthy else 503)
                 self.send_header("Content-Type", "text/plain")
             else:
                 body = b"not found\n"

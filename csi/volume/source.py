@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from csi.common import errors
-from csi.image.cache import PullPolicy
+from csi.image.seams import PullPolicy
 from csi.oci.auth import Credentials
 from csi.oci.manifest import Platform
 from csi.oci.reference import Reference
@@ -21,7 +21,9 @@ from csi.oci.reference import Reference
 ATTR_IMAGE = "image"
 ATTR_PULL_POLICY = "pullPolicy"
 ATTR_PLATFORM = "platform"
-KNOWN_ATTRIBUTES = (ATTR_IMAGE, ATTR_PULL_POLICY, ATTR_PLATFORM)
+ATTR_PUBLISH_MODE = "publishMode"
+PUBLISH_MODES = ("bind", "fuse")
+KNOWN_ATTRIBUTES = (ATTR_IMAGE, ATTR_PULL_POLICY, ATTR_PLATFORM, ATTR_PUBLISH_MODE)
 # Added by Kubernetes (podInfoOnMount, ephemeral flag, provisioner metadata).
 K8S_ATTRIBUTE_PREFIX = "csi.storage.k8s.io/"
 SECRET_KEYS = (".dockerconfigjson", ".dockercfg")
@@ -34,6 +36,7 @@ class VolumeSource:
     image: str
     pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
     platform: Platform | None = None
+    publish_mode: str | None = None  # bind | fuse; None: the plugin's --publish-mode
 
     @classmethod
     def from_attributes(cls, attributes: Mapping[str, str]) -> VolumeSource:
@@ -58,12 +61,20 @@ class VolumeSource:
         policy = PullPolicy.parse(attributes.get(ATTR_PULL_POLICY) or "IfNotPresent")
         platform_text = attributes.get(ATTR_PLATFORM, "").strip()
         platform = Platform.parse(platform_text) if platform_text else None
-        return cls(image=image, pull_policy=policy, platform=platform)
+        mode = attributes.get(ATTR_PUBLISH_MODE, "").strip() or None
+        if mode is not None and mode not in PUBLISH_MODES:
+            raise errors.InvalidArgument(
+                f"publishMode {mode!r} is invalid: use bind or fuse (or leave it unset for the "
+                "plugin's default)"
+            )
+        return cls(image=image, pull_policy=policy, platform=platform, publish_mode=mode)
 
     def attributes(self) -> dict[str, str]:
         out = {ATTR_IMAGE: self.image, ATTR_PULL_POLICY: self.pull_policy.value}
         if self.platform is not None:
             out[ATTR_PLATFORM] = str(self.platform)
+        if self.publish_mode is not None:
+            out[ATTR_PUBLISH_MODE] = self.publish_mode
         return out
 
 

@@ -29,6 +29,9 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from csi.common import fsio  # the one atomic-write helper (stdlib only)
+
 CHUNK = 1 << 20
 LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
@@ -76,35 +79,37 @@ def pack_layer(
     diff = hashlib.sha256()
     blob = hashlib.sha256()
     size = 0
-    tmp = out.with_name(out.name + ".tmp")
     # gzip with no file name and mtime 0 in its header: same input, same bytes
     gz = zlib.compressobj(level, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
-    with subprocess.Popen(argv, stdout=subprocess.PIPE) as tar, tmp.open("wb") as f:
-        assert tar.stdout is not None
-        while chunk := tar.stdout.read(CHUNK):
-            diff.update(chunk)
-            data = gz.compress(chunk)
+    try:
+        with (
+            subprocess.Popen(argv, stdout=subprocess.PIPE) as tar,
+            fsio.atomic_writer(out, mode=0o644) as f,
+        ):
+            assert tar.stdout is not None
+            while chunk := tar.stdout.read(CHUNK):
+                diff.update(chunk)
+                data = gz.compress(chunk)
+                blob.update(data)
+                size += len(data)
+                f.write(data)
+            data = gz.flush()
             blob.update(data)
             size += len(data)
             f.write(data)
-        data = gz.flush()
-        blob.update(data)
-        size += len(data)
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.unlink(excludes.name)
-    if tar.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise SystemExit(f"tar of {root} failed (exit {tar.returncode})")
-    os.replace(tmp, out)
+            tar.wait()
+            if tar.returncode != 0:
+                raise SystemExit(f"tar of {root} failed (exit {tar.returncode})")
+    finally:
+        os.unlink(excludes.name)
     desc = {
         "mediaType": LAYER_GZIP,
         "digest": "sha256:" + blob.hexdigest(),
         "size": size,
         "diff_id": "sha256:" + diff.hexdigest(),
     }
-    out.with_suffix("").with_suffix(".json").write_text(json.dumps(desc, indent=2) + "\n")
+    meta = json.dumps(desc, indent=2) + "\n"
+    fsio.write_bytes_atomic(out.with_suffix("").with_suffix(".json"), meta.encode(), mode=0o644)
     return desc
 
 
@@ -150,7 +155,6 @@ def _image(args: argparse.Namespace) -> tuple[bytes, list[tuple[Path, dict[str, 
 
 def push(args: argparse.Namespace) -> None:
     """Push the layers, config and manifest to ``args.ref`` with csi.oci's client."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from csi.oci import mediatypes
     from csi.oci.client import RegistryClient
     from csi.oci.manifest import Descriptor, Manifest

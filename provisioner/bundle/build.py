@@ -2,16 +2,18 @@
 
 A plain+v0 bundle is a directory whose ``manifests/`` holds Kubernetes objects
 as YAML or JSON files. Once ``provisioner.bundle.validate`` has accepted
-such a directory, this module packs ``manifests/`` into one deterministic
-tar+gzip layer and writes an OCI image (config, manifest, and an index when
-several platforms are asked for) into an OCI layout
-(``provisioner.bundle.layout``). Pushing the layout is
+such a directory, this module packs ``manifests/``, and everything beside it
+that ``provisioner.bundle.extras`` found (``metadata/`` of registry+v1
+bundles, for one), into one deterministic tar+gzip layer and writes an OCI
+image (config, manifest, and an index when several platforms are asked for)
+into an OCI layout (``provisioner.bundle.layout``). Pushing the layout is
 ``provisioner.bundle.push``; nothing here touches the network.
 
 Determinism: the same files give the same digests on any machine. Entries are
-sorted, mtimes are 0, owners are 0/0 with empty names, modes are 0644/0755,
-the tar is plain USTAR (no PAX headers), the gzip header carries no name or
-time, and the JSON documents have a fixed key order and no timestamps.
+sorted, mtimes are 0, owners are 0/0 with empty names, modes are 0644 (0755
+for directories and files with an execute bit), the tar is plain USTAR (no
+PAX headers), the gzip header carries no name or time, and the JSON documents
+have a fixed key order and no timestamps.
 
 Files stream from disk through tar and gzip into the layout, so packing a
 large bundle never holds it in memory.
@@ -20,9 +22,9 @@ large bundle never holds it in memory.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import os
 import tarfile
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,8 @@ from typing import IO, Any, cast
 from csi.common import errors
 from csi.oci import mediatypes
 from csi.oci.manifest import Descriptor, Platform
+from provisioner.bundle import estargz
+from provisioner.bundle import extras as bundle_extras
 from provisioner.bundle.layout import BlobWriter, OciLayout, canonical_json
 from provisioner.bundle.validate import MANIFESTS_DIR, BundleFile, validate_bundle
 
@@ -46,6 +50,8 @@ class Layer:
     blob: Descriptor
     diff_id: str  # sha256 of the uncompressed tar, for the config's rootfs
     files: tuple[BundleFile, ...]
+    extras: bundle_extras.Extras = bundle_extras.NONE
+    """What was packed beside ``manifests/``, and the hidden entries left out."""
 
 
 @dataclass(frozen=True)
@@ -70,35 +76,12 @@ class BuildResult:
 # -- the layer -----------------------------------------------------------------
 
 
-class _TarHasher:
-    """Tee: hash the uncompressed tar (the diff_id) on its way into gzip."""
-
-    def __init__(self, sink: IO[bytes]) -> None:
-        self._sink = sink
-        self._hash = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data: bytes) -> int:
-        self._hash.update(data)
-        self._sink.write(data)
-        self.size += len(data)
-        return len(data)
-
-    def flush(self) -> None:
-        self._sink.flush()
-
-    def tell(self) -> int:
-        return self.size
-
-    @property
-    def digest(self) -> str:
-        return "sha256:" + self._hash.hexdigest()
-
-
-def _tarinfo(name: str, *, directory: bool, size: int = 0) -> tarfile.TarInfo:
+def _tarinfo(
+    name: str, *, directory: bool, size: int = 0, executable: bool = False
+) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.type = tarfile.DIRTYPE if directory else tarfile.REGTYPE
-    info.mode = 0o755 if directory else 0o644
+    info.mode = 0o755 if directory or executable else 0o644
     info.size = size
     info.mtime = 0
     info.uid = info.gid = 0
@@ -106,49 +89,104 @@ def _tarinfo(name: str, *, directory: bool, size: int = 0) -> tarfile.TarInfo:
     return info
 
 
-def write_layer(layout: OciLayout, files: Sequence[BundleFile]) -> Layer:
-    """Stream ``manifests/`` into one deterministic tar+gzip blob of ``layout``."""
+def write_layer(
+    layout: OciLayout,
+    files: Sequence[BundleFile],
+    extras: bundle_extras.Extras = bundle_extras.NONE,
+    *,
+    estargz: bool = False,
+) -> Layer:
+    """Stream ``manifests/`` (then ``extras``) into one deterministic tar+gzip blob.
+
+    With ``estargz`` the blob is an eStargz layer (``provisioner.bundle.estargz``):
+    still tar+gzip for every reader, plus a table of contents for lazy fetching.
+    """
+    if estargz:
+        return _write_estargz_layer(layout, files, extras)
     with layout.ingest() as compressed:
-        hasher = _write_tar_gz(compressed, files)
+        hasher = _write_tar_gz(compressed, files, extras.entries)
     blob = Descriptor(
         media_type=mediatypes.OCI_LAYER_GZIP, digest=compressed.digest, size=compressed.size
     )
-    return Layer(blob=blob, diff_id=hasher.digest, files=tuple(files))
+    return Layer(blob=blob, diff_id=hasher.digest, files=tuple(files), extras=extras)
 
 
-def _write_tar_gz(sink: BlobWriter, files: Sequence[BundleFile]) -> _TarHasher:
+def _write_estargz_layer(
+    layout: OciLayout, files: Sequence[BundleFile], extras: bundle_extras.Extras
+) -> Layer:
+    with tempfile.TemporaryFile() as plain:  # the tar first; then per-file gzip members
+        _write_tar(cast(IO[bytes], plain), files, extras.entries)
+        plain.seek(0)
+        with layout.ingest() as compressed:
+            result = estargz.convert(plain, cast(IO[bytes], compressed), level=GZIP_LEVEL)
+    blob = Descriptor(
+        media_type=mediatypes.OCI_LAYER_GZIP,
+        digest=compressed.digest,
+        size=compressed.size,
+        annotations=result.annotations(),
+    )
+    return Layer(blob=blob, diff_id=result.diff_id, files=tuple(files), extras=extras)
+
+
+def _write_tar_gz(
+    sink: BlobWriter, files: Sequence[BundleFile], extras: Sequence[bundle_extras.Entry]
+) -> BlobWriter:
     # filename="" and mtime=0 keep the gzip header free of names and times.
     with gzip.GzipFile(
         filename="", mode="wb", fileobj=sink, mtime=0, compresslevel=GZIP_LEVEL
     ) as gz:
-        hasher = _TarHasher(cast(IO[bytes], gz))
-        with tarfile.TarFile(
-            fileobj=cast(IO[bytes], hasher),
-            mode="w",
-            format=tarfile.USTAR_FORMAT,
-            encoding="utf-8",
-            copybufsize=_CHUNK,
-        ) as tar:
-            tar.addfile(_tarinfo(MANIFESTS_DIR + "/", directory=True))
-            for f in sorted(files, key=lambda f: f.name):
-                _add_file(tar, f)
+        hasher = BlobWriter(cast(IO[bytes], gz))  # the uncompressed tar: its diff_id
+        _write_tar(cast(IO[bytes], hasher), files, extras)
     return hasher
 
 
-def _add_file(tar: tarfile.TarFile, f: BundleFile) -> None:
-    member = f"{MANIFESTS_DIR}/{f.name}"
-    with f.path.open("rb") as handle:
+def _write_tar(
+    sink: IO[bytes], files: Sequence[BundleFile], extras: Sequence[bundle_extras.Entry]
+) -> None:
+    with tarfile.TarFile(
+        fileobj=sink,
+        mode="w",
+        format=tarfile.USTAR_FORMAT,
+        encoding="utf-8",
+        copybufsize=_CHUNK,
+    ) as tar:
+        tar.addfile(_tarinfo(MANIFESTS_DIR + "/", directory=True))
+        for f in sorted(files, key=lambda f: f.name):
+            _add_file(tar, f"{MANIFESTS_DIR}/{f.name}", f.path)
+        for entry in extras:
+            _add_extra(tar, entry)
+
+
+def _add_extra(tar: tarfile.TarFile, entry: bundle_extras.Entry) -> None:
+    if entry.type == "file":
+        _add_file(tar, entry.member, entry.path, executable=entry.executable)
+        return
+    info = _tarinfo(entry.member, directory=entry.type == "dir")
+    if entry.type == "symlink":
+        info.type = tarfile.SYMTYPE
+        info.linkname = entry.target
+        info.mode = 0o777
+    _add(tar, info, entry.path, None)
+
+
+def _add_file(tar: tarfile.TarFile, member: str, path: Path, *, executable: bool = False) -> None:
+    with path.open("rb") as handle:
         size = os.fstat(handle.fileno()).st_size
-        try:
-            tar.addfile(_tarinfo(member, directory=False, size=size), handle)
-        except ValueError as exc:  # USTAR limits: name length, 8 GiB size
-            raise errors.InvalidArgument(
-                f"{f.path}: cannot be stored in a plain tar ({exc}); shorten its name"
-            ) from None
-        except OSError as exc:
-            raise errors.Aborted(
-                f"{f.path} changed while it was being packed ({exc}); build again"
-            ) from None
+        info = _tarinfo(member, directory=False, size=size, executable=executable)
+        _add(tar, info, path, handle)
+
+
+def _add(tar: tarfile.TarFile, info: tarfile.TarInfo, path: Path, handle: IO[bytes] | None) -> None:
+    try:
+        tar.addfile(info, handle)
+    except ValueError as exc:  # USTAR limits: name and link length, 8 GiB size
+        raise errors.InvalidArgument(
+            f"{path}: cannot be stored in a plain tar ({exc}); shorten its name"
+        ) from None
+    except OSError as exc:
+        raise errors.Aborted(
+            f"{path} changed while it was being packed ({exc}); build again"
+        ) from None
 
 
 # -- config, manifest, index ---------------------------------------------------
@@ -238,6 +276,7 @@ def build(
     name: str,
     ref_name: str,
     force_index: bool = False,
+    estargz: bool = False,
 ) -> BuildResult:
     """Build the image for ``sources`` into ``layout`` and tag it ``ref_name``.
 
@@ -253,7 +292,10 @@ def build(
     for platform, directory in sources:
         key = directory.resolve()
         if key not in layers:
-            layers[key] = write_layer(layout, validate_bundle(directory))
+            files = validate_bundle(directory)
+            layers[key] = write_layer(
+                layout, files, bundle_extras.collect(directory), estargz=estargz
+            )
         layer = layers[key]
         config = layout.put_bytes(
             canonical_json(_config(platform, layer.diff_id)), mediatypes.OCI_CONFIG

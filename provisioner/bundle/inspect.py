@@ -10,7 +10,6 @@ its machine-readable form and ``provisioner.cli.bundle`` prints it as text.
 
 from __future__ import annotations
 
-import gzip
 import tarfile
 from dataclasses import dataclass, field
 from typing import IO, Any, cast
@@ -18,6 +17,7 @@ from typing import IO, Any, cast
 import zstandard
 
 from csi.common import errors
+from csi.image import layerio
 from csi.oci import client as oci_client
 from csi.oci import mediatypes
 from csi.oci.manifest import Descriptor, Index, Manifest, Platform, parse_manifest, select_platform
@@ -147,11 +147,7 @@ def list_layer(
 
 
 def _decompressed(raw: IO[bytes], media_type: str) -> IO[bytes]:
-    if media_type in mediatypes.GZIP_LAYERS:
-        return cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="rb"))
-    if media_type in mediatypes.ZSTD_LAYERS:
-        return cast(IO[bytes], zstandard.ZstdDecompressor().stream_reader(raw))
-    return raw
+    return layerio.decompressed(raw, media_type)  # the one media-type table
 
 
 def to_json(result: Inspection) -> dict[str, Any]:

@@ -5,24 +5,25 @@ file, an ``index.json`` naming the images it holds, and content-addressed blobs
 under ``blobs/sha256/<hex>``. ``provisioner.bundle.build`` writes into one,
 ``provisioner.bundle.push`` reads one and sends it to a registry.
 
-Blobs are written like containerd's content store writes them: into a hidden
-temp file next to the blobs, hashed while they stream, then renamed into place;
-a blob that is already present is success. ``index.json`` is replaced
-atomically. Nothing here touches the network.
+Blobs are hashed while they stream into an unnamed spool file; once the digest
+is known the blob lands under it through ``csi.common.fsio`` (the project's one
+temp-file, fsync, rename, fsync-dir recipe), read-only; a blob that is already
+present is success. ``index.json`` and ``oci-layout`` are replaced the same way.
+Nothing here touches the network.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from csi.common import errors
+from csi.common import errors, fsio
 from csi.oci import digest as digests
 from csi.oci import mediatypes
 from csi.oci.manifest import Descriptor, Index, Manifest, parse_manifest
@@ -34,6 +35,7 @@ IMAGE_NAME = "io.containerd.image.name"
 # JSON documents in a layout (index, manifests, configs) are small; a bigger
 # one means the layout is not what we think it is.
 MAX_JSON_BYTES = 4 * 1024 * 1024
+_COPY_CHUNK = 1024 * 1024
 
 
 def canonical_json(document: dict[str, Any]) -> bytes:
@@ -42,7 +44,12 @@ def canonical_json(document: dict[str, Any]) -> bytes:
 
 
 class BlobWriter:
-    """A streaming writer that hashes what it writes; see ``OciLayout.ingest``."""
+    """A tee that sha256-hashes and counts what it passes on to ``handle``.
+
+    ``OciLayout.ingest`` hands one out for a blob (the digest names the blob);
+    ``provisioner.bundle.build`` also puts one between tar and gzip (the digest of
+    the uncompressed tar is the layer's diff_id).
+    """
 
     def __init__(self, handle: IO[bytes]) -> None:
         self._handle = handle
@@ -57,6 +64,9 @@ class BlobWriter:
 
     def flush(self) -> None:
         self._handle.flush()
+
+    def tell(self) -> int:  # tarfile asks where it is
+        return self.size
 
     @property
     def digest(self) -> str:
@@ -89,9 +99,8 @@ class OciLayout:
         (root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
         layout = cls(root)
         if not (root / "oci-layout").is_file():
-            _atomic_write(
-                root / "oci-layout", canonical_json({"imageLayoutVersion": LAYOUT_VERSION})
-            )
+            marker = canonical_json({"imageLayoutVersion": LAYOUT_VERSION})
+            fsio.write_bytes_atomic(root / "oci-layout", marker, mode=0o644)
         if not (root / "index.json").is_file():
             layout.write_index([])
         return layout
@@ -128,29 +137,23 @@ class OciLayout:
         Use ``writer.digest`` and ``writer.size`` after the ``with`` block. A
         failure inside the block leaves nothing behind.
         """
-        blobs = self.root / "blobs" / "sha256"
-        fd, tmp_name = tempfile.mkstemp(prefix=".ingest-", dir=self.root)
-        tmp = Path(tmp_name)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                writer = BlobWriter(handle)
-                yield writer
-                handle.flush()
-                os.fsync(handle.fileno())
-            final = blobs / writer.digest.removeprefix("sha256:")
-            if final.exists():
-                tmp.unlink()
-            else:
-                os.chmod(tmp, 0o444)
-                os.replace(tmp, final)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        # The name is only known at the end: spool (unnamed, gone with the handle), then
+        # commit under the digest.
+        with tempfile.TemporaryFile(dir=self.root) as spool:
+            writer = BlobWriter(spool)
+            yield writer
+            final = self.blob_path(writer.digest)
+            if not final.exists():
+                spool.seek(0)
+                with fsio.atomic_writer(final, mode=0o444) as out:
+                    shutil.copyfileobj(spool, out, _COPY_CHUNK)
 
     def put_bytes(self, data: bytes, media_type: str) -> Descriptor:
-        with self.ingest() as writer:
-            writer.write(data)
-        return Descriptor(media_type=media_type, digest=writer.digest, size=writer.size)
+        digest = digests.of(data, "sha256")
+        final = self.blob_path(digest)
+        if not final.exists():
+            fsio.write_bytes_atomic(final, data, mode=0o444)
+        return Descriptor(media_type=media_type, digest=digest, size=len(data))
 
     def read_bytes(self, blob: Descriptor) -> bytes:
         """A small (JSON) blob from the layout, checked against its descriptor."""
@@ -208,7 +211,8 @@ class OciLayout:
             "mediaType": mediatypes.OCI_INDEX,
             "manifests": [m.to_json() for m in manifests],
         }
-        _atomic_write(self.root / "index.json", json.dumps(document, indent=2).encode() + b"\n")
+        index = json.dumps(document, indent=2).encode() + b"\n"
+        fsio.write_bytes_atomic(self.root / "index.json", index, mode=0o644)
 
     def tag(self, image: Descriptor, *, name: str, ref_name: str) -> Descriptor:
         """Record ``image`` in index.json under ``ref_name``, replacing an entry
@@ -232,17 +236,3 @@ class OciLayout:
         actual = digests.of(data, blob.digest.partition(":")[0])
         if actual != blob.digest:
             raise errors.DataLoss(f"blob {blob.digest} hashes to {actual}; the layout is corrupt")
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise

@@ -42,7 +42,8 @@ class BundleFile:
 def validate_bundle(root: Path) -> list[BundleFile]:
     """The manifest files of the plain+v0 bundle at ``root``, sorted by name.
 
-    Entries of ``root`` other than ``manifests/`` are not part of the image.
+    Entries of ``root`` other than ``manifests/`` are checked and collected by
+    ``provisioner.bundle.extras``.
     """
     if not root.is_dir():
         raise errors.InvalidArgument(

@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from csi.common import errors
+from csi.oci.reference import Reference
 from provisioner.bundle import source
-from provisioner.engine import apply, diff, drift, formats, inventory, lifecycle
+from provisioner.cli import flags
+from provisioner.engine import apply, diff, drift, formats, lifecycle
 from provisioner.engine.kube import Kube
 
 EXIT_OK = 0
@@ -83,13 +85,8 @@ def register(subparsers: Any) -> None:
 
 
 def _cluster_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
-    p.add_argument("--context", help="kubeconfig context (default: the current one)")
-    p.add_argument(
-        "--system-namespace",
-        default=inventory.DEFAULT_SYSTEM_NAMESPACE,
-        help="where inventories live (default: %(default)s)",
-    )
+    flags.add_cluster(p)
+    flags.add_system_namespace(p, holds="inventories")
     p.add_argument(
         "--concurrency",
         type=int,
@@ -100,28 +97,12 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
 
 def _bundle_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", metavar="DIR|IMAGE", help="bundle directory or image reference")
-    p.add_argument("--name", required=True, help="deployment name (owner label, inventory key)")
-    p.add_argument(
-        "-n",
-        "--namespace",
-        default="default",
-        help="namespace for namespaced objects that name none (default: %(default)s)",
-    )
+    flags.add_deployment(p, name_is="owner label, inventory key")
     p.add_argument(
         "--adopt", action="store_true", help="take over existing objects no deployment owns"
     )
-    p.add_argument(
-        "--format",
-        default=formats.DEFAULT_FORMAT,
-        help="bundle format (default: %(default)s)",
-    )
-    p.add_argument("--insecure", action="store_true", help="allow plain HTTP to the registry")
-    p.add_argument(
-        "--registry-config",
-        type=Path,
-        metavar="FILE",
-        help="docker config.json with credentials (default ~/.docker/config.json)",
-    )
+    flags.add_format(p)
+    flags.add_registry(p)
     p.add_argument("--platform", metavar="OS/ARCH", help="image platform (default: this machine)")
     _cluster_args(p)
 
@@ -131,9 +112,7 @@ def _progress(message: str) -> None:
 
 
 def _kube(args: argparse.Namespace) -> Kube:
-    return Kube.from_kubeconfig(
-        args.kubeconfig, context=args.context, pool_size=max(16, args.concurrency + 4)
-    )
+    return flags.kube(args, pool_size=max(16, args.concurrency + 4))
 
 
 def _options(args: argparse.Namespace) -> apply.Options:
@@ -153,15 +132,12 @@ def _load(args: argparse.Namespace) -> formats.Bundle:
     """Load DIR, or pull IMAGE into a temporary tree, load it, and remove the tree."""
     if source.looks_like_directory(args.source):
         return formats.load(Path(args.source).expanduser(), format=args.format)
-    from csi.oci.reference import Reference
-    from provisioner.cli.bundle import load_credentials
-
     ref = Reference.parse(args.source)
     _progress(f"pulling {ref}")
     with source.local_bundle(
         args.source,
-        credentials=load_credentials(args.registry_config),
-        insecure=(ref.registry,) if args.insecure else (),
+        credentials=flags.load_credentials(args.registry_config),
+        insecure=flags.insecure_hosts(args, ref),
         platform=args.platform,
     ) as root:
         return formats.load(root, format=args.format)

@@ -14,7 +14,6 @@ import argparse
 import contextlib
 import functools
 import json
-import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -22,14 +21,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from csi.common import errors
-from csi.oci import auth
 from csi.oci import client as oci_client
 from csi.oci.manifest import Descriptor, Platform
 from csi.oci.reference import Reference
-from provisioner.bundle import build as bundleimage
-from provisioner.bundle import inspect as bundleimage_inspect
-from provisioner.bundle import push as bundleimage_push
+from provisioner.bundle import build as bundle_build
+from provisioner.bundle import inspect as bundle_inspect
+from provisioner.bundle import push as bundle_push
 from provisioner.bundle.layout import OciLayout
+from provisioner.cli import flags
 
 
 def register(subparsers: Any) -> None:
@@ -57,6 +56,12 @@ def register(subparsers: Any) -> None:
         "--output", "-o", type=Path, metavar="LAYOUT_DIR", help="write the OCI layout here"
     )
     build.add_argument("--push", action="store_true", help="push the image to REF after building")
+    build.add_argument(
+        "--estargz",
+        action="store_true",
+        help="write an eStargz layer (tar.gz plus a table of contents) so nodes in FUSE "
+        "mode can fetch files lazily",
+    )
     _add_registry_options(build)
     build.set_defaults(func=run_build)
 
@@ -111,21 +116,8 @@ def _add_platform_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_registry_options(parser: argparse.ArgumentParser, *, progress: bool = True) -> None:
-    parser.add_argument(  # also accepted after the subcommand; see provisioner.cli.main
-        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
-    )
-    parser.add_argument(
-        "--insecure", action="store_true", help="allow plain HTTP to a non-loopback registry"
-    )
-    parser.add_argument(
-        "--registry-config",
-        type=Path,
-        metavar="FILE",
-        help="docker config.json with credentials (default ~/.docker/config.json)",
-    )
-    parser.add_argument(
-        "--timeout", type=float, default=30.0, metavar="SECONDS", help="per request (default 30)"
-    )
+    flags.add_verbose(parser, hidden=True)  # also accepted after the subcommand
+    flags.add_registry(parser, timeout=True)
     if progress:
         parser.add_argument(
             "--progress", action="store_true", help="show upload progress even when not a TTY"
@@ -191,8 +183,8 @@ def run_push(args: argparse.Namespace) -> int:
         )
     layout = OciLayout.open(Path(positional[0]))
     given = Reference.parse(positional[1]) if len(positional) == 2 else None
-    image = bundleimage_push.select_image(layout, given.tag if given else None)
-    ref = given or bundleimage_push.default_reference(layout, image)
+    image = bundle_push.select_image(layout, given.tag if given else None)
+    ref = given or bundle_push.default_reference(layout, image)
     _push(args, layout, image, ref)
     return 0
 
@@ -202,9 +194,9 @@ def run_inspect(args: argparse.Namespace) -> int:
     ref = Reference.parse(args.reference)
     platform = Platform.parse(args.platform) if args.platform else None
     with make_client(args, ref) as client:
-        result = bundleimage_inspect.inspect(client, ref, platform=platform)
+        result = bundle_inspect.inspect(client, ref, platform=platform)
     if args.json:
-        json.dump(bundleimage_inspect.to_json(result), sys.stdout, indent=2)
+        json.dump(bundle_inspect.to_json(result), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(render_inspection(result))
@@ -216,21 +208,36 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 def _build(
     args: argparse.Namespace, directory: Path, layout: OciLayout, ref: Reference
-) -> bundleimage.BuildResult:
-    sources = bundleimage.plan_sources(
+) -> bundle_build.BuildResult:
+    sources = bundle_build.plan_sources(
         directory,
-        bundleimage.parse_platforms(args.platform),
-        [bundleimage.parse_platform_dir(v) for v in args.platform_dir],
+        bundle_build.parse_platforms(args.platform),
+        [bundle_build.parse_platform_dir(v) for v in args.platform_dir],
     )
-    return bundleimage.build(
-        layout, sources, name=str(ref), ref_name=ref.tag or "latest", force_index=args.index
+    result = bundle_build.build(
+        layout,
+        sources,
+        name=str(ref),
+        ref_name=ref.tag or "latest",
+        force_index=args.index,
+        estargz=getattr(args, "estargz", False),
     )
+    _report_left_out(result)
+    return result
 
 
-def describe(result: bundleimage.BuildResult) -> str:
+def _report_left_out(result: bundle_build.BuildResult) -> None:
+    """Name the hidden entries the image does not carry: nothing is dropped silently."""
+    left_out = sorted({p for i in result.images for p in i.layer.extras.left_out})
+    if left_out:
+        print(f"left out hidden entries: {', '.join(left_out)}", file=sys.stderr)
+
+
+def describe(result: bundle_build.BuildResult) -> str:
     """``(index of 2 platforms: linux/amd64, linux/arm64/v8; 3 files)``."""
     platforms = ", ".join(str(i.platform) for i in result.images)
     files = {f.path for i in result.images for f in i.layer.files}
+    files |= {e.path for i in result.images for e in i.layer.extras.files}
     kind = f"index of {len(result.images)} platforms" if result.is_index else "image"
     return f"({kind}: {platforms}; {len(files)} files)"
 
@@ -240,7 +247,7 @@ def _push(args: argparse.Namespace, layout: OciLayout, image: Descriptor, ref: R
     progress = _Progress(sys.stderr) if show else None
     try:
         with make_client(args, ref) as client:
-            result = bundleimage_push.push_image(
+            result = bundle_push.push_image(
                 client, layout, image, ref, progress=progress.update if progress else None
             )
     finally:
@@ -255,41 +262,11 @@ def _push(args: argparse.Namespace, layout: OciLayout, image: Descriptor, ref: R
 
 
 def make_client(args: argparse.Namespace, ref: Reference) -> oci_client.RegistryClient:
-    insecure = (ref.registry,) if args.insecure else ()
     return oci_client.RegistryClient(
-        credentials=load_credentials(args.registry_config),
-        insecure=insecure,
+        credentials=flags.load_credentials(args.registry_config),
+        insecure=flags.insecure_hosts(args, ref),
         timeout=args.timeout,
     )
-
-
-def load_credentials(path: Path | None) -> auth.Credentials | None:
-    """Credentials from ``--registry-config`` (must exist), else the user's
-    docker config (``$DOCKER_CONFIG/config.json`` or ``~/.docker/config.json``)
-    when present. Only its ``auths`` section is used (no credential helpers)."""
-    explicit = path is not None
-    if path is None:
-        base = os.environ.get("DOCKER_CONFIG")
-        path = Path(base) / "config.json" if base else Path.home() / ".docker" / "config.json"
-        if not path.is_file():
-            return None
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        how = "check the --registry-config path" if explicit else "fix or remove it"
-        raise errors.InvalidArgument(f"cannot read {path}: {exc.strerror}; {how}") from None
-    try:
-        document = json.loads(data)
-    except ValueError as exc:
-        raise errors.InvalidArgument(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise errors.InvalidArgument(f"{path} must hold a JSON object with an 'auths' object")
-    try:
-        return auth.Credentials.from_dockerconfigjson(
-            json.dumps({"auths": document.get("auths") or {}})
-        )
-    except errors.RukpakError as exc:
-        raise type(exc)(f"{path}: {exc.message}") from None
 
 
 @contextlib.contextmanager
@@ -302,7 +279,7 @@ def _layout_dir(output: Path | None) -> Iterator[Path]:
         yield Path(temp) / "layout"
 
 
-def render_inspection(result: bundleimage_inspect.Inspection) -> str:
+def render_inspection(result: bundle_inspect.Inspection) -> str:
     lines = [
         f"Reference:  {result.reference}",
         f"Digest:     {result.digest}",

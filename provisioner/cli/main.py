@@ -3,8 +3,9 @@
 This is the console script's edge. Each command module exposes
 ``register(subparsers)``, which adds its subcommands and sets ``func`` on
 their parsers (a function of the parsed arguments returning an exit code).
-Today these are ``provisioner.cli.bundle`` (``rukpak bundle build|push|inspect``)
-and, once it exists, ``provisioner.cli.apply`` (``rukpak apply|diff``).
+These are ``provisioner.cli.bundle`` (``rukpak bundle build|push|inspect``) and
+``provisioner.cli.apply`` (``rukpak apply|diff|status|uninstall``); flags they
+share are defined once in ``provisioner.cli.flags``.
 
 Exit codes: 0 success; 1 an error with a code (``csi.common.errors``) or a local
 file error, printed as ``error: <message>`` on stderr; 2 a usage error
@@ -22,6 +23,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 
 from csi.common import errors
+from provisioner.cli import flags
 
 # Modules that contribute subcommands; a missing optional one is skipped.
 COMMAND_MODULES: tuple[tuple[str, bool], ...] = (
@@ -38,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rukpak",
         description="Build, push and inspect RukPak bundles; apply them to a cluster.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (stderr)")
+    flags.add_verbose(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name, required in COMMAND_MODULES:

@@ -3,14 +3,11 @@
 The centre of the flow. ``install`` takes a loaded ``Bundle`` and a ``Kube``
 adapter and:
 
-1. prepares every object: owner label, the install namespace for namespaced
-   objects that have none (namespaced-ness from discovery, or from a CRD in the
-   same bundle; a cluster-scoped object's stray namespace is dropped), unknown
-   kinds refused with file and document named, and the digest annotation of
-   ``managed``;
+1. prepares every object (``preflight.prepare``: owner label, install
+   namespace, digest annotation; unknown kinds refused with file and document);
 2. preflights ownership (an object owned by another deployment is never taken
    over; an unowned one only with ``adopt``) and CRD upgrade safety, reading
-   the live objects in bulk;
+   the live objects in bulk (``preflight``);
 3. records *previous | current* in the inventory before writing anything else,
    so an object applied by a run that fails part way is still pruned later;
 4. applies the ordering phases one after another with server-side apply
@@ -21,55 +18,40 @@ adapter and:
    Established and served; a failing phase stops the run naming every failed
    object;
 5. prunes what the previous revision applied and this one does not, in
-   reverse phase order, and records *current* alone (the inventory is only
-   written when it changes).
+   reverse phase order (``deletion``: only objects still labelled as ours),
+   and records *current* alone (the inventory is only written when it changes).
 
-Deletion (pruning and uninstall) first reads the object and leaves it alone
-unless it still carries this deployment's owner label; ``Orphan`` (the policy
-or the object's ``core.rukpak.io/deletion-policy`` annotation) removes the
-label instead of deleting.
+Writes that fail for a temporary reason (5xx, 429, conflicts) are retried
+with the project's one backoff (``csi.common.backoff``).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from csi.common import errors
+from csi.common.backoff import Backoff, retry
 from provisioner.engine import (
-    crdsafety,
+    deletion,
     health,
     inventory,
     inventorystore,
     ordering,
     ownership,
     pool,
+    preflight,
 )
-from provisioner.engine.errors import (
-    ApplyFailed,
-    BundleInvalid,
-    CRDUpgradeUnsafe,
-    OwnershipConflict,
-    UnknownKind,
-)
+from provisioner.engine.deletion import DeletionPolicy
+from provisioner.engine.errors import ApplyFailed
 from provisioner.engine.formats import Bundle, Manifest
 from provisioner.engine.kube import Kube
-from provisioner.engine.objects import (
-    DELETION_POLICY_ANNOTATION,
-    OWNER_LABEL,
-    Obj,
-    ObjectRef,
-    owner_of,
-    with_namespace,
-    with_owner,
-)
+from provisioner.engine.objects import Obj, ObjectRef
 
 Progress = Callable[[str], None]
-DeletionPolicy = Literal["Delete", "Orphan"]
-CRD_GROUP = "apiextensions.k8s.io"
+__all__ = ["Applied", "DeletionPolicy", "Options", "Result", "install"]
 
 
 def no_progress(_: str) -> None:
@@ -113,139 +95,10 @@ class Result:
     skipped: list[tuple[ObjectRef, str]] = field(default_factory=list)
     """Refs left alone during deletion, each with the reason."""
 
-
-# -- preparation --------------------------------------------------------------
-
-
-def _bundle_scopes(manifests: Iterable[Manifest]) -> dict[tuple[str, str], bool]:
-    """(group, kind) -> namespaced, for kinds whose CRD is in the bundle."""
-    scopes: dict[tuple[str, str], bool] = {}
-    for m in manifests:
-        ref = m.ref
-        if (ref.group, ref.kind) == (CRD_GROUP, "CustomResourceDefinition"):
-            spec = m.obj.get("spec") or {}
-            kind = (spec.get("names") or {}).get("kind")
-            if spec.get("group") and kind:
-                scopes[(spec["group"], kind)] = spec.get("scope", "Namespaced") == "Namespaced"
-    return scopes
-
-
-def prepare(kube: Kube, bundle: Bundle, options: Options) -> list[Manifest]:
-    """The bundle's manifests as they will be applied; ``BundleInvalid`` for unknown kinds."""
-    scopes = _bundle_scopes(bundle.manifests)
-    out: list[Manifest] = []
-    seen: dict[tuple[str, str, str, str], Manifest] = {}
-    for m in bundle.manifests:
-        ref = m.ref
-        namespaced = scopes.get((ref.group, ref.kind))
-        if namespaced is None:
-            try:
-                namespaced = kube.resource(ref.api_version, ref.kind).namespaced
-            except UnknownKind as err:
-                raise BundleInvalid(f"{m.source}: {err}") from None
-        namespace = (ref.namespace or options.namespace) if namespaced else ""
-        obj = ownership.with_digest(with_owner(with_namespace(m.obj, namespace), options.name))
-        prepared = Manifest(obj=obj, source=m.source)
-        first = seen.setdefault(prepared.ref.identity, prepared)
-        if first is not prepared:
-            raise BundleInvalid(
-                f"{m.source}: {prepared.ref} is defined twice (first in {first.source})"
-            )
-        out.append(prepared)
-    return out
-
-
-LIST_THRESHOLD = 20
-"""From this many objects of one kind in one namespace, one list beats a GET each."""
-
-
-def read_live(
-    kube: Kube, refs: Sequence[ObjectRef], concurrency: int
-) -> dict[ObjectRef, Obj | errors.RukpakError | None]:
-    """The live object, None, or the error reading it, for each ref: by GET or, for big
-    groups, by one list (a failed list is that error for every member)."""
-    groups: dict[tuple[str, str, str], list[ObjectRef]] = {}
-    for ref in refs:
-        groups.setdefault((ref.api_version, ref.kind, ref.namespace), []).append(ref)
-    listed = [key for key, members in groups.items() if len(members) >= LIST_THRESHOLD]
-    singles = [r for key, members in groups.items() if key not in listed for r in members]
-
-    def list_group(key: tuple[str, str, str]) -> dict[str, Obj]:
-        api_version, kind, namespace = key
-        try:
-            items, _ = kube.list(api_version, kind, namespace=namespace)
-        except UnknownKind:
-            return {}
-        return {str(i["metadata"]["name"]): i for i in items}
-
-    out: dict[ObjectRef, Obj | errors.RukpakError | None] = {}
-    for key, found in pool.run_all(listed, list_group, concurrency=concurrency):
-        for ref in groups[key]:
-            out[ref] = found if isinstance(found, errors.RukpakError) else found.get(ref.name)
-    for ref, got in pool.run_all(singles, kube.get, concurrency=concurrency):
-        out[ref] = got
-    return out
-
-
-def check_ownership(
-    kube: Kube, manifests: Sequence[Manifest], options: Options
-) -> dict[ObjectRef, Obj]:
-    """Live copies of the manifests' objects; raises ``OwnershipConflict`` listing every clash.
-
-    An object that cannot be read (RBAC, API server errors) stops the install before
-    anything is written, as ``ApplyFailed`` naming each object's file and document.
-    """
-    read = read_live(kube, [m.ref for m in manifests], options.concurrency)
-    unreadable = [
-        (m.describe(), got) for m in manifests if isinstance(got := read[m.ref], errors.RukpakError)
-    ]
-    if unreadable:
-        raise ApplyFailed("ownership check (read)", unreadable)
-    live = {ref: got for ref, got in read.items() if isinstance(got, dict)}
-    clashes: list[str] = []
-    for m in manifests:
-        got = live.get(m.ref)
-        if got is None:
-            continue
-        owner = owner_of(got)
-        if owner == options.name:
-            continue
-        if owner:
-            clashes.append(
-                f"{m.describe()} is owned by deployment {owner!r};"
-                f" deployment {options.name!r} will not take it over"
-            )
-        elif not options.adopt:
-            clashes.append(
-                f"{m.describe()} already exists and no deployment owns it;"
-                " adopt it explicitly (--adopt) or delete it"
-            )
-    if clashes:
-        raise OwnershipConflict("\n".join(clashes))
-    return live
-
-
-def check_crds(kube: Kube, manifests: Sequence[Manifest], live: dict[ObjectRef, Obj]) -> None:
-    """Refuse unsafe CRD upgrades (``crdsafety``) with every reason listed."""
-    reasons: list[str] = []
-    for m in manifests:
-        ref = m.ref
-        if (ref.group, ref.kind) != (CRD_GROUP, "CustomResourceDefinition"):
-            continue
-        old = live.get(ref)
-        if old is None or crdsafety.opted_out(m.obj):
-            continue
-        spec = old.get("spec") or {}
-        group, kind = spec.get("group", ""), (spec.get("names") or {}).get("kind", "")
-        existing: dict[str, list[Obj]] = {}
-        for version, read_at in crdsafety.read_plan(old, m.obj).items():
-            existing[version] = kube.list(f"{group}/{read_at}", kind)[0]
-        reasons += crdsafety.check(old, m.obj, existing)
-    if reasons:
-        raise CRDUpgradeUnsafe(
-            "\n".join(reasons) + f"\n(to skip these checks annotate the CRD"
-            f" {crdsafety.OPT_OUT_ANNOTATION}: {crdsafety.OPT_OUT_VALUE})"
-        )
+    def add(self, deleted: deletion.Deleted) -> None:
+        self.pruned += deleted.pruned
+        self.orphaned += deleted.orphaned
+        self.skipped += deleted.skipped
 
 
 # -- apply ------------------------------------------------------------------------
@@ -285,19 +138,19 @@ def _wait_crds(kube: Kube, applied: Sequence[Applied], timeout: float) -> None:
 RETRYABLE = (errors.Unavailable, errors.Aborted)
 """Server busy or a write conflict: worth another attempt with backoff."""
 
+WRITE_BACKOFF = Backoff(base=0.2, factor=3.0, cap=5.0)
+"""0.2 s, 0.6 s, 1.8 s between the attempts of one write."""
+
 
 def apply_with_retry(kube: Kube, obj: Obj, *, attempts: int = 4) -> Obj:
     """``kube.apply`` retrying temporary failures (5xx, 429, conflicts) with backoff."""
-    delay = 0.2
-    for attempt in range(attempts):
-        try:
-            return kube.apply(obj)
-        except RETRYABLE:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(delay)
-            delay *= 3
-    raise AssertionError("unreachable")
+    return retry(
+        lambda: kube.apply(obj),
+        attempts=attempts,
+        backoff=WRITE_BACKOFF,
+        retryable=lambda err: isinstance(err, RETRYABLE),
+        sleep=time.sleep,
+    )
 
 
 def apply_phase(
@@ -358,11 +211,13 @@ def install(
     time, and sends no write requests (unchanged objects are not re-applied,
     an unchanged inventory is not rewritten).
     """
-    manifests = prepare(kube, bundle, options)
+    manifests = preflight.prepare(kube, bundle, name=options.name, namespace=options.namespace)
     current = [m.ref for m in manifests]
     progress(f"{len(manifests)} objects; checking ownership")
-    live = check_ownership(kube, manifests, options)
-    check_crds(kube, manifests, live)
+    live = preflight.check_ownership(
+        kube, manifests, name=options.name, adopt=options.adopt, concurrency=options.concurrency
+    )
+    preflight.check_crds(kube, manifests, live)
 
     previous = inventorystore.read_inventory(
         kube, options.name, system_namespace=options.system_namespace
@@ -391,13 +246,10 @@ def install(
         doomed = inventory.plan_prune(previous_refs, current)
         if doomed:
             progress(f"pruning {len(doomed)} objects")
-        delete_owned(
-            kube,
-            doomed,
-            options.name,
-            policy="Delete",
-            result=result,
-            concurrency=options.concurrency,
+        result.add(
+            deletion.delete_owned(
+                kube, doomed, options.name, policy="Delete", concurrency=options.concurrency
+            )
         )
     inventorystore.write_inventory(
         kube,
@@ -406,47 +258,3 @@ def install(
         stored=stored,
     )
     return result
-
-
-# -- deletion -----------------------------------------------------------------------
-
-
-def _delete_one(kube: Kube, ref: ObjectRef, owner: str, policy: DeletionPolicy) -> str:
-    live = kube.get(ref)
-    if live is None:
-        return "gone"
-    actual = owner_of(live)
-    if actual != owner:
-        return f"skipped: owned by {actual!r}" if actual else "skipped: no longer labelled as ours"
-    annotations = (live.get("metadata") or {}).get("annotations") or {}
-    if policy == "Orphan" or annotations.get(DELETION_POLICY_ANNOTATION) == "Orphan":
-        kube.merge_patch(ref, {"metadata": {"labels": {OWNER_LABEL: None}}})
-        return "orphaned"
-    kube.delete(ref)
-    return "deleted"
-
-
-def delete_owned(
-    kube: Kube,
-    refs: Sequence[ObjectRef],
-    owner: str,
-    *,
-    policy: DeletionPolicy,
-    result: Result,
-    concurrency: int,
-) -> None:
-    """Delete (or orphan) ``refs`` still owned by ``owner``, reverse phase order, group by group."""
-    for group in ordering.deletion_order(refs):
-        outcomes = pool.run_all(
-            group, lambda r: _delete_one(kube, r, owner, policy), concurrency=concurrency
-        )
-        failures = [(str(r), o) for r, o in outcomes if isinstance(o, errors.RukpakError)]
-        if failures:
-            raise ApplyFailed("prune", failures)
-        for ref, outcome in outcomes:
-            if outcome == "deleted":
-                result.pruned.append(ref)
-            elif outcome == "orphaned":
-                result.orphaned.append(ref)
-            elif isinstance(outcome, str) and outcome.startswith("skipped"):
-                result.skipped.append((ref, outcome.removeprefix("skipped: ")))

@@ -18,7 +18,7 @@ from typing import Literal
 import yaml
 
 from csi.common import errors
-from provisioner.engine import apply, inventory, inventorystore, pool
+from provisioner.engine import apply, inventory, inventorystore, pool, preflight
 from provisioner.engine.errors import ApplyFailed, UnknownKind
 from provisioner.engine.formats import Bundle, Manifest, Source
 from provisioner.engine.kube import Kube
@@ -88,7 +88,7 @@ def _one(kube: Kube, m: Manifest, options: apply.Options, bundle_namespaces: set
 
 def plan(kube: Kube, bundle: Bundle, options: apply.Options) -> list[Change]:
     """Every object's change, in bundle order, then the prunes; nothing is written."""
-    manifests = apply.prepare(kube, bundle, options)
+    manifests = preflight.prepare(kube, bundle, name=options.name, namespace=options.namespace)
     namespaces = {m.ref.name for m in manifests if (m.ref.group, m.ref.kind) == ("", "Namespace")}
     results = pool.run_all(
         manifests, lambda m: _one(kube, m, options, namespaces), concurrency=options.concurrency

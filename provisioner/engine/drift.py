@@ -1,7 +1,7 @@
 """Drift correction: watch what a deployment applied and re-apply what others change.
 
 Runs after ``apply.install`` in the instance pod (and ``rukpak apply --watch``).
-One list+watch per kind, filtered by the owner label, feeds a single worker.
+One ``listwatch.Informer`` per kind, filtered by the owner label, feeds a single worker.
 The decision is pure (``drift_reason``): an object has drifted when it is gone,
 lost its owner label, or the set of fields the ``rukpak`` manager owns
 (``managedFields[manager=rukpak, operation=Apply].fieldsV1``) differs from the
@@ -11,7 +11,7 @@ only fields we do not apply leave it alone. In steady state the loop therefore
 sends no write requests: events for our own applies compare equal, and a
 re-list (after 410 Gone, or the periodic resync) only reads. The pieces of
 that decision shared with ``apply`` (our managedFields entry, the owner
-label) live in ``managed``.
+label) live in ``ownership``.
 
 The worker re-reads an object before correcting it, so stale events never
 cause a write, and corrects with ``force`` (taking fields back).
@@ -19,17 +19,17 @@ cause a write, and corrects with ``force`` (taking fields back).
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from csi.common import errors
+from provisioner.engine import listwatch
 from provisioner.engine.apply import Applied
-from provisioner.engine.errors import Gone
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef
 from provisioner.engine.ownership import applied_fields, lost_reason
@@ -82,7 +82,8 @@ class DriftWatcher:
         self._queue: queue.Queue[ObjectRef | None] = queue.Queue()
         self._pending: set[ObjectRef] = set()
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._informers: dict[tuple[str, str], listwatch.Informer] = {}
+        self._worker: threading.Thread | None = None
         self.corrections = 0
         """Write requests sent so far (for metrics and tests)."""
 
@@ -90,28 +91,51 @@ class DriftWatcher:
 
     def start(self) -> None:
         kinds = sorted({(r.api_version, r.kind) for r in self._refs.values()})
-        self._threads = [
-            threading.Thread(
-                target=self._watch_kind, args=kind, name=f"drift-{kind[1]}", daemon=True
+        self._informers = {
+            kind: listwatch.Informer(
+                self._kube,
+                *kind,
+                label_selector=f"{OWNER_LABEL}={self._owner}",
+                on_change=self._seen,
+                on_delete=self._deleted,
+                on_sync=functools.partial(self._synced, kind),
+                stop=self._stop,
+                watch_timeout=self._watch_timeout,
+                relist_every=self._resync,
             )
             for kind in kinds
-        ]
-        self._threads.append(threading.Thread(target=self._work, name="drift-worker", daemon=True))
-        for t in self._threads:
-            t.start()
+        }
+        for informer in self._informers.values():
+            informer.start()
+        self._worker = threading.Thread(target=self._work, name="drift-worker", daemon=True)
+        self._worker.start()
 
     def stop(self, timeout: float = 1.0) -> None:
         """Ask every thread to end; watches end at the latest when their server timeout ends."""
         self._stop.set()
         self._queue.put(None)
-        for t in self._threads:
-            t.join(timeout)
+        for informer in self._informers.values():
+            informer.stop(timeout)
+        if self._worker is not None:
+            self._worker.join(timeout)
 
     def run(self, stop: threading.Event) -> None:
         """``start``, block until ``stop`` is set, then ``stop``."""
         self.start()
         stop.wait()
         self.stop()
+
+    # -- what tests and metrics read ----------------------------------------------
+
+    def informer(self, api_version: str, kind: str) -> listwatch.Informer:
+        """The list+watch cache of one applied kind (``wait`` on it to know an event arrived)."""
+        return self._informers[(api_version, kind)]
+
+    @property
+    def idle(self) -> bool:
+        """No correction queued or running."""
+        with self._lock:
+            return not self._pending
 
     # -- watching ---------------------------------------------------------------
 
@@ -125,51 +149,24 @@ class DriftWatcher:
             self._pending.add(ref)
         self._queue.put(ref)
 
-    def _relist(self, api_version: str, kind: str) -> str:
-        items, rv = self._kube.list(api_version, kind, label_selector=self._selector())
-        seen = {ObjectRef.of(i).identity: i for i in items}
-        for identity, ref in list(self._refs.items()):
-            if (ref.api_version, ref.kind) == (api_version, kind):
-                self._check(ref, seen.get(identity))
-        return rv
+    def _seen(self, obj: Obj) -> None:
+        ref = self._refs.get(ObjectRef.of(obj).identity)
+        if ref is not None:
+            self._check(ref, obj)
 
-    def _selector(self) -> str:
-        return f"{OWNER_LABEL}={self._owner}"
+    def _deleted(self, obj: Obj) -> None:
+        ref = self._refs.get(ObjectRef.of(obj).identity)
+        if ref is not None:
+            self._check(ref, None)
 
-    def _watch_kind(self, api_version: str, kind: str) -> None:
-        backoff = 0.5
-        rv = ""
-        listed_at = 0.0
-        while not self._stop.is_set():
-            try:
-                if not rv or time.monotonic() - listed_at > self._resync:
-                    rv = self._relist(api_version, kind)
-                    listed_at = time.monotonic()
-                for event_type, obj in self._kube.watch(
-                    api_version,
-                    kind,
-                    resource_version=rv,
-                    label_selector=self._selector(),
-                    timeout_seconds=self._watch_timeout,
-                ):
-                    if self._stop.is_set():
-                        return
-                    rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
-                    if event_type == "BOOKMARK":
-                        continue
-                    obj.setdefault("apiVersion", api_version)
-                    obj.setdefault("kind", kind)
-                    ref = self._refs.get(ObjectRef.of(obj).identity)
-                    if ref is not None:
-                        self._check(ref, None if event_type == "DELETED" else obj)
-                backoff = 0.5
-            except Gone:
-                rv = ""  # too old: re-list
-            except errors.RukpakError as err:
-                self._report(f"watch {kind} failed, retrying in {backoff:.1f}s: {err}")
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
-                rv = ""
+    def _synced(self, kind: tuple[str, str]) -> None:
+        """After a (re-)list: what we track of this kind and the list lacks is gone."""
+        informer = self._informers[kind]
+        for ref in self._refs.values():
+            if (ref.api_version, ref.kind) != kind:
+                continue
+            if informer.get(ref.namespace, ref.name) is None:
+                self._check(ref, None)
 
     # -- correcting ---------------------------------------------------------------
 

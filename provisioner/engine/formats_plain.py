@@ -6,7 +6,8 @@ one or more documents; the bundle holds at least one object. Files are read in
 name order and documents in file order, so the result is deterministic;
 ``ordering`` sorts by kind phase afterwards. Dotfiles (and Kubernetes'
 ``..data`` volume links) are skipped. A ``v1 List`` document contributes its
-items. ``provisioner.bundle.validate`` runs this same loader at build time.
+items. ``provisioner.bundle.validate`` runs this same loader at build time;
+``formats`` lists it as the default format.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from typing import Any
 
 import yaml
 
-from provisioner.engine import formats
 from provisioner.engine.errors import BundleInvalid
-from provisioner.engine.formats import Bundle, Manifest, Source
+from provisioner.engine.manifest import Bundle, Manifest, Source
 from provisioner.engine.objects import ObjectRef
 
 NAME = "plain+v0"
@@ -143,10 +143,3 @@ def _refuse_duplicates(manifests: list[Manifest]) -> None:
         first = seen.setdefault(key, m)
         if first is not m:
             raise BundleInvalid(f"{m.source}: {m.ref} is defined twice (first in {first.source})")
-
-
-def _register() -> None:
-    formats.register(NAME, load)
-
-
-_register()

@@ -14,10 +14,10 @@ body, which costs more CPU than the request itself on a busy install. The
 pool keeps ``pool_size`` connections: at least as many as the threads that
 share the adapter, or urllib3 discards the extra connections after each use.
 
-Discovery (is a kind namespaced, what is its plural) is cached per
-group/version and refreshed once when a kind is missing, which is how CRDs
-applied earlier in the same run become usable. Every request carries a
-timeout; watches also ask the server to end them (``timeoutSeconds``).
+Discovery (is a kind namespaced, what is its plural) is cached by
+``engine.discovery``. Every request carries a timeout; watches also ask the
+server to end them (``timeoutSeconds``); ``engine.listwatch`` builds the
+list+watch loop and the informer cache on ``list`` and ``watch``.
 
 ``Kube.requests`` counts the requests sent, by HTTP method, and
 ``Kube.writes`` the write requests among them (POST, PUT, PATCH, DELETE):
@@ -31,7 +31,6 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -40,31 +39,13 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
 from csi.common import errors
+from provisioner.engine import discovery
+from provisioner.engine.discovery import Resource
 from provisioner.engine.errors import Gone, UnknownKind
-from provisioner.engine.objects import FIELD_MANAGER, Obj, ObjectRef, split_api_version
+from provisioner.engine.objects import FIELD_MANAGER, Obj, ObjectRef
 
 DEFAULT_TIMEOUT = 30.0
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-
-
-@dataclass(frozen=True)
-class Resource:
-    group: str
-    version: str
-    kind: str
-    plural: str
-    namespaced: bool
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    def path(self, namespace: str = "", name: str = "") -> str:
-        base = f"/apis/{self.api_version}" if self.group else f"/api/{self.version}"
-        if self.namespaced and namespace:
-            base += f"/namespaces/{quote(namespace, safe='')}"
-        base += f"/{self.plural}"
-        return f"{base}/{quote(name, safe='')}" if name else base
 
 
 _STATUS_ERRORS: dict[int, type[errors.RukpakError]] = {
@@ -113,7 +94,7 @@ class Kube:
         self._api = api
         self.timeout = timeout
         self._lock = threading.Lock()
-        self._discovery: dict[str, dict[str, Resource]] = {}
+        self._discovery = discovery.Discovery(self._get_discovery)
         self._requests: Counter[str] = Counter()
 
     @property
@@ -159,6 +140,9 @@ class Kube:
 
     # -- HTTP ---------------------------------------------------------------
 
+    def _get_discovery(self, path: str, what: str) -> Any:
+        return self._send("GET", path, what=what)
+
     def _send(
         self,
         method: str,
@@ -199,36 +183,9 @@ class Kube:
 
     # -- discovery ----------------------------------------------------------
 
-    def _fetch_group_version(self, api_version: str) -> dict[str, Resource]:
-        group, version = split_api_version(api_version)
-        path = f"/apis/{api_version}" if group else f"/api/{version}"
-        try:
-            doc = self._send("GET", path, what=f"discovery of {api_version}")
-        except errors.NotFound:
-            return {}
-        out: dict[str, Resource] = {}
-        for r in doc.get("resources") or []:
-            if "/" in r["name"]:
-                continue  # subresource
-            out[r["kind"]] = Resource(group, version, r["kind"], r["name"], bool(r["namespaced"]))
-        return out
-
     def resource(self, api_version: str, kind: str) -> Resource:
         """Discovery for one kind; refreshes the group/version once when the kind is missing."""
-        with self._lock:
-            cached = self._discovery.get(api_version)
-        if cached is None or kind not in cached:
-            fresh = self._fetch_group_version(api_version)
-            with self._lock:
-                self._discovery[api_version] = fresh
-            cached = fresh
-        found = cached.get(kind)
-        if found is None:
-            raise UnknownKind(
-                f"the API server has no resource for apiVersion {api_version} kind {kind}"
-                " (is its CRD installed?)"
-            )
-        return found
+        return self._discovery.resource(api_version, kind)
 
     def serves(self, api_version: str, kind: str) -> bool:
         """Whether the API server answers a one-item list of ``kind`` in ``api_version``.
@@ -354,6 +311,7 @@ class Kube:
         kind: str,
         *,
         resource_version: str,
+        namespace: str = "",
         label_selector: str = "",
         timeout_seconds: int = 60,
     ) -> Iterator[tuple[str, Obj]]:
@@ -373,7 +331,7 @@ class Kube:
             query["labelSelector"] = label_selector
         m, url, h, b, post = self._api.param_serialize(
             "GET",
-            res.path(),
+            res.path(namespace),
             query_params=list(query.items()),
             header_params={"Accept": "application/json"},
             auth_settings=["BearerToken"],

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from csi.common import errors
-from provisioner.engine import apply, health, inventory, inventorystore
+from provisioner.engine import apply, deletion, health, inventory, inventorystore, preflight
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, owner_of
 
@@ -44,7 +44,7 @@ def status(
     inv = _inventory(kube, name, system_namespace)
     refs = sorted(inv.refs)
     out: list[ObjectStatus] = []
-    live = apply.read_live(kube, refs, concurrency)
+    live = preflight.read_live(kube, refs, concurrency)
     for ref in refs:
         got = live.get(ref)
         if isinstance(got, errors.RukpakError):
@@ -72,8 +72,8 @@ def uninstall(
     inv = _inventory(kube, name, system_namespace)
     progress(f"{'deleting' if policy == 'Delete' else 'orphaning'} {len(inv.refs)} objects")
     result = apply.Result()
-    apply.delete_owned(
-        kube, sorted(inv.refs), name, policy=policy, result=result, concurrency=concurrency
+    result.add(
+        deletion.delete_owned(kube, sorted(inv.refs), name, policy=policy, concurrency=concurrency)
     )
     inventorystore.delete_inventory(kube, name, system_namespace=system_namespace)
     return result

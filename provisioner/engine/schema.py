@@ -32,22 +32,21 @@ class Violation:
         return f"{self.path or '.'}: {self.message}"
 
 
+_JSON_TYPES: tuple[tuple[type, str], ...] = (
+    (bool, "boolean"),  # before int: a bool is an int in Python
+    (int, "integer"),
+    (float, "number"),
+    (str, "string"),
+    (list, "array"),
+    (dict, "object"),
+)
+
+
 def _type_of(value: Any) -> str:
+    """The OpenAPI type name of a decoded JSON value."""
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
+    return next((name for t, name in _JSON_TYPES if isinstance(value, t)), type(value).__name__)
 
 
 def _type_ok(value: Any, schema: Schema) -> bool:

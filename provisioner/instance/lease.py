@@ -16,6 +16,10 @@ contenders that saw the same free Lease exactly one wins (the other gets a
 ``merge_patch`` (whose ``metadata.resourceVersion`` is a precondition) and
 ``create``.
 
+The manager and the PV provisioner use the same lock for leader election among
+their replicas (``lead``: take ``rukpak-manager`` or ``rukpak-csi-provisioner``,
+keep it renewed, stop the process when it is lost).
+
 Lifecycle: ``acquire`` (blocks until taken, a timeout, or a stop event),
 ``start_renewing`` (a background thread renews every ``renew_interval``),
 ``release`` (clears the holder so the next contender takes it at once). When
@@ -352,3 +356,29 @@ class LeaseLock:
                 log.warning("msg='lease release failed' lease=%s error=%r", self, err.message)
                 return False
             return True
+
+
+def lead(
+    kube: Kube,
+    *,
+    namespace: str,
+    name: str,
+    identity: str,
+    stop: threading.Event,
+    lost: threading.Event,
+) -> LeaseLock | None:
+    """Leader election for a process's replicas: take Lease ``namespace/name`` (waiting
+    while another replica holds it), then keep it renewed; losing it sets ``lost`` and
+    ``stop``. None when ``stop`` was set before the Lease was taken."""
+
+    def on_lost(_why: str) -> None:
+        lost.set()
+        stop.set()
+
+    lock = LeaseLock(kube, namespace=namespace, name=name, identity=identity, on_lost=on_lost)
+    log.info("msg='taking lease' lease=%s identity=%s", lock, lock.identity)
+    if not lock.acquire(stop=stop):
+        return None
+    lock.start_renewing()
+    log.info("msg='lease acquired' lease=%s", lock)
+    return lock

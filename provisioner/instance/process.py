@@ -37,6 +37,7 @@ from types import FrameType
 from typing import Any
 
 from csi.common import errors
+from provisioner.cli import flags
 from provisioner.engine import apply, drift, formats, inventory
 from provisioner.engine.kube import Kube
 from provisioner.instance import lease
@@ -236,18 +237,8 @@ def register(subparsers: Any) -> None:
         "lost (the message also goes to the termination log)",
     )
     p.add_argument("--bundle-dir", type=Path, required=True, help="the mounted bundle")
-    p.add_argument("--name", required=True, help="deployment name (owner label, inventory, Lease)")
-    p.add_argument(
-        "-n",
-        "--namespace",
-        default="default",
-        help="namespace for namespaced objects that name none (default: %(default)s)",
-    )
-    p.add_argument(
-        "--system-namespace",
-        default=inventory.DEFAULT_SYSTEM_NAMESPACE,
-        help="where the inventory and the Lease live (default: %(default)s)",
-    )
+    flags.add_deployment(p, name_is="owner label, inventory, Lease")
+    flags.add_system_namespace(p, holds="the inventory and the Lease")
     p.add_argument(
         "--identity",
         default="",
@@ -265,16 +256,14 @@ def register(subparsers: Any) -> None:
         default=None,
         help="give up (exit 1) after waiting this long for the Lease (default: wait forever)",
     )
-    p.add_argument(
-        "--format", default=formats.DEFAULT_FORMAT, help="bundle format (default: %(default)s)"
-    )
+    flags.add_format(p)
     p.add_argument(
         "--termination-log",
         type=Path,
         default=None,
         help="write a fatal error here (default: /dev/termination-log when it exists)",
     )
-    p.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, else in-cluster)")
+    flags.add_cluster(p)
     p.set_defaults(func=run_instance)
 
 
@@ -291,7 +280,7 @@ def run_instance(args: argparse.Namespace) -> int:
         termination_log=args.termination_log or default_termination_log(),
     )
     try:
-        kube = Kube.from_kubeconfig(args.kubeconfig)
+        kube = flags.kube(args)
         instance = Instance(kube, config)
     except errors.RukpakError as err:
         log.error(kv("failed", error=err.message))

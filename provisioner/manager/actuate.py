@@ -4,9 +4,9 @@ Sits after ``plan``: each action becomes one request through ``Kube``, the
 one adapter to the API server.
 ``write_status`` is the one function that writes a BundleDeployment's status.
 Resolving an image tag goes through ``csi.oci.client.RegistryClient`` (passed
-in as ``resolve`` so tests and the CLI choose the client); a permanent
-failure (bad reference, no such image, denied) becomes the Bundle's
-``Failing`` phase, a temporary one propagates so the work queue retries.
+in as ``resolve`` so tests and the CLI choose the client); any failure keeps
+the Bundle ``Pending`` with the registry's answer and is retried.
+``perform`` runs a BundleDeployment's actions, ``perform_bundle`` a Bundle's.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import logging
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
 
 from csi.common import errors
 from csi.oci import client as oci_client
@@ -24,16 +23,10 @@ from csi.oci import reference
 from provisioner.engine import lifecycle
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.manager import model, plan
+from provisioner.manager import bundleplan, model, plan
 
 log = logging.getLogger("rukpak.manager")
 
-PERMANENT_RESOLVE_ERRORS = (
-    errors.InvalidArgument,
-    errors.NotFound,
-    errors.PermissionDenied,
-    errors.Unauthenticated,
-)
 Resolver = Callable[[str], str]
 """Image reference -> the same repository pinned by digest (``repo@sha256:...``)."""
 
@@ -68,22 +61,28 @@ def write_status(kube: Kube, name: str, status: Obj) -> None:
 
 
 def record_event(kube: Kube, bd: Obj, event: plan.RecordEvent, *, now: str) -> None:
-    """A core/v1 Event about ``bd`` (cluster-scoped, so in ``default``); best effort."""
-    meta = bd.get("metadata") or {}
+    _event(kube, bd, model.BUNDLE_DEPLOYMENT, event.type, event.reason, event.message, now=now)
+
+
+def _event(
+    kube: Kube, obj: Obj, kind: str, type_: str, reason: str, message: str, *, now: str
+) -> None:
+    """A core/v1 Event about ``obj`` (cluster-scoped, so in ``default``); best effort."""
+    meta = obj.get("metadata") or {}
     body = {
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {"generateName": f"{meta.get('name')}.", "namespace": "default"},
         "involvedObject": {
             "apiVersion": model.API_VERSION,
-            "kind": model.BUNDLE_DEPLOYMENT,
+            "kind": kind,
             "name": meta.get("name"),
             "uid": meta.get("uid"),
             "resourceVersion": meta.get("resourceVersion"),
         },
-        "type": event.type,
-        "reason": event.reason,
-        "message": event.message[:1024],
+        "type": type_,
+        "reason": reason,
+        "message": message[:1024],
         "source": {"component": "rukpak-manager"},
         "reportingComponent": "rukpak-manager",
         "firstTimestamp": now,
@@ -93,7 +92,7 @@ def record_event(kube: Kube, bd: Obj, event: plan.RecordEvent, *, now: str) -> N
     try:
         kube.create(body)
     except errors.RukpakError as err:
-        log.warning("msg='cannot record event' bd=%s error=%r", meta.get("name"), err.message)
+        log.warning("msg='cannot record event' %s=%s error=%r", kind, meta.get("name"), err.message)
 
 
 def _set_finalizers(kube: Kube, bd: Obj, finalizers: list[str]) -> Obj:
@@ -105,28 +104,85 @@ def _set_finalizers(kube: Kube, bd: Obj, finalizers: list[str]) -> Obj:
     )
 
 
-def resolve_bundle(kube: Kube, action: plan.ResolveBundle, resolve: Resolver) -> None:
+def resolve_bundle(kube: Kube, bundle: Obj, action: bundleplan.Resolve, resolve: Resolver) -> None:
+    """Record the digest ``action.ref`` resolves to.
+
+    Any failure keeps the Bundle ``Pending`` with the reference and the registry's
+    answer, then raises ``Unavailable`` so the work queue retries with its backoff
+    (0.5 s doubling to 60 s: a missing tag may be pushed later).
+    """
     try:
         pinned = resolve(action.ref)
-    except PERMANENT_RESOLVE_ERRORS as err:
-        status: dict[str, Any] = {
-            "phase": "Failing",
-            "conditions": [
-                {
-                    "type": "Unpacked",
-                    "status": "False",
-                    "reason": "ResolveFailed",
-                    "message": f"cannot resolve {action.ref}: {err.message}",
-                    "lastTransitionTime": _now(),
-                }
-            ],
-        }
-    else:
-        status = {
-            "phase": "Pending",
-            "resolvedSource": {"type": "image", "image": {"ref": pinned}},
-        }
+    except errors.RukpakError as err:
+        status = bundleplan.status_for(
+            bundle,
+            bundleplan.PHASE_PENDING,
+            bundleplan.REASON_PENDING,
+            f"cannot resolve {action.ref}: {err.message}",
+            _now(),
+        )
+        message = status["conditions"][0]["message"]
+        if _message(bundle) != message:
+            kube.merge_patch_status(bundle_ref(action.name), {"status": status})
+            _event(kube, bundle, model.BUNDLE, "Warning", "UnpackPending", message, now=_now())
+        raise errors.Unavailable(message) from None
+    status = bundleplan.status_for(
+        bundle, bundleplan.PHASE_PENDING, bundleplan.REASON_PENDING, "", _now(), resolved=pinned
+    )
     kube.merge_patch_status(bundle_ref(action.name), {"status": status})
+
+
+def _message(bundle: Obj) -> str:
+    return str((bundleplan.unpacked_condition(bundle) or {}).get("message") or "")
+
+
+def record_bundle_event(
+    kube: Kube, bundle: Obj, event: bundleplan.RecordEvent, *, now: str
+) -> None:
+    _event(kube, bundle, model.BUNDLE, event.type, event.reason, event.message, now=now)
+
+
+def _moved_on(kube: Kube, bundle: Obj, *, resolved: bool) -> bool:
+    """Whether the live Bundle is past what a cached copy showed (one GET, before a step
+    that must happen once: resolving the tag, or starting an unpack pod)."""
+    live = kube.get(bundle_ref(model.name_of(bundle)))
+    if live is None:
+        return True
+    if resolved:
+        return bool(bundleplan.resolved_ref(live))
+    return (live.get("status") or {}).get("phase") in bundleplan.FINAL_PHASES
+
+
+def perform_bundle(
+    kube: Kube,
+    bundle: Obj,
+    actions: list[bundleplan.Action],
+    *,
+    resolve: Resolver,
+    now: str,
+) -> float | None:
+    """Perform a Bundle's actions; the requeue delay, if any. Raises on a failed resolve."""
+    requeue: float | None = None
+    for action in actions:
+        match action:
+            case bundleplan.Resolve():
+                if _moved_on(kube, bundle, resolved=True):
+                    return None  # the cache was behind: resolved once already
+                resolve_bundle(kube, bundle, action, resolve)
+            case bundleplan.CreatePod(pod=pod):
+                if _moved_on(kube, bundle, resolved=False):
+                    return None  # the cache was behind: unpacked (or gone) already
+                with contextlib.suppress(errors.AlreadyExists):
+                    kube.create(pod)
+            case bundleplan.DeletePod(namespace=ns, name=name):
+                kube.delete(ObjectRef("", "v1", "Pod", ns, name))
+            case bundleplan.WriteStatus(name=name, status=status):
+                kube.merge_patch_status(bundle_ref(name), {"status": status})
+            case bundleplan.RecordEvent():
+                record_bundle_event(kube, bundle, action, now=now)
+            case bundleplan.Requeue(after=after):
+                requeue = after if requeue is None else min(requeue, after)
+    return requeue
 
 
 def _now() -> str:
@@ -160,8 +216,6 @@ def perform(
             case plan.CreateBundle(bundle=bundle):
                 with contextlib.suppress(errors.AlreadyExists):
                     kube.create(bundle)
-            case plan.ResolveBundle():
-                resolve_bundle(kube, action, resolve)
             case plan.ApplyInstance(deployment=deployment):
                 _ensure_namespace(kube, system_namespace)
                 kube.apply(deployment)

@@ -1,6 +1,8 @@
 """``rukpak-provisioner manager``: the edge of the manager process.
 
-Parses flags into ``model.Settings``, optionally takes the ``rukpak-manager``
+Parses flags into ``model.Settings``; serves the CRD validating webhook
+(``webhook``, with the certificate ``certs`` manages) on every replica;
+optionally takes the ``rukpak-manager``
 Lease (``provisioner.instance.lease.LeaseLock``) before reconciling, runs the
 ``controller`` until SIGTERM/SIGINT or the Lease is lost, then stops the
 workers and releases the Lease. Exit 0 when stopped by a signal, 1 on a
@@ -11,17 +13,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import threading
-from types import FrameType
 from typing import Any
 
 from csi.common import errors
-from provisioner.engine import inventory
+from provisioner.cli import flags, signals
 from provisioner.engine.kube import Kube
 from provisioner.instance import lease
 from provisioner.instance.process import default_identity
-from provisioner.manager import actuate, controller, model
+from provisioner.manager import actuate, certs, controller, model, webhook
 
 log = logging.getLogger("rukpak.manager")
 LEASE_NAME = "rukpak-manager"
@@ -30,25 +30,28 @@ LEASE_NAME = "rukpak-manager"
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "manager",
-        help="the BundleDeployment controller: generated Bundles and instance Deployments",
-        description="Reconcile BundleDeployments: generate their Bundles, resolve image tags "
-        "to digests, run one instance Deployment per BundleDeployment, report conditions.",
+        help="the Bundle and BundleDeployment controllers and the CRD validating webhook",
+        description="Reconcile Bundles (resolve image tags to digests, validate the content "
+        "in an unpack pod) and BundleDeployments (generate their Bundles, run one instance "
+        "Deployment per BundleDeployment, report conditions); serve the CRD upgrade-safety "
+        "validating webhook.",
     )
-    p.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, else in-cluster)")
+    flags.add_cluster(p)
     p.add_argument(
         "--image",
         default="",
         help="image of the instance pods (must hold /opt/rukpak/bin/rukpak-provisioner)",
     )
-    p.add_argument(
-        "--system-namespace",
-        default=inventory.DEFAULT_SYSTEM_NAMESPACE,
-        help="namespace of instance Deployments, inventories and Leases (default: %(default)s)",
-    )
+    flags.add_system_namespace(p, holds="instance Deployments, inventories and Leases")
     p.add_argument(
         "--instance-service-account",
         default="rukpak-instance",
         help="ServiceAccount of instance pods unless a BD names one (default: %(default)s)",
+    )
+    p.add_argument(
+        "--unpack-service-account",
+        default="default",
+        help="ServiceAccount of unpack pods; they get no API token (default: %(default)s)",
     )
     p.add_argument(
         "--instance-host-network",
@@ -61,6 +64,29 @@ def register(subparsers: Any) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="extra environment for instance pods (repeatable)",
+    )
+    p.add_argument(
+        "--webhook-port",
+        type=int,
+        default=webhook.DEFAULT_PORT,
+        help="HTTPS port of the CRD validating webhook, 0 to not serve it (default: %(default)s)",
+    )
+    p.add_argument(
+        "--webhook-bind",
+        default="0.0.0.0",
+        help="address the webhook listens on (default: %(default)s)",
+    )
+    p.add_argument(
+        "--webhook-service",
+        default="rukpak-webhook",
+        help="Service in the system namespace in front of the webhook; its DNS names go "
+        "into the certificate (default: %(default)s)",
+    )
+    p.add_argument(
+        "--webhook-configuration",
+        default=webhook.CONFIGURATION_NAME,
+        help="ValidatingWebhookConfiguration whose caBundle the manager keeps current "
+        "(default: %(default)s)",
     )
     p.add_argument("--leader-elect", action="store_true", help="take the rukpak-manager Lease")
     p.add_argument("--workers", type=int, default=2, help="reconcile workers (default: 2)")
@@ -83,47 +109,77 @@ def settings_from(args: argparse.Namespace) -> model.Settings:
         image=args.image,
         system_namespace=args.system_namespace,
         service_account=args.instance_service_account,
+        unpack_service_account=args.unpack_service_account,
         host_network=args.instance_host_network,
         env=tuple(env),
     )
 
 
-def _lost(lost: threading.Event, stop: threading.Event) -> None:
-    lost.set()
-    stop.set()
+def webhook_hosts(service: str, namespace: str) -> list[str]:
+    """The names the webhook certificate serves: the Service's DNS names and loopback."""
+    return [
+        f"{service}.{namespace}.svc",
+        f"{service}.{namespace}.svc.cluster.local",
+        f"{service}.{namespace}",
+        "localhost",
+        "127.0.0.1",
+    ]
+
+
+def start_webhook(
+    kube: Kube, args: argparse.Namespace, namespace: str, stop: threading.Event
+) -> webhook.Server:
+    """Serve the CRD webhook with the managed certificate; publish its CA in the background."""
+    bundle = certs.ensure(kube, namespace, webhook_hosts(args.webhook_service, namespace))
+    server = webhook.Server(
+        webhook.existing_from(kube), bundle, host=args.webhook_bind, port=args.webhook_port
+    )
+    server.start()
+
+    def publish() -> None:
+        delay = 1.0
+        while not stop.is_set():
+            try:
+                if certs.publish_ca(kube, args.webhook_configuration, bundle.ca):
+                    return
+                log.info(
+                    "msg='webhook configuration not found yet' name=%s",
+                    args.webhook_configuration,
+                )
+            except errors.RukpakError as err:
+                log.warning("msg='cannot publish the webhook CA' error=%r", err.message)
+            stop.wait(delay)
+            delay = min(delay * 2, 60.0)
+
+    threading.Thread(target=publish, name="webhook-ca", daemon=True).start()
+    return server
 
 
 def run_manager(args: argparse.Namespace) -> int:
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("msg='stopping' signal=%s", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = signals.stop_on_signals(log)
     try:
         settings = settings_from(args)
-        kube = Kube.from_kubeconfig(args.kubeconfig)
+        kube = flags.kube(args)
     except errors.RukpakError as err:
         log.error("msg='failed' error=%r", err.message)
         return 1
     lock: lease.LeaseLock | None = None
     lost = threading.Event()
+    server: webhook.Server | None = None
     try:
+        if args.webhook_port:
+            server = start_webhook(kube, args, settings.system_namespace, stop)
         if args.leader_elect:
-            lock = lease.LeaseLock(
+            lock = lease.lead(
                 kube,
                 namespace=settings.system_namespace,
                 name=LEASE_NAME,
                 identity=default_identity(),
-                on_lost=lambda why: _lost(lost, stop),
+                stop=stop,
+                lost=lost,
             )
-            log.info("msg='taking lease' lease=%s identity=%s", lock, lock.identity)
-            if not lock.acquire(stop=stop):
+            if lock is None:  # stopped while waiting for it
                 return 0
-            lock.start_renewing()
-            log.info("msg='lease acquired' lease=%s", lock)
         ctl = controller.Controller(
             kube, settings, resolve=actuate.RegistryResolver(), resync=args.resync
         )
@@ -131,9 +187,14 @@ def run_manager(args: argparse.Namespace) -> int:
         log.info("msg='manager started' system_namespace=%s", settings.system_namespace)
         stop.wait()
         ctl.stop()
+    except errors.RukpakError as err:
+        log.error("msg='failed' error=%r", err.message)
+        return 1
     finally:
         if lock is not None and lock.held:
             lock.release()
+        if server is not None:
+            server.stop()
         kube.close()
     if lost.is_set():
         log.error("msg='lease lost; stopped reconciling'")

@@ -1,14 +1,22 @@
-"""The BundleDeployment controller loop: watch, queue, observe, plan, perform.
+"""The manager's controller loop: informers, one work queue, observe, plan, perform.
 
-Sits at the top of the manager: watches BundleDeployments and what they own
-(generated Bundles, instance Deployments and pods, all labelled
-``core.rukpak.io/bundle-deployment``) only to learn *which* BD to look at;
-each reconcile then observes that BD afresh through the API, asks the pure
-``plan`` what to do and hands the actions to ``actuate``. Watches re-list
-after 410 Gone (and after any broken stream, with a pause); a periodic
-resync re-queues every BD so conditions that no watch reports (the instance
-Lease, health of installed objects) stay current. Failures requeue the BD
-with exponential backoff.
+Sits at the top of the manager. Informers (``engine.listwatch.Informer``: list
+once, then watch) keep a local cache of everything the manager reads:
+BundleDeployments, Bundles, and in the system namespace the instance
+Deployments and pods, the unpack pods, the Leases and the Events (for an
+unpack pod's FailedMount messages). At rest the manager makes watch requests
+only; a reconcile reads the caches, asks a pure planner what to do (``plan``
+for a BundleDeployment, ``bundleplan`` for a Bundle) and hands the actions to
+``actuate``, the only writer.
+
+Cache events only decide *which* object to look at: a BundleDeployment
+(``bd:NAME``) or a Bundle (``bundle:NAME``) is queued when it, or something it
+owns, changes; ``healthwatch`` follows the inventories and the objects they
+list (by the owner label), so ``Healthy`` changes with them, from the caches.
+A periodic resync re-queues every BundleDeployment (cache reads only).
+Failures requeue with exponential backoff. When a CRD is created, instance pods waiting in
+CrashLoopBackOff are deleted so a BundleDeployment whose custom resources
+needed it installs at once instead of after the kubelet's back-off.
 """
 
 from __future__ import annotations
@@ -19,22 +27,27 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from csi.common import errors
-from provisioner.engine import lifecycle
-from provisioner.engine.errors import Gone
+from provisioner.engine import listwatch
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.instance import lease
-from provisioner.manager import actuate, model, plan
+from provisioner.manager import actuate, bundleplan, healthwatch, model, plan
 from provisioner.manager.model import Settings
 from provisioner.manager.queue import WorkQueue
 
 log = logging.getLogger("rukpak.manager")
 
-Mapper = Callable[[Obj], str]
+BD_KEY = "bd:"
+BUNDLE_KEY = "bundle:"
+
+
+def _labels(obj: Obj) -> dict[str, str]:
+    labels: dict[str, str] = (obj.get("metadata") or {}).get("labels") or {}
+    return labels
 
 
 def _by_label(obj: Obj) -> str:
-    return str(((obj.get("metadata") or {}).get("labels") or {}).get(model.BD_LABEL) or "")
+    return str(_labels(obj).get(model.BD_LABEL) or "")
 
 
 def now_text() -> str:
@@ -56,60 +69,172 @@ class Controller:
         self.settings = settings
         self.resolve = resolve
         self.resync = resync
-        self.watch_timeout = watch_timeout
         self.read_health = read_health
         self.queue = WorkQueue()
         self.stopping = threading.Event()
-        self._known: set[str] = set()
-        self._known_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        ns = settings.system_namespace
 
-    # -- observe, plan, perform ------------------------------------------------------------
+        def informer(
+            api_version: str,
+            kind: str,
+            *,
+            namespace: str = "",
+            selector: str = "",
+            on_change: Callable[[Obj], None],
+        ) -> listwatch.Informer:
+            return listwatch.Informer(
+                kube,
+                api_version,
+                kind,
+                namespace=namespace,
+                label_selector=selector,
+                on_change=on_change,
+                stop=self.stopping,
+                watch_timeout=watch_timeout,
+            )
+
+        self.bds = informer(model.API_VERSION, model.BUNDLE_DEPLOYMENT, on_change=self._bd_changed)
+        self.bundles = informer(model.API_VERSION, model.BUNDLE, on_change=self._bundle_changed)
+        self.deployments = informer(
+            "apps/v1", "Deployment", namespace=ns, selector=model.BD_LABEL, on_change=self._owned
+        )
+        self.pods = informer(
+            "v1", "Pod", namespace=ns, selector=model.BD_LABEL, on_change=self._owned
+        )
+        self.unpack_pods = informer(
+            "v1",
+            "Pod",
+            namespace=ns,
+            selector=f"{model.OWNER_KIND_LABEL}={model.BUNDLE}",
+            on_change=self._unpack_pod_changed,
+        )
+        self.leases = informer(
+            "coordination.k8s.io/v1", "Lease", namespace=ns, on_change=self._lease_changed
+        )
+        self.leases.on_update = self._lease_updated  # renewals alone change nothing here
+        self.events = informer("v1", "Event", namespace=ns, on_change=self._event_seen)
+        self.health = healthwatch.HealthWatch(
+            kube,
+            ns,
+            on_change=lambda owner: self.queue.add(BD_KEY + owner),
+            stop=self.stopping,
+            watch_timeout=watch_timeout,
+        )
+        # CRDs are only followed for their creation; no cache (their schemas are large)
+        self.crds = listwatch.ListWatch(
+            kube,
+            "apiextensions.k8s.io/v1",
+            "CustomResourceDefinition",
+            on_event=self._crd_event,
+            stop=self.stopping,
+            watch_timeout=watch_timeout,
+        )
+        self.informers = [
+            self.bds,
+            self.bundles,
+            self.deployments,
+            self.pods,
+            self.unpack_pods,
+            self.leases,
+            self.events,
+        ]
+
+    # -- cache events -> work ---------------------------------------------------------------
+
+    def _bd_changed(self, obj: Obj) -> None:
+        self.queue.add(BD_KEY + model.name_of(obj))
+
+    def _bundle_changed(self, obj: Obj) -> None:
+        self.queue.add(BUNDLE_KEY + model.name_of(obj))
+        labels = _labels(obj)
+        if labels.get(model.OWNER_KIND_LABEL) == model.BUNDLE_DEPLOYMENT:
+            self.queue.add(BD_KEY + str(labels.get(model.OWNER_NAME_LABEL) or ""))
+        elif _by_label(obj):
+            self.queue.add(BD_KEY + _by_label(obj))
+
+    def _owned(self, obj: Obj) -> None:
+        if _by_label(obj):
+            self.queue.add(BD_KEY + _by_label(obj))
+
+    def _unpack_pod_changed(self, obj: Obj) -> None:
+        owner = str(_labels(obj).get(model.OWNER_NAME_LABEL) or "")
+        if owner:
+            self.queue.add(BUNDLE_KEY + owner)
+
+    def _lease_changed(self, obj: Obj) -> None:
+        name = model.name_of(obj)
+        prefix = lease.lease_name("")
+        if name.startswith(prefix):
+            self.queue.add(BD_KEY + name[len(prefix) :])
+
+    def _lease_updated(self, old: Obj, new: Obj) -> None:
+        def holder(obj: Obj) -> str:
+            return str((obj.get("spec") or {}).get("holderIdentity") or "")
+
+        if holder(old) != holder(new):
+            self._lease_changed(new)
+
+    def _event_seen(self, obj: Obj) -> None:
+        involved = obj.get("involvedObject") or {}
+        if obj.get("reason") == "FailedMount" and involved.get("kind") == "Pod":
+            pod_name = str(involved.get("name") or "")
+            if self.unpack_pods.get(self.settings.system_namespace, pod_name) is not None:
+                self.queue.add(BUNDLE_KEY + pod_name)
+
+    def _crd_event(self, type_: str, obj: Obj) -> None:
+        if type_ != "ADDED":
+            return
+        for pod in self.pods.items():
+            for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+                waiting = (cs.get("state") or {}).get("waiting") or {}
+                if waiting.get("reason") == "CrashLoopBackOff":
+                    meta = pod.get("metadata") or {}
+                    log.info("msg='new CRD: restarting a failed instance' pod=%s", meta.get("name"))
+                    try:
+                        self.kube.delete(
+                            ObjectRef(
+                                "", "v1", "Pod", str(meta.get("namespace")), str(meta.get("name"))
+                            )
+                        )
+                    except errors.RukpakError as err:
+                        log.warning("msg='cannot restart instance pod' error=%r", err.message)
+
+    # -- observe, plan, perform: BundleDeployments ----------------------------------------------
 
     def observe(self, name: str) -> tuple[Obj, plan.Observed] | None:
-        """The BD and everything ``plan`` needs about it; None when the BD is gone."""
-        bd = self.kube.get(actuate.bd_ref(name))
+        """The BD and everything ``plan`` needs about it, from the caches; None when gone."""
+        bd = self.bds.get("", name)
         if bd is None:
             return None
         sys_ns = self.settings.system_namespace
-        selector = f"{model.BD_LABEL}={name}"
-        bundles, _ = self.kube.list(model.API_VERSION, model.BUNDLE, label_selector=selector)
-        instance = self.kube.get(
-            ObjectRef("apps", "v1", "Deployment", sys_ns, model.instance_name(name))
+        bundles = tuple(
+            b
+            for b in self.bundles.items()
+            if _labels(b).get(model.OWNER_NAME_LABEL) == name
+            and _labels(b).get(model.OWNER_KIND_LABEL) == model.BUNDLE_DEPLOYMENT
         )
-        pods, _ = self.kube.list("v1", "Pod", namespace=sys_ns, label_selector=selector)
-        lease_obj = self.kube.get(
-            ObjectRef("coordination.k8s.io", "v1", "Lease", sys_ns, lease.lease_name(name))
-        )
+        instance = self.deployments.get(sys_ns, model.instance_name(name))
+        pods = tuple(p for p in self.pods.items() if _by_label(p) == name)
+        lease_obj = self.leases.get(sys_ns, lease.lease_name(name))
         holder = str(((lease_obj or {}).get("spec") or {}).get("holderIdentity") or "")
         return bd, plan.Observed(
-            bundles=tuple(bundles),
+            bundles=bundles,
             instance=instance,
-            pods=tuple(pods),
+            pods=pods,
             lease_holder=holder,
             health=self._health(name) if instance is not None and self.read_health else None,
             now=now_text(),
         )
 
     def _health(self, name: str) -> plan.Health | None:
-        try:
-            statuses = lifecycle.status(
-                self.kube, name, system_namespace=self.settings.system_namespace
-            )
-        except errors.NotFound:
-            return None
-        bad = [f"{s.ref}: {s.health.reason or 'not ready'}" for s in statuses if not s.health.ready]
-        if bad:
-            more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
-            return plan.Health(False, "; ".join(bad[:3]) + more)
-        return plan.Health(True, f"all {len(statuses)} installed objects are ready")
+        verdict = self.health.health(name)
+        return None if verdict is None else plan.Health(*verdict)
 
     def reconcile(self, name: str) -> float | None:
         """One pass for BD ``name``; the requeue delay the plan asked for, if any."""
         seen = self.observe(name)
         if seen is None:
-            with self._known_lock:
-                self._known.discard(name)
             return None
         bd, observed = seen
         actions = plan.plan(bd, observed, settings=self.settings)
@@ -124,6 +249,45 @@ class Controller:
             now=observed.now,
         )
 
+    # -- observe, plan, perform: Bundles ------------------------------------------------------
+
+    def observe_bundle(self, name: str) -> tuple[Obj, bundleplan.Observed] | None:
+        bundle = self.bundles.get("", name)
+        if bundle is None or not bundleplan.handles(bundle):
+            return None
+        sys_ns = self.settings.system_namespace
+        pod = self.unpack_pods.get(sys_ns, name)
+        failures: list[tuple[str, str]] = []
+        if pod is not None:
+            uid = str((pod.get("metadata") or {}).get("uid") or "")
+            for event in self.events.items():
+                involved = event.get("involvedObject") or {}
+                if (
+                    event.get("reason") == "FailedMount"
+                    and involved.get("kind") == "Pod"
+                    and involved.get("name") == name
+                    and involved.get("uid") == uid
+                ):
+                    when = str(event.get("lastTimestamp") or event.get("eventTime") or "")
+                    failures.append((when, str(event.get("message") or "")))
+        return bundle, bundleplan.Observed(
+            pod=pod,
+            mount_failures=tuple(m for _, m in sorted(failures)),
+            now=now_text(),
+        )
+
+    def reconcile_bundle(self, name: str) -> float | None:
+        seen = self.observe_bundle(name)
+        if seen is None:
+            return None
+        bundle, observed = seen
+        actions = bundleplan.plan(bundle, observed, settings=self.settings)
+        if actions:
+            log.info("msg='plan' bundle=%s actions=%s", name, [type(a).__name__ for a in actions])
+        return actuate.perform_bundle(
+            self.kube, bundle, actions, resolve=self.resolve, now=observed.now
+        )
+
     # -- workers ---------------------------------------------------------------------------
 
     def _work(self) -> None:
@@ -132,15 +296,18 @@ class Controller:
             if key is None:
                 continue
             try:
-                after = self.reconcile(key)
+                if key.startswith(BUNDLE_KEY):
+                    after = self.reconcile_bundle(key[len(BUNDLE_KEY) :])
+                else:
+                    after = self.reconcile(key[len(BD_KEY) :])
             except errors.RukpakError as err:
                 delay = self.queue.retry(key)
                 log.warning(
-                    "msg='reconcile failed' bd=%s retry_in=%.1fs error=%r", key, delay, err.message
+                    "msg='reconcile failed' key=%s retry_in=%.1fs error=%r", key, delay, err.message
                 )
             except Exception:  # a bug: keep the controller alive, retry with backoff
                 delay = self.queue.retry(key)
-                log.exception("msg='reconcile crashed' bd=%s retry_in=%.1fs", key, delay)
+                log.exception("msg='reconcile crashed' key=%s retry_in=%.1fs", key, delay)
             else:
                 self.queue.forget(key)
                 if after is not None:
@@ -148,67 +315,22 @@ class Controller:
             finally:
                 self.queue.done(key)
 
-    # -- watches ---------------------------------------------------------------------------
-
-    def _enqueue(self, key: str) -> None:
-        if key:
-            self.queue.add(key)
-
-    def _watch(self, api_version: str, kind: str, selector: str, mapper: Mapper) -> None:
-        """List, then watch from that resourceVersion; re-list after 410 or a broken stream."""
-        pause = 0.5
-        while not self.stopping.is_set():
-            try:
-                items, rv = self.kube.list(api_version, kind, label_selector=selector)
-                for item in items:
-                    self._saw(kind, item, mapper)
-                pause = 0.5
-                while not self.stopping.is_set():
-                    for event, obj in self.kube.watch(
-                        api_version,
-                        kind,
-                        resource_version=rv,
-                        label_selector=selector,
-                        timeout_seconds=self.watch_timeout,
-                    ):
-                        rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
-                        if event != "BOOKMARK":
-                            self._saw(kind, obj, mapper)
-                        if self.stopping.is_set():
-                            return
-            except Gone:
-                log.info("msg='watch expired, re-listing' kind=%s", kind)
-            except errors.RukpakError as err:
-                log.warning("msg='watch failed' kind=%s error=%r", kind, err.message)
-                self.stopping.wait(pause)
-                pause = min(pause * 2, 30.0)
-
-    def _saw(self, kind: str, obj: Obj, mapper: Mapper) -> None:
-        key = mapper(obj)
-        if kind == model.BUNDLE_DEPLOYMENT and key:
-            with self._known_lock:
-                self._known.add(key)
-        self._enqueue(key)
-
     def _resync(self) -> None:
         while not self.stopping.wait(self.resync):
-            with self._known_lock:
-                known = sorted(self._known)
-            for key in known:
-                self.queue.add(key)
+            for bd in self.bds.items():
+                self.queue.add(BD_KEY + model.name_of(bd))
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def start(self, *, workers: int = 2) -> None:
-        selector = model.BD_LABEL
-        watches: list[tuple[str, str, str, Mapper]] = [
-            (model.API_VERSION, model.BUNDLE_DEPLOYMENT, "", model.name_of),
-            (model.API_VERSION, model.BUNDLE, selector, _by_label),
-            ("apps/v1", "Deployment", selector, _by_label),
-            ("v1", "Pod", selector, _by_label),
-        ]
-        for api_version, kind, sel, mapper in watches:
-            self._spawn(f"watch-{kind}", self._watch, api_version, kind, sel, mapper)
+    def start(self, *, workers: int = 2, sync_timeout: float = 60.0) -> None:
+        """Start the informers, wait for their first lists, then the workers."""
+        for inf in self.informers:
+            inf.start()
+        self.health.start()
+        for inf in [*self.informers, self.health.inventories]:
+            if not inf.wait_synced(sync_timeout):
+                log.warning("msg='cache not synced yet' informer=%r", inf.listwatch)
+        self._spawn("watch-crds", self.crds.run)
         self._spawn("resync", self._resync)
         for i in range(workers):
             self._spawn(f"worker-{i}", self._work)
@@ -222,5 +344,5 @@ class Controller:
         self.stopping.set()
         self.queue.shutdown()
         for thread in self._threads:
-            if thread.name.startswith("worker") or thread.name == "resync":
+            if thread.name != "watch-crds":  # ends with its watch, up to watch_timeout later
                 thread.join(timeout=timeout)

@@ -1,12 +1,14 @@
-"""Builders of the objects the manager generates: the Bundle and the instance Deployment.
+"""Builders of the objects the manager generates: Bundles, unpack pods, instance Deployments.
 
 Sits under ``plan``: pure functions from a BundleDeployment (and the
 manager's ``Settings``) to the exact bodies ``actuate`` creates or applies.
 The instance Deployment follows tests/test_e2e_instance.py: one replica,
 Recreate, the Bundle's resolved image mounted read-only at ``/bundle``
 through an inline ``csi.rukpak.io`` volume, ``rukpak-provisioner instance``
-as its command, and a hash of its body as an annotation so an unchanged
-Deployment is never re-applied.
+as its command (with the ``--format`` of the Bundle's provisioner class,
+``model.CLASS_FORMATS``), and a hash of its body as an annotation so an unchanged
+Deployment is never re-applied. The unpack pod (``unpack_pod``) mounts a
+Bundle's resolved image the same way and runs ``rukpak-provisioner unpack``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,14 @@ def _meta(obj: Obj) -> dict[str, Any]:
     return meta
 
 
+def _format_of(provisioner_class: object) -> str:
+    """The loader format for a class; the planners hand only our classes here."""
+    bundle_format = model.bundle_format(provisioner_class)
+    if bundle_format is None:
+        raise ValueError(f"provisioner class {provisioner_class!r} is not one of ours")
+    return bundle_format
+
+
 def owner_reference(bd: Obj) -> Obj:
     return {
         "apiVersion": model.API_VERSION,
@@ -37,7 +47,13 @@ def desired_bundle(bd: Obj) -> Obj:
     """The Bundle the BD's template describes, named ``<bd>-<hash>``."""
     template = (bd.get("spec") or {}).get("template") or {}
     tmeta = template.get("metadata") or {}
-    labels = {**(tmeta.get("labels") or {}), model.BD_LABEL: model.name_of(bd)}
+    labels = {
+        **(tmeta.get("labels") or {}),
+        model.OWNER_KIND_LABEL: model.BUNDLE_DEPLOYMENT,
+        model.OWNER_NAME_LABEL: model.name_of(bd),
+        model.TEMPLATE_HASH_LABEL: model.template_hash(bd),
+        model.BD_LABEL: model.name_of(bd),
+    }
     meta: dict[str, Any] = {
         "name": model.bundle_name(bd),
         "labels": labels,
@@ -65,7 +81,12 @@ def instance_deployment(bd: Obj, bundle: str, image_ref: str, settings: Settings
         "app.kubernetes.io/managed-by": "rukpak-manager",
         model.BD_LABEL: name,
     }
+    template_spec = (spec.get("template") or {}).get("spec") or {}
+    bundle_format = _format_of(
+        template_spec.get("provisionerClassName") or spec.get("provisionerClassName")
+    )
     command = [model.INSTANCE_BINARY, "instance", "--bundle-dir", "/bundle"]
+    command += ["--format", bundle_format]
     command += ["--name", name, "--namespace", install_ns]
     command += ["--system-namespace", settings.system_namespace]
     env: list[Obj] = [{"name": k, "value": v} for k, v in settings.env]
@@ -119,3 +140,80 @@ def instance_deployment(bd: Obj, bundle: str, image_ref: str, settings: Settings
     }
     body["metadata"]["annotations"][model.SPEC_HASH_ANNOTATION] = model.stable_hash(body, 16)
     return body
+
+
+UNPACK_CONTAINER = "unpack"
+
+
+def unpack_pod(bundle: Obj, image_ref: str, settings: Settings) -> Obj:
+    """The run-once pod (named after the Bundle, owned by it) that validates its content.
+
+    Labelled as upstream labels its unpack pods (owner-kind Bundle, owner-name); no
+    API token is mounted: the result leaves through the termination message.
+    """
+    name = model.name_of(bundle)
+    security: Obj = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": settings.system_namespace,
+            "labels": {
+                "app.kubernetes.io/name": "rukpak-unpack",
+                "app.kubernetes.io/part-of": "rukpak",
+                "app.kubernetes.io/managed-by": "rukpak-manager",
+                model.OWNER_KIND_LABEL: model.BUNDLE,
+                model.OWNER_NAME_LABEL: name,
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": model.API_VERSION,
+                    "kind": model.BUNDLE,
+                    "name": name,
+                    "uid": str(_meta(bundle).get("uid") or ""),
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "serviceAccountName": settings.unpack_service_account,
+            "terminationGracePeriodSeconds": 5,
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [
+                {
+                    "name": UNPACK_CONTAINER,
+                    "image": settings.image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": [
+                        model.INSTANCE_BINARY,
+                        "unpack",
+                        "--bundle-dir",
+                        "/bundle",
+                        "--format",
+                        _format_of((bundle.get("spec") or {}).get("provisionerClassName")),
+                    ],
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
+                    "securityContext": security,
+                    "volumeMounts": [{"name": "bundle", "mountPath": "/bundle", "readOnly": True}],
+                }
+            ],
+            "volumes": [
+                {
+                    "name": "bundle",
+                    "csi": {
+                        "driver": "csi.rukpak.io",
+                        "readOnly": True,
+                        "volumeAttributes": {"image": image_ref, "pullPolicy": "IfNotPresent"},
+                    },
+                }
+            ],
+        },
+    }

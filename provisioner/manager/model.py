@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.engine import inventory
+from provisioner.engine import formats_plain, formats_registry, inventory
 from provisioner.engine.objects import Obj
 
 GROUP = "core.rukpak.io"
@@ -26,12 +26,28 @@ BUNDLE_DEPLOYMENT = "BundleDeployment"
 FINALIZER = "core.rukpak.io/uninstall"
 BD_LABEL = "core.rukpak.io/bundle-deployment"
 """On generated Bundles, instance Deployments and their pods: the owning BundleDeployment."""
+OWNER_KIND_LABEL = "core.rukpak.io/owner-kind"
+OWNER_NAME_LABEL = "core.rukpak.io/owner-name"
+TEMPLATE_HASH_LABEL = "core.rukpak.io/bundle-template-hash"
+"""Upstream's labels: on generated Bundles (owner = the BundleDeployment) and on unpack
+pods (owner = the Bundle)."""
+MAX_BUNDLE_NAME = 52
+MAX_BUNDLE_DEPLOYMENT_NAME = 45
+"""Upstream's CRD limits (metadata.name maxLength), which leave room for generated names."""
 BUNDLE_ANNOTATION = "core.rukpak.io/bundle"
 """On the instance Deployment and its pod template: the Bundle it mounts."""
 SPEC_HASH_ANNOTATION = "core.rukpak.io/instance-hash"
 """On the instance Deployment: hash of the body the manager last applied."""
 
 PLAIN_CLASS = "core-rukpak-io-plain"
+REGISTRY_CLASS = "core-rukpak-io-registry"
+CLASS_FORMATS: dict[str, str] = {
+    PLAIN_CLASS: formats_plain.NAME,
+    REGISTRY_CLASS: formats_registry.NAME,
+}
+"""Our provisioner classes and the bundle format each one's content is in (the one place
+that says so): Bundles of these classes get an unpack pod, BundleDeployments of these
+classes an instance; both run the loader of this format. Other classes are left alone."""
 CRDS_DIR = Path(__file__).resolve().parent.parent / "crds"
 INSTANCE_BINARY = "/opt/rukpak/bin/rukpak-provisioner"
 
@@ -47,10 +63,20 @@ def stable_hash(value: Any, length: int = 10) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
+def template_hash(bd: Obj) -> str:
+    """Upstream's template hash: sha224 of the template's JSON in base 36.
+
+    Any change of the template (labels, annotations or spec) changes it: a pivot.
+    """
+    template = (bd.get("spec") or {}).get("template") or {}
+    text = json.dumps(template, sort_keys=True, separators=(",", ":"))
+    return formats_registry.sha224_base36(text)
+
+
 def bundle_name(bd: Obj) -> str:
-    """``<bd>-<hash>``: changes exactly when the template's spec changes."""
-    spec = ((bd.get("spec") or {}).get("template") or {}).get("spec") or {}
-    return f"{name_of(bd)}-{stable_hash(spec)}"
+    """``<bd>-<template hash>``, cut to upstream's 52 characters (GenerateBundleName)."""
+    bd_name = name_of(bd)[:MAX_BUNDLE_DEPLOYMENT_NAME]
+    return f"{bd_name}-{template_hash(bd)[: MAX_BUNDLE_NAME - len(bd_name) - 1]}"
 
 
 def instance_name(bd_name: str) -> str:
@@ -60,6 +86,11 @@ def instance_name(bd_name: str) -> str:
 
 def name_of(obj: Obj) -> str:
     return str((obj.get("metadata") or {}).get("name") or "")
+
+
+def bundle_format(provisioner_class: object) -> str | None:
+    """The bundle format of one of our provisioner classes; None for any other class."""
+    return CLASS_FORMATS.get(str(provisioner_class or ""))
 
 
 def is_digest_ref(ref: str) -> bool:
@@ -73,6 +104,8 @@ class Settings:
     image: str
     system_namespace: str = inventory.DEFAULT_SYSTEM_NAMESPACE
     service_account: str = "rukpak-instance"
+    unpack_service_account: str = "default"
+    """ServiceAccount of unpack pods (they never call the API: no token is mounted)."""
     host_network: bool = False
     default_install_namespace: str = "default"
     env: tuple[tuple[str, str], ...] = field(default_factory=tuple)

@@ -6,15 +6,24 @@ what its inventory lists) and ``actuate`` (which performs the actions). It
 never talks to the API and never reads the clock: ``Observed.now`` is the
 time to stamp on condition transitions.
 
-The flow for a live BD (DESIGN.md "Manager"):
+BDs of our provisioner classes (``model.CLASS_FORMATS``: plain+v0, registry+v1)
+are planned; the template's class picks the format the instance loads (upstream
+pairs a ``core-rukpak-io-plain`` BD with ``core-rukpak-io-registry`` Bundles, or
+uses the registry class for both; either works here). The flow for a live BD
+(DESIGN.md "Manager"):
 
 1. add the uninstall finalizer;
 2. generate the Bundle ``<bd>-<hash of template.spec>`` (a template change
    is a new name: the pivot);
-3. resolve its image tag to a digest, once (the Bundle's ``resolvedSource``);
-4. point the instance Deployment at the resolved Bundle. Until then the
+3. wait for the Bundle controller (``bundleplan``) to resolve and unpack it:
+   ``HasValidBundle`` follows its ``Unpacked`` condition in upstream's words
+   (UnpackPending, UnpackFailed with the unpack message, UnpackSuccessful);
+4. point the instance Deployment at the Unpacked Bundle. Until then the
    instance keeps running the previous Bundle, so the cluster stays as it was;
-5. delete owned Bundles that are neither wanted nor active;
+5. delete owned Bundles that are neither wanted, deployed nor active:
+   ``status.activeBundle`` names a Bundle only once it is installed (its
+   instance pod runs and holds the Lease), so the old Bundle goes once the
+   new one is installed;
 6. write the status (``activeBundle``, conditions ``HasValidBundle``,
    ``Installed``, ``Healthy``) when it changed, with an event per transition.
 
@@ -43,6 +52,7 @@ WARNING_REASONS = frozenset(
         "UnsupportedSource",
         "UnsupportedProvisionerClass",
         "ResolveFailed",
+        "UnpackFailed",
         "InstallFailed",
         "Unhealthy",
     }
@@ -95,14 +105,6 @@ class CreateBundle:
 
 
 @dataclass(frozen=True)
-class ResolveBundle:
-    """Resolve ``ref`` to a digest and record it in the Bundle's status."""
-
-    name: str
-    ref: str
-
-
-@dataclass(frozen=True)
 class ApplyInstance:
     deployment: Obj
 
@@ -147,7 +149,6 @@ Action = (
     AddFinalizer
     | RemoveFinalizer
     | CreateBundle
-    | ResolveBundle
     | ApplyInstance
     | DeleteInstance
     | DeleteBundle
@@ -179,6 +180,13 @@ def _pod_annotation(pod: Obj) -> str:
 def _resolved_ref(bundle: Obj) -> str:
     resolved = (bundle.get("status") or {}).get("resolvedSource") or {}
     return str((resolved.get("image") or {}).get("ref") or "")
+
+
+def _unpacked_message(bundle: Obj) -> str:
+    for cond in (bundle.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Unpacked":
+            return str(cond.get("message") or "")
+    return ""
 
 
 def _failure(bundle: Obj) -> str | None:
@@ -227,11 +235,7 @@ def installed(observed: Observed, active: str) -> Verdict:
                         f"instance pod {name} failed: {message.strip()}",
                     )
             if "running" in state and observed.lease_holder == name:
-                return (
-                    "True",
-                    "InstallationSucceeded",
-                    (f"instance pod {name} applied Bundle {active} and keeps it applied"),
-                )
+                return "True", "InstallationSucceeded", f"Instantiated bundle {active} successfully"
             waiting = state.get("waiting") or {}
             if waiting.get("message"):
                 return "False", "InstallPending", f"instance pod {name}: {waiting['message']}"
@@ -313,15 +317,25 @@ def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
 
     bundles = {model.name_of(b): b for b in observed.bundles}
     wanted = model.bundle_name(bd)
-    source = ((spec.get("template") or {}).get("spec") or {}).get("source") or {}
+    template_spec = (spec.get("template") or {}).get("spec") or {}
+    source = template_spec.get("source") or {}
+    bundle_class = template_spec.get("provisionerClassName") or spec.get("provisionerClassName")
     current = bundles.get(wanted)
     valid: Verdict
-    if spec.get("provisionerClassName") != model.PLAIN_CLASS:
+    ours = " or ".join(sorted(model.CLASS_FORMATS))
+    if model.bundle_format(spec.get("provisionerClassName")) is None:
         valid = (
             "False",
             "UnsupportedProvisionerClass",
             f"provisionerClassName {spec.get('provisionerClassName')!r} is not handled here; "
-            f"use {model.PLAIN_CLASS}",
+            f"use {ours}",
+        )
+    elif model.bundle_format(bundle_class) is None:
+        valid = (
+            "False",
+            "UnsupportedProvisionerClass",
+            f"template provisionerClassName {bundle_class!r} is not handled here (its Bundle "
+            f"would never be unpacked); use {ours}",
         )
     elif source.get("type") != "image":
         valid = (
@@ -331,27 +345,34 @@ def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
         )
     elif current is None:
         actions.append(CreateBundle(desired_bundle(bd)))
-        valid = ("False", "BundlePending", f"creating Bundle {wanted}")
+        valid = ("True", "UnpackPending", f"Waiting for the {wanted} Bundle to be unpacked")
     elif (failure := _failure(current)) is not None:
-        valid = ("False", "ResolveFailed", f"Bundle {wanted}: {failure}")
-    elif not (resolved := _resolved_ref(current)):
-        ref = str((source.get("image") or {}).get("ref") or "")
-        actions.append(ResolveBundle(wanted, ref))
-        valid = ("False", "BundlePending", f"resolving {ref} for Bundle {wanted}")
+        valid = ("False", "UnpackFailed", f"Failed to unpack the {wanted} Bundle: {failure}")
+    elif (current.get("status") or {}).get("phase") != "Unpacked" or not (
+        resolved := _resolved_ref(current)
+    ):
+        waiting = _unpacked_message(current)
+        valid = (
+            "True",
+            "UnpackPending",
+            f"Waiting for the {wanted} Bundle to be unpacked" + (f": {waiting}" if waiting else ""),
+        )
     else:
-        valid = ("True", "BundleResolved", f"Bundle {wanted} resolved to {resolved}")
+        valid = ("True", "UnpackSuccessful", f"Successfully unpacked the {wanted} Bundle")
         want = instance_deployment(bd, wanted, resolved, settings)
         if _annotation(observed.instance, model.SPEC_HASH_ANNOTATION) != _annotation(
             want, model.SPEC_HASH_ANNOTATION
         ):
             actions.append(ApplyInstance(want))
 
-    active = _annotation(observed.instance, model.BUNDLE_ANNOTATION)
+    deployed = _annotation(observed.instance, model.BUNDLE_ANNOTATION)
+    installed_verdict = installed(observed, deployed)
+    previous = str((bd.get("status") or {}).get("activeBundle") or "")
+    active = deployed if installed_verdict[0] == "True" else previous
     for name in sorted(bundles):
-        if name not in (wanted, active):
+        if name not in (wanted, deployed, active):
             actions.append(DeleteBundle(name))
 
-    installed_verdict = installed(observed, active)
     verdicts = {
         HAS_VALID_BUNDLE: valid,
         INSTALLED: installed_verdict,

@@ -54,6 +54,7 @@ TYPICAL_FILES = 200
 TYPICAL_BYTES = 1_500_000
 TYPICAL_RANDOM = 0.3
 REPETITIONS = 7
+DURABILITY_PAIRS = 3
 HOT_PUBLISHES = 200
 CONCURRENT_PUBLISHES = 64
 CONCURRENT_IMAGES = 4
@@ -159,8 +160,8 @@ def make_image(
 class Node:
     """A plugin process and a Node client on its socket."""
 
-    def __init__(self, workdir: Path) -> None:
-        self.plugin = PluginProcess(workdir).start()
+    def __init__(self, workdir: Path, *extra_args: str) -> None:
+        self.plugin = PluginProcess(workdir, extra_args=extra_args).start()
         self.channel = grpc.insecure_channel(f"unix://{self.plugin.socket}")
         self.stub = csi_pb2_grpc.NodeStub(self.channel)
         self._count = 0
@@ -194,18 +195,23 @@ class Node:
         return time.perf_counter() - started
 
     def memory(self, field: str = "VmRSS") -> float:
-        """``field`` of /proc/PID/status in MiB."""
+        """``field`` of the plugin's /proc/PID/status in MiB."""
         assert self.plugin.process is not None
-        status = Path(f"/proc/{self.plugin.process.pid}/status").read_text()
-        for line in status.splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024 / MiB
-        raise RuntimeError(f"no {field} in /proc/{self.plugin.process.pid}/status")
+        return proc_status_mib(self.plugin.process.pid, field)
 
     def close(self) -> None:
         self.channel.close()
         self.plugin.stop()
         self.plugin.unmount_all()
+
+
+def proc_status_mib(pid: int, field: str = "VmRSS") -> float:
+    """``field`` (a size in kB, such as VmRSS or VmHWM) of /proc/PID/status in MiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    for line in status.splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024 / MiB
+    raise RuntimeError(f"no {field} in /proc/{pid}/status")
 
 
 def remove(path: Path) -> None:
@@ -258,20 +264,21 @@ def large_bundle(registry: RegistryServer, workdir: Path) -> list[Result]:
     plugin: list[float] = []
     rss_idle = rss_after = hwm = 0.0
 
-    def via_plugin(rep: int) -> None:
+    def via_plugin(rep: int, *extra_args: str) -> float:
         nonlocal rss_idle, rss_after, hwm
-        node = Node(workdir / f"plugin-large-{rep}")
+        node = Node(workdir / f"plugin-large-{rep}{''.join(extra_args)}", *extra_args)
         try:
             time.sleep(0.5)
             rss_idle = max(rss_idle, node.memory())
             target = node.target()
             sync()
-            plugin.append(node.publish(image.ref, target))
+            seconds = node.publish(image.ref, target)
             rss_after = max(rss_after, node.memory())
             hwm = max(hwm, node.memory("VmHWM"))
             node.unpublish(target)
         finally:
             node.close()
+        return seconds
 
     def via_curl_tar(rep: int) -> None:
         sync()
@@ -281,13 +288,27 @@ def large_bundle(registry: RegistryServer, workdir: Path) -> list[Result]:
     # with discard here) slow for whoever writes next. Alternating which side goes first
     # cancels drift in the load other processes put on the shared disk.
     for rep in range(REPETITIONS):
-        order = (via_curl_tar, via_plugin) if rep % 2 == 0 else (via_plugin, via_curl_tar)
-        for measure in order:
-            measure(rep)
+        if rep % 2 == 0:
+            via_curl_tar(rep)
+            plugin.append(via_plugin(rep))
+        else:
+            plugin.append(via_plugin(rep))
+            via_curl_tar(rep)
         progress(f"large bundle rep {rep}: curl|tar {baseline[-1]:.2f}s, plugin {plugin[-1]:.2f}s")
-    for rep in range(REPETITIONS):
+    # The cost of durable commit (syncfs before the rename), measured on its own:
+    # alternating pairs of a durable plugin and one started with --no-durable-commit.
+    durable: list[float] = []
+    volatile: list[float] = []
+    for rep in range(DURABILITY_PAIRS):
+        runs = [(durable, ()), (volatile, ("--no-durable-commit",))]
+        for into, args in runs if rep % 2 == 0 else runs[::-1]:
+            sync()
+            into.append(via_plugin(REPETITIONS + rep, *args))
+        progress(f"durability rep {rep}: durable {durable[-1]:.2f}s, not {volatile[-1]:.2f}s")
+    for rep in range(REPETITIONS + DURABILITY_PAIRS):
         remove(workdir / f"curl-tar-{rep}")
         remove(workdir / f"plugin-large-{rep}")
+        remove(workdir / f"plugin-large-{rep}--no-durable-commit")
     pairs = list(zip(plugin, baseline, strict=True))
     samples = ", ".join(f"{p:.2f}/{b:.2f}" for p, b in pairs)
     mid_plugin, mid_baseline = median_pair(pairs)
@@ -304,6 +325,15 @@ def large_bundle(registry: RegistryServer, workdir: Path) -> list[Result]:
                 f"{REPETITIONS} alternating pairs (medians of each side: plugin "
                 f"{median(plugin):.2f}s, curl|tar {median(baseline):.2f}s); "
                 f"plugin/baseline seconds: {samples}"
+            ),
+        ),
+        Result(
+            "cost of durable commit (syncfs) in large bundle cold publish",
+            median(durable) - median(volatile),
+            "s",
+            note=(
+                f"median of {DURABILITY_PAIRS} alternating runs: durable {median(durable):.2f}s, "
+                f"--no-durable-commit {median(volatile):.2f}s"
             ),
         ),
         Result("plugin RSS idle", rss_idle, "MiB", target=100),

@@ -156,19 +156,27 @@ def urllib3_quiet():  # type: ignore[no-untyped-def]
         yield
 
 
-def start_kube_controller_manager(
-    bin_: Path, workdir: Path, *, kubeconfig: Path, files: Pki
-) -> Component:
-    """kube-controller-manager with every default controller, signing with the cluster CA."""
-    port = free_port()
-    argv = [
+def _secure_serving(bin_: Path, kubeconfig: Path, port: int, cert_dir: Path) -> list[str]:
+    """The binary and the flags the controller manager and the scheduler share: the
+    kubeconfig for everything, HTTPS on 127.0.0.1:PORT, self-signed certs in CERT_DIR."""
+    return [
         str(bin_),
         f"--kubeconfig={kubeconfig}",
         f"--authentication-kubeconfig={kubeconfig}",
         f"--authorization-kubeconfig={kubeconfig}",
         "--bind-address=127.0.0.1",
         f"--secure-port={port}",
-        f"--cert-dir={workdir / 'kube-controller-manager'}",
+        f"--cert-dir={cert_dir}",
+    ]
+
+
+def start_kube_controller_manager(
+    bin_: Path, workdir: Path, *, kubeconfig: Path, files: Pki
+) -> Component:
+    """kube-controller-manager with every default controller, signing with the cluster CA."""
+    port = free_port()
+    argv = [
+        *_secure_serving(bin_, kubeconfig, port, workdir / "kube-controller-manager"),
         f"--service-account-private-key-file={files.sa.key}",
         f"--root-ca-file={files.ca.cert}",
         f"--cluster-signing-cert-file={files.ca.cert}",
@@ -191,13 +199,7 @@ def start_kube_scheduler(bin_: Path, workdir: Path, *, kubeconfig: Path) -> Comp
     """kube-scheduler with the default profile."""
     port = free_port()
     argv = [
-        str(bin_),
-        f"--kubeconfig={kubeconfig}",
-        f"--authentication-kubeconfig={kubeconfig}",
-        f"--authorization-kubeconfig={kubeconfig}",
-        "--bind-address=127.0.0.1",
-        f"--secure-port={port}",
-        f"--cert-dir={workdir / 'kube-scheduler'}",
+        *_secure_serving(bin_, kubeconfig, port, workdir / "kube-scheduler"),
         "--leader-elect=false",
         "--profiling=false",
         "--v=1",

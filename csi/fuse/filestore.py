@@ -1,0 +1,180 @@
+"""The file-level content-addressed store: each regular file of every image, once.
+
+Where it sits: under the FUSE image cache (``csi.fuse.images``), which fills it
+while it walks a layer's tar members (``csi.fuse.index``), and under the FUSE
+filesystem (``csi.fuse.fs``), which serves reads from it. Layout under ``root``::
+
+    ingest/                 files being written (invisible; wiped at start)
+    files/sha256/<hex>      one file per distinct content, mode 0444
+
+It follows the blob store's recipe (``csi.image.store``): bytes are hashed as
+they arrive, the finished file is fsynced and renamed into place, so a crash
+leaves nothing or a complete file; content that is already present is
+success and the new copy is dropped. N versions of a bundle that differ in one
+file therefore cost one extra file. Unlike the blob store the digest is often
+not known in advance (tar members carry none): :meth:`FileStore.ingest`
+computes it, or checks it when the caller names one (lazy fetches, whose TOC
+does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from csi.common import errors
+from csi.common.fsio import fsync_dir
+from csi.oci import digest as digests
+
+ALGORITHM = "sha256"
+_libc = ctypes.CDLL(None, use_errno=True)
+CHUNK = 1 << 20
+
+
+class FileIngest:
+    """An open ingest file; :attr:`digest` is set once the ``with`` block commits it."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._hasher = hashlib.sha256()
+        self.size = 0
+        self.digest = ""
+
+    def write(self, data: bytes | memoryview) -> None:
+        self._hasher.update(data)
+        self.size += len(data)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+    def computed(self) -> str:
+        return f"{ALGORITHM}:{self._hasher.hexdigest()}"
+
+
+class FileStore:
+    """Files by content digest. Thread-safe: writers never share an ingest file."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.ingest_dir = root / "ingest"
+        self.files_dir = root / "files" / ALGORITHM
+        for d in (root, self.ingest_dir, self.files_dir):
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for entry in self.ingest_dir.iterdir():  # unfinished ingests from before a crash
+            entry.unlink(missing_ok=True)
+
+    def path(self, digest: str) -> Path:
+        """Where ``digest`` lives (present or not); InvalidArgument for a malformed digest."""
+        algorithm, _, _ = digests.check(digest).partition(":")
+        if algorithm != ALGORITHM:
+            raise errors.InvalidArgument(f"file digest {digest!r}: only sha256 is supported")
+        return self.files_dir / digests.hex_of(digest)
+
+    def has(self, digest: str) -> bool:
+        return self.path(digest).is_file()
+
+    @contextlib.contextmanager
+    def ingest(
+        self, *, expect: str | None = None, size: int | None = None, durable: bool = True
+    ) -> Iterator[FileIngest]:
+        """Stream one file in; leaving the block normally commits it under its digest.
+
+        With ``expect`` (and ``size``) the content must match, else DataLoss and
+        nothing is kept. Leaving with an error discards the ingest. Idempotent:
+        content already present is success (the new copy is dropped). With
+        ``durable=False`` nothing is fsynced: bulk writers call :meth:`sync` once
+        before they commit what refers to the files (an index).
+        """
+        tmp = self.ingest_dir / secrets.token_hex(8)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                sink = FileIngest(fd)
+                yield sink
+                digest = sink.computed()
+                if expect is not None and digest != expect:
+                    raise errors.DataLoss(
+                        f"file content hashes to {digest}, the table of contents says "
+                        f"{expect}; the registry served different content"
+                    )
+                if size is not None and sink.size != size:
+                    raise errors.DataLoss(
+                        f"file {digest}: got {sink.size} bytes, the table of contents says {size}"
+                    )
+                final = self.path(digest)
+                if not final.is_file():
+                    if durable:
+                        os.fsync(fd)
+                    os.fchmod(fd, 0o444)
+            finally:
+                os.close(fd)
+            if final.is_file():
+                tmp.unlink()
+            else:
+                os.replace(tmp, final)
+                if durable:
+                    fsync_dir(self.files_dir)
+            sink.digest = digest
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def sync(self) -> None:
+        """Make every file written so far durable: one syncfs of the store's filesystem."""
+        fd = os.open(self.files_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            if _libc.syncfs(fd) != 0:
+                code = ctypes.get_errno()
+                raise OSError(code, f"syncfs {self.files_dir}: {os.strerror(code)}")
+        finally:
+            os.close(fd)
+
+    def put_bytes(self, data: bytes) -> str:
+        """Store small content already in memory; returns its digest."""
+        with self.ingest() as sink:
+            sink.write(data)
+        return sink.digest
+
+    def verify(self, digest: str) -> bool:
+        """Whether the stored file still hashes to ``digest`` (False when missing)."""
+        hasher = hashlib.sha256()
+        try:
+            with open(self.path(digest), "rb") as f:
+                while chunk := f.read(CHUNK):
+                    hasher.update(chunk)
+        except FileNotFoundError:
+            return False
+        return f"{ALGORITHM}:{hasher.hexdigest()}" == digest
+
+    def delete(self, digest: str) -> int:
+        """Remove a file; returns the bytes freed (0 if absent)."""
+        path = self.path(digest)
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except FileNotFoundError:
+            return 0
+        return size
+
+    def digests(self) -> Iterator[str]:
+        for entry in self.files_dir.iterdir():
+            digest = f"{ALGORITHM}:{entry.name}"
+            if digests.is_valid(digest):
+                yield digest
+
+    def disk_usage(self) -> int:
+        """Bytes allocated on disk by stored files (blocks, as ``du`` counts)."""
+        total = 0
+        for entry in os.scandir(self.files_dir):
+            total += entry.stat(follow_symlinks=False).st_blocks * 512
+        return total
+
+    def clear(self) -> None:
+        shutil.rmtree(self.files_dir, ignore_errors=True)
+        self.files_dir.mkdir(mode=0o700, parents=True, exist_ok=True)

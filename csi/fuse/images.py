@@ -1,0 +1,271 @@
+"""The FUSE mode's image cache: reference → a saved tree index per manifest digest.
+
+Where it sits: called by the FUSE publisher (``csi.fuse.publisher``); below it
+the registry client (through ``csi.image.cache``'s ``Puller`` seam), the layer
+walker (``csi.fuse.unpack``) and the file store. Layout under ``root``::
+
+    files/sha256/<hex>   file contents (csi.fuse.filestore)
+    trees/<hex>.json     one index per image manifest (csi.fuse.index)
+    tags.json            reference|platform → manifest digest (for IfNotPresent)
+
+Layers are streamed from the registry straight into the walker — the layer
+blobs are not kept, only the files they hold, so ten versions of a bundle that
+differ in one file cost one version plus one file. The registry client
+verifies each layer's digest when its stream ends; an index is saved (the
+commit point, atomically) only after every layer verified. Concurrent
+requests for one image pull it once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from csi.common import errors
+from csi.common.fsio import read_json_or_set_aside, write_json_atomic
+from csi.fuse import index, lazy, unpack
+from csi.fuse.filestore import FileStore
+from csi.image import extract, layerio, seams
+from csi.image.grants import Grants, fingerprint
+from csi.image.locks import KeyedLocks
+from csi.image.seams import PullerFactory, PullPolicy, StreamingPuller
+from csi.oci import digest as digests
+from csi.oci import mediatypes
+from csi.oci.auth import Credentials
+from csi.oci.manifest import Descriptor, Manifest, Platform
+from csi.oci.reference import Reference
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A tree whose index is saved: ``name`` is its directory name in the FUSE mount."""
+
+    digest: str
+    name: str
+    cache_hit: bool
+
+
+class FuseImages:
+    """Pulls images into the file store and saves their tree indexes."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        puller_factory: PullerFactory,
+        limits: extract.Limits | None = None,
+    ) -> None:
+        self.root = root
+        self.files = FileStore(root)
+        self.trees_dir = root / "trees"
+        self.trees_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.tags_path = root / "tags.json"
+        self._puller_factory = puller_factory
+        self._limits = limits or extract.Limits()
+        self._ref_locks = KeyedLocks()
+        self._digest_locks = KeyedLocks()
+        self._tags_lock = threading.Lock()
+        loaded = read_json_or_set_aside(self.tags_path)
+        self._tags: dict[str, str] = dict(loaded) if isinstance(loaded, dict) else {}
+        self.grants = Grants(puller_factory)
+        # Lazy trees fetch with the credentials they were published with (memory only).
+        self._pullers: dict[str, seams.Puller] = {}
+        self.lazy = lazy.LazyFetcher(self.files, root / "lazy", self._puller_for)
+
+    def index_path(self, name: str) -> Path:
+        return self.trees_dir / f"{name}.json"
+
+    def has_tree(self, digest: str) -> bool:
+        return self.index_path(digests.hex_of(digest)).is_file()
+
+    def ensure(
+        self,
+        image: str,
+        *,
+        platform: Platform,
+        pull_policy: PullPolicy,
+        credentials: Credentials | None = None,
+    ) -> Ready:
+        """The saved index of ``image`` for ``platform``, pulling as the policy says. Idempotent."""
+        ref = Reference.parse(image)
+        key = f"{ref}|{platform}"
+        with self._ref_locks.hold(key):
+            with self._tags_lock:
+                cached = self._tags.get(key)
+            if cached and pull_policy is not PullPolicy.ALWAYS and self.has_tree(cached):
+                if self._is_private(cached):  # as bind mode: the pod's credentials must read it
+                    self.grants.authorize(
+                        ref, cached, credentials, platform=platform, policy=pull_policy
+                    )
+                return Ready(cached, digests.hex_of(cached), cache_hit=True)
+            if pull_policy is PullPolicy.NEVER:
+                raise errors.FailedPrecondition(
+                    f"image {ref} ({platform}) is not present on this node and pullPolicy is "
+                    "Never; pre-pull it or use pullPolicy IfNotPresent"
+                )
+            puller = self._puller_factory(credentials)
+            try:
+                desc, manifest = puller.resolve_image(ref, platform)
+                digest = digests.check(desc.digest, what=str(ref))
+                self.grants.grant(ref, digest, credentials)  # they just resolved it
+                with self._digest_locks.hold(digest):
+                    hit = self.has_tree(digest)
+                    if not hit:
+                        private = fingerprint(ref, credentials) != "anonymous" and (
+                            not self.grants.is_public(ref, digest, platform)
+                        )
+                        self._pull(_Job(puller, ref, digest, manifest, private, credentials))
+            finally:
+                seams.close(puller)
+            with self._tags_lock:
+                self._tags[key] = digest
+                write_json_atomic(self.tags_path, self._tags)
+            return Ready(digest, digests.hex_of(digest), cache_hit=hit)
+
+    def _is_private(self, digest: str) -> bool:
+        """Trees pulled with credentials anonymous access could not read (or unknown)."""
+        try:
+            doc = json.loads(self.index_path(digests.hex_of(digest)).read_bytes())
+        except (OSError, ValueError):
+            return True
+        return doc.get("private", True) is not False
+
+    def _pull(self, job: _Job) -> None:
+        started = time.monotonic()
+        ref, m = job.ref, job.manifest
+        for layer in m.layers:
+            if layer.media_type not in mediatypes.LAYER_TYPES:
+                raise errors.InvalidArgument(
+                    f"image {ref}: layer {layer.digest} has media type {layer.media_type!r}, "
+                    "which is not a filesystem layer; bundle images must use tar layers"
+                )
+        if lazy.is_lazy(m) and getattr(job.puller, "transport", None) is not None:
+            self._index_lazily(job)
+            return
+        streaming = seams.streaming(job.puller)
+        if streaming is None:
+            raise errors.FailedPrecondition("FUSE mode needs a registry client that can stream")
+        layers = [
+            layerio.Layer(Path(d.digest), d.media_type, d.digest, _source(streaming, ref, d))
+            for d in m.layers
+        ]
+        root, stats = unpack.build(self.files, layers, image=str(ref), limits=self._limits)
+        self.files.sync()  # the files, durable before the index that names them
+        self._save_index(job, root, stats.warnings)
+        log.info(
+            "msg=%r image=%s digest=%s seconds=%.3f files=%d bytes=%d",
+            "image indexed",
+            ref,
+            job.digest,
+            time.monotonic() - started,
+            stats.entries,
+            stats.bytes,
+        )
+
+    def _index_lazily(self, job: _Job) -> None:
+        """eStargz: index from the TOCs now; files on first read; layers in the background."""
+        started = time.monotonic()
+        builder = index.Builder(image=str(job.ref), limits=self._limits)
+        spans = lazy.index_layers(builder, job.puller, job.ref, job.manifest.layers)
+        root = builder.finish()
+        name = digests.hex_of(job.digest)
+        self._pullers[name] = self._puller_factory(job.credentials)
+        self.lazy.save(name, job.ref, job.manifest.layers, spans)
+        self._save_index(job, root, builder.stats.warnings, lazy=True)
+        threading.Thread(
+            target=self.lazy.complete, args=(name,), name=f"complete-{name[:12]}", daemon=True
+        ).start()
+        log.info(
+            "msg=%r image=%s digest=%s seconds=%.3f files=%d",
+            "image indexed from its TOC (files fetched on first read)",
+            job.ref,
+            job.digest,
+            time.monotonic() - started,
+            builder.stats.entries,
+        )
+
+    def _save_index(
+        self, job: _Job, root: index.Node, warnings: Iterable[str], **extra: object
+    ) -> None:
+        """Log the entries the rules refused, then write the index: the tree is ready."""
+        for warning in warnings:
+            log.warning("msg=%r image=%s detail=%r", "layer entry refused", job.ref, warning)
+        extra = {"image": str(job.ref), "private": job.private, **extra}
+        index.save(self.index_path(digests.hex_of(job.digest)), job.digest, root, extra=extra)
+
+    def resume_lazy(self) -> int:
+        """Restart the background completion of lazy trees a previous process left unfinished."""
+        started = 0
+        for plan in sorted(self.lazy.lazy_dir.glob("*.json")):
+            try:
+                files = json.loads(plan.read_bytes()).get("files", {})
+            except (OSError, ValueError):
+                continue
+            if all(self.files.has(d) for d in files):
+                continue
+            threading.Thread(
+                target=self.lazy.complete, args=(plan.stem,), name="complete", daemon=True
+            ).start()
+            started += 1
+        return started
+
+    def _puller_for(self, tree: str) -> seams.Puller:
+        puller = self._pullers.get(tree)
+        if puller is None:  # after a restart: anonymous (credentials are never stored)
+            puller = self._pullers[tree] = self._puller_factory(None)
+        return puller
+
+    def load(self, name: str) -> index.Index:
+        return index.load(self.index_path(name))
+
+    def tree_names(self) -> list[str]:
+        return sorted(p.stem for p in self.trees_dir.glob("*.json"))
+
+
+class _Raw(io.RawIOBase):
+    def __init__(self, stream: BinaryIO) -> None:
+        super().__init__()
+        self._stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
+        data = self._stream.read(len(buffer))
+        n = len(data)
+        memoryview(buffer).cast("B")[:n] = data
+        return n
+
+
+def _source(puller: StreamingPuller, ref: Reference, desc: Descriptor) -> layerio.Source:
+    @contextlib.contextmanager
+    def open_layer() -> Iterator[io.BufferedReader]:
+        # Leaving open_blob normally reads what the walker left (tar padding) and
+        # checks size and digest: DataLoss fails the pull before the index is saved.
+        with puller.open_blob(ref, desc) as stream:
+            yield io.BufferedReader(_Raw(stream), 1 << 20)
+
+    return open_layer
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One image to index: the client fetching it, what it is, who asked."""
+
+    puller: seams.Puller
+    ref: Reference
+    digest: str
+    manifest: Manifest
+    private: bool
+    """Pulled with credentials anonymous access could not use (recorded in the index)."""
+    credentials: Credentials | None

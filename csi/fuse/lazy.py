@@ -1,0 +1,304 @@
+"""Lazy eStargz layers: the TOC first, then each file's bytes by HTTP range on first read.
+
+Where it sits: the FUSE image cache (``csi.fuse.images``) calls :func:`index_layers`
+instead of streaming whole layers when every layer of an image carries the
+eStargz TOC annotation (written by ``rukpak bundle build --estargz``, format in
+``provisioner.bundle.estargz``). It fetches each layer's 51-byte footer and
+its TOC member (two range requests), checks the TOC against the annotated
+digest, and applies the TOC's entries to the tree index under bind mode's
+rules (``csi.fuse.index.Builder``) — so NodePublishVolume can answer before
+any file content moved. Where each file's gzip members lie is saved beside the
+index (``lazy/<tree>.json``).
+
+The filesystem (``csi.fuse.fs``) calls :meth:`LazyFetcher.fetch` when a file
+is opened and its content is not in the file store: one range request for the
+file's members, inflated, checked against the TOC's digest and size as it
+enters the store (DataLoss otherwise: the reader gets EIO). After indexing,
+:meth:`LazyFetcher.complete` streams every layer in full in the background,
+verifying the layer digest, and stores the files not fetched yet.
+"""
+
+from __future__ import annotations
+
+import calendar
+import io
+import json
+import logging
+import struct
+import tarfile
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from csi.common import errors
+from csi.common.fsio import write_json_atomic
+from csi.fuse import index, unpack
+from csi.fuse.filestore import FileStore
+from csi.image import layerio
+from csi.image.seams import Puller
+from csi.oci import digest as digests
+from csi.oci import transport
+from csi.oci.manifest import Descriptor, Manifest
+from csi.oci.reference import Reference
+
+log = logging.getLogger(__name__)
+
+TOC_NAME = "stargz.index.json"
+TOC_DIGEST_ANNOTATION = "containerd.io/snapshot/stargz/toc.digest"
+LANDMARKS = frozenset({".prefetch.landmark", ".no.prefetch.landmark"})
+FOOTER_SIZE = 51
+MAX_TOC_BYTES = 64 << 20
+_KINDS = {
+    "reg": index.FILE,
+    "dir": index.DIR,
+    "symlink": index.LINK,
+    "hardlink": "hardlink",
+    "char": "device nodes and fifos are not extracted",
+    "block": "device nodes and fifos are not extracted",
+    "fifo": "device nodes and fifos are not extracted",
+}
+
+
+def is_lazy(manifest: Manifest) -> bool:
+    """Whether every layer carries a TOC (else the image is fetched in full)."""
+    return bool(manifest.layers) and all(
+        TOC_DIGEST_ANNOTATION in (d.annotations or {}) for d in manifest.layers
+    )
+
+
+def fetch_range(puller: Puller, ref: Reference, digest: str, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of blob ``digest`` with one HTTP range request."""
+    client_transport = getattr(puller, "transport", None)
+    if client_transport is None:
+        raise errors.FailedPrecondition("lazy fetching needs the registry client")
+    target = transport.blob_target(ref, digest)
+    response = client_transport.request(
+        "GET",
+        target,
+        f"/v2/{ref.repository}/blobs/{digest}",
+        headers={"Range": f"bytes={start}-{end - 1}"},
+    )
+    client_transport.check(response, target, ok=(200, 206))
+    with response:
+        data = response.content
+    if response.status_code == 200:  # the registry ignored the range
+        data = data[start:end]
+    if len(data) != end - start:
+        raise errors.DataLoss(
+            f"blob {digest}: asked for bytes {start}-{end - 1}, got {len(data)} bytes"
+        )
+    return bytes(data)
+
+
+def parse_footer(footer: bytes) -> int:
+    """The TOC member's offset from an eStargz footer; InvalidArgument if it is not one."""
+    if len(footer) != FOOTER_SIZE or footer[:4] != b"\x1f\x8b\x08\x04":
+        raise errors.InvalidArgument("not an eStargz footer (no gzip header with Extra)")
+    (xlen,) = struct.unpack_from("<H", footer, 10)
+    extra = footer[12 : 12 + xlen]
+    if extra[:2] != b"SG" or extra[4:][16:] != b"STARGZ":
+        raise errors.InvalidArgument("not an eStargz footer (no SG subfield)")
+    return int(extra[4:20], 16)
+
+
+def read_toc(puller: Puller, ref: Reference, desc: Descriptor) -> tuple[list[dict[str, Any]], int]:
+    """The TOC entries of layer ``desc`` and its TOC offset, checked against the annotation."""
+    if desc.size < FOOTER_SIZE:
+        raise errors.InvalidArgument(f"layer {desc.digest} is too small to be eStargz")
+    footer = fetch_range(puller, ref, desc.digest, desc.size - FOOTER_SIZE, desc.size)
+    toc_offset = parse_footer(footer)
+    if not 0 <= toc_offset < desc.size - FOOTER_SIZE:
+        raise errors.InvalidArgument(f"layer {desc.digest}: TOC offset out of range")
+    if desc.size - FOOTER_SIZE - toc_offset > MAX_TOC_BYTES:
+        raise errors.ResourceExhausted(f"layer {desc.digest}: TOC larger than {MAX_TOC_BYTES}")
+    member = fetch_range(puller, ref, desc.digest, toc_offset, desc.size - FOOTER_SIZE)
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    plain = inflater.decompress(member, MAX_TOC_BYTES + 4096)
+    if inflater.unconsumed_tail:
+        raise errors.ResourceExhausted(f"layer {desc.digest}: TOC inflates past the budget")
+    with tarfile.open(fileobj=io.BytesIO(plain), mode="r:") as tar:
+        info = tar.next()
+        if info is None or info.name != TOC_NAME:
+            raise errors.InvalidArgument(f"layer {desc.digest}: no {TOC_NAME} at the TOC offset")
+        handle = tar.extractfile(info)
+        assert handle is not None
+        toc = handle.read()
+    expected = desc.annotations[TOC_DIGEST_ANNOTATION]
+    actual = digests.Digester.for_digest(digests.check(expected, what="TOC digest"))
+    actual.update(toc)
+    if actual.digest() != expected:
+        raise errors.DataLoss(
+            f"layer {desc.digest}: its TOC hashes to {actual.digest()}, the manifest says "
+            f"{expected}; re-push the image"
+        )
+    doc = json.loads(toc)
+    entries = doc.get("entries") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        raise errors.InvalidArgument(f"layer {desc.digest}: TOC has no entries list")
+    return entries, toc_offset
+
+
+def index_layers(
+    builder: index.Builder, puller: Puller, ref: Reference, layers: Sequence[Descriptor]
+) -> dict[str, list[int]]:
+    """Apply every layer's TOC to ``builder``; returns file digest → [layer, start, end, size]."""
+    spans: dict[str, list[int]] = {}
+    for number, desc in enumerate(layers):
+        entries, toc_offset = read_toc(puller, ref, desc)
+        starts = sorted({int(e.get("offset", 0)) for e in entries if e.get("offset")})
+        following = dict(zip(starts, [*starts[1:], toc_offset], strict=True))
+        builder.begin_layer()
+        last_file: dict[str, Any] | None = None
+        for entry in entries:
+            kind = str(entry.get("type", ""))
+            if kind == "chunk":
+                if last_file is not None and entry.get("offset"):
+                    spans[last_file["digest"]][2] = following[int(entry["offset"])]
+                continue
+            name = str(entry.get("name", ""))
+            if name.strip("/") in (TOC_NAME, *LANDMARKS):
+                continue
+            size = int(entry.get("size", 0)) if kind == "reg" else 0
+            try:
+                builder.charge(size)
+                mode = int(entry.get("mode", 0o644))
+                what = _KINDS.get(kind, f"unsupported TOC entry type {kind!r}")
+                parts = builder.prepare(name, mode=mode, kind=what)
+                if parts is None:
+                    continue
+                mtime = _mtime(str(entry.get("modtime", "")))
+                if kind == "reg":
+                    digest = digests.check(str(entry.get("digest", "")), what=f"TOC entry {name}")
+                    builder.add_file(parts, mode=mode, size=size, digest=digest, mtime=mtime)
+                    last_file = None  # chunks that follow extend this file's span
+                    if size and digest not in spans:
+                        start = int(entry["offset"])
+                        spans[digest] = [number, start, following[start], size]
+                        last_file = {"digest": digest}
+                elif kind == "dir":
+                    builder.add_dir(parts, mtime=mtime)
+                elif kind == "symlink":
+                    builder.add_symlink(parts, str(entry.get("linkName", "")), mtime=mtime)
+                else:
+                    builder.add_hardlink(parts, str(entry.get("linkName", "")))
+            except index.Refused as refused:
+                builder.stats.warn(f"layer {desc.digest}: {name!r}: {refused}")
+            except (KeyError, ValueError, TypeError) as exc:
+                raise errors.InvalidArgument(
+                    f"layer {desc.digest}: TOC entry {name!r} is malformed ({exc!r})"
+                ) from exc
+    return spans
+
+
+class LazyFetcher:
+    """Delivers files of lazily indexed trees into the file store (``fs.Fetcher``)."""
+
+    def __init__(self, files: FileStore, lazy_dir: Path, puller: Callable[[str], Puller]) -> None:
+        self.files = files
+        self.lazy_dir = lazy_dir
+        self.lazy_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._puller = puller  # tree name → a puller with the credentials it was published with
+        self._plans: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self.broken: set[str] = set()
+
+    def save(self, tree: str, ref: Reference, layers: Sequence[Descriptor], spans: Any) -> None:
+        plan = {
+            "image": str(ref),
+            "layers": [d.to_json() for d in layers],
+            "files": spans,
+        }
+        write_json_atomic(self.lazy_dir / f"{tree}.json", plan)
+        with self._lock:
+            self._plans[tree] = plan
+
+    def _plan(self, tree: str) -> dict[str, Any]:
+        with self._lock:
+            plan = self._plans.get(tree)
+            if plan is None:
+                plan = json.loads((self.lazy_dir / f"{tree}.json").read_bytes())
+                self._plans[tree] = plan
+            return plan
+
+    def fetch(self, tree: str, row: index.Row) -> None:
+        if tree in self.broken:
+            raise errors.DataLoss(f"tree {tree}: a layer did not match its digest")
+        plan = self._plan(tree)
+        span = plan["files"].get(row.digest)
+        if span is None:
+            raise errors.NotFound(f"file {row.digest} is not in the lazy plan of tree {tree}")
+        number, start, end, size = span
+        layer = plan["layers"][number]
+        ref = Reference.parse(plan["image"])
+        data = fetch_range(self._puller(tree), ref, layer["digest"], start, end)
+        with self.files.ingest(expect=row.digest, size=size) as sink:
+            sink.write(_inflate_prefix(data, size))
+
+    def complete(self, tree: str) -> None:
+        """Stream every layer in full (digest-checked) and store the files still missing."""
+        plan = self._plan(tree)
+        ref = Reference.parse(plan["image"])
+        puller = self._puller(tree)
+        wanted = set(plan["files"])
+        try:
+            for layer in plan["layers"]:
+                desc = Descriptor(layer["mediaType"], layer["digest"], layer["size"])
+                source = _stream(puller, ref, desc)
+                with layerio.open_tar_stream(
+                    layerio.Layer(Path(desc.digest), desc.media_type, desc.digest, source),
+                    limit=1 << 40,
+                    image=str(ref),
+                ) as tar:
+                    for member in tar:
+                        if not member.isreg():
+                            continue
+                        with self.files.ingest(durable=False) as sink:
+                            unpack._copy_data(tar, member, sink)
+                        wanted.discard(sink.digest)
+        except errors.DataLoss as exc:
+            self.broken.add(tree)
+            log.error("msg=%r tree=%s error=%r", "layer does not match its digest", tree, exc)
+            return
+        self.files.sync()
+        if wanted:
+            log.error(
+                "msg=%r tree=%s missing=%d", "layers lack files the TOC lists", tree, len(wanted)
+            )
+            self.broken.add(tree)
+            return
+        log.info("msg=%r tree=%s image=%s", "lazy tree complete, layers verified", tree, ref)
+
+
+def _mtime(text: str) -> int:
+    try:
+        return calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")) if text else 0
+    except ValueError:
+        return 0
+
+
+def _inflate_prefix(data: bytes, size: int) -> bytes:
+    """The first ``size`` bytes of gzip members ``data`` (what follows is tar padding)."""
+    out = bytearray()
+    rest = data
+    while len(out) < size and rest:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        out += inflater.decompress(rest, size - len(out))
+        if not inflater.eof:
+            break
+        rest = inflater.unused_data
+    if len(out) < size:
+        raise errors.DataLoss(f"file members inflate to {len(out)} bytes, the TOC says {size}")
+    return bytes(out[:size])
+
+
+def _stream(puller: Puller, ref: Reference, desc: Descriptor) -> layerio.Source:
+    from csi.fuse.images import _source
+    from csi.image import seams
+
+    streaming = seams.streaming(puller)
+    if streaming is None:
+        raise errors.FailedPrecondition("completing a lazy tree needs a streaming client")
+    return _source(streaming, ref, desc)

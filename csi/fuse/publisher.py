@@ -1,0 +1,126 @@
+"""The FUSE publish path: volume → tree index → read-only bind of its directory in the mount.
+
+Where it sits: the node's publish core (``csi.node.publish.Publisher``) hands
+volumes whose ``publishMode`` is ``fuse`` to :meth:`FusePublisher.publish`,
+under its per-target lock and after its target checks; unpublishing is the
+same unmount for both modes, then :meth:`FusePublisher.release`. Below it: the
+FUSE image cache (``csi.fuse.images``) and the mount (``csi.fuse.service``).
+
+Idempotency matches bind mode: the same volume and image on the same target
+again is success; anything else on a mounted target is AlreadyExists. Which
+target holds which tree is recorded in ``publishes.json`` (atomically), so a
+restart knows the trees in use.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Protocol
+
+from csi.common import errors
+from csi.common.fsio import read_json_or_set_aside, write_json_atomic
+from csi.fuse.images import FuseImages
+from csi.node import mounter as mounts
+from csi.oci.auth import Credentials
+from csi.oci.manifest import Platform
+from csi.volume.source import VolumeSource
+
+log = logging.getLogger(__name__)
+
+
+class Mount(Protocol):
+    """What the publisher needs of the running filesystem (``csi.fuse.service``)."""
+
+    def tree_dir(self, name: str) -> Path: ...
+
+
+class FusePublisher:
+    """Publishes volumes from the FUSE mount; records who uses which tree."""
+
+    def __init__(self, images: FuseImages, mount: Mount, records: Path) -> None:
+        self.images = images
+        self.mount = mount
+        self.records_path = records
+        self._lock = threading.Lock()
+        loaded = read_json_or_set_aside(records)
+        self._records: dict[str, dict[str, str]] = dict(loaded) if isinstance(loaded, dict) else {}
+
+    def publish(
+        self,
+        *,
+        target: Path,
+        volume_id: str,
+        source: VolumeSource,
+        platform: Platform,
+        credentials: Credentials | None,
+        mounter: mounts.MounterProtocol,
+    ) -> Path:
+        """Bind the image's tree directory read-only on ``target``; returns it. Idempotent."""
+        key = str(target)
+        current = mounts.find(mounter.mounts(), target)
+        known = self._records.get(key)
+        if current is not None and known is not None:
+            if known["volume_id"] == volume_id and known["image"] == source.image:
+                log.info("msg=%r target=%s volume_id=%s", "already published", key, volume_id)
+                return self.mount.tree_dir(known["tree"])
+            raise errors.AlreadyExists(
+                f"target {key} already holds volume {known['volume_id']} with image "
+                f"{known['image']}; unpublish it first"
+            )
+        ready = self.images.ensure(
+            source.image,
+            platform=source.platform or platform,
+            pull_policy=source.pull_policy,
+            credentials=credentials,
+        )
+        tree_dir = self.mount.tree_dir(ready.name)
+        if current is not None:
+            if current.root.rstrip("/") == "/" + ready.name:  # ours, its record was lost
+                self._set(key, {"volume_id": volume_id, "image": source.image, "tree": ready.name})
+                return tree_dir
+            raise errors.AlreadyExists(
+                f"target {key} is already a mount point of other content; unpublish it first"
+            )
+        if target.exists() and not target.is_dir():
+            raise errors.InvalidArgument(f"target {key} exists and is not a directory")
+        target.mkdir(mode=0o750, parents=True, exist_ok=True)
+        mounter.bind_read_only(tree_dir, target)
+        self._set(key, {"volume_id": volume_id, "image": source.image, "tree": ready.name})
+        log.info(
+            "msg=%r target=%s volume_id=%s image=%s digest=%s cache_hit=%s mode=fuse",
+            "published",
+            key,
+            volume_id,
+            source.image,
+            ready.digest,
+            ready.cache_hit,
+        )
+        return tree_dir
+
+    def _set(self, key: str, record: dict[str, str] | None) -> None:
+        with self._lock:
+            if record is None:
+                if self._records.pop(key, None) is None:
+                    return
+            else:
+                self._records[key] = record
+            write_json_atomic(self.records_path, self._records)
+
+    def release(self, target: str) -> None:
+        """Forget the record of ``target`` (after it was unmounted); idempotent."""
+        self._set(target, None)
+
+    def holds(self, target: str) -> bool:
+        return target in self._records
+
+    def published(self) -> int:
+        return len(self._records)
+
+    def reconcile(self, mounted: set[str]) -> None:
+        """Drop records of targets that are no longer mounted (call at start)."""
+        for target in list(self._records):
+            if target not in mounted:
+                log.info("msg=%r target=%s", "dropping record of a vanished FUSE mount", target)
+                self.release(target)

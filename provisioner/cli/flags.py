@@ -1,0 +1,155 @@
+"""Command-line flags shared by every provisioner command, defined once.
+
+Used by the ``rukpak`` subcommands (``provisioner.cli.apply``,
+``provisioner.cli.bundle``) and the ``rukpak-provisioner`` processes
+(``provisioner.instance.process``, ``provisioner.manager.cli``): the cluster
+(``--kubeconfig``, ``--context``), where the system's objects live
+(``--system-namespace``), the deployment (``--name``, ``-n/--namespace``), the
+bundle format, the registry (``--insecure``, ``--registry-config``,
+``--timeout``) and ``-v``. Each ``add_*`` adds flags to a parser; the readers
+beside them (``kube``, ``load_credentials``, ``insecure_hosts``) turn the parsed
+values into what the commands use, so the flags mean the same everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from csi.common import errors
+from csi.oci import auth
+from csi.oci.reference import Reference
+from provisioner.engine import formats, inventory
+
+if TYPE_CHECKING:  # the kubernetes client is imported only by commands that talk to a cluster
+    from provisioner.engine.kube import Kube
+
+# -- the cluster ----------------------------------------------------------------------------
+
+
+def add_cluster(parser: argparse.ArgumentParser, *, context: bool = True) -> None:
+    """``--kubeconfig`` and (unless ``context=False``) ``--context``."""
+    parser.add_argument(
+        "--kubeconfig",
+        help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else in-cluster)",
+    )
+    if context:
+        parser.add_argument("--context", help="kubeconfig context (default: the current one)")
+
+
+def kube(args: argparse.Namespace, *, pool_size: int = 16) -> Kube:
+    """The API adapter the ``add_cluster`` flags name."""
+    from provisioner.engine.kube import Kube
+
+    return Kube.from_kubeconfig(
+        args.kubeconfig, context=getattr(args, "context", None), pool_size=pool_size
+    )
+
+
+def add_system_namespace(parser: argparse.ArgumentParser, *, holds: str) -> None:
+    """``--system-namespace``; ``holds`` says what lives there, for the help text."""
+    parser.add_argument(
+        "--system-namespace",
+        default=inventory.DEFAULT_SYSTEM_NAMESPACE,
+        help=f"where {holds} live (default: %(default)s)",
+    )
+
+
+# -- the deployment and its bundle ----------------------------------------------------------
+
+
+def add_deployment(parser: argparse.ArgumentParser, *, name_is: str) -> None:
+    """``--name`` (required; ``name_is`` says what it keys) and ``-n/--namespace``."""
+    parser.add_argument("--name", required=True, help=f"deployment name ({name_is})")
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        default="default",
+        help="namespace for namespaced objects that name none (default: %(default)s)",
+    )
+
+
+def add_format(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--format", default=formats.DEFAULT_FORMAT, help="bundle format (default: %(default)s)"
+    )
+
+
+# -- the registry ---------------------------------------------------------------------------
+
+
+def add_registry(parser: argparse.ArgumentParser, *, timeout: bool = False) -> None:
+    """``--insecure``, ``--registry-config`` and (with ``timeout``) ``--timeout``."""
+    parser.add_argument(
+        "--insecure", action="store_true", help="allow plain HTTP to a non-loopback registry"
+    )
+    parser.add_argument(
+        "--registry-config",
+        type=Path,
+        metavar="FILE",
+        help="docker config.json with credentials (default ~/.docker/config.json)",
+    )
+    if timeout:
+        parser.add_argument(
+            "--timeout",
+            type=float,
+            default=30.0,
+            metavar="SECONDS",
+            help="per request (default 30)",
+        )
+
+
+def insecure_hosts(args: argparse.Namespace, ref: Reference) -> tuple[str, ...]:
+    """The registries ``--insecure`` allows plain HTTP to: ``ref``'s, or none."""
+    return (ref.registry,) if args.insecure else ()
+
+
+def load_credentials(path: Path | None) -> auth.Credentials | None:
+    """Credentials from ``--registry-config`` (must exist), else the user's
+    docker config (``$DOCKER_CONFIG/config.json`` or ``~/.docker/config.json``)
+    when present. Only its ``auths`` section is used (no credential helpers)."""
+    explicit = path is not None
+    if path is None:
+        base = os.environ.get("DOCKER_CONFIG")
+        path = Path(base) / "config.json" if base else Path.home() / ".docker" / "config.json"
+        if not path.is_file():
+            return None
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        how = "check the --registry-config path" if explicit else "fix or remove it"
+        raise errors.InvalidArgument(f"cannot read {path}: {exc.strerror}; {how}") from None
+    try:
+        document = json.loads(data)
+    except ValueError as exc:
+        raise errors.InvalidArgument(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise errors.InvalidArgument(f"{path} must hold a JSON object with an 'auths' object")
+    try:
+        return auth.Credentials.from_dockerconfigjson(
+            json.dumps({"auths": document.get("auths") or {}})
+        )
+    except errors.RukpakError as exc:
+        raise type(exc)(f"{path}: {exc.message}") from None
+
+
+# -- logging --------------------------------------------------------------------------------
+
+
+def add_verbose(parser: argparse.ArgumentParser, *, hidden: bool = False) -> None:
+    """``-v/--verbose``; ``hidden`` on subcommands that also accept it after their name."""
+    if hidden:
+        parser.add_argument(
+            "-v",
+            "--verbose",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help=argparse.SUPPRESS,
+        )
+    else:
+        parser.add_argument(
+            "-v", "--verbose", action="store_true", help="log what happens (stderr)"
+        )

@@ -1,0 +1,232 @@
+"""The Bundle planner: ``plan(bundle, observed) -> actions``, pure.
+
+Sits between the Bundle controller (``bundles``, which observes a Bundle,
+its unpack pod and the pod's FailedMount events from the informer caches)
+and ``actuate`` (which performs the actions). Handles Bundles of our
+provisioner classes only (``model.CLASS_FORMATS``); the controller never
+hands it others, so their status stays empty.
+
+The flow, with upstream RukPak v0.16's phases and ``Unpacked`` reasons:
+
+1. resolve the image reference to a digest once (``status.resolvedSource``);
+   until it resolves the Bundle is ``Pending`` (UnpackPending) with the
+   registry's answer, retried with backoff (a missing tag may be pushed later);
+2. create the unpack pod (named after the Bundle, in the system namespace):
+   ``Pending``/UnpackPending, with the image pull or FailedMount messages
+   naming the reference and the registry's answer;
+3. the pod runs: ``Unpacking``/Unpacking;
+4. the pod ends: its termination message holds the result: ``Unpacked``/
+   UnpackSuccessful, or ``Failing``/UnpackFailed with the loader's error;
+   the pod is then deleted. Both are final (the content is immutable): no
+   pod is made again. Until then a deleted pod is made again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from provisioner.engine.objects import Obj
+from provisioner.manager import model
+from provisioner.manager.generate import UNPACK_CONTAINER, unpack_pod
+from provisioner.manager.model import Settings
+from provisioner.manager.unpack import Result
+
+UNPACKED = "Unpacked"
+PHASE_PENDING = "Pending"
+PHASE_UNPACKING = "Unpacking"
+PHASE_UNPACKED = "Unpacked"
+PHASE_FAILING = "Failing"
+REASON_PENDING = "UnpackPending"
+REASON_UNPACKING = "Unpacking"
+REASON_SUCCESSFUL = "UnpackSuccessful"
+REASON_FAILED = "UnpackFailed"
+FINAL_PHASES = frozenset({PHASE_UNPACKED, PHASE_FAILING})
+PENDING_POLL = 5.0
+"""While a pod pends, look again this often (a stuck mount reports through events)."""
+
+
+@dataclass(frozen=True)
+class Observed:
+    pod: Obj | None = None
+    """The unpack pod (same name as the Bundle), if any."""
+    mount_failures: tuple[str, ...] = ()
+    """Messages of the pod's FailedMount events, newest last."""
+    now: str = "1970-01-01T00:00:00Z"
+
+
+@dataclass(frozen=True)
+class Resolve:
+    """Resolve ``ref`` to a digest; record it, or stay Pending with the registry's answer."""
+
+    name: str
+    ref: str
+
+
+@dataclass(frozen=True)
+class CreatePod:
+    pod: Obj
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class WriteStatus:
+    name: str
+    status: Obj
+
+
+@dataclass(frozen=True)
+class RecordEvent:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Requeue:
+    after: float
+
+
+Action = Resolve | CreatePod | DeletePod | WriteStatus | RecordEvent | Requeue
+
+
+def handles(bundle: Obj) -> bool:
+    """Whether this provisioner reconciles ``bundle`` (upstream's provisioner filter)."""
+    return model.bundle_format((bundle.get("spec") or {}).get("provisionerClassName")) is not None
+
+
+def resolved_ref(bundle: Obj) -> str:
+    resolved = (bundle.get("status") or {}).get("resolvedSource") or {}
+    return str((resolved.get("image") or {}).get("ref") or "")
+
+
+def unpacked_condition(bundle: Obj) -> Obj | None:
+    for cond in (bundle.get("status") or {}).get("conditions") or []:
+        if isinstance(cond, dict) and cond.get("type") == UNPACKED:
+            return cond
+    return None
+
+
+def _meta(obj: Obj) -> Obj:
+    meta: Obj = obj.get("metadata") or {}
+    return meta
+
+
+def status_for(
+    bundle: Obj, phase: str, reason: str, message: str, now: str, *, resolved: str = ""
+) -> Obj:
+    """The Bundle's status for a phase; keeps lastTransitionTime when the status holds."""
+    old = unpacked_condition(bundle) or {}
+    cond_status = "True" if phase == PHASE_UNPACKED else "False"
+    same = old.get("status") == cond_status
+    generation = int(_meta(bundle).get("generation") or 0)
+    status: Obj = {
+        "phase": phase,
+        "observedGeneration": generation,
+        "conditions": [
+            {
+                "type": UNPACKED,
+                "status": cond_status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": old.get("lastTransitionTime", now) if same else now,
+                "observedGeneration": generation,
+            }
+        ],
+    }
+    if resolved:
+        status["resolvedSource"] = {"type": "image", "image": {"ref": resolved}}
+    return status
+
+
+def _write(bundle: Obj, status: Obj) -> list[Action]:
+    old = bundle.get("status") or {}
+    if all(old.get(k) == v for k, v in status.items()):
+        return []
+    actions: list[Action] = [WriteStatus(model.name_of(bundle), status)]
+    cond = status["conditions"][0]
+    before = unpacked_condition(bundle) or {}
+    if before.get("reason") != cond["reason"]:
+        kind: Literal["Normal", "Warning"] = (
+            "Warning" if cond["reason"] == REASON_FAILED else "Normal"
+        )
+        actions.append(RecordEvent(kind, cond["reason"], cond["message"] or status["phase"]))
+    return actions
+
+
+def _pending_message(pod: Obj, mount_failures: tuple[str, ...]) -> str:
+    messages: list[str] = []
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    for cs in statuses:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff") and waiting.get("message"):
+            messages.append(str(waiting["message"]))
+    if mount_failures:
+        messages.append(mount_failures[-1])
+    return "; ".join(messages)
+
+
+def _terminated(pod: Obj) -> Obj:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == UNPACK_CONTAINER:
+            terminated: Obj = (cs.get("state") or {}).get("terminated") or {}
+            return terminated
+    return {}
+
+
+def plan(bundle: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
+    """Everything to do, in order, for one Bundle of our class (see the module doc)."""
+    meta = _meta(bundle)
+    name = model.name_of(bundle)
+    pod = observed.pod
+    status = bundle.get("status") or {}
+    if meta.get("deletionTimestamp"):
+        return []  # the pod goes with the Bundle (owner reference)
+    if status.get("phase") in FINAL_PHASES and unpacked_condition(bundle) is not None:
+        return [DeletePod(settings.system_namespace, name)] if pod is not None else []
+
+    source = (bundle.get("spec") or {}).get("source") or {}
+    if source.get("type") != "image":
+        message = f'source bundle content: bundle source type "{source.get("type")}" not supported'
+        return _write(
+            bundle, status_for(bundle, PHASE_FAILING, REASON_FAILED, message, observed.now)
+        )
+
+    resolved = resolved_ref(bundle)
+    if not resolved:
+        return [Resolve(name, str((source.get("image") or {}).get("ref") or ""))]
+
+    def write(phase: str, reason: str, message: str) -> list[Action]:
+        return _write(
+            bundle, status_for(bundle, phase, reason, message, observed.now, resolved=resolved)
+        )
+
+    if pod is None:
+        actions: list[Action] = [CreatePod(unpack_pod(bundle, resolved, settings))]
+        return actions + write(PHASE_PENDING, REASON_PENDING, "")
+    if _meta(pod).get("deletionTimestamp"):
+        return write(PHASE_PENDING, REASON_PENDING, "")
+    phase = (pod.get("status") or {}).get("phase") or "Pending"
+    if phase == "Pending":
+        message = _pending_message(pod, observed.mount_failures)
+        return [*write(PHASE_PENDING, REASON_PENDING, message), Requeue(PENDING_POLL)]
+    if phase == "Running":
+        return write(PHASE_UNPACKING, REASON_UNPACKING, "")
+    terminated = _terminated(pod)
+    text = str(terminated.get("message") or "")
+    result = Result.from_json(text.strip())
+    delete = DeletePod(settings.system_namespace, name)
+    if phase == "Succeeded" and result is not None and result.ok:
+        message = f"Successfully unpacked the image Bundle: {result.summary()}"
+        return [*write(PHASE_UNPACKED, REASON_SUCCESSFUL, message), delete]
+    if result is not None and not result.ok:
+        error = result.error
+    else:
+        why = text.strip() or str(terminated.get("reason") or f"pod phase {phase}")
+        error = f"unpack failed: {why}"
+    return [*write(PHASE_FAILING, REASON_FAILED, error), delete]

@@ -1,0 +1,125 @@
+"""Health of installed objects from watches: the manager's ``Healthy`` without polling.
+
+Sits under ``controller``: an informer follows the inventory ConfigMaps in the
+system namespace (``engine.inventory``); for every kind an inventory lists, an
+informer follows the objects of that kind that carry the owner label
+(``core.rukpak.io/owner-name``), cluster-wide, so only what RukPak installed
+is cached. ``health(name)`` then judges a deployment's inventoried objects
+with ``engine.health`` from the caches (no request), and every change of an
+inventory or an owned object calls ``on_change(owner)`` so the controller
+looks at that BundleDeployment at once, instead of on a timer.
+
+An object whose owner label was removed drops out of the label-selected
+cache and is reported "not found"; a kind whose first list has not arrived
+yet makes the health unknown (None) rather than wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from csi.common import errors
+from provisioner.engine import health, inventory, listwatch
+from provisioner.engine.kube import Kube
+from provisioner.engine.objects import OWNER_LABEL, Obj, owner_of
+
+log = logging.getLogger("rukpak.manager")
+
+Verdict = tuple[bool, str]
+"""(healthy, message)."""
+
+
+class HealthWatch:
+    def __init__(
+        self,
+        kube: Kube,
+        system_namespace: str,
+        *,
+        on_change: Callable[[str], None],
+        stop: threading.Event,
+        watch_timeout: int = 60,
+    ) -> None:
+        self.kube = kube
+        self.system_namespace = system_namespace
+        self.on_change = on_change
+        self.stop = stop
+        self.watch_timeout = watch_timeout
+        self._lock = threading.Lock()
+        self._kinds: dict[tuple[str, str], listwatch.Informer] = {}
+        self.inventories = listwatch.Informer(
+            kube,
+            "v1",
+            "ConfigMap",
+            namespace=system_namespace,
+            label_selector=f"{inventory.INVENTORY_LABEL}=true",
+            on_change=self._inventory,
+            stop=stop,
+            watch_timeout=watch_timeout,
+        )
+
+    def start(self) -> None:
+        self.inventories.start()
+
+    def informers(self) -> list[listwatch.Informer]:
+        with self._lock:
+            return [self.inventories, *self._kinds.values()]
+
+    def _inventory(self, cm: Obj) -> None:
+        try:
+            inv = inventory.from_configmap(cm)
+        except (KeyError, ValueError, TypeError, errors.RukpakError) as err:
+            log.warning("msg='unreadable inventory' configmap=%s error=%r", cm.get("metadata"), err)
+            return
+        for ref in inv.refs:
+            self._follow(ref.api_version, ref.kind)
+        self.on_change(inv.name)
+
+    def _follow(self, api_version: str, kind: str) -> None:
+        with self._lock:
+            if (api_version, kind) in self._kinds:
+                return
+            informer = listwatch.Informer(
+                self.kube,
+                api_version,
+                kind,
+                label_selector=OWNER_LABEL,
+                on_change=self._owned,
+                stop=self.stop,
+                watch_timeout=self.watch_timeout,
+            )
+            self._kinds[(api_version, kind)] = informer
+        informer.start()
+
+    def _owned(self, obj: Obj) -> None:
+        owner = owner_of(obj)
+        if owner:
+            self.on_change(owner)
+
+    def health(self, name: str) -> Verdict | None:
+        """Whether every object deployment ``name`` installed is ready; None when unknown."""
+        cm = self.inventories.get(self.system_namespace, inventory.configmap_name(name))
+        if cm is None:
+            return None
+        try:
+            inv = inventory.from_configmap(cm)
+        except (KeyError, ValueError, TypeError, errors.RukpakError):
+            return None
+        bad: list[str] = []
+        for ref in sorted(inv.refs):
+            with self._lock:
+                informer = self._kinds.get((ref.api_version, ref.kind))
+            if informer is None or not informer.synced:
+                return None
+            obj = informer.get(ref.namespace, ref.name)
+            if obj is not None and owner_of(obj) != name:
+                bad.append(f"{ref}: no longer owned by it")
+                continue
+            verdict = health.assess(obj)
+            if not verdict.ready:
+                bad.append(f"{ref}: {verdict.reason or 'not ready'}")
+        if bad:
+            more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+            return False, "; ".join(bad[:3]) + more
+        return True, f"all {len(inv.refs)} installed objects are ready"

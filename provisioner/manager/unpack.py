@@ -1,0 +1,183 @@
+"""``rukpak-provisioner unpack``: the process of a Bundle's unpack pod.
+
+Sits at the far end of the Bundle controller (``bundles``): the unpack pod
+mounts the Bundle's image read-only at ``/bundle`` through the CSI driver and
+runs this command, which validates the content with the format loader
+(``provisioner.engine.formats``) and reports the outcome as one JSON document
+in the container's termination message (``/dev/termination-log``), which the
+manager reads from the pod's status. No content ever leaves the node: only
+the object count and kinds, or the error.
+
+The three plain+v0 failures upstream RukPak reports are checked first so the
+user sees upstream's words exactly (a missing ``manifests`` directory, a
+subdirectory in it, zero objects); every other problem is the loader's message,
+which names the file and the document.
+
+Exit status: 0 when the bundle is valid, 1 when it is not (the pod then ends
+``Failed``), 2 on a usage error. The result format (``Result.to_json``)::
+
+    {"objects": 3, "kinds": {"ConfigMap": 2, "Namespace": 1}}
+    {"error": "get objects from bundle manifests: readdir manifests: file does not exist"}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from provisioner.engine import formats, formats_plain
+from provisioner.engine.errors import BundleInvalid
+
+log = logging.getLogger("rukpak.unpack")
+
+EXIT_OK = 0
+EXIT_INVALID = 1
+MANIFESTS_DIR = "manifests"
+MESSAGE_LIMIT = 3800
+"""Kubernetes keeps 4096 bytes of a termination message; leave room for the JSON around it."""
+
+MISSING_MANIFESTS = "get objects from bundle manifests: readdir manifests: file does not exist"
+ZERO_OBJECTS = (
+    "invalid bundle: found zero objects: plain+v0 bundles are required to contain at least "
+    "one object"
+)
+
+
+def subdirectory_error(name: str) -> str:
+    """Upstream's words for a directory inside ``manifests/`` (Go's %q quoting)."""
+    return (
+        "get objects from bundle manifests: subdirectories are not allowed within the "
+        f'"{MANIFESTS_DIR}" directory of the bundle image filesystem: found '
+        f"{json.dumps(f'{MANIFESTS_DIR}/{name}')}"
+    )
+
+
+@dataclass(frozen=True)
+class Result:
+    """What the unpack pod reports: the kinds it found, or the error."""
+
+    kinds: dict[str, int] = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+    @property
+    def objects(self) -> int:
+        return sum(self.kinds.values())
+
+    def to_json(self) -> str:
+        if self.error:
+            return json.dumps({"error": self.error[:MESSAGE_LIMIT]})
+        return json.dumps({"objects": self.objects, "kinds": dict(sorted(self.kinds.items()))})
+
+    @classmethod
+    def from_json(cls, text: str) -> Result | None:
+        """The result in a termination message; None when it holds no result of ours."""
+        try:
+            doc: Any = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(doc, dict):
+            return None
+        if isinstance(doc.get("error"), str):
+            return cls(error=doc["error"])
+        kinds = doc.get("kinds")
+        if isinstance(kinds, dict) and all(isinstance(v, int) for v in kinds.values()):
+            return cls(kinds={str(k): int(v) for k, v in kinds.items()})
+        return None
+
+    def summary(self) -> str:
+        """``3 objects (ConfigMap 2, Namespace 1)``."""
+        parts = ", ".join(f"{kind} {n}" for kind, n in sorted(self.kinds.items()))
+        noun = "object" if self.objects == 1 else "objects"
+        return f"{self.objects} {noun} ({parts})"
+
+
+def _upstream_checks(root: Path) -> str:
+    """Upstream's plain+v0 refusals, in its words; "" when none applies."""
+    manifests = root / MANIFESTS_DIR
+    if not manifests.is_dir():
+        return MISSING_MANIFESTS
+    entries = sorted(manifests.iterdir(), key=lambda p: p.name)
+    for entry in entries:
+        if entry.is_dir() and not entry.name.startswith("."):
+            return subdirectory_error(entry.name)
+    count = 0
+    for entry in entries:
+        if entry.name.startswith(".") or not entry.is_file():
+            continue
+        if not entry.name.endswith(formats_plain.SUFFIXES):
+            return ""  # the loader explains what is wrong with it
+        try:
+            text = entry.read_text(encoding="utf-8")
+            count += len(formats_plain.parse(f"{MANIFESTS_DIR}/{entry.name}", text))
+        except (BundleInvalid, UnicodeDecodeError):
+            return ""  # the loader names the file and document
+    return ZERO_OBJECTS if count == 0 else ""
+
+
+def validate(root: Path, *, format: str = formats.DEFAULT_FORMAT) -> Result:
+    """Validate the bundle at ``root``; never raises for a bad bundle."""
+    if format == formats_plain.NAME:
+        refusal = _upstream_checks(root)
+        if refusal:
+            return Result(error=refusal)
+    try:
+        bundle = formats.load(root, format=format)
+    except BundleInvalid as err:
+        return Result(error=f"invalid bundle: {err.message}")
+    except OSError as err:
+        return Result(error=f"cannot read the bundle at {root}: {err}")
+    return Result(kinds=dict(Counter(str(m.obj.get("kind")) for m in bundle.manifests)))
+
+
+# -- the command line -------------------------------------------------------------------
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "unpack",
+        help="validate a mounted bundle and report it in the termination message",
+        description="Validate the bundle at --bundle-dir with the format loader and write the "
+        "result (object count and kinds, or the error) as JSON to the termination log.",
+        epilog="exit status: 0 valid; 1 invalid; 2 usage error",
+    )
+    p.add_argument("--bundle-dir", type=Path, required=True, help="the mounted bundle root")
+    p.add_argument(
+        "--format",
+        default=formats.DEFAULT_FORMAT,
+        help="bundle format (default: %(default)s)",
+    )
+    p.add_argument(
+        "--termination-log",
+        type=Path,
+        default=Path("/dev/termination-log"),
+        help="where to write the JSON result (default: %(default)s)",
+    )
+    p.set_defaults(func=run_unpack)
+
+
+def run_unpack(args: argparse.Namespace) -> int:
+    result = validate(args.bundle_dir, format=args.format)
+    text = result.to_json()
+    print(text, flush=True)
+    try:
+        args.termination_log.write_text(text)
+    except OSError as err:
+        log.warning(
+            "msg='cannot write the termination log' path=%s error=%r",
+            args.termination_log,
+            str(err),
+        )
+    if result.ok:
+        log.info("msg='bundle valid' %s", result.summary())
+        return EXIT_OK
+    log.error("msg='bundle invalid' error=%r", result.error)
+    return EXIT_INVALID

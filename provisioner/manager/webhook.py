@@ -1,0 +1,195 @@
+"""The CRD upgrade-safety validating admission webhook (upstream's crdvalidator), over HTTPS.
+
+Sits beside the controllers in the manager process. The API server sends an
+``admission.k8s.io/v1`` AdmissionReview for every CRD update; ``decide``
+(pure, given a way to read existing custom resources) answers:
+
+- admit a create, a CRD no BundleDeployment owns (no ``core.rukpak.io/owner-name``
+  label), and a CRD that opts out (``core.rukpak.io/crd-upgrade-safety: disabled``,
+  or upstream's ``core.rukpak.io/safe-crd-upgrade-validation: "false"``);
+- otherwise run ``engine.crdsafety`` (the same check as the apply-time preflight)
+  and deny, in upstream's words, when a stored version would be removed or
+  existing custom resources would become invalid.
+
+``Server`` serves ``PATH`` with the manager's own certificate (``certs``) on a
+socket bound with SO_REUSEPORT, so two replicas on one host network both start.
+Every replica serves the webhook (admission is read-only), leader or not.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import ssl
+import tempfile
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from csi.common import errors
+from provisioner.engine import crdsafety
+from provisioner.engine.kube import Kube
+from provisioner.engine.objects import OWNER_LABEL, Obj
+from provisioner.manager import certs
+
+log = logging.getLogger("rukpak.webhook")
+
+PATH = "/validate-crd"
+DEFAULT_PORT = 9443
+CONFIGURATION_NAME = "rukpak-crd-validator"
+UPSTREAM_OPT_OUT = "core.rukpak.io/safe-crd-upgrade-validation"
+MAX_BODY = 8 * 1024 * 1024
+
+Existing = Callable[[Obj, Obj], Mapping[str, Sequence[Obj]]]
+"""(live CRD, new CRD) -> for each new version, the custom resources to check against it."""
+
+
+def owned(crd: Obj | None) -> bool:
+    labels = ((crd or {}).get("metadata") or {}).get("labels") or {}
+    return bool(labels.get(OWNER_LABEL))
+
+
+def opted_out(crd: Obj) -> bool:
+    annotations = (crd.get("metadata") or {}).get("annotations") or {}
+    return crdsafety.opted_out(crd) or annotations.get(UPSTREAM_OPT_OUT) == "false"
+
+
+def decide(operation: str, old: Obj | None, new: Obj | None, existing: Existing) -> str:
+    """The reason to deny, or "" to admit (see the module docstring)."""
+    if operation != "UPDATE" or old is None or new is None:
+        return ""
+    if not (owned(old) or owned(new)) or opted_out(new):
+        return ""
+    name = str((new.get("metadata") or {}).get("name") or "")
+    try:
+        reasons = crdsafety.check(old, new, existing(old, new))
+    except errors.RukpakError as err:
+        reasons = [f"cannot read the existing custom resources: {err.message}"]
+    if not reasons:
+        return ""
+    return (
+        f'failed to validate safety of {operation} for CRD "{name}" (NOTE: to disable this '
+        f'validation, set the "{crdsafety.OPT_OUT_ANNOTATION}" annotation to '
+        f'"{crdsafety.OPT_OUT_VALUE}"): error validating existing CRs against new CRD\'s '
+        f'schema for "{name}": ' + "; ".join(reasons)
+    )
+
+
+def existing_from(kube: Kube) -> Existing:
+    """Read the custom resources ``crdsafety.check`` needs through the API."""
+
+    def read(old: Obj, new: Obj) -> Mapping[str, Sequence[Obj]]:
+        spec = old.get("spec") or {}
+        group, kind = spec.get("group", ""), (spec.get("names") or {}).get("kind", "")
+        out: dict[str, list[Obj]] = {}
+        for version, read_at in crdsafety.read_plan(old, new).items():
+            out[version] = kube.list(f"{group}/{read_at}", kind)[0]
+        return out
+
+    return read
+
+
+def review(body: Obj, existing: Existing) -> Obj:
+    """The AdmissionReview response to an AdmissionReview request."""
+    request = body.get("request") or {}
+    uid = str(request.get("uid") or "")
+    denial = decide(
+        str(request.get("operation") or ""),
+        request.get("oldObject"),
+        request.get("object"),
+        existing,
+    )
+    response: Obj = {"uid": uid, "allowed": not denial}
+    if denial:
+        response["status"] = {"code": 403, "reason": "Forbidden", "message": denial}
+        log.info("msg='denied' crd=%s", request.get("name"))
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": response,
+    }
+
+
+class _ReusePortServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def server_bind(self) -> None:
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if hasattr(socket, "SO_REUSEPORT"):
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        super().server_bind()
+
+
+def _handler(existing: Existing) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            if self.path.split("?", 1)[0] != PATH:
+                self._send(404, {"message": f"no webhook at {self.path}; use {PATH}"})
+                return
+            length = int(self.headers.get("Content-Length") or 0)
+            if length <= 0 or length > MAX_BODY:
+                self._send(400, {"message": "an AdmissionReview body is required"})
+                return
+            try:
+                body: Any = json.loads(self.rfile.read(length))
+                if not isinstance(body, dict):
+                    raise ValueError("not an object")
+            except ValueError as err:
+                self._send(400, {"message": f"the body is not an AdmissionReview: {err}"})
+                return
+            self._send(200, review(body, existing))
+
+        def do_GET(self) -> None:
+            self._send(200 if self.path == "/healthz" else 404, {"ok": self.path == "/healthz"})
+
+        def _send(self, code: int, doc: Obj) -> None:
+            data = json.dumps(doc).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("msg='request' %s", format % args)
+
+    return Handler
+
+
+class Server:
+    """The HTTPS server of ``PATH`` (and ``/healthz``) on one daemon thread."""
+
+    def __init__(
+        self, existing: Existing, bundle: certs.Bundle, *, host: str = "0.0.0.0", port: int = 0
+    ) -> None:
+        self._httpd = _ReusePortServer((host, port), _handler(existing))
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        with tempfile.TemporaryDirectory(prefix="rukpak-webhook-") as tmp:
+            cert, key = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
+            cert.write_bytes(bundle.cert)
+            key.touch(mode=0o600)
+            key.write_bytes(bundle.key)
+            context.load_cert_chain(cert, key)
+        self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="webhook", daemon=True
+        )
+        self._thread.start()
+        log.info("msg='webhook serving' port=%d path=%s", self.port, PATH)
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

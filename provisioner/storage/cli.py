@@ -1,0 +1,141 @@
+"""``rukpak-provisioner volumes``: the edge of the PV provisioner process.
+
+Runs beside the CSI plugin (Controller service) in the ``rukpak-csi-controller``
+Deployment, sharing its socket through an emptyDir. Connects to the plugin and
+checks it (driver name, Controller service, CREATE_DELETE_VOLUME), optionally
+takes a Lease so only one replica provisions, then runs
+``provisioner.storage.controller`` until SIGTERM/SIGINT or a lost Lease.
+Exit 0 when stopped by a signal, 1 on a fatal error or a lost Lease.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import threading
+from typing import Any
+
+from csi.common import errors
+from csi.common.backoff import Backoff
+from provisioner.cli import flags, signals
+from provisioner.instance import lease
+from provisioner.instance.process import default_identity
+from provisioner.storage import controller
+from provisioner.storage.csiclient import CsiClient
+from provisioner.storage.events import Recorder
+
+log = logging.getLogger("rukpak.volumes")
+LEASE_NAME = "rukpak-csi-provisioner"
+
+
+def register(subparsers: Any) -> None:
+    env = os.environ.get
+    p = subparsers.add_parser(
+        "volumes",
+        help="the PV provisioner for StorageClasses of csi.rukpak.io (CreateVolume for PVCs)",
+        description="Watch PersistentVolumeClaims whose StorageClass names the CSI driver, "
+        "call its CreateVolume/DeleteVolume over the CSI socket, and create, bind and delete "
+        "their PersistentVolumes, as kubernetes-csi external-provisioner does.",
+    )
+    flags.add_cluster(p, context=False)
+    p.add_argument(
+        "--csi-address",
+        default=env("CSI_ADDRESS", "/csi/csi.sock"),
+        help="the CSI plugin's unix socket (env CSI_ADDRESS; default: %(default)s)",
+    )
+    p.add_argument(
+        "--driver-name",
+        default=env("DRIVER_NAME", "csi.rukpak.io"),
+        help="the driver the plugin must report, and StorageClasses name (default: %(default)s)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds a CreateVolume/DeleteVolume call may take (it resolves the image tag "
+        "at the registry; default: %(default)s)",
+    )
+    p.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=120.0,
+        help="seconds to wait for the plugin's socket at start (default: %(default)s)",
+    )
+    p.add_argument("--workers", type=int, default=2, help="sync workers (default: 2)")
+    p.add_argument(
+        "--retry-interval-start",
+        type=float,
+        default=controller.RETRY.base,
+        help="first retry delay of a failed claim or volume, doubling (default: %(default)ss)",
+    )
+    p.add_argument(
+        "--retry-interval-max",
+        type=float,
+        default=controller.RETRY.cap,
+        help="longest retry delay (default: %(default)ss)",
+    )
+    p.add_argument("--leader-elect", action="store_true", help=f"take the {LEASE_NAME} Lease first")
+    p.add_argument(
+        "--leader-election-namespace",
+        default=env("POD_NAMESPACE", "rukpak-system"),
+        help="namespace of the Lease (env POD_NAMESPACE; default: %(default)s)",
+    )
+    p.set_defaults(func=run_volumes)
+
+
+def run_volumes(args: argparse.Namespace) -> int:
+    stop = signals.stop_on_signals(log)
+    csi = CsiClient(args.csi_address, timeout=args.timeout)
+    try:
+        driver = csi.connect(driver=args.driver_name, wait=args.connect_timeout)
+        kube = flags.kube(args)
+    except errors.RukpakError as err:
+        log.error("msg='failed' error=%r", err.message)
+        csi.close()
+        return 1
+    lock: lease.LeaseLock | None = None
+    lost = threading.Event()
+
+    provisioner: controller.VolumeProvisioner | None = None
+    try:
+        if args.leader_elect:
+            lock = lease.lead(
+                kube,
+                namespace=args.leader_election_namespace,
+                name=LEASE_NAME,
+                identity=default_identity(),
+                stop=stop,
+                lost=lost,
+            )
+            if lock is None:  # stopped while waiting for it
+                return 0
+        component = f"{driver}_{os.environ.get('POD_NAME') or socket.gethostname()}"
+        provisioner = controller.VolumeProvisioner(
+            kube,
+            csi,
+            driver=driver,
+            recorder=Recorder(kube, component=component),
+            backoff=Backoff(
+                base=args.retry_interval_start, cap=args.retry_interval_max, jitter=0.1
+            ),
+        )
+        provisioner.start(workers=args.workers)
+        log.info("msg='provisioning' driver=%s csi_address=%s", driver, args.csi_address)
+        stop.wait()
+    except errors.RukpakError as err:
+        log.error("msg='failed' error=%r", err.message)
+        return 1
+    finally:
+        if provisioner is not None:
+            provisioner.stop()
+        if lock is not None and lock.held:
+            lock.release()
+        kube.close()
+        csi.close()
+    if lost.is_set():
+        log.error("msg='lease lost; stopped provisioning'")
+        return 1
+    log.info("msg='stopped'")
+    return 0

@@ -1,0 +1,295 @@
+"""The provisioner role's loop: caches of claims, PVs and classes; one sync per key.
+
+Where it sits: started by ``provisioner.storage.cli``. Three informers
+(``provisioner.engine.listwatch``: list+watch, re-list after 410 Gone, bounded
+backoff) keep PersistentVolumeClaims, PersistentVolumes and StorageClasses and
+queue keys (``claim:<namespace>/<name>``, ``pv:<name>``) into a work queue; a
+changed StorageClass re-queues the claims that use it (StorageClass parameters
+are immutable, so a "fix" is a new class of the same name). Workers run:
+
+- ``sync_claim``: ``plan.should_provision`` → ``plan.create_request`` →
+  CreateVolume over the CSI socket (``csiclient``) → ``plan.persistent_volume``
+  → create the PV (AlreadyExists counts as done). The PV controller of
+  kube-controller-manager then binds the claim to it.
+- ``sync_volume``: for PVs of our driver, keep our finalizer as
+  ``plan.finalizers_wanted`` says; when ``plan.should_delete`` (Released,
+  reclaim Delete) call DeleteVolume, delete the PV, then drop our finalizer.
+
+A failed sync is retried with exponential backoff (``csi.common.backoff``:
+1 s doubling to 5 min, as the sidecar's ``--retry-interval-start/max``); a
+claim's failure is also a ``ProvisioningFailed`` Warning event saying what to
+fix. Secrets named by the StorageClass are read when needed and never logged.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from csi.common import errors
+from csi.common.backoff import Backoff
+from provisioner.engine import listwatch
+from provisioner.engine.kube import Kube
+from provisioner.engine.objects import ObjectRef
+from provisioner.manager.queue import WorkQueue
+from provisioner.storage import plan
+from provisioner.storage.csiclient import CsiClient
+from provisioner.storage.events import Recorder
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+RETRY = Backoff(base=1.0, cap=300.0, jitter=0.1)
+
+
+class VolumeProvisioner:
+    def __init__(
+        self,
+        kube: Kube,
+        csi: CsiClient,
+        *,
+        driver: str,
+        recorder: Recorder,
+        backoff: Backoff = RETRY,
+        watch_timeout: int = 60,
+    ) -> None:
+        self.kube = kube
+        self.csi = csi
+        self.driver = driver
+        self.recorder = recorder
+        self.backoff = backoff
+        self.stopping = threading.Event()
+        self.queue = WorkQueue()
+        self._failures: dict[str, int] = {}
+        self._failures_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+        def informer(api_version: str, kind: str, key: Callable[[Obj], str]) -> Any:
+            return listwatch.Informer(
+                kube,
+                api_version,
+                kind,
+                on_change=lambda obj: self.queue.add(key(obj)),
+                stop=self.stopping,
+                watch_timeout=watch_timeout,
+            )
+
+        self.claims: listwatch.Informer = informer(
+            "v1", "PersistentVolumeClaim", lambda c: f"claim:{plan.claim_key(c)}"
+        )
+        self.volumes: listwatch.Informer = informer(
+            "v1", "PersistentVolume", lambda v: f"pv:{plan.meta(v).get('name', '')}"
+        )
+        self.classes = listwatch.Informer(
+            kube,
+            "storage.k8s.io/v1",
+            "StorageClass",
+            on_change=self._class_changed,
+            on_delete=lambda obj: None,  # a deleted class changes no claim's fate
+            stop=self.stopping,
+            watch_timeout=watch_timeout,
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self, *, workers: int = 2, sync_timeout: float = 60.0) -> None:
+        """Start the informers, wait for their first lists, then the workers."""
+        for informer in (self.classes, self.volumes, self.claims):
+            informer.start()
+        for informer in (self.classes, self.volumes, self.claims):
+            if not informer.wait_synced(sync_timeout):
+                raise errors.Unavailable(
+                    f"{informer.listwatch!r} did not complete its first list in {sync_timeout}s"
+                )
+        for i in range(workers):
+            thread = threading.Thread(target=self._work, name=f"worker-{i}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.stopping.set()
+        self.queue.shutdown()
+        for thread in self._threads:
+            thread.join(timeout)
+        for informer in (self.classes, self.volumes, self.claims):
+            informer.stop(timeout=0.1)
+
+    def _class_changed(self, storage_class: Obj) -> None:
+        name = plan.meta(storage_class).get("name")
+        if storage_class.get("provisioner") != self.driver:
+            return
+        for claim in self.claims.items():
+            if plan.claim_class(claim) == name and not (claim.get("spec") or {}).get("volumeName"):
+                self._forget(f"claim:{plan.claim_key(claim)}")
+                self.queue.add(f"claim:{plan.claim_key(claim)}")
+
+    # -- the work queue ----------------------------------------------------------------
+
+    def _work(self) -> None:
+        while not self.stopping.is_set():
+            key = self.queue.get()
+            if key is None:
+                return
+            try:
+                self.sync(key)
+            except errors.RukpakError as err:
+                delay = self._retry(key)
+                log.warning("msg=%r key=%s retry_in=%.1fs error=%r", "sync failed", key, delay,
+                            err.message)  # fmt: skip
+            except Exception:  # a bug: keep the worker alive, retry with backoff
+                delay = self._retry(key)
+                log.exception("msg=%r key=%s retry_in=%.1fs", "sync crashed", key, delay)
+            else:
+                self._forget(key)
+            finally:
+                self.queue.done(key)
+
+    def _retry(self, key: str) -> float:
+        with self._failures_lock:
+            n = self._failures.get(key, 0)
+            self._failures[key] = n + 1
+        delay = self.backoff.delay(n)
+        self.queue.add_after(key, delay)
+        return delay
+
+    def _forget(self, key: str) -> None:
+        with self._failures_lock:
+            self._failures.pop(key, None)
+
+    def sync(self, key: str) -> None:
+        kind, _, rest = key.partition(":")
+        if kind == "claim":
+            namespace, _, name = rest.partition("/")
+            self.sync_claim(namespace, name)
+        elif kind == "pv":
+            self.sync_volume(rest)
+
+    # -- claims ------------------------------------------------------------------------
+
+    def sync_claim(self, namespace: str, name: str) -> None:
+        claim = self.claims.get(namespace, name)
+        if claim is None:
+            return
+        class_name = plan.claim_class(claim)
+        storage_class = self.classes.get("", class_name) if class_name else None
+        if not plan.should_provision(claim, storage_class, self.driver):
+            return
+        pv_name = plan.pv_name(claim)
+        if self.volumes.get("", pv_name) is not None:
+            return  # provisioned already; the PV controller binds it
+        if storage_class is None:
+            raise errors.NotFound(
+                f"claim {namespace}/{name}: StorageClass {class_name!r} not found; "
+                "create it (provisioner csi.rukpak.io) or fix spec.storageClassName"
+            )
+        if storage_class.get("provisioner") != self.driver:
+            return
+        self.recorder.event(
+            claim,
+            "Normal",
+            "Provisioning",
+            f'External provisioner is provisioning volume for claim "{namespace}/{name}"',
+        )
+        try:
+            pv = self._provision(claim, storage_class)
+        except errors.RukpakError as err:
+            self.recorder.event(
+                claim,
+                "Warning",
+                "ProvisioningFailed",
+                f'failed to provision volume with StorageClass "{class_name}": {err.message}',
+            )
+            raise
+        try:
+            self.kube.create(pv)
+        except errors.AlreadyExists:
+            pass
+        except errors.RukpakError as err:
+            raise type(err)(f"error saving volume {pv_name}: {err.message}") from None
+        log.info("msg=%r claim=%s/%s pv=%s image=%s", "provisioned", namespace, name, pv_name,
+                 pv["spec"]["csi"]["volumeAttributes"].get("image", ""))  # fmt: skip
+        self.recorder.event(
+            claim, "Normal", "ProvisioningSucceeded", f"Successfully provisioned volume {pv_name}"
+        )
+
+    def _provision(self, claim: Obj, storage_class: Obj) -> Obj:
+        request = plan.create_request(claim, storage_class, self.driver)
+        secrets = self._secret_data(request.provisioner_secret)
+        created = self.csi.create_volume(request, secrets)
+        try:
+            return plan.persistent_volume(
+                claim,
+                storage_class,
+                request,
+                volume_id=created.volume_id,
+                volume_context=created.volume_context,
+                capacity_bytes=created.capacity_bytes,
+            )
+        except errors.RukpakError as err:  # too small: give the volume back, then retry
+            try:
+                self.csi.delete_volume(created.volume_id, secrets)
+            except errors.RukpakError as cleanup:
+                raise type(err)(
+                    f"{err.message}. Cleanup of volume {request.name} failed, volume is "
+                    f"orphaned: {cleanup.message}"
+                ) from None
+            raise
+
+    def _secret_data(self, ref: plan.SecretRef | None) -> dict[str, str]:
+        """The Secret's data, decoded; empty when ``ref`` is None."""
+        if ref is None:
+            return {}
+        secret = self.kube.get(ObjectRef("", "v1", "Secret", ref.namespace, ref.name))
+        if secret is None:
+            raise errors.NotFound(
+                f"secret {ref.namespace}/{ref.name} named by the StorageClass does not exist; "
+                "create it (kubectl create secret docker-registry) or fix the class parameters"
+            )
+        data = secret.get("data") or {}
+        try:
+            return {str(k): base64.b64decode(v).decode() for k, v in data.items()}
+        except (ValueError, UnicodeDecodeError):
+            raise errors.InvalidArgument(
+                f"secret {ref.namespace}/{ref.name} holds data that is not UTF-8 text"
+            ) from None
+
+    # -- volumes -----------------------------------------------------------------------
+
+    def sync_volume(self, name: str) -> None:
+        pv = self.volumes.get("", name)
+        if pv is None or not plan.is_ours(pv, self.driver):
+            return
+        ref = ObjectRef("", "v1", "PersistentVolume", "", name)
+        finalizers = plan.finalizers_wanted(pv)
+        if finalizers is not None:
+            pv = self._set_finalizers(ref, pv, finalizers)
+        if not plan.should_delete(pv):
+            return
+        volume_id = ((pv.get("spec") or {}).get("csi") or {}).get("volumeHandle", "")
+        try:
+            self.csi.delete_volume(volume_id, self._secret_data(plan.deletion_secret(pv)))
+        except errors.RukpakError as err:
+            self.recorder.event(pv, "Warning", "VolumeFailedDelete", err.message)
+            raise
+        self.kube.delete(ref)
+        log.info("msg=%r pv=%s volume_id=%s", "deleted", name, volume_id)
+        live = self.kube.get(ref)
+        if live is not None and plan.FINALIZER in (plan.meta(live).get("finalizers") or []):
+            rest = [f for f in plan.meta(live)["finalizers"] if f != plan.FINALIZER]
+            with contextlib.suppress(errors.NotFound):
+                self._set_finalizers(ref, live, rest)
+
+    def _set_finalizers(self, ref: ObjectRef, pv: Obj, finalizers: list[str]) -> Obj:
+        """Merge-patch the finalizer list, guarded by the resourceVersion it was computed
+        from (a Conflict is retried by the queue with the fresh object)."""
+        patch = {
+            "metadata": {
+                "finalizers": finalizers or None,
+                "resourceVersion": plan.meta(pv).get("resourceVersion"),
+            }
+        }
+        return self.kube.merge_patch(ref, patch)

@@ -1,0 +1,145 @@
+"""The CSI boundary of the provisioner role: Identity and Controller calls over the unix socket.
+
+Where it sits: ``provisioner.storage.controller`` calls ``create_volume`` and
+``delete_volume``; at start ``connect`` waits for the plugin's socket and checks,
+as the external-provisioner sidecar does, that the plugin names the driver
+expected and offers the Controller service with CREATE_DELETE_VOLUME. Calls carry
+a deadline; failures come back as ``CsiError`` holding the gRPC code and the
+plugin's message (the text of the claim's ProvisioningFailed event).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from csi.common import errors
+from csi.proto import csi_pb2, csi_pb2_grpc
+from provisioner.storage.plan import Capability, CreateRequest
+
+log = logging.getLogger(__name__)
+
+Mode = csi_pb2.VolumeCapability.AccessMode.Mode
+
+
+class CsiError(errors.RukpakError):
+    """A failed CSI call: ``status`` is the gRPC code; str() reads like the sidecar's events
+    (``rpc error: code = InvalidArgument desc = ...``)."""
+
+    def __init__(self, status: grpc.StatusCode, details: str) -> None:
+        self.status = status
+        self.details = details
+        name = "".join(part.capitalize() for part in status.name.split("_"))
+        super().__init__(f"rpc error: code = {name} desc = {details}")
+        self.code = status.name
+
+
+@dataclass(frozen=True)
+class CreatedVolume:
+    volume_id: str
+    capacity_bytes: int
+    volume_context: dict[str, str]
+
+
+def _capability(cap: Capability) -> csi_pb2.VolumeCapability:
+    mode = csi_pb2.VolumeCapability.AccessMode(mode=cap.mode)
+    if cap.block:
+        return csi_pb2.VolumeCapability(
+            block=csi_pb2.VolumeCapability.BlockVolume(), access_mode=mode
+        )
+    mount = csi_pb2.VolumeCapability.MountVolume(fs_type=cap.fs_type, mount_flags=cap.mount_flags)
+    return csi_pb2.VolumeCapability(mount=mount, access_mode=mode)
+
+
+def _failed(err: grpc.RpcError) -> CsiError:
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    details = err.details() if hasattr(err, "details") else str(err)
+    return CsiError(code, details or "")
+
+
+class CsiClient:
+    """One channel to the plugin's socket, shared by the workers (gRPC channels are)."""
+
+    def __init__(self, address: str, *, timeout: float = 60.0) -> None:
+        target = address if address.startswith("unix:") else f"unix://{address}"
+        self.address = target
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(target)
+        self._identity = csi_pb2_grpc.IdentityStub(self._channel)
+        self._controller = csi_pb2_grpc.ControllerStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def connect(self, *, driver: str | None, wait: float) -> str:
+        """Wait up to ``wait`` seconds for the plugin; return its driver name.
+
+        FailedPrecondition when it names another driver than ``driver`` or lacks
+        the Controller service or CREATE_DELETE_VOLUME; Unavailable when it never
+        answers.
+        """
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                info = self._identity.GetPluginInfo(csi_pb2.GetPluginInfoRequest(), timeout=5)
+                break
+            except grpc.RpcError as err:
+                if time.monotonic() >= deadline:
+                    raise errors.Unavailable(
+                        f"the CSI plugin at {self.address} does not answer ({_failed(err)}); "
+                        "check the plugin container is running and shares the socket volume"
+                    ) from None
+                log.info("msg=%r address=%s error=%r", "waiting for the CSI plugin",
+                         self.address, str(_failed(err)))  # fmt: skip
+                time.sleep(1.0)
+        if driver and info.name != driver:
+            raise errors.FailedPrecondition(
+                f"the CSI plugin at {self.address} is driver {info.name!r}, not {driver!r}"
+            )
+        plugin_caps = self._identity.GetPluginCapabilities(
+            csi_pb2.GetPluginCapabilitiesRequest(), timeout=10
+        )
+        service = csi_pb2.PluginCapability.Service.CONTROLLER_SERVICE
+        if not any(c.service.type == service for c in plugin_caps.capabilities):
+            raise errors.FailedPrecondition(
+                f"the CSI plugin at {self.address} does not offer the Controller service; "
+                "start it with --controller"
+            )
+        ctrl_caps = self._controller.ControllerGetCapabilities(
+            csi_pb2.ControllerGetCapabilitiesRequest(), timeout=10
+        )
+        create_delete = csi_pb2.ControllerServiceCapability.RPC.CREATE_DELETE_VOLUME
+        if not any(c.rpc.type == create_delete for c in ctrl_caps.capabilities):
+            raise errors.FailedPrecondition(
+                f"the CSI plugin at {self.address} does not advertise CREATE_DELETE_VOLUME"
+            )
+        return str(info.name)
+
+    def create_volume(self, request: CreateRequest, secrets: dict[str, str]) -> CreatedVolume:
+        message = csi_pb2.CreateVolumeRequest(
+            name=request.name,
+            capacity_range=csi_pb2.CapacityRange(required_bytes=request.required_bytes),
+            volume_capabilities=[_capability(c) for c in request.capabilities],
+            parameters=request.parameters,
+            secrets=secrets,
+        )
+        try:
+            response = self._controller.CreateVolume(message, timeout=self.timeout)
+        except grpc.RpcError as err:
+            raise _failed(err) from None
+        volume = response.volume
+        return CreatedVolume(
+            volume_id=volume.volume_id,
+            capacity_bytes=volume.capacity_bytes,
+            volume_context=dict(volume.volume_context),
+        )
+
+    def delete_volume(self, volume_id: str, secrets: dict[str, str]) -> None:
+        message = csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=secrets)
+        try:
+            self._controller.DeleteVolume(message, timeout=self.timeout)
+        except grpc.RpcError as err:
+            raise _failed(err) from None

@@ -1,0 +1,294 @@
+"""Benchmark: RukPak installed from ``deploy/`` on the local cluster, as users run it.
+
+Where it sits: ``make bench`` (``python -m tests.bench install``). Starts the local
+single-node cluster in the work directory, builds and pushes the project's image, installs
+the system exactly as the end-to-end tests do (``tests.install_helpers.install``), then:
+
+- BundleDeployment created -> Installed and Healthy, for ``hello`` whose image is already
+  cached on the node (one warm-up round first; the BundleDeployment and its namespace are
+  deleted between rounds, untimed): median of 5;
+- template change -> the new content applied (the hello ConfigMap's greeting changes;
+  v1 and v2 alternate): median of 5;
+- with 50 installed BundleDeployments (tiny bundles: a Namespace and a ConfigMap), at
+  rest: API requests per minute by the manager and by all instance pods together, read
+  from the API server's own counters (``apiserver_flowcontrol_dispatched_requests_total``
+  of a FlowSchema per ServiceAccount that this module adds), and memory per
+  BundleDeployment: the PSS (and RSS) of the manager replicas and every instance process
+  on the node, divided by 50.
+
+Figures are absolute: there is no baseline to run beside them here; the targets are the
+issue's (<= 10 MiB per BundleDeployment, watches only at rest).
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from provisioner.engine.objects import ObjectRef
+from tests import e2e_helpers as e2e
+from tests import image_helpers
+from tests import install_helpers as inst
+from tests.bench import Result, median, progress
+from tests.cluster import bins
+from tests.cluster.localcluster import LocalCluster
+
+ROUNDS = 5
+SCALE = 50
+AT_REST_SECONDS = 60.0
+SETTLE_SECONDS = 20.0
+GREETING_V1 = "Hello from a RukPak bundle"
+GREETING_V2 = "Hello from v2 of the bundle"
+BD = ("core.rukpak.io", "v1alpha1", "BundleDeployment")
+FLOW_SCHEMAS = {"manager": "rukpak-manager", "instances": "rukpak-instance"}
+
+
+def _wait(check: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            got = check()
+        except Exception:  # transient API errors count as "not yet"
+            got = None
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def _bd_ready(system: inst.RukpakSystem, name: str) -> bool:
+    conds = inst.conditions(system.kube.get(ObjectRef(*BD[:2], BD[2], "", name)))
+    return all(conds.get(t, {}).get("status") == "True" for t in ("Installed", "Healthy"))
+
+
+def _gone(system: inst.RukpakSystem, ref: ObjectRef) -> bool:
+    return system.kube.get(ref) is None
+
+
+def _tiny_bundle(root: Path, index: int) -> Path:
+    ns = f"bench-scale-{index}"
+    manifests = root / "manifests"
+    manifests.mkdir(parents=True)
+    docs = {
+        "01_namespace.yaml": {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+        "02_configmap.yaml": {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "scale", "namespace": ns},
+            "data": {"index": str(index)},
+        },
+    }
+    for name, doc in docs.items():
+        (manifests / name).write_text(yaml.safe_dump(doc))
+    return root
+
+
+def _flow_schema(name: str, service_account: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+        "kind": "FlowSchema",
+        "metadata": {"name": f"bench-{name}"},
+        "spec": {
+            "priorityLevelConfiguration": {"name": "workload-low"},
+            "matchingPrecedence": 500,
+            "distinguisherMethod": {"type": "ByUser"},
+            "rules": [
+                {
+                    "subjects": [
+                        {
+                            "kind": "ServiceAccount",
+                            "serviceAccount": {
+                                "name": service_account,
+                                "namespace": inst.NAMESPACE,
+                            },
+                        }
+                    ],
+                    "resourceRules": [
+                        {
+                            "verbs": ["*"],
+                            "apiGroups": ["*"],
+                            "resources": ["*"],
+                            "clusterScope": True,
+                            "namespaces": ["*"],
+                        }
+                    ],
+                    "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+                }
+            ],
+        },
+    }
+
+
+def _dispatched(system: inst.RukpakSystem) -> dict[str, float]:
+    """Requests the API server dispatched per bench FlowSchema, from its /metrics."""
+    text = system.kubectl("get", "--raw", "/metrics", timeout=60)
+    counts = dict.fromkeys(FLOW_SCHEMAS, 0.0)
+    for line in text.splitlines():
+        if not line.startswith("apiserver_flowcontrol_dispatched_requests_total{"):
+            continue
+        for key in FLOW_SCHEMAS:
+            if f'flow_schema="bench-{key}"' in line:
+                counts[key] += float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def _memory(kind: str) -> tuple[float, float, int]:
+    """PSS and RSS in MiB of every ``rukpak-provisioner KIND`` process, and their count."""
+    pss = rss = 0.0
+    count = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if (
+                not any(a.endswith(b"rukpak-provisioner") for a in argv)
+                or kind.encode() not in argv
+            ):
+                continue
+            fields = {
+                line.split(":")[0]: float(line.split()[1])
+                for line in (proc / "smaps_rollup").read_text().splitlines()[1:]
+            }
+        except OSError:
+            continue
+        pss += fields.get("Pss", 0.0) / 1024
+        rss += fields.get("Rss", 0.0) / 1024
+        count += 1
+    return pss, rss, count
+
+
+def _create_and_time(system: inst.RukpakSystem, name: str, image: str) -> float:
+    started = time.monotonic()
+    system.kube.create(inst.bundle_deployment(name, image))
+    _wait(lambda: _bd_ready(system, name), timeout=300, what=f"{name} Installed and Healthy")
+    return time.monotonic() - started
+
+
+def _delete(system: inst.RukpakSystem, name: str, namespace: str) -> None:
+    system.kubectl("delete", "bundledeployment", name, "--timeout=180s", timeout=200)
+    ns = ObjectRef("", "v1", "Namespace", "", namespace)
+    _wait(lambda: _gone(system, ns), timeout=180, what=f"namespace {namespace} to go")
+
+
+def _greeting(system: inst.RukpakSystem) -> str:
+    live = system.kube.get(ObjectRef("", "v1", "ConfigMap", "hello", "hello-greeting"))
+    return "" if live is None else str(live["data"]["greeting"])
+
+
+def _has_greeting(system: inst.RukpakSystem, greeting: str) -> bool:
+    return _greeting(system) == greeting
+
+
+def _set_image(system: inst.RukpakSystem, name: str, image: str) -> None:
+    patch = {"spec": {"template": {"spec": {"source": {"image": {"ref": image}}}}}}
+    system.kube.merge_patch(ObjectRef(*BD[:2], BD[2], "", name), patch)
+
+
+def measure(system: inst.RukpakSystem, workdir: Path) -> list[Result]:
+    registry = system.registry_host
+    hello = workdir / "hello"
+    inst.hello_bundle(hello, namespace="hello", image=system.busybox_image)
+    v1, v2 = f"{registry}/bench/hello:v1", f"{registry}/bench/hello:v2"
+    e2e.push_bundle(hello, v1)
+    cm = hello / "manifests" / "02_configmap.yaml"
+    cm.write_text(cm.read_text().replace(GREETING_V1, GREETING_V2))
+    e2e.push_bundle(hello, v2)
+
+    created: list[float] = []
+    for round_ in range(ROUNDS + 1):
+        took = _create_and_time(system, "hello", v1)
+        progress(f"install: round {round_}: created -> Installed+Healthy {took:.2f}s")
+        if round_:
+            created.append(took)
+        if round_ < ROUNDS:
+            _delete(system, "hello", "hello")
+
+    pivots: list[float] = []
+    for round_ in range(ROUNDS):
+        image, greeting = (v2, GREETING_V2) if round_ % 2 == 0 else (v1, GREETING_V1)
+        started = time.monotonic()
+        _set_image(system, "hello", image)
+        _wait(functools.partial(_has_greeting, system, greeting), timeout=300, what=greeting)
+        pivots.append(time.monotonic() - started)
+        progress(f"install: pivot {round_}: template change -> applied {pivots[-1]:.2f}s")
+        _wait(lambda: _bd_ready(system, "hello"), timeout=300, what="hello settled")
+    _delete(system, "hello", "hello")
+
+    for key, sa in FLOW_SCHEMAS.items():
+        system.kube.apply(_flow_schema(key, sa))
+    started = time.monotonic()
+    for i in range(SCALE):
+        ref = f"{registry}/bench/scale:{i}"
+        e2e.push_bundle(_tiny_bundle(workdir / f"scale-{i}", i), ref)
+        system.kube.create(inst.bundle_deployment(f"scale-{i}", ref))
+    for i in range(SCALE):
+        _wait(functools.partial(_bd_ready, system, f"scale-{i}"), timeout=900, what=f"scale-{i}")
+    progress(f"install: {SCALE} BundleDeployments ready in {time.monotonic() - started:.0f}s")
+    time.sleep(SETTLE_SECONDS)  # let resyncs and post-install writes pass
+    before = _dispatched(system)
+    time.sleep(AT_REST_SECONDS)
+    after = _dispatched(system)
+    per_minute = {k: (after[k] - before[k]) * 60 / AT_REST_SECONDS for k in FLOW_SCHEMAS}
+    m_pss, m_rss, managers = _memory("manager")
+    i_pss, i_rss, instances = _memory("instance")
+    progress(f"install: at rest {per_minute}; manager {m_pss:.0f} MiB x{managers}, "
+             f"instances {i_pss:.0f} MiB x{instances}")  # fmt: skip
+    return [
+        Result(
+            name="install: BundleDeployment created -> Installed+Healthy (hello, cached)",
+            measured=median(created),
+            unit="s",
+            note=f"median of {ROUNDS} after a warm-up; samples {[round(x, 2) for x in created]}",
+        ),
+        Result(
+            name="install: template change -> new content applied",
+            measured=median(pivots),
+            unit="s",
+            note=f"median of {ROUNDS}; samples {[round(x, 2) for x in pivots]}",
+        ),
+        Result(
+            name=f"install: manager API requests/min at rest ({SCALE} BDs)",
+            measured=per_minute["manager"],
+            unit="req/min",
+            note="both replicas; API server's APF dispatch counter for SA rukpak-manager",
+        ),
+        Result(
+            name=f"install: instance pods' API requests/min at rest ({SCALE} BDs)",
+            measured=per_minute["instances"],
+            unit="req/min",
+            note=f"all {instances} instance processes together (SA rukpak-instance)",
+        ),
+        Result(
+            name=f"install: memory per BundleDeployment at {SCALE} (PSS)",
+            measured=(m_pss + i_pss) / SCALE,
+            unit="MiB",
+            target=10.0,
+            note=f"manager {m_pss:.0f} MiB ({managers} processes) + instances {i_pss:.0f} MiB "
+            f"({instances} processes); RSS would be {(m_rss + i_rss) / SCALE:.1f} MiB/BD",
+        ),
+    ]
+
+
+def run(workdir: Path) -> list[Result]:
+    found = bins.ensure(bins.ALL)
+    cluster = LocalCluster.start(workdir / "cluster", node=True, binaries=found)
+    try:
+        progress("install: building and pushing the image")
+        image = image_helpers.build_and_push(f"{cluster.registry_host}/rukpak/rukpak-python:bench")
+        progress("install: installing deploy/")
+        system = inst.install(cluster, workdir / "install", image)
+        try:
+            return measure(system, workdir)
+        finally:
+            system.kube.close()
+    finally:
+        cluster.stop(remove=True)
+        shutil.rmtree(workdir / "install", ignore_errors=True)

@@ -1,0 +1,328 @@
+"""pytest plugin: RukPak installed on the local cluster from the shipped manifests.
+
+Where it sits: the end-to-end tests of the installed system (``test_e2e_install``,
+``test_e2e_daemonset``, ``test_e2e_instance`` and the manager's e2e tests) take the
+session fixture ``rukpak_system``. It builds and pushes the project's image
+(``tests.image_helpers``), writes a kustomize overlay made only of ``deploy/``, the
+shipped components ``kubelet-root`` and ``host-network``, the image and this node's
+values (kubelet root, plugin cache dir, API server address), renders it with the
+cluster's ``kubectl kustomize``, applies it and waits until every DaemonSet and
+Deployment it holds has rolled out. No test manifest is written by hand: what runs is
+what users install.
+
+Teardown, in the order a person would: BundleDeployments are deleted while the manager
+still runs (its finalizer uninstalls what they installed); then the manager and every
+other pod of rukpak-system that may mount a bundle volume; then the rest of the install,
+the node plugin last, and the test waits until no CSI volume of ours is mounted.
+
+Tests using ``rukpak_system`` run after every other test of the session
+(``pytest_collection_modifyitems``): the installed DaemonSet owns the kubelet's
+``csi.rukpak.io`` registration, which the host-process plugin of the other e2e tests
+would otherwise fight over.
+
+Enable with ``pytest_plugins = [..., "tests.install_helpers"]``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from provisioner.engine.kube import Kube
+from tests import e2e_helpers as e2e
+from tests import image_helpers
+from tests.cluster import bins
+from tests.polling import eventually
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = REPO_ROOT / "deploy"
+COMPONENTS = ("kubelet-root", "host-network")
+NAMESPACE = "rukpak-system"
+PART_OF = "app.kubernetes.io/part-of=rukpak"
+MANAGER = "rukpak-manager"
+DAEMONSET = "rukpak-csi-node"
+ROLLOUT_TIMEOUT = 240  # seconds: a cold node pulls the ~100 MB image once
+
+
+def kubectl_binary() -> Path:
+    found = bins.find("kubectl")
+    if found is None:
+        pytest.fail(
+            "no kubectl binary: run `make k8s-bins` (make test does) or set KUBEBUILDER_ASSETS"
+        )
+    return found
+
+
+def run_kubectl(
+    kubeconfig: Path, *args: str, timeout: float = 60, check: bool = True, stdin: str | None = None
+) -> str:
+    """``kubectl --kubeconfig KUBECONFIG ARGS``; stdout, or RuntimeError with both streams."""
+    return e2e.run_tool(
+        [str(kubectl_binary()), "--kubeconfig", str(kubeconfig), *args],
+        what=f"kubectl {' '.join(args)}",
+        timeout=timeout,
+        check=check,
+        stdin=stdin,
+    )
+
+
+def write_overlay(
+    directory: Path,
+    *,
+    image: str,
+    kubelet_dir: Path,
+    state_dir: Path,
+    api_server: dict[str, str],
+) -> Path:
+    """The test cluster's overlay: ``deploy/`` + the shipped components + values only.
+
+    ``image`` is ``repository@sha256:...`` or ``repository:tag``. Kustomize wants paths
+    relative to the overlay, so ``directory`` may lie anywhere (a temp dir).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    rel = Path(os.path.relpath(DEPLOY, directory))
+    name, digest = image.split("@", 1) if "@" in image else (image, "")
+    override: dict[str, str] = {"name": "rukpak-python"}
+    if digest:
+        override |= {"newName": name, "digest": digest}
+    else:
+        repo, _, tag = name.rpartition(":")
+        override |= {"newName": repo, "newTag": tag}
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [str(rel)],
+        "components": [str(rel / "components" / c) for c in COMPONENTS],
+        "configMapGenerator": [
+            {
+                "name": "rukpak-node-paths",
+                "literals": [f"kubeletRoot={kubelet_dir}", f"stateDir={state_dir}"],
+            },
+            {
+                "name": "rukpak-apiserver",
+                "namespace": NAMESPACE,
+                "literals": [f"{k}={v}" for k, v in sorted(api_server.items())],
+            },
+        ],
+        "images": [override],
+    }
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
+    return directory
+
+
+@dataclass(frozen=True)
+class RukpakSystem:
+    """The installed system and what tests need to use it."""
+
+    cluster: Any
+    kube: Kube
+    image: str
+    workdir: Path
+    manifests: Path  # the rendered overlay, exactly what was applied
+    namespace: str = NAMESPACE
+
+    @property
+    def kubeconfig(self) -> Path:
+        return Path(self.cluster.kubeconfig)
+
+    @property
+    def registry_host(self) -> str:
+        return str(self.cluster.registry_host)
+
+    @property
+    def busybox_image(self) -> str:
+        return str(self.cluster.busybox_image)
+
+    @property
+    def kubelet_dir(self) -> Path:
+        return Path(self.cluster.kubelet_dir)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.workdir / "plugin-state"
+
+    def kubectl(
+        self, *args: str, timeout: float = 60, check: bool = True, stdin: str | None = None
+    ) -> str:
+        return run_kubectl(self.kubeconfig, *args, timeout=timeout, check=check, stdin=stdin)
+
+    def documents(self) -> list[dict[str, Any]]:
+        return [d for d in yaml.safe_load_all(self.manifests.read_text()) if d]
+
+    def describe(self, *what: str, namespace: str = NAMESPACE) -> str:
+        """``kubectl describe`` and pod logs for a failure message (never raises)."""
+        out = []
+        for kind in what or ("deployments,daemonsets,pods",):
+            out.append(self.kubectl("describe", kind, "-n", namespace, timeout=30, check=False))
+        out.append(self.kubectl("get", "events", "-n", namespace, timeout=30, check=False))
+        for pod in self.kubectl(
+            "get", "pods", "-n", namespace, "-o", "name", timeout=30, check=False
+        ).split():
+            log = self.kubectl(
+                "logs", "-n", namespace, pod, "--all-containers", "--tail=30", check=False
+            )
+            out.append(f"--- {pod} (last lines)\n{log}")
+        return "\n".join(out)
+
+
+def rollout(system: RukpakSystem, docs: list[dict[str, Any]], *, timeout: float) -> None:
+    """Wait until every DaemonSet and Deployment in ``docs`` has rolled out."""
+    for doc in docs:
+        if doc["kind"] not in ("DaemonSet", "Deployment"):
+            continue
+        meta = doc["metadata"]
+        what = f"{doc['kind'].lower()}/{meta['name']}"
+        try:
+            system.kubectl(
+                "rollout", "status", what, "-n", meta.get("namespace", NAMESPACE),
+                f"--timeout={int(timeout)}s", timeout=timeout + 30,
+            )  # fmt: skip
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            raise AssertionError(f"{what} did not roll out: {e}\n{system.describe()}") from None
+
+
+def hello_bundle(target: Path, *, namespace: str, image: str, greeting: str = "") -> Path:
+    """``examples/bundles/hello`` living in ``namespace``, its Deployment running ``image``
+    (the node's busybox: no internet here), optionally with another greeting."""
+    manifests = target / "manifests"
+    manifests.mkdir(parents=True)
+    for path in sorted((e2e.HELLO_BUNDLE / "manifests").iterdir()):
+        doc = yaml.safe_load(path.read_text())
+        if doc["kind"] == "Namespace":
+            doc["metadata"]["name"] = namespace
+        else:
+            doc["metadata"]["namespace"] = namespace
+        if doc["kind"] == "Deployment":
+            for container in doc["spec"]["template"]["spec"]["containers"]:
+                container["image"] = image
+        if doc["kind"] == "ConfigMap" and greeting:
+            doc["data"]["greeting"] = greeting
+        (manifests / path.name).write_text(yaml.safe_dump(doc))
+    return target
+
+
+def bundle_deployment(name: str, image: str, **spec: Any) -> dict[str, Any]:
+    """An upstream-style plain BundleDeployment of the bundle image ``image``."""
+    return {
+        "apiVersion": "core.rukpak.io/v1alpha1",
+        "kind": "BundleDeployment",
+        "metadata": {"name": name},
+        "spec": {
+            "provisionerClassName": "core-rukpak-io-plain",
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "provisionerClassName": "core-rukpak-io-plain",
+                    "source": {"type": "image", "image": {"ref": image}},
+                },
+            },
+            **spec,
+        },
+    }
+
+
+def conditions(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """``status.conditions`` by type."""
+    found = ((obj or {}).get("status") or {}).get("conditions") or []
+    return {c["type"]: c for c in found}
+
+
+def csi_mounts(kubelet_dir: Path) -> list[Path]:
+    """Our CSI volumes mounted under the kubelet's pods dir."""
+    return [
+        m.mount_point
+        for m in e2e.mounts_under(kubelet_dir / "pods")
+        if "kubernetes.io~csi" in str(m.mount_point)
+    ]
+
+
+def uninstall(system: RukpakSystem) -> None:
+    """Remove what the install made, workloads before the plugin that serves their volumes."""
+    kubectl = system.kubectl
+    if "bundledeployments" in kubectl("api-resources", "-o", "name", check=False):
+        done = subprocess.run(
+            [str(kubectl_binary()), "--kubeconfig", str(system.kubeconfig), "delete",
+             "bundledeployments", "--all", "--timeout=120s"],
+            capture_output=True, text=True, timeout=150, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:  # the manager could not finish: do not hang the session
+            print(f"\nrukpak_system teardown: BundleDeployments left: {done.stderr}")
+            for name in kubectl("get", "bundledeployments", "-o", "name", check=False).split():
+                kubectl("patch", name, "--type=merge", "-p", '{"metadata":{"finalizers":null}}',
+                        check=False)  # fmt: skip
+        kubectl("delete", "bundles", "--all", "--wait=false", check=False)
+    # the manager first (it would recreate what follows), then every pod but the plugin's
+    kubectl("delete", "deployment", MANAGER, "-n", NAMESPACE, "--ignore-not-found", check=False)
+    kubectl("delete", "deployments,jobs,pods", "-n", NAMESPACE, "-l",
+            "app.kubernetes.io/component!=node-plugin", "--timeout=120s", timeout=150,
+            check=False)  # fmt: skip
+    kubectl("delete", "-f", str(system.manifests), "--ignore-not-found", "--wait=true",
+            "--timeout=120s", timeout=180, check=False)  # fmt: skip
+    eventually(
+        lambda: not csi_mounts(system.kubelet_dir),
+        timeout=60,
+        what="no csi.rukpak.io volume mounted under the kubelet's pods dir",
+    )
+
+
+def install(cluster: Any, workdir: Path, image: str) -> RukpakSystem:
+    """Render the test overlay for ``cluster``'s node, apply it, wait for the rollouts.
+
+    On failure what was applied is removed again before the error propagates.
+    """
+    overlay = write_overlay(
+        workdir / "overlay",
+        image=image,
+        kubelet_dir=Path(cluster.kubelet_dir),
+        state_dir=workdir / "plugin-state",
+        api_server=cluster.in_cluster_env(),
+    )
+    manifests = workdir / "rukpak.yaml"
+    manifests.write_text(run_kubectl(cluster.kubeconfig, "kustomize", str(overlay)))
+    kube = Kube.from_kubeconfig(str(cluster.kubeconfig))
+    system = RukpakSystem(
+        cluster=cluster, kube=kube, image=image, workdir=workdir, manifests=manifests
+    )
+    try:
+        system.kubectl("apply", "-f", str(manifests), timeout=120)
+        rollout(system, system.documents(), timeout=ROLLOUT_TIMEOUT)
+    except BaseException:
+        try:
+            uninstall(system)
+        finally:
+            kube.close()
+        raise
+    return system
+
+
+@pytest.fixture(scope="session")
+def rukpak_system(kube_cluster: Any, request: pytest.FixtureRequest) -> Iterator[RukpakSystem]:
+    """RukPak installed from ``deploy/`` with the locally built image, rolled out."""
+    e2e.require_local_node(kube_cluster)
+    ref = f"{kube_cluster.registry_host}/rukpak/rukpak-python:e2e"
+    image = image_helpers.build_and_push(ref, request=request)
+    workdir = Path(tempfile.mkdtemp(prefix="rk-install-"))
+    system = install(kube_cluster, workdir, image)
+    try:
+        yield system
+    finally:
+        try:
+            uninstall(system)
+        finally:
+            system.kube.close()
+            if not e2e.mounts_under(workdir):
+                shutil.rmtree(workdir, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests of the installed system last: see the module docstring."""
+    items.sort(key=lambda item: "rukpak_system" in getattr(item, "fixturenames", ()))

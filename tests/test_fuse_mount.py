@@ -1,0 +1,244 @@
+"""FUSE publishing mode through the real plugin process, a real registry and a real mount.
+
+Reads go through the kernel (``/dev/fuse``, ``allow_other``, read-only binds of
+tree directories on kubelet-style targets); the /dev/fuse holder is started by
+the test so it can be stopped by pid. The restart test kills the plugin with
+SIGKILL while a reader loops over every file, starts a new plugin and waits
+until the reader has completed whole passes on the new daemon.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from csi.proto import csi_pb2, csi_pb2_grpc
+from provisioner.cli import main as cli
+from tests.csi_helpers import (
+    Entry,
+    PluginProcess,
+    code_of,
+    publish_request,
+    push_image,
+    simple_image,
+    target,
+    terminate,
+    tree,
+)
+from tests.polling import logged
+from tests.registry import RegistryServer
+
+pytestmark = [
+    pytest.mark.registry,
+    pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse"),
+]
+
+
+@pytest.fixture
+def holder(tmp_path: Path) -> Iterator[Path]:
+    """A /dev/fuse holder process; yields its socket."""
+    sock = tmp_path / "holder.sock"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "csi.fuse.holder",
+            "--mountpoint",
+            str(tmp_path / "fusemnt"),
+            "--socket",
+            str(sock),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == b"ready"
+    try:
+        yield sock
+    finally:
+        terminate(proc)
+
+
+@pytest.fixture
+def plugin(tmp_path: Path, holder: Path) -> Iterator[PluginProcess]:
+    proc = PluginProcess(
+        tmp_path / "plugin", extra_args=("--fuse", "--fuse-holder-socket", str(holder))
+    ).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+        proc.unmount_all()
+
+
+@pytest.fixture
+def node(plugin: PluginProcess) -> Iterator[csi_pb2_grpc.NodeStub]:
+    with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
+        yield csi_pb2_grpc.NodeStub(channel)
+
+
+def _bundle(registry: RegistryServer, repo: str, files: int = 40) -> str:
+    entries: list[Entry] = [("manifests/", "dir")]
+    for i in range(files):
+        entries.append(
+            (f"manifests/{i:03}.yaml", "file", f"kind: ConfigMap # {i}\n".encode() * (i + 1))
+        )
+    entries += [("manifests/link.yaml", "symlink", "000.yaml"), ("bin/run", "file", b"#!/bin/sh\n")]
+    return push_image(registry.host, repo, "v1", [entries]).ref
+
+
+def _publish_fuse(plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, image: str) -> str:
+    """Publish ``image`` in FUSE mode at a fresh target; the target's path."""
+    fuse_target = target(plugin)
+    node.NodePublishVolume(publish_request(fuse_target, image, publishMode="fuse"))
+    return fuse_target
+
+
+def test_fuse_volume_serves_the_same_tree_as_bind_mode(
+    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+) -> None:
+    image = _bundle(registry, "fuse/same")
+    bind_target, fuse_target = target(plugin), target(plugin)
+    node.NodePublishVolume(publish_request(bind_target, image, publishMode="bind"))
+    node.NodePublishVolume(publish_request(fuse_target, image, publishMode="fuse"))
+    assert tree(Path(fuse_target)) == tree(Path(bind_target))
+    run = Path(fuse_target, "bin/run")
+    assert os.stat(run).st_mode & 0o777 == 0o444
+    assert os.readlink(Path(fuse_target, "manifests/link.yaml")) == "000.yaml"
+    assert "fuse.rukpak-csi" in Path("/proc/self/mountinfo").read_text()
+    with pytest.raises(OSError) as raised:
+        Path(fuse_target, "manifests/new.yaml").write_text("x")
+    assert raised.value.errno == errno.EROFS
+    with pytest.raises(OSError) as raised:
+        os.open(Path(fuse_target, "manifests/000.yaml"), os.O_WRONLY)
+    assert raised.value.errno == errno.EROFS
+    # Publishing twice is OK; unpublishing removes the target and the record.
+    node.NodePublishVolume(publish_request(fuse_target, image, publishMode="fuse"))
+    node.NodeUnpublishVolume(
+        csi_pb2.NodeUnpublishVolumeRequest(volume_id="vol-1", target_path=fuse_target)
+    )
+    assert not Path(fuse_target).exists()
+
+
+def test_other_users_can_read_a_fuse_volume(
+    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+) -> None:
+    image = simple_image(registry.host, "fuse/others", text="shared").ref
+    fuse_target = _publish_fuse(plugin, node, image)
+    parents = [
+        p for p in Path(fuse_target).parents if p.is_relative_to("/tmp") and p != Path("/tmp")
+    ]
+    modes = {p: p.stat().st_mode & 0o7777 for p in parents}
+    for p in parents:  # pytest's temp dirs are 0700: let "nobody" walk to the target
+        os.chmod(p, 0o755)
+    try:
+        out = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "cat",
+             f"{fuse_target}/manifests/cm.yaml"],
+            capture_output=True, check=False,
+        )  # fmt: skip
+    finally:
+        for p, mode in modes.items():
+            os.chmod(p, mode)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == b"shared"
+
+
+def test_a_file_that_does_not_match_its_digest_is_eio_and_logged(
+    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+) -> None:
+    image = simple_image(registry.host, "fuse/corrupt", text="the real content").ref
+    fuse_target = _publish_fuse(plugin, node, image)
+    files = plugin.state_dir / "fuse" / "store" / "files" / "sha256"
+    (stored,) = [p for p in files.iterdir() if p.read_bytes() == b"the real content"]
+    stored.chmod(0o644)
+    stored.write_bytes(b"the evil content")
+    with pytest.raises(OSError) as raised:
+        Path(fuse_target, "manifests/cm.yaml").read_bytes()
+    assert raised.value.errno == errno.EIO
+    logged(plugin.log, "does not match its digest")
+
+
+def test_publish_mode_is_checked(
+    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+) -> None:
+    image = simple_image(registry.host, "fuse/mode").ref
+    bad = publish_request(target(plugin), image, publishMode="nfs")
+    assert code_of(lambda: node.NodePublishVolume(bad)) == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_reads_continue_across_a_kill_9_of_the_plugin(
+    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+) -> None:
+    image = _bundle(registry, "fuse/restart", files=200)
+    fuse_target = _publish_fuse(plugin, node, image)
+    expected = tree(Path(fuse_target))
+    files = sorted(Path(fuse_target).rglob("*.yaml"))
+    errors: list[str] = []
+    passes = [0]
+    stop = threading.Event()
+    first_pass = threading.Event()
+    after_restart = threading.Event()
+    restarted = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            for path in files:
+                # Every open and release is a request to the daemon, cached pages or not.
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    data = os.read(fd, 1 << 20)
+                except OSError as exc:
+                    errors.append(f"{path}: {exc}")
+                    data = b""
+                finally:
+                    os.close(fd)
+                rel = str(path.relative_to(fuse_target))
+                if expected[rel].startswith("file:") and "file:" + data.decode() != expected[rel]:
+                    errors.append(f"{rel}: wrong content")
+            passes[0] += 1
+            first_pass.set()
+            if restarted.is_set():
+                after_restart.set()
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    assert first_pass.wait(60)
+    with open("/proc/sys/vm/drop_caches", "w") as f:  # reads, too, go to the daemon again
+        f.write("3")
+    plugin.kill()
+    restarted_plugin = PluginProcess(plugin.workdir, extra_args=plugin.extra_args).start()
+    plugin.process = restarted_plugin.process
+    restarted.set()
+    assert after_restart.wait(60), "the reader made no progress after the restart"
+    stop.set()
+    thread.join(60)
+    assert errors == []
+    assert "resumed=True" in plugin.log()
+
+
+def test_an_estargz_bundle_is_published_from_its_toc_and_read_lazily(
+    tmp_path: Path, plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+) -> None:
+    bundle = tmp_path / "bundle"
+    (bundle / "manifests").mkdir(parents=True)
+    texts = {}
+    for n in range(30):
+        text = f"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c{n}\n".encode()
+        (bundle / "manifests" / f"{n:02}.yaml").write_bytes(text)
+        texts[f"manifests/{n:02}.yaml"] = text
+    ref = f"{registry.host}/fuse/lazy:v1"
+    assert cli.main(["bundle", "build", str(bundle), "--tag", ref, "--estargz", "--push"]) == 0
+    fuse_target = _publish_fuse(plugin, node, ref)
+    logged(plugin.log, "image indexed from its TOC")
+    for name, text in texts.items():
+        assert Path(fuse_target, name).read_bytes() == text
+    # The whole layer is then fetched in the background and checked against its digest.
+    logged(plugin.log, "lazy tree complete, layers verified", timeout=60)

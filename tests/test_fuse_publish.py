@@ -1,0 +1,68 @@
+"""publishMode: the volume attribute, the plugin's default, and FUSE mode switched off."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from csi.common import errors
+from csi.image.cache import ImageCache
+from csi.image.seams import Puller
+from csi.node import mounter
+from csi.node.publish import Publisher, PublishRequest
+from csi.oci.auth import Credentials
+from csi.volume.source import VolumeSource
+
+
+def no_network(credentials: Credentials | None) -> Puller:
+    raise AssertionError("no registry in these tests")
+
+
+class NoMounts:
+    def mounts(self) -> list[mounter.MountInfo]:
+        return []
+
+    def bind_read_only(self, source: Path, target: Path) -> None:
+        raise AssertionError("nothing is mounted in these tests")
+
+    def unmount(self, target: Path) -> None:
+        raise AssertionError("nothing is mounted in these tests")
+
+
+def _publisher(tmp_path: Path, default_mode: str) -> Publisher:
+    (tmp_path / "kubelet").mkdir(exist_ok=True)
+    images = ImageCache(tmp_path / "state", puller_factory=no_network)
+    return Publisher(
+        images=images,
+        mounter=NoMounts(),
+        kubelet_dir=tmp_path / "kubelet",
+        default_mode=default_mode,
+    )
+
+
+@pytest.mark.parametrize(
+    ("attributes", "mode"),
+    [({}, None), ({"publishMode": "bind"}, "bind"), ({"publishMode": "fuse"}, "fuse")],
+)
+def test_publish_mode_is_a_volume_attribute(attributes: dict[str, str], mode: str | None) -> None:
+    source = VolumeSource.from_attributes({"image": "quay.io/a/b:v1", **attributes})
+    assert source.publish_mode == mode
+    assert source.attributes().get("publishMode") == mode
+
+
+def test_an_unknown_publish_mode_is_invalid_argument() -> None:
+    with pytest.raises(errors.InvalidArgument, match="publishMode 'nfs' is invalid"):
+        VolumeSource.from_attributes({"image": "quay.io/a/b:v1", "publishMode": "nfs"})
+
+
+@pytest.mark.parametrize(("default", "attribute"), [("fuse", None), ("bind", "fuse")])
+def test_fuse_without_fuse_mode_on_is_failed_precondition(
+    tmp_path: Path, default: str, attribute: str | None
+) -> None:
+    publisher = _publisher(tmp_path, default)
+    target = tmp_path / "kubelet" / "pods" / "p" / "volumes" / "v"
+    target.parent.mkdir(parents=True)
+    source = VolumeSource("quay.io/a/b:v1", publish_mode=attribute)
+    with pytest.raises(errors.FailedPrecondition, match="--fuse"):
+        publisher.publish(PublishRequest("vol", str(target), source))

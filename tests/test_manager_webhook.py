@@ -1,0 +1,229 @@
+"""The CRD upgrade-safety webhook on a real kube-apiserver, which calls it over HTTPS.
+
+The webhook server runs in-process on a loopback port with the certificate
+``certs.ensure`` keeps in a Secret; a ValidatingWebhookConfiguration (its
+caBundle written by ``certs.publish_ca``) points the API server at it, limited
+by an object selector to this module's CRDs so other tests sharing the API
+server are not affected. Then CRD updates go through the API server as any
+user's would.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from csi.common import errors
+from provisioner.engine.kube import Kube
+from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, condition
+from provisioner.manager import certs, webhook
+from tests.polling import eventually
+
+pytestmark = [pytest.mark.cluster]
+
+SUFFIX = uuid.uuid4().hex[:6]
+NAMESPACE = f"rukpak-webhook-{SUFFIX}"
+SELECTOR_LABEL = "rukpak-test-webhook"
+CONFIGURATION = f"rukpak-crd-validator-{SUFFIX}"
+
+
+@pytest.fixture(scope="module")
+def kube(kube_apiserver: Any) -> Iterator[Kube]:
+    client = Kube.from_kubeconfig(str(kube_apiserver.kubeconfig))
+    client.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def server(kube: Kube) -> Iterator[webhook.Server]:
+    bundle = certs.ensure(kube, NAMESPACE, ["127.0.0.1"])
+    srv = webhook.Server(webhook.existing_from(kube), bundle, host="127.0.0.1", port=0)
+    srv.start()
+    ref = ObjectRef(
+        "admissionregistration.k8s.io", "v1", "ValidatingWebhookConfiguration", "", CONFIGURATION
+    )
+    kube.apply(
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": CONFIGURATION},
+            "webhooks": [
+                {
+                    "name": "crd-validation.core.rukpak.io",
+                    "clientConfig": {"url": f"https://127.0.0.1:{srv.port}{webhook.PATH}"},
+                    "rules": [
+                        {
+                            "apiGroups": ["apiextensions.k8s.io"],
+                            "apiVersions": ["v1"],
+                            "operations": ["CREATE", "UPDATE"],
+                            "resources": ["customresourcedefinitions"],
+                        }
+                    ],
+                    "objectSelector": {"matchLabels": {SELECTOR_LABEL: SUFFIX}},
+                    "failurePolicy": "Fail",
+                    "sideEffects": "None",
+                    "admissionReviewVersions": ["v1"],
+                    "timeoutSeconds": 10,
+                }
+            ],
+        }
+    )
+    assert certs.publish_ca(kube, CONFIGURATION, bundle.ca)
+    yield srv
+    kube.delete(ref)
+    srv.stop()
+
+
+def crd(plural: str, *, versions: list[Obj], owned: bool = True, **annotations: str) -> Obj:
+    group = f"{SUFFIX}.webhook.example.com"
+    labels = {SELECTOR_LABEL: SUFFIX}
+    if owned:
+        labels[OWNER_LABEL] = "some-bd"
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{plural}.{group}",
+            "labels": labels,
+            "annotations": annotations,
+        },
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": plural, "singular": plural[:-1], "kind": plural[:-1].title()},
+            "versions": versions,
+        },
+    }
+
+
+def version(name: str, size_type: str = "integer", *, storage: bool = True) -> Obj:
+    return {
+        "name": name,
+        "served": True,
+        "storage": storage,
+        "schema": {
+            "openAPIV3Schema": {
+                "type": "object",
+                "properties": {
+                    "spec": {"type": "object", "properties": {"size": {"type": size_type}}}
+                },
+            }
+        },
+    }
+
+
+def install(kube: Kube, doc: Obj, *, with_cr: bool = True) -> Obj:
+    kube.apply(doc)
+    ref = ObjectRef.of(doc)
+    eventually(
+        lambda: (condition(kube.get(ref) or {}, "Established") or {}).get("status") == "True",
+        timeout=30,
+        what=f"{ref} Established",
+    )
+    spec = doc["spec"]
+    api_version = f"{spec['group']}/{spec['versions'][0]['name']}"
+    cr = {
+        "apiVersion": api_version,
+        "kind": spec["names"]["kind"],
+        "metadata": {"name": "one", "namespace": NAMESPACE},
+        "spec": {"size": 3},
+    }
+    if with_cr:
+        eventually(lambda: kube.serves(api_version, spec["names"]["kind"]), timeout=30)
+        eventually(lambda: _created(kube, cr), timeout=30, what="the custom resource")
+    return doc
+
+
+def _created(kube: Kube, cr: Obj) -> bool:
+    try:
+        kube.apply(cr)
+    except errors.NotFound:
+        return False
+    return True
+
+
+def unique_plural(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:5]}s"
+
+
+def test_an_update_that_invalidates_existing_resources_is_denied(
+    kube: Kube, server: webhook.Server
+) -> None:
+    doc = install(kube, crd(unique_plural("widget"), versions=[version("v1")]))
+    doc["spec"]["versions"] = [version("v1", "string")]
+    with pytest.raises(errors.RukpakError) as caught:
+        kube.apply(doc)
+    message = caught.value.message
+    assert "error validating existing CRs against new CRD's schema" in message
+    assert 'admission webhook "crd-validation.core.rukpak.io" denied' in message
+    assert "one" in message and "size" in message
+
+
+def test_no_longer_serving_a_stored_version_is_denied(kube: Kube, server: webhook.Server) -> None:
+    # (removing it outright the API server refuses by itself, before any webhook)
+    doc = install(kube, crd(unique_plural("gadget"), versions=[version("v1")]), with_cr=False)
+    doc["spec"]["versions"] = [{**version("v1", storage=False), "served": False}, version("v2")]
+    with pytest.raises(errors.RukpakError, match="version v1 is stored but would no longer be"):
+        kube.apply(doc)
+
+
+def test_a_compatible_update_is_admitted(kube: Kube, server: webhook.Server) -> None:
+    doc = install(kube, crd(unique_plural("gizmo"), versions=[version("v1")]))
+    doc["spec"]["versions"] = [version("v1", "integer"), version("v2", storage=False)]
+    updated = kube.apply(doc)
+    assert [v["name"] for v in updated["spec"]["versions"]] == ["v1", "v2"]
+
+
+def test_a_crd_no_bundledeployment_owns_is_admitted(kube: Kube, server: webhook.Server) -> None:
+    doc = install(kube, crd(unique_plural("thing"), versions=[version("v1")], owned=False))
+    doc["spec"]["versions"] = [version("v1", "string")]
+    updated = kube.apply(doc)
+    schema = updated["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert schema["properties"]["spec"]["properties"]["size"]["type"] == "string"
+
+
+@pytest.mark.parametrize(
+    "annotation",
+    [
+        {"core.rukpak.io/crd-upgrade-safety": "disabled"},
+        {"core.rukpak.io/safe-crd-upgrade-validation": "false"},
+    ],
+    ids=["ours", "upstream's"],
+)
+def test_the_opt_out_annotation_is_honoured(
+    kube: Kube, server: webhook.Server, annotation: dict[str, str]
+) -> None:
+    doc = install(kube, crd(unique_plural("optout"), versions=[version("v1")]))
+    doc["spec"]["versions"] = [version("v1", "string")]
+    doc["metadata"]["annotations"] = annotation
+    kube.apply(doc)
+
+
+def test_the_certificate_is_kept_in_a_secret_and_reused(kube: Kube, server: webhook.Server) -> None:
+    first = certs.ensure(kube, NAMESPACE, ["127.0.0.1"])
+    again = certs.ensure(kube, NAMESPACE, ["127.0.0.1"])
+    assert first == again
+    secret = kube.get(ObjectRef("", "v1", "Secret", NAMESPACE, certs.SECRET_NAME))
+    assert secret is not None and secret["type"] == "kubernetes.io/tls"
+    assert base64.b64decode(secret["data"]["ca.crt"]) == first.ca
+    # other names: a new certificate replaces it
+    other = certs.ensure(kube, NAMESPACE, ["127.0.0.1", "rukpak-webhook.x.svc"])
+    assert other.cert != first.cert
+    assert certs.usable(other, ["rukpak-webhook.x.svc"])
+    configuration = kube.get(
+        ObjectRef(
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingWebhookConfiguration",
+            "",
+            CONFIGURATION,
+        )
+    )
+    assert configuration is not None
+    (hook,) = configuration["webhooks"]
+    assert base64.b64decode(hook["clientConfig"]["caBundle"]) == first.ca
