@@ -155,6 +155,7 @@ B2 = with_ref(B, "registry.example/hello:v2")
                 instance=instance(B2),
                 pods=(pod(B2),),
                 lease_holder="inst-1",
+                installed_by="inst-1",
             ),
             ["DeleteBundle", "WriteStatus"],
         ),
@@ -288,13 +289,35 @@ def _ready(of: Obj, **kw: Any) -> plan.Observed:
             ("Unknown", "NotInstalled"),
         ),
         (_ready(B, pods=(pod(B),)), ("False", "InstallPending"), ("Unknown", "NotInstalled")),
-        (
+        (  # holds the Lease but still applying: its install mark is missing
             _ready(B, pods=(pod(B),), lease_holder="inst-1", health=plan.Health(True, "ok")),
+            ("False", "InstallPending"),
+            ("Unknown", "NotInstalled"),
+        ),
+        (  # the mark left by a previous holder does not count for this one
+            _ready(B, pods=(pod(B),), lease_holder="inst-1", installed_by="inst-0"),
+            ("False", "InstallPending"),
+            ("Unknown", "NotInstalled"),
+        ),
+        (
+            _ready(
+                B,
+                pods=(pod(B),),
+                lease_holder="inst-1",
+                installed_by="inst-1",
+                health=plan.Health(True, "ok"),
+            ),
             ("True", "InstallationSucceeded"),
             ("True", "Healthy"),
         ),
         (
-            _ready(B, pods=(pod(B),), lease_holder="inst-1", health=plan.Health(False, "cm gone")),
+            _ready(
+                B,
+                pods=(pod(B),),
+                lease_holder="inst-1",
+                installed_by="inst-1",
+                health=plan.Health(False, "cm gone"),
+            ),
             ("True", "InstallationSucceeded"),
             ("False", "Unhealthy"),
         ),
@@ -308,8 +331,10 @@ def _ready(of: Obj, **kw: Any) -> plan.Observed:
         "no pod yet",
         "pod cannot mount",
         "pod running, lease not yet held",
-        "pod holds the lease, objects ready",
-        "pod holds the lease, an object unhealthy",
+        "pod holds the lease, still applying",
+        "pod holds the lease, install mark from an old holder",
+        "pod holds the lease and installed, objects ready",
+        "pod holds the lease and installed, an object unhealthy",
         "pod crashed",
     ],
 )
@@ -332,7 +357,13 @@ def test_a_failed_install_carries_the_termination_message() -> None:
 
 
 def test_unchanged_status_is_not_written_again_and_raises_no_events() -> None:
-    observed = _ready(B, pods=(pod(B),), lease_holder="inst-1", health=plan.Health(True, "ok"))
+    observed = _ready(
+        B,
+        pods=(pod(B),),
+        lease_holder="inst-1",
+        installed_by="inst-1",
+        health=plan.Health(True, "ok"),
+    )
     first = plan.plan(B, observed, settings=SETTINGS)
     assert any(isinstance(a, plan.RecordEvent) for a in first)
     converged = {**B, "status": status_of(first)}
@@ -343,7 +374,14 @@ def test_unchanged_status_is_not_written_again_and_raises_no_events() -> None:
 def test_a_transition_keeps_the_time_of_unchanged_conditions() -> None:
     observed = _ready(B, pods=(pod(B),))
     first = status_of(plan.plan(B, observed, settings=SETTINGS))
-    later = _ready(B, pods=(pod(B),), lease_holder="inst-1", health=plan.Health(True, ""), now="T2")
+    later = _ready(
+        B,
+        pods=(pod(B),),
+        lease_holder="inst-1",
+        installed_by="inst-1",
+        health=plan.Health(True, ""),
+        now="T2",
+    )
     second = status_of(plan.plan({**B, "status": first}, later, settings=SETTINGS))
     times = {c["type"]: c["lastTransitionTime"] for c in second["conditions"]}
     assert times == {"HasValidBundle": NOW, "Installed": "T2", "Healthy": "T2"}
@@ -447,6 +485,7 @@ def test_a_failed_new_bundle_keeps_the_active_one_and_its_instance() -> None:
         instance=instance(B),
         pods=(pod(B),),
         lease_holder="inst-1",
+        installed_by="inst-1",
         health=plan.Health(True, "ok"),
     )
     actions = plan.plan({**B2, "status": {"activeBundle": active}}, observed, settings=SETTINGS)
@@ -459,7 +498,11 @@ def test_a_failed_new_bundle_keeps_the_active_one_and_its_instance() -> None:
 def test_active_bundle_is_named_only_once_installed() -> None:
     actions = plan.plan(B, _ready(B, pods=(pod(B),)), settings=SETTINGS)
     assert "activeBundle" not in status_of(actions)
-    installed = plan.plan(B, _ready(B, pods=(pod(B),), lease_holder="inst-1"), settings=SETTINGS)
+    installed = plan.plan(
+        B,
+        _ready(B, pods=(pod(B),), lease_holder="inst-1", installed_by="inst-1"),
+        settings=SETTINGS,
+    )
     status = status_of(installed)
     assert status["activeBundle"] == model.bundle_name(B)
     message = next(c["message"] for c in status["conditions"] if c["type"] == "Installed")

@@ -48,6 +48,10 @@ KIND = "Lease"
 _MICROTIME = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 
+INSTALLED_BY_ANNOTATION = "core.rukpak.io/installed-by"
+"""On an instance Lease: the identity (pod name) of the holder that finished installing."""
+
+
 def lease_name(deployment: str) -> str:
     """The Lease of the instance pods of deployment ``deployment``."""
     return f"rukpak-instance-{deployment}"
@@ -290,6 +294,32 @@ class LeaseLock:
             except errors.NotFound:
                 self._lose("deleted")
                 return False
+            self._took(live)
+            return True
+
+    def annotate(self, annotations: dict[str, str]) -> bool:
+        """Record ``annotations`` on the Lease while we hold it; False when we don't.
+
+        The instance marks the Lease once its install finished
+        (``INSTALLED_BY_ANNOTATION``), so the manager can tell a pod that holds the
+        Lease but is still applying from one that has applied.
+        """
+        with self._mutex:
+            if not self._held or self.lost.is_set():
+                return False
+            patch: dict[str, Any] = {"annotations": annotations}
+            try:
+                live = self._kube.merge_patch(
+                    self.ref, {"metadata": {**patch, "resourceVersion": self._rv}}
+                )
+            except errors.Aborted:  # renewed or taken since: patch what is there if ours
+                current = self._read()
+                if current is None or current.holder != self.identity:
+                    return False
+                live = self._kube.merge_patch(
+                    self.ref,
+                    {"metadata": {**patch, "resourceVersion": current.resource_version}},
+                )
             self._took(live)
             return True
 

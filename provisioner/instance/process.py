@@ -202,6 +202,8 @@ class Instance:
                 return EXIT_OK
             if not self.stopping.is_set():
                 result = self.install(bundle)
+                # Tell the manager the install finished: Installed=True waits for this mark.
+                self.lock.annotate({lease.INSTALLED_BY_ANNOTATION: self.identity})
                 if not self.lock.lost.is_set() and not self.stopping.is_set():
                     self.watch(result)
             if self.lock.lost.is_set():

@@ -172,7 +172,11 @@ class Controller:
         def holder(obj: Obj) -> str:
             return str((obj.get("spec") or {}).get("holderIdentity") or "")
 
-        if holder(old) != holder(new):
+        def installed_by(obj: Obj) -> str:
+            marks = (obj.get("metadata") or {}).get("annotations") or {}
+            return str(marks.get(lease.INSTALLED_BY_ANNOTATION) or "")
+
+        if holder(old) != holder(new) or installed_by(old) != installed_by(new):
             self._lease_changed(new)
 
     def _event_seen(self, obj: Obj) -> None:
@@ -218,11 +222,14 @@ class Controller:
         pods = tuple(p for p in self.pods.items() if _by_label(p) == name)
         lease_obj = self.leases.get(sys_ns, lease.lease_name(name))
         holder = str(((lease_obj or {}).get("spec") or {}).get("holderIdentity") or "")
+        marks = ((lease_obj or {}).get("metadata") or {}).get("annotations") or {}
+        installed_by = str(marks.get(lease.INSTALLED_BY_ANNOTATION) or "")
         return bd, plan.Observed(
             bundles=bundles,
             instance=instance,
             pods=pods,
             lease_holder=holder,
+            installed_by=installed_by,
             health=self._health(name) if instance is not None and self.read_health else None,
             now=now_text(),
         )

@@ -80,6 +80,8 @@ class Observed:
     pods: tuple[Obj, ...] = ()
     """The instance Deployment's pods."""
     lease_holder: str = ""
+    installed_by: str = ""
+    """Which holder marked the instance Lease as installed ("" when none did)."""
     """Who holds the instance Lease ("" when nobody)."""
     health: Health | None = None
     """None when nothing is installed (no inventory) or health was not read."""
@@ -204,7 +206,8 @@ Verdict = tuple[str, str, str]
 
 
 def installed(observed: Observed, active: str) -> Verdict:
-    """Installed: the active Bundle's instance pod runs and holds the instance Lease."""
+    """Installed: the active Bundle's instance pod runs, holds the instance Lease and marked
+    it as installed (its apply finished)."""
     if not active:
         return "False", "InstallPending", "no Bundle is active yet"
     pods = [
@@ -234,7 +237,7 @@ def installed(observed: Observed, active: str) -> Verdict:
                         "InstallFailed",
                         f"instance pod {name} failed: {message.strip()}",
                     )
-            if "running" in state and observed.lease_holder == name:
+            if "running" in state and observed.lease_holder == observed.installed_by == name:
                 return "True", "InstallationSucceeded", f"Instantiated bundle {active} successfully"
             waiting = state.get("waiting") or {}
             if waiting.get("message"):
