@@ -36,10 +36,13 @@ from tests.csi_helpers import (
 from tests.polling import logged
 from tests.registry import RegistryServer
 
-pytestmark = [
-    pytest.mark.registry,
-    pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse"),
-]
+pytestmark = [pytest.mark.registry]
+
+
+@pytest.fixture(autouse=True)
+def _dev_fuse() -> None:
+    if not os.path.exists("/dev/fuse"):
+        pytest.fail("no /dev/fuse: FUSE mode needs the fuse kernel module (modprobe fuse)")
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ from provisioner.engine.objects import Obj
 from provisioner.manager import model
 from provisioner.manager.generate import UNPACK_CONTAINER, unpack_pod
 from provisioner.manager.model import Settings
+from provisioner.manager.plan import RecordEvent as RecordEvent
 from provisioner.manager.unpack import Result
 
 UNPACKED = "Unpacked"
@@ -81,17 +82,11 @@ class WriteStatus:
 
 
 @dataclass(frozen=True)
-class RecordEvent:
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
 class Requeue:
     after: float
 
 
+# RecordEvent (an Event) is the same action for Bundles as for BundleDeployments.
 Action = Resolve | CreatePod | DeletePod | WriteStatus | RecordEvent | Requeue
 
 
