@@ -9,7 +9,7 @@ import pytest
 
 from provisioner.engine.objects import Obj
 from provisioner.manager import generate as build
-from provisioner.manager import model, plan
+from provisioner.manager import model, plan, sources
 
 SETTINGS = model.Settings(image="registry.example/rukpak:v1", host_network=True)
 DIGEST = "registry.example/hello@sha256:" + "a" * 64
@@ -63,7 +63,8 @@ def bundle(of: Obj, *, resolved: str = "", failing: str = "", phase: str = "Unpa
 
 
 def instance(of: Obj, resolved: str = DIGEST) -> Obj:
-    return build.instance_deployment(of, model.bundle_name(of), resolved, SETTINGS)
+    pinned = sources.pinned_image(resolved)
+    return build.instance_deployment(of, model.bundle_name(of), pinned, SETTINGS)
 
 
 def pod(
@@ -265,7 +266,7 @@ def test_a_template_of_another_provisioner_class_is_refused() -> None:
 
 def test_without_host_network_the_instance_uses_the_pod_network() -> None:
     settings = model.Settings(image="x")
-    dep = build.instance_deployment(B, "b", DIGEST, settings)
+    dep = build.instance_deployment(B, "b", sources.pinned_image(DIGEST), settings)
     assert "hostNetwork" not in dep["spec"]["template"]["spec"]
 
 

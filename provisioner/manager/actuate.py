@@ -23,7 +23,7 @@ from csi.oci import reference
 from provisioner.engine import lifecycle
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.manager import bundleplan, model, plan
+from provisioner.manager import bundleplan, model, plan, sources
 
 log = logging.getLogger("rukpak.manager")
 
@@ -127,7 +127,12 @@ def resolve_bundle(kube: Kube, bundle: Obj, action: bundleplan.Resolve, resolve:
             _event(kube, bundle, model.BUNDLE, "Warning", "UnpackPending", message, now=_now())
         raise errors.Unavailable(message) from None
     status = bundleplan.status_for(
-        bundle, bundleplan.PHASE_PENDING, bundleplan.REASON_PENDING, "", _now(), resolved=pinned
+        bundle,
+        bundleplan.PHASE_PENDING,
+        bundleplan.REASON_PENDING,
+        "",
+        _now(),
+        resolved=sources.pinned_image(pinned),
     )
     kube.merge_patch_status(bundle_ref(action.name), {"status": status})
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from provisioner.engine.objects import Obj
-from provisioner.manager import model
+from provisioner.manager import model, sources
 from provisioner.manager.generate import UNPACK_CONTAINER, unpack_pod
 from provisioner.manager.model import Settings
 from provisioner.manager.plan import RecordEvent as RecordEvent
@@ -96,8 +96,9 @@ def handles(bundle: Obj) -> bool:
 
 
 def resolved_ref(bundle: Obj) -> str:
-    resolved = (bundle.get("status") or {}).get("resolvedSource") or {}
-    return str((resolved.get("image") or {}).get("ref") or "")
+    """The pinned source in a few words; "" while the Bundle is not pinned."""
+    resolved = sources.pinned(bundle)
+    return sources.describe(resolved) if resolved is not None else ""
 
 
 def unpacked_condition(bundle: Obj) -> Obj | None:
@@ -113,7 +114,7 @@ def _meta(obj: Obj) -> Obj:
 
 
 def status_for(
-    bundle: Obj, phase: str, reason: str, message: str, now: str, *, resolved: str = ""
+    bundle: Obj, phase: str, reason: str, message: str, now: str, *, resolved: Obj | None = None
 ) -> Obj:
     """The Bundle's status for a phase; keeps lastTransitionTime when the status holds."""
     old = unpacked_condition(bundle) or {}
@@ -134,8 +135,8 @@ def status_for(
             }
         ],
     }
-    if resolved:
-        status["resolvedSource"] = {"type": "image", "image": {"ref": resolved}}
+    if resolved is not None:
+        status["resolvedSource"] = resolved
     return status
 
 
@@ -186,23 +187,22 @@ def plan(bundle: Obj, observed: Observed, *, settings: Settings) -> list[Action]
         return [DeletePod(settings.system_namespace, name)] if pod is not None else []
 
     source = (bundle.get("spec") or {}).get("source") or {}
-    if source.get("type") != "image":
-        message = f'source bundle content: bundle source type "{source.get("type")}" not supported'
+    if (message := sources.unsupported(source)) is not None:
         return _write(
             bundle, status_for(bundle, PHASE_FAILING, REASON_FAILED, message, observed.now)
         )
 
-    resolved = resolved_ref(bundle)
-    if not resolved:
+    pinned = sources.pinned(bundle)
+    if pinned is None:
         return [Resolve(name, str((source.get("image") or {}).get("ref") or ""))]
 
     def write(phase: str, reason: str, message: str) -> list[Action]:
         return _write(
-            bundle, status_for(bundle, phase, reason, message, observed.now, resolved=resolved)
+            bundle, status_for(bundle, phase, reason, message, observed.now, resolved=pinned)
         )
 
     if pod is None:
-        actions: list[Action] = [CreatePod(unpack_pod(bundle, resolved, settings))]
+        actions: list[Action] = [CreatePod(unpack_pod(bundle, pinned, settings))]
         return actions + write(PHASE_PENDING, REASON_PENDING, "")
     if _meta(pod).get("deletionTimestamp"):
         return write(PHASE_PENDING, REASON_PENDING, "")

@@ -8,7 +8,7 @@ through an inline ``csi.rukpak.io`` volume, ``rukpak-provisioner instance``
 as its command (with the ``--format`` of the Bundle's provisioner class,
 ``model.CLASS_FORMATS``), and a hash of its body as an annotation so an unchanged
 Deployment is never re-applied. The unpack pod (``unpack_pod``) mounts a
-Bundle's resolved image the same way and runs ``rukpak-provisioner unpack``.
+Bundle's pinned source the same way and runs ``rukpak-provisioner unpack``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from provisioner.engine.objects import Obj
-from provisioner.manager import model
+from provisioner.manager import model, sources
 from provisioner.manager.model import Settings
 
 
@@ -69,8 +69,9 @@ def desired_bundle(bd: Obj) -> Obj:
     }
 
 
-def instance_deployment(bd: Obj, bundle: str, image_ref: str, settings: Settings) -> Obj:
-    """The one-replica, Recreate Deployment whose pod mounts ``image_ref`` at /bundle."""
+def instance_deployment(bd: Obj, bundle: str, resolved: Obj, settings: Settings) -> Obj:
+    """The one-replica, Recreate Deployment whose pod mounts the pinned ``resolved`` source
+    (``sources.volume``) at /bundle."""
     name = model.name_of(bd)
     spec = bd.get("spec") or {}
     install_ns = spec.get("installNamespace") or settings.default_install_namespace
@@ -104,16 +105,7 @@ def instance_deployment(bd: Obj, bundle: str, image_ref: str, settings: Settings
                 "volumeMounts": [{"name": "bundle", "mountPath": "/bundle", "readOnly": True}],
             }
         ],
-        "volumes": [
-            {
-                "name": "bundle",
-                "csi": {
-                    "driver": "csi.rukpak.io",
-                    "readOnly": True,
-                    "volumeAttributes": {"image": image_ref, "pullPolicy": "IfNotPresent"},
-                },
-            }
-        ],
+        "volumes": [sources.volume(resolved)],
     }
     if settings.host_network:
         pod_spec["hostNetwork"] = True
@@ -145,7 +137,7 @@ def instance_deployment(bd: Obj, bundle: str, image_ref: str, settings: Settings
 UNPACK_CONTAINER = "unpack"
 
 
-def unpack_pod(bundle: Obj, image_ref: str, settings: Settings) -> Obj:
+def unpack_pod(bundle: Obj, resolved: Obj, settings: Settings) -> Obj:
     """The run-once pod (named after the Bundle, owned by it) that validates its content.
 
     Labelled as upstream labels its unpack pods (owner-kind Bundle, owner-name); no
@@ -205,15 +197,6 @@ def unpack_pod(bundle: Obj, image_ref: str, settings: Settings) -> Obj:
                     "volumeMounts": [{"name": "bundle", "mountPath": "/bundle", "readOnly": True}],
                 }
             ],
-            "volumes": [
-                {
-                    "name": "bundle",
-                    "csi": {
-                        "driver": "csi.rukpak.io",
-                        "readOnly": True,
-                        "volumeAttributes": {"image": image_ref, "pullPolicy": "IfNotPresent"},
-                    },
-                }
-            ],
+            "volumes": [sources.volume(resolved)],
         },
     }

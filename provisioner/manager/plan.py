@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from provisioner.engine.objects import Obj
-from provisioner.manager import model
+from provisioner.manager import model, sources
 from provisioner.manager.generate import desired_bundle, instance_deployment
 from provisioner.manager.model import Settings
 
@@ -177,11 +177,6 @@ def _annotation(obj: Obj | None, key: str) -> str:
 
 def _pod_annotation(pod: Obj) -> str:
     return _annotation(pod, model.BUNDLE_ANNOTATION)
-
-
-def _resolved_ref(bundle: Obj) -> str:
-    resolved = (bundle.get("status") or {}).get("resolvedSource") or {}
-    return str((resolved.get("image") or {}).get("ref") or "")
 
 
 def _unpacked_message(bundle: Obj) -> str:
@@ -340,19 +335,15 @@ def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
             f"template provisionerClassName {bundle_class!r} is not handled here (its Bundle "
             f"would never be unpacked); use {ours}",
         )
-    elif source.get("type") != "image":
-        valid = (
-            "False",
-            "UnsupportedSource",
-            f"source type {source.get('type')!r} is not supported yet; use an image source",
-        )
+    elif (unsupported := sources.unsupported(source)) is not None:
+        valid = ("False", "UnsupportedSource", unsupported)
     elif current is None:
         actions.append(CreateBundle(desired_bundle(bd)))
         valid = ("True", "UnpackPending", f"Waiting for the {wanted} Bundle to be unpacked")
     elif (failure := _failure(current)) is not None:
         valid = ("False", "UnpackFailed", f"Failed to unpack the {wanted} Bundle: {failure}")
     elif (current.get("status") or {}).get("phase") != "Unpacked" or not (
-        resolved := _resolved_ref(current)
+        resolved := sources.pinned(current)
     ):
         waiting = _unpacked_message(current)
         valid = (
