@@ -15,6 +15,7 @@ APT_PACKAGES=(
   curl zstd            # benchmark baseline and zstd layers
   openssl iproute2 util-linux  # test PKI, the node bridge, mount/flock
   debootstrap          # the node plugin image (hack/image/build.sh), no container engine
+  git openssh-server   # git sources: git http-backend and sshd servers the tests start
 )
 
 missing=()

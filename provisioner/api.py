@@ -1,29 +1,46 @@
-"""The public API of the apply engine, for the instance pod and out-of-tree provisioners.
+"""The public API for provisioners written outside this project (and the CLI's engine).
 
-A small, deliberately named surface over ``provisioner.engine``; everything
-not listed here may change. The flow, in the order a caller uses it::
+Where it sits: above ``provisioner.engine`` (apply, inventory, drift), the image
+pipeline (``csi.oci``, ``csi.image``) and the Lease helper, and below any
+provisioner that is not part of the core: ``contrib/helm-provisioner`` imports
+nothing else from this project. Everything not named in ``__all__`` may change
+without notice; docs/writing-a-provisioner.md says what is public and how stable.
+
+The flow, in the order a provisioner uses it::
 
     from provisioner import api
 
-    kube = api.Kube.from_kubeconfig()                  # the one client adapter
-    bundle = api.load_bundle(Path("/bundle"))          # plain+v0 by default
-    result = api.install(kube, bundle, api.Options(name="demo", namespace="demo"))
-    print(api.unhealthy([(a.ref, kube.get(a.ref)) for a in result.applied]))
-    api.DriftWatcher(kube, "demo", result.applied).run(stop_event)
+    kube = api.Kube.from_kubeconfig()                         # the one client adapter
+    lock = api.lead(kube, namespace="rukpak-system", name="my-provisioner",
+                    identity=pod_name, stop=stop, lost=lost)  # one active replica
+    queue = api.WorkQueue()                                   # dedup, delays, backoff
+    bds = api.Informer(kube, api.API_VERSION, "BundleDeployment",
+                       on_change=lambda bd: queue.add(bd["metadata"]["name"]))
 
-To follow other objects the way drift correction and the manager do (list, then
-watch; re-list on 410 Gone; a local cache with add/update/delete handlers), use
-``api.Informer`` (``provisioner.engine.listwatch``).
+    pinned = api.fetch_bundle("registry.example.com/charts/web:v1", Path("/cache/web"))
+    bundle = api.Bundle("my-format", tuple(api.parse_manifests("rendered.yaml", text)))
+    result = api.install(kube, bundle, api.Options(name="web", namespace="web"))
+    watcher = api.DriftWatcher(kube, "web", result.applied)   # .run() until .stop()
+    api.uninstall(kube, "web")                                # on BundleDeployment deletion
 
-Bundle formats are plug-ins: ``register_format("registry+v1", loader)`` where
-``loader(root: Path) -> Bundle``. Errors are ``csi.common.errors`` values; the
-engine's own subclasses are re-exported below.
+A provisioner whose content is already a plain+v0 or registry+v1 tree can use
+``load_bundle(root, format=...)``; ``register_format(name, loader)`` adds a loader
+``(root: Path) -> Bundle`` for ``load_bundle``. Errors are ``csi.common.errors``
+values (each has ``.message`` and a gRPC-style code); the engine's own subclasses
+are re-exported below.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from csi.common.errors import RukpakError
 from provisioner.engine.apply import Applied, DeletionPolicy, Options, Result, install
-from provisioner.engine.crdsafety import check as check_crd_upgrade
 from provisioner.engine.diff import Change
 from provisioner.engine.diff import plan as diff
 from provisioner.engine.drift import DriftWatcher
@@ -37,18 +54,30 @@ from provisioner.engine.errors import (
 from provisioner.engine.formats import Bundle, Manifest, Source
 from provisioner.engine.formats import load as load_bundle
 from provisioner.engine.formats import register as register_format
+from provisioner.engine.formats_plain import parse as _parse
 from provisioner.engine.health import Health, unhealthy
 from provisioner.engine.health import assess as assess_health
-from provisioner.engine.inventory import Inventory, plan_prune
+from provisioner.engine.inventory import DEFAULT_SYSTEM_NAMESPACE
 from provisioner.engine.kube import Kube
 from provisioner.engine.lifecycle import ObjectStatus, status, uninstall
 from provisioner.engine.listwatch import Informer
-from provisioner.engine.objects import FIELD_MANAGER, OWNER_LABEL, ObjectRef
-from provisioner.engine.ordering import Phase, phases
+from provisioner.engine.objects import FIELD_MANAGER, OWNER_LABEL, Obj, ObjectRef
+from provisioner.instance.lease import LeaseLock, lead
+from provisioner.manager.generate import desired_bundle
+from provisioner.manager.queue import WorkQueue
+
+GROUP = "core.rukpak.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+"""``apiVersion`` of Bundles and BundleDeployments."""
 
 __all__ = [
+    "API_VERSION",
+    "DEFAULT_SYSTEM_NAMESPACE",
     "FIELD_MANAGER",
+    "GROUP",
     "OWNER_LABEL",
+    "VERSION",
     "Applied",
     "ApplyFailed",
     "Bundle",
@@ -59,26 +88,105 @@ __all__ = [
     "DriftWatcher",
     "Health",
     "Informer",
-    "Inventory",
     "Kube",
+    "LeaseLock",
     "Manifest",
+    "Obj",
     "ObjectRef",
     "ObjectStatus",
     "Options",
     "OwnershipConflict",
-    "Phase",
     "Result",
+    "RukpakError",
     "Source",
     "UnknownKind",
+    "WorkQueue",
     "assess_health",
-    "check_crd_upgrade",
+    "bundle_deployment_ref",
+    "bundle_ref",
+    "desired_bundle",
     "diff",
+    "fetch_bundle",
     "install",
+    "lead",
     "load_bundle",
-    "phases",
-    "plan_prune",
+    "parse_manifests",
     "register_format",
     "status",
     "unhealthy",
     "uninstall",
 ]
+
+
+def bundle_ref(name: str) -> ObjectRef:
+    """The Bundle ``name`` (cluster-scoped), for ``Kube.get``/``merge_patch_status``/``delete``."""
+    return ObjectRef(GROUP, VERSION, "Bundle", "", name)
+
+
+def bundle_deployment_ref(name: str) -> ObjectRef:
+    """The BundleDeployment ``name`` (cluster-scoped)."""
+    return ObjectRef(GROUP, VERSION, "BundleDeployment", "", name)
+
+
+def parse_manifests(file: str, text: str) -> list[Manifest]:
+    """The objects in one YAML (or, for ``*.json``, JSON) text, each remembering ``file``,
+    its document and line, so apply errors point back at it (e.g. a rendered template's
+    name). ``BundleInvalid`` names the document at fault. Empty documents are skipped."""
+    return _parse(file, text)
+
+
+def fetch_bundle(
+    ref: str,
+    dest: Path,
+    *,
+    insecure: Iterable[str] = (),
+    timeout: float = 30.0,
+) -> str:
+    """Pull the bundle image ``ref`` and write its files to ``dest``; return the pinned
+    reference (``repository@sha256:...`` of what ``ref`` pointed at, index or manifest).
+
+    The same pipeline as the CSI node plugin: every blob verified against its digest,
+    layers extracted safely (no path escapes, bounded sizes), the platform of this
+    machine picked from an index. ``dest`` must not exist; it appears complete or not
+    at all (written beside it, then renamed), its files writable by the caller. A
+    digest reference is fetched as is, so the content of a pinned reference never
+    changes. Loopback registries are spoken to over plain HTTP; ``insecure`` lists
+    other ``host:port`` that are. No credentials: public images only, for now.
+
+    Errors: ``csi.common.errors`` values naming the reference and the registry's answer
+    (NotFound for a missing tag, Unavailable when the registry does not answer, ...).
+    """
+    from csi.oci import client as oci_client
+    from csi.oci import reference
+    from provisioner.bundle import source
+
+    if dest.exists():
+        raise FileExistsError(f"{dest} exists: fetch_bundle writes a new directory")
+    hosts = tuple(insecure)
+    parsed = reference.Reference.parse(ref)
+    if parsed.digest is not None:
+        pinned = f"{parsed.name}@{parsed.digest}"
+    else:
+        with oci_client.RegistryClient(insecure=hosts, timeout=timeout) as registry:
+            pinned = f"{parsed.name}@{registry.resolve(parsed).digest}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        with source.local_bundle(pinned, insecure=hosts, timeout=timeout) as tree:
+            shutil.copytree(tree, staging / "tree", symlinks=True)
+        _make_writable(staging / "tree")
+        os.rename(staging / "tree", dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return pinned
+
+
+def _make_writable(root: Path) -> None:
+    """The image cache seals trees read-only; a caller's copy is its own to remove."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*dirnames, *filenames]:
+            path = Path(dirpath, name)
+            mode = path.lstat().st_mode
+            if not stat.S_ISLNK(mode):
+                path.chmod(stat.S_IMODE(mode) | stat.S_IWUSR)
+    root.chmod(stat.S_IMODE(root.stat().st_mode) | stat.S_IWUSR)

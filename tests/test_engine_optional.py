@@ -57,7 +57,7 @@ def test_an_optional_object_of_an_unserved_api_is_skipped_and_the_rest_kept() ->
     assert kept == [DEPLOYMENT]
     assert [s.manifest for s in skipped] == [a, b]
     assert asked.questions == [("monitoring.coreos.com/v1", "ServiceMonitor")]  # asked once
-    assert optional.awaited(skipped) == {("monitoring.coreos.com", "ServiceMonitor")}
+    assert optional.awaited(skipped) == {("monitoring.coreos.com", "v1", "ServiceMonitor")}
 
 
 def test_an_optional_object_of_a_served_api_is_applied() -> None:

@@ -8,6 +8,7 @@ from the CSI volume (a directory stands in for the mounted bundle).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 
 from provisioner import __main__ as provisioner_main
-from provisioner.engine import inventory
+from provisioner.engine import appliedrecord, inventory
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, ObjectRef
 from provisioner.instance import lease
@@ -403,3 +404,46 @@ class TestTheInstanceProcess:
         assert "msg='lease lost'" in proc.log()
         assert "lost; stopped applying" in termination.read_text()
         assert holder(kube, name) == "intruder"
+
+    def test_once_installs_records_the_install_on_the_lease_releases_it_and_exits_0(
+        self, kube: Kube, name: str, tmp_path: Path, run_instance: Any
+    ) -> None:
+        monitor = {
+            "apiVersion": "monitoring.example.com/v1",
+            "kind": "Monitor",
+            "metadata": {
+                "name": "m",
+                "namespace": name,
+                "annotations": {"core.rukpak.io/optional": "true"},
+            },
+        }
+        root = tmp_path / "bundle"
+        write_bundle(root, {"01_all.yaml": [namespace(name), configmap("a", name, k="1"), monitor]})
+        proc = run_instance(
+            "--bundle-dir", str(root), "--name", name, "--identity", "run-1",
+            "--once", "--bundle", "b-1",
+        )  # fmt: skip
+        assert proc.process.wait(60) == 0, proc.log()
+        assert "optional objects set aside" in proc.log()
+        live = live_lease(kube, name)
+        assert live["spec"].get("holderIdentity") in ("", None)
+        marks = live["metadata"]["annotations"]
+        assert marks[lease.INSTALLED_BY_ANNOTATION] == "run-1"
+        assert marks[lease.INSTALLED_BUNDLE_ANNOTATION] == "b-1"
+        assert json.loads(marks[lease.OPTIONAL_SKIPPED_ANNOTATION]) == [
+            ["monitoring.example.com", "v1", "Monitor"]
+        ]
+        applied = appliedrecord.decode(marks[lease.APPLIED_RECORD_ANNOTATION])
+        cm = kube.get(ObjectRef("", "v1", "ConfigMap", name, "a"))
+        assert cm is not None
+        assert applied[appliedrecord.key_of(ObjectRef.of(cm))] == appliedrecord.fields_hash(cm)
+        assert set(applied) == {
+            appliedrecord.key_of(ObjectRef("", "v1", "Namespace", "", name)),
+            appliedrecord.key_of(ObjectRef.of(cm)),
+        }
+        # another writer taking a field we apply is what the manager will call drift
+        changed = kube.merge_patch(ObjectRef.of(cm), {"data": {"k": "2"}})
+        reason = appliedrecord.drift_of(
+            applied[appliedrecord.key_of(ObjectRef.of(cm))], changed, name
+        )
+        assert reason == "fields we apply were changed by another writer"

@@ -11,7 +11,9 @@ from provisioner.engine.objects import Obj
 from provisioner.manager import generate as build
 from provisioner.manager import model, plan, sources
 
-SETTINGS = model.Settings(image="registry.example/rukpak:v1", host_network=True)
+SETTINGS = model.Settings(
+    image="registry.example/rukpak:v1", host_network=True, instance_mode=model.DEPLOYMENT_MODE
+)
 DIGEST = "registry.example/hello@sha256:" + "a" * 64
 NOW = "2026-01-01T00:00:00Z"
 
@@ -398,14 +400,14 @@ def test_a_transition_keeps_the_time_of_unchanged_conditions() -> None:
                 "template": {
                     "spec": {
                         "provisionerClassName": model.PLAIN_CLASS,
-                        "source": {"type": "git", "git": {"repository": "https://x"}},
+                        "source": {"type": "upload", "upload": {}},
                     }
                 }
             },
             "UnsupportedSource",
         ),
     ],
-    ids=["another provisioner class", "a git source"],
+    ids=["another provisioner class", "an upload source"],
 )
 def test_what_this_manager_cannot_install_becomes_a_condition(spec: Obj, reason: str) -> None:
     actions = plan.plan(bd(**spec), plan.Observed(), settings=SETTINGS)
@@ -428,13 +430,17 @@ def deleting(of: Obj, **spec: Any) -> Obj:
             plan.Observed(instance=instance(B), pods=(pod(B),)),
             ["DeleteInstance", "Requeue"],
         ),
-        (deleting(B), plan.Observed(pods=(pod(B),)), ["Requeue"]),
+        (deleting(B), plan.Observed(pods=(pod(B),)), ["DeletePod", "Requeue"]),
         (
             deleting(B),
             plan.Observed(bundles=(bundle(B),)),
-            ["Uninstall", "DeleteBundle", "RemoveFinalizer"],
+            ["Uninstall", "DeleteLease", "DeleteBundle", "RemoveFinalizer"],
         ),
-        (deleting(B, paused=True), plan.Observed(), ["Uninstall", "RemoveFinalizer"]),
+        (
+            deleting(B, paused=True),
+            plan.Observed(),
+            ["Uninstall", "DeleteLease", "RemoveFinalizer"],
+        ),
         (
             {**deleting(B), "metadata": {"name": "hello", "deletionTimestamp": NOW}},
             plan.Observed(),
@@ -443,8 +449,8 @@ def deleting(of: Obj, **spec: Any) -> Obj:
     ],
     ids=[
         "the instance stops first",
-        "then its pods must go",
-        "then uninstall, delete the Bundles, drop the finalizer",
+        "then its pods must go (stopped if still running)",
+        "then uninstall, delete the Lease and the Bundles, drop the finalizer",
         "deletion runs even when paused",
         "without our finalizer nothing is left to do",
     ],

@@ -145,7 +145,10 @@ def written(actions: list[bundleplan.Action]) -> tuple[str, str, str, str]:
 
 
 def test_an_unresolved_bundle_is_resolved_first() -> None:
-    assert run(bundle()) == [bundleplan.Resolve("hello-1", "registry.example/hello:v1")]
+    (action,) = run(bundle())
+    assert isinstance(action, bundleplan.Resolve)
+    assert (action.name, action.ref) == ("hello-1", "registry.example/hello:v1")
+    assert action.source == {"type": "image", "image": {"ref": "registry.example/hello:v1"}}
 
 
 def test_a_resolved_bundle_gets_an_unpack_pod_mounting_the_digest() -> None:
@@ -219,13 +222,13 @@ def test_a_final_bundle_makes_no_pod_and_removes_a_leftover(phase: str) -> None:
 
 
 def test_an_unsupported_source_fails_in_upstreams_words() -> None:
-    git = {"type": "git", "git": {"repository": "https://x", "ref": {"branch": "main"}}}
-    actions = run(bundle(source=git))
+    upload = {"type": "upload", "upload": {}}
+    actions = run(bundle(source=upload))
     assert written(actions) == (
         "Failing",
         "False",
         "UnpackFailed",
-        'source bundle content: bundle source type "git" not supported',
+        'source bundle content: bundle source type "upload" not supported',
     )
 
 

@@ -190,6 +190,8 @@ class ReadOnlyFS(pyfuse3.Operations):
         return os.fsencode(tree.rows[row].target)
 
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        if os.environ.get("RUKPAK_FUSE_NO_OPEN"):
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         if inode != ROOT:
             _slot, tree, row = self._resolve(inode)
             if tree.rows[row].kind != index.DIR:
@@ -221,6 +223,8 @@ class ReadOnlyFS(pyfuse3.Operations):
         if row.kind != index.FILE:
             raise pyfuse3.FUSEError(errno.EISDIR if row.kind == index.DIR else errno.ELOOP)
         await self._ready(slot, row)
+        if os.environ.get("RUKPAK_FUSE_NO_OPEN"):
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         return pyfuse3.FileInfo(fh=inode, keep_cache=True, direct_io=False)
 
     async def _ready(self, slot: int, row: index.Row) -> None:

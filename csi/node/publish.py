@@ -33,6 +33,7 @@ from csi.image.locks import KeyedLocks
 from csi.node import mounter as mounts
 from csi.oci.auth import Credentials
 from csi.oci.manifest import Platform
+from csi.sources.cache import SourceCache
 from csi.volume.source import VolumeSource
 
 if TYPE_CHECKING:
@@ -61,8 +62,10 @@ class Publisher:
         platform: Platform | None = None,
         fuse: FusePublisher | None = None,
         default_mode: str = "bind",
+        sources: SourceCache | None = None,
     ) -> None:
         self.images = images
+        self.sources = sources or SourceCache(images)  # git and http volumes
         self.mounter = mounter
         self.kubelet_dir = Path(os.path.realpath(kubelet_dir))
         self.platform = platform or Platform.current()
@@ -98,6 +101,8 @@ class Publisher:
         target = self.check_target(req.target_path)
         key = str(target)
         with self._locks.hold(key):
+            if req.source.fetch is not None:
+                return self._publish_fetched(req, target)
             if (req.source.publish_mode or self.default_mode) == "fuse":
                 if self.fuse is None:
                     raise errors.FailedPrecondition(
@@ -167,6 +172,38 @@ class Publisher:
                 unpacked.cache_hit,
             )
             return unpacked.path
+
+    def _publish_fetched(self, req: PublishRequest, target: Path) -> Path:
+        """Publish a git or http volume (always a bind mount of its tree). Idempotent."""
+        assert req.source.fetch is not None
+        key = str(target)
+        holder = Holder(target=key, volume_id=req.volume_id, image=req.source.image)
+        if mounts.find(self.mounter.mounts(), target) is not None:
+            known = self.images.holders().get(key)
+            digest = self.images.holder_digest(key)
+            if known == holder and digest is not None and self.images.has_tree(digest):
+                return self.images.tree_path(digest)
+            raise errors.AlreadyExists(
+                f"target {key} already holds other content; unpublish it first"
+            )
+        unpacked = self.sources.ensure(req.source.fetch, holder=holder)
+        try:
+            if target.exists() and not target.is_dir():
+                raise errors.InvalidArgument(f"target {key} exists and is not a directory")
+            target.mkdir(mode=0o750, parents=True, exist_ok=True)
+            self.mounter.bind_read_only(unpacked.path, target)
+        except BaseException:
+            self.images.release(key)
+            raise
+        log.info(
+            "msg=%r target=%s volume_id=%s source=%s cache_hit=%s",
+            "published",
+            key,
+            req.volume_id,
+            req.source.image,
+            unpacked.cache_hit,
+        )
+        return unpacked.path
 
     def unpublish(self, volume_id: str, target_path: str) -> None:
         """Unmount and remove the target; success if it is not there. Idempotent."""

@@ -41,13 +41,14 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         if not request.HasField("volume_capability"):
             raise errors.InvalidArgument("volume_capability is required")
         access.check(request.volume_capability)
-        source = VolumeSource.from_attributes(dict(request.volume_context))
+        secrets = dict(request.secrets)
+        source = VolumeSource.from_attributes(dict(request.volume_context)).with_secrets(secrets)
         self.publisher.publish(
             PublishRequest(
                 volume_id=request.volume_id,
                 target_path=request.target_path,
                 source=source,
-                credentials=credentials_from_secrets(dict(request.secrets)),
+                credentials=credentials_from_secrets(secrets, source),
             )
         )
         return csi_pb2.NodePublishVolumeResponse()

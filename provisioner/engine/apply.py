@@ -39,6 +39,7 @@ from provisioner.engine import (
     health,
     inventory,
     inventorystore,
+    optional,
     ordering,
     ownership,
     pool,
@@ -94,6 +95,9 @@ class Result:
     orphaned: list[ObjectRef] = field(default_factory=list)
     skipped: list[tuple[ObjectRef, str]] = field(default_factory=list)
     """Refs left alone during deletion, each with the reason."""
+    optional: list[optional.Skipped] = field(default_factory=list)
+    """Optional objects (``core.rukpak.io/optional: "true"``) not applied: their API is not
+    served yet (``optional.summary`` says so in one line)."""
 
     def add(self, deleted: deletion.Deleted) -> None:
         self.pruned += deleted.pruned
@@ -211,6 +215,10 @@ def install(
     time, and sends no write requests (unchanged objects are not re-applied,
     an unchanged inventory is not rewritten).
     """
+    kept, set_aside = optional.split(bundle.manifests, kube.serves)
+    if set_aside:
+        progress(optional.summary(set_aside))
+        bundle = Bundle(bundle.format, tuple(kept))
     manifests = preflight.prepare(kube, bundle, name=options.name, namespace=options.namespace)
     current = [m.ref for m in manifests]
     progress(f"{len(manifests)} objects; checking ownership")
@@ -232,7 +240,7 @@ def install(
         stored=previous,
     )
 
-    result = Result()
+    result = Result(optional=set_aside)
     total, done, unchanged = len(manifests), 0, 0
     for phase in ordering.phases(manifests):
         progress(f"applying {phase.name}: {len(phase.manifests)} objects")

@@ -114,6 +114,6 @@ def summary(skipped: list[Skipped]) -> str:
     )
 
 
-def awaited(skipped: list[Skipped]) -> set[tuple[str, str]]:
-    """(group, kind) pairs whose CRDs, once established, should trigger a new apply."""
-    return {(group, kind) for group, _, kind in (s.api for s in skipped)}
+def awaited(skipped: list[Skipped]) -> set[tuple[str, str, str]]:
+    """(group, version, kind) whose CRDs, once established, should trigger a new apply."""
+    return {s.api for s in skipped}

@@ -50,6 +50,13 @@ _MICROTIME = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 INSTALLED_BY_ANNOTATION = "core.rukpak.io/installed-by"
 """On an instance Lease: the identity (pod name) of the holder that finished installing."""
+INSTALLED_BUNDLE_ANNOTATION = "core.rukpak.io/installed-bundle"
+"""On an instance Lease: the Bundle the last finished install applied."""
+APPLIED_RECORD_ANNOTATION = "core.rukpak.io/applied-record"
+"""On an instance Lease: ``engine.appliedrecord`` of the last finished install."""
+OPTIONAL_SKIPPED_ANNOTATION = "core.rukpak.io/optional-skipped"
+"""On an instance Lease: JSON list of ``[group, kind]`` of optional objects the last install
+set aside because their API was not served (a CRD for one of them calls for a new run)."""
 
 
 def lease_name(deployment: str) -> str:

@@ -6,6 +6,12 @@ and runs this: load the bundle, take the deployment's Lease
 until told to stop. One function per step, wired together by ``run``; the
 edge (arguments, signals, logging) is ``main``.
 
+With ``--once`` (run to completion, the manager's default) it stops after the
+install instead: it records what it applied on the Lease (the Bundle, an
+``engine.appliedrecord`` of the fields it owns, the optional objects it set
+aside), releases the Lease and exits 0; the manager watches the applied
+objects and starts a new run when they drift.
+
 Exit status, which the Deployment's restart policy acts on:
 
 * 0: stopped by SIGTERM/SIGINT (watcher stopped, Lease released), also when
@@ -24,6 +30,7 @@ once, even while the previous revision's pod still holds the Lease.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -38,7 +45,7 @@ from typing import Any
 
 from csi.common import errors
 from provisioner.cli import flags
-from provisioner.engine import apply, drift, formats, inventory
+from provisioner.engine import appliedrecord, apply, drift, formats, inventory, optional
 from provisioner.engine.kube import Kube
 from provisioner.instance import lease
 
@@ -62,6 +69,10 @@ class Config:
     lease_timeout: float | None = None
     bundle_format: str = formats.DEFAULT_FORMAT
     termination_log: Path | None = None
+    once: bool = False
+    """Run to completion: install, record it on the Lease, release, exit."""
+    bundle_name: str = ""
+    """The Bundle being installed, recorded on the Lease (``--bundle``)."""
 
 
 def default_identity() -> str:
@@ -177,7 +188,25 @@ class Instance:
         )
         for ref, why in result.skipped:
             log.info(kv("left alone", object=ref, reason=why))
+        if result.optional:
+            log.info(kv("optional objects set aside", detail=optional.summary(result.optional)))
         return result
+
+    def record(self, result: apply.Result) -> None:
+        """Tell the manager the install finished: Installed=True waits for this mark; in
+        ``--once`` mode the record also says what was applied, for drift detection."""
+        marks = {lease.INSTALLED_BY_ANNOTATION: self.identity}
+        if self.config.once:
+            skipped = sorted(optional.awaited(result.optional))
+            marks[lease.INSTALLED_BUNDLE_ANNOTATION] = self.config.bundle_name
+            marks[lease.APPLIED_RECORD_ANNOTATION] = appliedrecord.encode(
+                appliedrecord.of(result.applied)
+            )
+            marks[lease.OPTIONAL_SKIPPED_ANNOTATION] = json.dumps(
+                [list(pair) for pair in skipped], separators=(",", ":")
+            )
+        if not self.lock.annotate(marks):
+            raise errors.Aborted(f"lease {self.lock} lost before the install was recorded")
 
     def watch(self, result: apply.Result) -> None:
         """Correct drift until ``stopping`` is set (a signal, or the Lease lost)."""
@@ -202,9 +231,10 @@ class Instance:
                 return EXIT_OK
             if not self.stopping.is_set():
                 result = self.install(bundle)
-                # Tell the manager the install finished: Installed=True waits for this mark.
-                self.lock.annotate({lease.INSTALLED_BY_ANNOTATION: self.identity})
-                if not self.lock.lost.is_set() and not self.stopping.is_set():
+                self.record(result)
+                if self.config.once:
+                    log.info(kv("install recorded; exiting", lease=self.lock))
+                elif not self.lock.lost.is_set() and not self.stopping.is_set():
                     self.watch(result)
             if self.lock.lost.is_set():
                 return self._fail(f"lease {self.lock} lost; stopped applying")
@@ -260,6 +290,17 @@ def register(subparsers: Any) -> None:
     )
     flags.add_format(p)
     p.add_argument(
+        "--once",
+        action="store_true",
+        help="run to completion: install, record the install on the Lease, release it and "
+        "exit 0 (no drift watch; the manager re-runs the instance on drift)",
+    )
+    p.add_argument(
+        "--bundle",
+        default="",
+        help="name of the Bundle being installed, recorded on the Lease with --once",
+    )
+    p.add_argument(
         "--termination-log",
         type=Path,
         default=None,
@@ -280,6 +321,8 @@ def run_instance(args: argparse.Namespace) -> int:
         lease_timeout=args.lease_timeout,
         bundle_format=args.format,
         termination_log=args.termination_log or default_termination_log(),
+        once=args.once,
+        bundle_name=args.bundle,
     )
     try:
         kube = flags.kube(args)

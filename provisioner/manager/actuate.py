@@ -3,9 +3,11 @@
 Sits after ``plan``: each action becomes one request through ``Kube``, the
 one adapter to the API server.
 ``write_status`` is the one function that writes a BundleDeployment's status.
-Resolving an image tag goes through ``csi.oci.client.RegistryClient`` (passed
-in as ``resolve`` so tests and the CLI choose the client); any failure keeps
-the Bundle ``Pending`` with the registry's answer and is retried.
+Pinning a Bundle's source goes through ``resolution`` (image tags through
+``csi.oci.client.RegistryClient``, passed in as ``resolve`` so tests and the CLI
+choose the client; git and http through ``csi.sources``); a server that does not
+answer keeps the Bundle ``Pending``, a source the user must fix makes it
+``Failing``; both are retried.
 ``perform`` runs a BundleDeployment's actions, ``perform_bundle`` a Bundle's.
 """
 
@@ -23,7 +25,8 @@ from csi.oci import reference
 from provisioner.engine import lifecycle
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.manager import bundleplan, model, plan, sources
+from provisioner.instance import lease
+from provisioner.manager import bundleplan, model, plan, resolution
 
 log = logging.getLogger("rukpak.manager")
 
@@ -105,34 +108,45 @@ def _set_finalizers(kube: Kube, bd: Obj, finalizers: list[str]) -> Obj:
 
 
 def resolve_bundle(kube: Kube, bundle: Obj, action: bundleplan.Resolve, resolve: Resolver) -> None:
-    """Record the digest ``action.ref`` resolves to.
+    """Pin the Bundle's source once (``resolution``): record ``status.resolvedSource``.
 
-    Any failure keeps the Bundle ``Pending`` with the reference and the registry's
-    answer, then raises ``Unavailable`` so the work queue retries with its backoff
-    (0.5 s doubling to 60 s: a missing tag may be pushed later).
+    A failure the user must fix (a missing branch, ConfigMap or Secret, a directory
+    out of the repository, refused credentials) makes the Bundle ``Failing``
+    (UnpackFailed); any other (a registry or server that did not answer, a missing
+    image tag) keeps it ``Pending`` with the answer. Both raise ``Unavailable`` so
+    the work queue retries with its backoff (0.5 s doubling to 60 s): the tag may be
+    pushed, the ConfigMap created, later.
     """
     try:
-        pinned = resolve(action.ref)
-    except errors.RukpakError as err:
-        status = bundleplan.status_for(
-            bundle,
-            bundleplan.PHASE_PENDING,
-            bundleplan.REASON_PENDING,
-            f"cannot resolve {action.ref}: {err.message}",
-            _now(),
+        pinned = resolution.resolve(
+            kube, action.source, namespace=action.namespace, resolve_image=resolve
         )
+    except errors.RukpakError as err:
+        failing = action.source.get("type") != "image" and resolution.permanent(err)
+        if failing:
+            phase, reason, message = (
+                bundleplan.PHASE_FAILING,
+                bundleplan.REASON_FAILED,
+                err.message,
+            )
+        else:
+            phase, reason = bundleplan.PHASE_PENDING, bundleplan.REASON_PENDING
+            message = f"cannot resolve {action.ref}: {err.message}"
+        status = bundleplan.status_for(bundle, phase, reason, message, _now())
         message = status["conditions"][0]["message"]
         if _message(bundle) != message:
             kube.merge_patch_status(bundle_ref(action.name), {"status": status})
-            _event(kube, bundle, model.BUNDLE, "Warning", "UnpackPending", message, now=_now())
+            _event(kube, bundle, model.BUNDLE, "Warning", reason, message, now=_now())
         raise errors.Unavailable(message) from None
+    if pinned.annotations:
+        kube.merge_patch(bundle_ref(action.name), {"metadata": {"annotations": pinned.annotations}})
     status = bundleplan.status_for(
         bundle,
         bundleplan.PHASE_PENDING,
         bundleplan.REASON_PENDING,
         "",
         _now(),
-        resolved=sources.pinned_image(pinned),
+        resolved=pinned.resolved,
     )
     kube.merge_patch_status(bundle_ref(action.name), {"status": status})
 
@@ -226,6 +240,22 @@ def perform(
                 kube.apply(deployment)
             case plan.DeleteInstance(namespace=ns, name=inst):
                 kube.delete(ObjectRef("apps", "v1", "Deployment", ns, inst))
+            case plan.CreateRun(pod=pod):
+                _ensure_namespace(kube, system_namespace)
+                with contextlib.suppress(errors.AlreadyExists):  # the same run, made already
+                    kube.create(pod)
+            case plan.DeletePod(namespace=ns, name=pod_name):
+                kube.delete(ObjectRef("", "v1", "Pod", ns, pod_name))
+            case plan.DeleteLease():
+                kube.delete(
+                    ObjectRef(
+                        "coordination.k8s.io",
+                        "v1",
+                        "Lease",
+                        system_namespace,
+                        lease.lease_name(name),
+                    )
+                )
             case plan.DeleteBundle(name=bundle_name):
                 kube.delete(bundle_ref(bundle_name))
             case plan.Uninstall(policy=policy):

@@ -8,12 +8,17 @@ hands it others, so their status stays empty.
 
 The flow, with upstream RukPak v0.16's phases and ``Unpacked`` reasons:
 
-1. resolve the image reference to a digest once (``status.resolvedSource``);
-   until it resolves the Bundle is ``Pending`` (UnpackPending) with the
-   registry's answer, retried with backoff (a missing tag may be pushed later);
+1. pin the source once (``status.resolvedSource``, see ``sources`` and
+   ``resolution``): an image tag to a digest, a git branch or tag to a commit,
+   an http URL to its content's digest, ConfigMaps to their checked keys. Until
+   then the Bundle is ``Pending`` (UnpackPending) with the server's answer, or
+   ``Failing`` (UnpackFailed) when the user must fix something (a missing
+   ConfigMap or branch); both retried with backoff (a fix is picked up);
 2. create the unpack pod (named after the Bundle, in the system namespace):
    ``Pending``/UnpackPending, with the image pull or FailedMount messages
-   naming the reference and the registry's answer;
+   naming the reference and the registry's answer; for git and http sources a
+   mount the node plugin refuses for good (bad content, refused credentials, a
+   changed tarball) is ``Failing``/UnpackFailed with the plugin's message;
 3. the pod runs: ``Unpacking``/Unpacking;
 4. the pod ends: its termination message holds the result: ``Unpacked``/
    UnpackSuccessful, or ``Failing``/UnpackFailed with the loader's error;
@@ -58,10 +63,12 @@ class Observed:
 
 @dataclass(frozen=True)
 class Resolve:
-    """Resolve ``ref`` to a digest; record it, or stay Pending with the registry's answer."""
+    """Pin ``source`` (``ref`` names it in messages); record it, or report why not."""
 
     name: str
     ref: str
+    source: Obj
+    namespace: str
 
 
 @dataclass(frozen=True)
@@ -175,6 +182,39 @@ def _terminated(pod: Obj) -> Obj:
     return {}
 
 
+def _source_ref(source: Obj) -> str:
+    """The source in a few words for messages: the image reference, repository or URL."""
+    kind = source.get("type")
+    spec = source.get(kind) if isinstance(kind, str) else None
+    if isinstance(spec, dict):
+        for key in ("repository", "url", "ref"):
+            if isinstance(spec.get(key), str):
+                return str(spec[key])
+    return str(kind or "")
+
+
+PERMANENT_MOUNT_CODES = (
+    "code = InvalidArgument",
+    "code = NotFound",
+    "code = PermissionDenied",
+    "code = FailedPrecondition",
+    "code = ResourceExhausted",
+)
+"""gRPC codes in a FailedMount message that no retry of the same git or http pin cures."""
+
+
+def _refused_mount(resolved: Obj, mount_failures: tuple[str, ...]) -> str:
+    """The plugin's final refusal of a git or http volume, "" if none (images and
+    ConfigMaps stay Pending: a pushed image or a restored ConfigMap heals them)."""
+    if resolved.get("type") not in ("git", "http") or not mount_failures:
+        return ""
+    last = mount_failures[-1]
+    if any(code in last for code in PERMANENT_MOUNT_CODES):
+        _, _, desc = last.partition(" desc = ")
+        return f"unpack failed: {desc or last}"
+    return ""
+
+
 def plan(bundle: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
     """Everything to do, in order, for one Bundle of our class (see the module doc)."""
     meta = _meta(bundle)
@@ -183,22 +223,26 @@ def plan(bundle: Obj, observed: Observed, *, settings: Settings) -> list[Action]
     status = bundle.get("status") or {}
     if meta.get("deletionTimestamp"):
         return []  # the pod goes with the Bundle (owner reference)
-    if status.get("phase") in FINAL_PHASES and unpacked_condition(bundle) is not None:
+    delete_pod = DeletePod(settings.system_namespace, name)
+    source = (bundle.get("spec") or {}).get("source") or {}
+    refusal = sources.unsupported(source)
+    pinned = sources.pinned(bundle)
+    final = status.get("phase") == PHASE_UNPACKED or pinned is not None or refusal is not None
+    if status.get("phase") in FINAL_PHASES and unpacked_condition(bundle) is not None and final:
         return [DeletePod(settings.system_namespace, name)] if pod is not None else []
 
-    source = (bundle.get("spec") or {}).get("source") or {}
-    if (message := sources.unsupported(source)) is not None:
+    if refusal is not None:
         return _write(
-            bundle, status_for(bundle, PHASE_FAILING, REASON_FAILED, message, observed.now)
+            bundle, status_for(bundle, PHASE_FAILING, REASON_FAILED, refusal, observed.now)
         )
 
-    pinned = sources.pinned(bundle)
     if pinned is None:
-        return [Resolve(name, str((source.get("image") or {}).get("ref") or ""))]
+        return [Resolve(name, _source_ref(source), source, settings.system_namespace)]
+    stored = sources.stored(pinned)
 
     def write(phase: str, reason: str, message: str) -> list[Action]:
         return _write(
-            bundle, status_for(bundle, phase, reason, message, observed.now, resolved=pinned)
+            bundle, status_for(bundle, phase, reason, message, observed.now, resolved=stored)
         )
 
     if pod is None:
@@ -209,6 +253,9 @@ def plan(bundle: Obj, observed: Observed, *, settings: Settings) -> list[Action]
     phase = (pod.get("status") or {}).get("phase") or "Pending"
     if phase == "Pending":
         message = _pending_message(pod, observed.mount_failures)
+        refused = _refused_mount(stored, observed.mount_failures)
+        if refused:
+            return [*write(PHASE_FAILING, REASON_FAILED, refused), delete_pod]
         return [*write(PHASE_PENDING, REASON_PENDING, message), Requeue(PENDING_POLL)]
     if phase == "Running":
         return write(PHASE_UNPACKING, REASON_UNPACKING, "")
@@ -217,7 +264,8 @@ def plan(bundle: Obj, observed: Observed, *, settings: Settings) -> list[Action]
     result = Result.from_json(text.strip())
     delete = DeletePod(settings.system_namespace, name)
     if phase == "Succeeded" and result is not None and result.ok:
-        message = f"Successfully unpacked the image Bundle: {result.summary()}"
+        kind = stored.get("type")
+        message = f"Successfully unpacked the {kind} Bundle: {result.summary()}"
         return [*write(PHASE_UNPACKED, REASON_SUCCESSFUL, message), delete]
     if result is not None and not result.ok:
         error = result.error

@@ -59,6 +59,15 @@ def register(subparsers: Any) -> None:
         help="run instance pods on the host network (clusters without a service proxy)",
     )
     p.add_argument(
+        "--instance-mode",
+        choices=model.INSTANCE_MODES,
+        default=model.RUN_MODE,
+        help="run: a pod per install that runs to completion, re-run when the installed "
+        "objects drift (no process per BundleDeployment at rest); deployment: a long-running "
+        "instance Deployment per BundleDeployment that corrects drift itself "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
         "--instance-env",
         action="append",
         default=[],
@@ -112,6 +121,7 @@ def settings_from(args: argparse.Namespace) -> model.Settings:
         unpack_service_account=args.unpack_service_account,
         host_network=args.instance_host_network,
         env=tuple(env),
+        instance_mode=args.instance_mode,
     )
 
 

@@ -1,14 +1,17 @@
-"""Builders of the objects the manager generates: Bundles, unpack pods, instance Deployments.
+"""Builders of the objects the manager generates: Bundles, unpack pods, instance pods.
 
 Sits under ``plan``: pure functions from a BundleDeployment (and the
 manager's ``Settings``) to the exact bodies ``actuate`` creates or applies.
-The instance Deployment follows tests/test_e2e_instance.py: one replica,
-Recreate, the Bundle's resolved image mounted read-only at ``/bundle``
-through an inline ``csi.rukpak.io`` volume, ``rukpak-provisioner instance``
-as its command (with the ``--format`` of the Bundle's provisioner class,
-``model.CLASS_FORMATS``), and a hash of its body as an annotation so an unchanged
-Deployment is never re-applied. The unpack pod (``unpack_pod``) mounts a
-Bundle's pinned source the same way and runs ``rukpak-provisioner unpack``.
+The instance runs ``rukpak-provisioner instance`` over the Bundle's pinned
+content, mounted read-only at ``/bundle`` (``sources.volume``), with the
+``--format`` of the Bundle's provisioner class (``model.CLASS_FORMATS``). By
+default it runs to completion: one pod per run (``instance_run_pod``, restart
+policy Never, ``--once``), named after a hash of its body so the same inputs
+never start two. With ``--instance-mode deployment`` it is a long-running
+one-replica, Recreate Deployment (``instance_deployment``) with a hash of its
+body as an annotation so an unchanged Deployment is never re-applied. The
+unpack pod (``unpack_pod``) mounts a Bundle's pinned source the same way and
+runs ``rukpak-provisioner unpack``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,12 @@ from typing import Any
 from provisioner.engine.objects import Obj
 from provisioner.manager import model, sources
 from provisioner.manager.model import Settings
+
+INSTANCE_CONTAINER = "instance"
+RUN_LEASE_TIMEOUT = 300
+"""Seconds a run waits for the Lease (held by an older run) before it fails."""
+RUN_DEADLINE = 900
+"""Seconds a run may take in all before the kubelet stops it (``activeDeadlineSeconds``)."""
 
 
 def _meta(obj: Obj) -> dict[str, Any]:
@@ -69,19 +78,23 @@ def desired_bundle(bd: Obj) -> Obj:
     }
 
 
-def instance_deployment(bd: Obj, bundle: str, resolved: Obj, settings: Settings) -> Obj:
-    """The one-replica, Recreate Deployment whose pod mounts the pinned ``resolved`` source
-    (``sources.volume``) at /bundle."""
-    name = model.name_of(bd)
-    spec = bd.get("spec") or {}
-    install_ns = spec.get("installNamespace") or settings.default_install_namespace
-    labels = {
+def _instance_labels(name: str) -> dict[str, str]:
+    return {
         "app.kubernetes.io/name": "rukpak-instance",
         "app.kubernetes.io/instance": name,
         "app.kubernetes.io/part-of": "rukpak",
         "app.kubernetes.io/managed-by": "rukpak-manager",
         model.BD_LABEL: name,
     }
+
+
+def _instance_pod_spec(
+    bd: Obj, bundle: str, resolved: Obj, settings: Settings, *, once: bool
+) -> dict[str, Any]:
+    """The instance pod: ``rukpak-provisioner instance`` over the pinned content at /bundle."""
+    name = model.name_of(bd)
+    spec = bd.get("spec") or {}
+    install_ns = spec.get("installNamespace") or settings.default_install_namespace
     template_spec = (spec.get("template") or {}).get("spec") or {}
     bundle_format = _format_of(
         template_spec.get("provisionerClassName") or spec.get("provisionerClassName")
@@ -90,6 +103,8 @@ def instance_deployment(bd: Obj, bundle: str, resolved: Obj, settings: Settings)
     command += ["--format", bundle_format]
     command += ["--name", name, "--namespace", install_ns]
     command += ["--system-namespace", settings.system_namespace]
+    if once:
+        command += ["--once", "--bundle", bundle, "--lease-timeout", str(RUN_LEASE_TIMEOUT)]
     env: list[Obj] = [{"name": k, "value": v} for k, v in settings.env]
     env.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     pod_spec: dict[str, Any] = {
@@ -97,7 +112,7 @@ def instance_deployment(bd: Obj, bundle: str, resolved: Obj, settings: Settings)
         "terminationGracePeriodSeconds": 30,
         "containers": [
             {
-                "name": "instance",
+                "name": INSTANCE_CONTAINER,
                 "image": settings.image,
                 "command": command,
                 "env": env,
@@ -107,9 +122,20 @@ def instance_deployment(bd: Obj, bundle: str, resolved: Obj, settings: Settings)
         ],
         "volumes": [sources.volume(resolved)],
     }
+    if once:
+        pod_spec["restartPolicy"] = "Never"
+        pod_spec["activeDeadlineSeconds"] = RUN_DEADLINE
     if settings.host_network:
         pod_spec["hostNetwork"] = True
         pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    return pod_spec
+
+
+def instance_deployment(bd: Obj, bundle: str, resolved: Obj, settings: Settings) -> Obj:
+    """The one-replica, Recreate Deployment whose pod mounts the pinned ``resolved`` source
+    (``sources.volume``) at /bundle (``--instance-mode deployment``)."""
+    name = model.name_of(bd)
+    labels = _instance_labels(name)
     body: Obj = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -126,11 +152,38 @@ def instance_deployment(bd: Obj, bundle: str, resolved: Obj, settings: Settings)
             "selector": {"matchLabels": {model.BD_LABEL: name}},
             "template": {
                 "metadata": {"labels": labels, "annotations": {model.BUNDLE_ANNOTATION: bundle}},
-                "spec": pod_spec,
+                "spec": _instance_pod_spec(bd, bundle, resolved, settings, once=False),
             },
         },
     }
     body["metadata"]["annotations"][model.SPEC_HASH_ANNOTATION] = model.stable_hash(body, 16)
+    return body
+
+
+def instance_run_pod(bd: Obj, bundle: str, resolved: Obj, settings: Settings, run: int) -> Obj:
+    """Run ``run`` of the run-to-completion instance (``--instance-mode run``, the default).
+
+    Named ``rukpak-instance-<bd>-<revision>-<run>``: the revision is a hash of the pod's
+    body, so the same inputs give the same name (a repeated create is a no-op) and a new
+    Bundle, image or setting gives a new one; ``run`` counts the runs of one revision
+    (drift corrections, retries).
+    """
+    name = model.name_of(bd)
+    labels = _instance_labels(name)
+    body: Obj = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "namespace": settings.system_namespace,
+            "labels": labels,
+            "annotations": {model.BUNDLE_ANNOTATION: bundle},
+            "ownerReferences": [owner_reference(bd)],
+        },
+        "spec": _instance_pod_spec(bd, bundle, resolved, settings, once=True),
+    }
+    revision = model.stable_hash(body, 8)
+    body["metadata"]["name"] = model.run_pod_name(name, revision, run)
+    body["metadata"]["annotations"][model.SPEC_HASH_ANNOTATION] = revision
     return body
 
 

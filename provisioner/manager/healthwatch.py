@@ -7,7 +7,8 @@ informer follows the objects of that kind that carry the owner label
 is cached. ``health(name)`` then judges a deployment's inventoried objects
 with ``engine.health`` from the caches (no request), and every change of an
 inventory or an owned object calls ``on_change(owner)`` so the controller
-looks at that BundleDeployment at once, instead of on a timer.
+looks at that BundleDeployment at once, instead of on a timer. ``lookup``
+serves the same caches to drift detection of run-to-completion instances.
 
 An object whose owner label was removed drops out of the label-selected
 cache and is reported "not found"; a kind whose first list has not arrived
@@ -21,9 +22,9 @@ import threading
 from collections.abc import Callable
 
 from csi.common import errors
-from provisioner.engine import health, inventory, listwatch
+from provisioner.engine import appliedrecord, health, inventory, listwatch
 from provisioner.engine.kube import Kube
-from provisioner.engine.objects import OWNER_LABEL, Obj, owner_of
+from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, owner_of
 
 log = logging.getLogger("rukpak.manager")
 
@@ -96,6 +97,14 @@ class HealthWatch:
         owner = owner_of(obj)
         if owner:
             self.on_change(owner)
+
+    def lookup(self, ref: ObjectRef) -> Obj | appliedrecord.Unknown | None:
+        """The cached owned object ``ref`` (None: not there); UNKNOWN before its kind syncs."""
+        with self._lock:
+            informer = self._kinds.get((ref.api_version, ref.kind))
+        if informer is None or not informer.synced:
+            return appliedrecord.UNKNOWN
+        return informer.get(ref.namespace, ref.name)
 
     def health(self, name: str) -> Verdict | None:
         """Whether every object deployment ``name`` installed is ready; None when unknown."""

@@ -48,6 +48,9 @@ CLASS_FORMATS: dict[str, str] = {
 """Our provisioner classes and the bundle format each one's content is in (the one place
 that says so): Bundles of these classes get an unpack pod, BundleDeployments of these
 classes an instance; both run the loader of this format. Other classes are left alone."""
+RUN_MODE = "run"
+DEPLOYMENT_MODE = "deployment"
+INSTANCE_MODES = (RUN_MODE, DEPLOYMENT_MODE)
 CRDS_DIR = Path(__file__).resolve().parent.parent / "crds"
 INSTANCE_BINARY = "/opt/rukpak/bin/rukpak-provisioner"
 
@@ -84,6 +87,22 @@ def instance_name(bd_name: str) -> str:
     return f"rukpak-instance-{bd_name}"
 
 
+def run_pod_name(bd_name: str, revision: str, run: int) -> str:
+    """The pod of run ``run`` of an instance revision (``generate.instance_run_pod``)."""
+    return f"{instance_name(bd_name)}-{revision}-{run}"
+
+
+def parse_run_pod_name(bd_name: str, pod_name: str) -> tuple[str, int] | None:
+    """(revision, run) of a run pod's name; None when it is not one of ``bd_name``'s."""
+    prefix = instance_name(bd_name) + "-"
+    if not pod_name.startswith(prefix):
+        return None
+    revision, sep, run = pod_name[len(prefix) :].rpartition("-")
+    if not sep or not revision or "-" in revision or not run.isdigit():
+        return None
+    return revision, int(run)
+
+
 def name_of(obj: Obj) -> str:
     return str((obj.get("metadata") or {}).get("name") or "")
 
@@ -110,3 +129,6 @@ class Settings:
     default_install_namespace: str = "default"
     env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     """Extra environment of the instance container (e.g. how to reach the API server)."""
+    instance_mode: str = RUN_MODE
+    """``run``: a pod per run, to completion, re-run on drift; ``deployment``: a
+    long-running instance Deployment that corrects drift itself."""

@@ -40,7 +40,49 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from provisioner.engine.objects import Obj
-from provisioner.manager import model, sources
+from provisioner.manager import model, runs, sources
+from provisioner.manager.actions import (
+    Action as Action,
+)
+from provisioner.manager.actions import (
+    AddFinalizer as AddFinalizer,
+)
+from provisioner.manager.actions import (
+    ApplyInstance as ApplyInstance,
+)
+from provisioner.manager.actions import (
+    CreateBundle as CreateBundle,
+)
+from provisioner.manager.actions import (
+    CreateRun as CreateRun,
+)
+from provisioner.manager.actions import (
+    DeleteBundle as DeleteBundle,
+)
+from provisioner.manager.actions import (
+    DeleteInstance as DeleteInstance,
+)
+from provisioner.manager.actions import (
+    DeleteLease as DeleteLease,
+)
+from provisioner.manager.actions import (
+    DeletePod as DeletePod,
+)
+from provisioner.manager.actions import (
+    RecordEvent as RecordEvent,
+)
+from provisioner.manager.actions import (
+    RemoveFinalizer as RemoveFinalizer,
+)
+from provisioner.manager.actions import (
+    Requeue as Requeue,
+)
+from provisioner.manager.actions import (
+    Uninstall as Uninstall,
+)
+from provisioner.manager.actions import (
+    WriteStatus as WriteStatus,
+)
 from provisioner.manager.generate import desired_bundle, instance_deployment
 from provisioner.manager.model import Settings
 
@@ -80,85 +122,17 @@ class Observed:
     pods: tuple[Obj, ...] = ()
     """The instance Deployment's pods."""
     lease_holder: str = ""
+    """Who holds the instance Lease ("" when nobody)."""
     installed_by: str = ""
     """Which holder marked the instance Lease as installed ("" when none did)."""
-    """Who holds the instance Lease ("" when nobody)."""
+    record: runs.InstallRecord | None = None
+    """Run mode: the last finished install, from the instance Lease."""
+    drift: tuple[str, ...] = ()
+    """Run mode: why the recorded install no longer holds (drifted objects, optional APIs
+    that became served), confirmed by a fresh read; empty when it holds."""
     health: Health | None = None
     """None when nothing is installed (no inventory) or health was not read."""
     now: str = "1970-01-01T00:00:00Z"
-
-
-# -- what to do --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AddFinalizer:
-    pass
-
-
-@dataclass(frozen=True)
-class RemoveFinalizer:
-    pass
-
-
-@dataclass(frozen=True)
-class CreateBundle:
-    bundle: Obj
-
-
-@dataclass(frozen=True)
-class ApplyInstance:
-    deployment: Obj
-
-
-@dataclass(frozen=True)
-class DeleteInstance:
-    namespace: str
-    name: str
-
-
-@dataclass(frozen=True)
-class DeleteBundle:
-    name: str
-
-
-@dataclass(frozen=True)
-class Uninstall:
-    policy: Literal["Delete", "Orphan"]
-
-
-@dataclass(frozen=True)
-class WriteStatus:
-    status: Obj
-
-
-@dataclass(frozen=True)
-class RecordEvent:
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Requeue:
-    """Look again after ``after`` seconds: waiting on something no watch reports."""
-
-    after: float
-    why: str
-
-
-Action = (
-    AddFinalizer
-    | RemoveFinalizer
-    | CreateBundle
-    | ApplyInstance
-    | DeleteInstance
-    | DeleteBundle
-    | Uninstall
-    | WriteStatus
-    | RecordEvent
-    | Requeue
-)
 
 
 def _meta(obj: Obj) -> dict[str, Any]:
@@ -320,6 +294,7 @@ def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
     bundle_class = template_spec.get("provisionerClassName") or spec.get("provisionerClassName")
     current = bundles.get(wanted)
     valid: Verdict
+    target: runs.Target | None = None
     ours = " or ".join(sorted(model.CLASS_FORMATS))
     if model.bundle_format(spec.get("provisionerClassName")) is None:
         valid = (
@@ -353,16 +328,38 @@ def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
         )
     else:
         valid = ("True", "UnpackSuccessful", f"Successfully unpacked the {wanted} Bundle")
+        target = runs.Target(wanted, resolved)
         want = instance_deployment(bd, wanted, resolved, settings)
-        if _annotation(observed.instance, model.SPEC_HASH_ANNOTATION) != _annotation(
-            want, model.SPEC_HASH_ANNOTATION
-        ):
+        if settings.instance_mode == model.DEPLOYMENT_MODE and _annotation(
+            observed.instance, model.SPEC_HASH_ANNOTATION
+        ) != _annotation(want, model.SPEC_HASH_ANNOTATION):
             actions.append(ApplyInstance(want))
 
-    deployed = _annotation(observed.instance, model.BUNDLE_ANNOTATION)
-    installed_verdict = installed(observed, deployed)
     previous = str((bd.get("status") or {}).get("activeBundle") or "")
-    active = deployed if installed_verdict[0] == "True" else previous
+    if settings.instance_mode == model.RUN_MODE:
+        if target is None and observed.record is not None:
+            # the wanted Bundle is not ready: keep the installed one applied
+            old = bundles.get(observed.record.bundle)
+            pinned = sources.pinned(old) if old is not None else None
+            if pinned is not None:
+                target = runs.Target(observed.record.bundle, pinned)
+        decision = runs.decide(
+            bd,
+            target,
+            observed.pods,
+            observed.record,
+            observed.drift,
+            settings=settings,
+            now=observed.now,
+        )
+        actions += decision.actions
+        deployed = target.bundle if target is not None else ""
+        installed_verdict = decision.installed
+        active = decision.active or previous
+    else:
+        deployed = _annotation(observed.instance, model.BUNDLE_ANNOTATION)
+        installed_verdict = installed(observed, deployed)
+        active = deployed if installed_verdict[0] == "True" else previous
     for name in sorted(bundles):
         if name not in (wanted, deployed, active):
             actions.append(DeleteBundle(name))
@@ -387,11 +384,15 @@ def _plan_deletion(bd: Obj, observed: Observed) -> list[Action]:
             Requeue(POLL_SECONDS, "waiting for the instance to stop"),
         ]
     if observed.pods:
-        return [Requeue(POLL_SECONDS, "waiting for the instance pods to stop")]
+        doomed = [p for p in observed.pods if not _meta(p).get("deletionTimestamp")]
+        stop: list[Action] = [
+            DeletePod(str(_meta(p).get("namespace") or ""), model.name_of(p)) for p in doomed
+        ]
+        return [*stop, Requeue(POLL_SECONDS, "waiting for the instance pods to stop")]
     policy: Literal["Delete", "Orphan"] = (
         "Orphan" if (bd.get("spec") or {}).get("deletionPolicy") == "Orphan" else "Delete"
     )
-    actions: list[Action] = [Uninstall(policy)]
+    actions: list[Action] = [Uninstall(policy), DeleteLease()]
     actions += [DeleteBundle(model.name_of(b)) for b in observed.bundles]
     actions.append(RemoveFinalizer())
     return actions

@@ -1,25 +1,50 @@
-"""Bundle sources: which ``spec.source`` types the manager handles, and how a pinned one
-reaches a pod.
+"""Bundle sources: which ``spec.source`` types the manager handles, how a source is
+pinned, and how a pinned one reaches a pod.
 
 Sits under both planners (``bundleplan`` for Bundles, ``plan`` for
 BundleDeployments) and ``generate`` (the pods): ``unsupported(source)`` says
 why a source cannot be handled (None when it can); ``pinned(bundle)`` is the
-Bundle's ``status.resolvedSource`` once the Bundle controller pinned it
-(an image digest), None before; ``volume(resolved)`` is the read-only pod
-volume named ``bundle`` that carries that exact content to the unpack pod and
-the instance pod. Bundle content never passes through etcd or logs: it
-reaches pods only as this volume.
+Bundle's ``status.resolvedSource`` once the Bundle controller pinned it, None
+before; ``volume(resolved)`` is the read-only pod volume named ``bundle`` that
+carries that exact content to the unpack pod and the instance pod. Bundle
+content never passes through etcd or logs: it reaches pods only as this volume.
+
+Pins, in upstream RukPak's ``resolvedSource`` shapes:
+
+- image: ``{type: image, image: {ref: repo@sha256:...}}``;
+- git: ``{type: git, git: {repository, directory, ref: {commit}, auth}}``, the
+  branch or tag resolved to its commit once;
+- http: ``{type: http, http: {url, auth}}`` where the URL carries the digest of
+  the content fetched when pinning in its fragment (``#sha256=<hex>``, see
+  ``csi.sources.http``); the node plugin refuses other content;
+- configMaps: the list as given (the ConfigMaps are immutable, as upstream
+  requires). Their keys, which the projected volume must list to place them
+  under each ``path``, are recorded once in the Bundle's annotation
+  ``core.rukpak.io/configmap-items``; ``pinned`` hands them on under
+  ``ITEMS_KEY``, which ``stored`` removes before a status write.
+
+git and http volumes are our CSI driver's (attributes of ``csi.volume.source``),
+with the auth Secret (system namespace) as the volume's ``nodePublishSecretRef``;
+configMaps become a projected volume.
 """
 
 from __future__ import annotations
 
+import json
+import posixpath
+import re
 from typing import Any
 
+from csi.sources import http as httpsource
 from provisioner.engine.objects import Obj
 
 VOLUME_NAME = "bundle"
 CSI_DRIVER = "csi.rukpak.io"
-SUPPORTED = ("image",)
+SUPPORTED = ("image", "git", "http", "configMaps")
+ITEMS_ANNOTATION = "core.rukpak.io/configmap-items"
+ITEMS_KEY = "x-rukpak-configmap-items"
+"""Where ``pinned`` puts the ConfigMaps' items; never stored in the API."""
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 def unsupported(source: Obj) -> str | None:
@@ -30,14 +55,50 @@ def unsupported(source: Obj) -> str | None:
     return f'source bundle content: bundle source type "{kind}" not supported'
 
 
+def _section(resolved: Obj, key: str) -> Obj:
+    section: Any = resolved.get(key)
+    return section if isinstance(section, dict) else {}
+
+
 def pinned(bundle: Obj) -> Obj | None:
     """The Bundle's ``status.resolvedSource`` when it is pinned, else None."""
     resolved: Any = (bundle.get("status") or {}).get("resolvedSource")
     if not isinstance(resolved, dict):
         return None
-    if resolved.get("type") == "image" and (resolved.get("image") or {}).get("ref"):
+    kind = resolved.get("type")
+    if kind == "image" and _section(resolved, "image").get("ref"):
         return resolved
+    if kind == "git" and _COMMIT.match(
+        str(_section(_section(resolved, "git"), "ref").get("commit"))
+    ):
+        return resolved
+    if kind == "http":
+        _url, digest = httpsource.split_pinned(str(_section(resolved, "http").get("url") or ""))
+        return resolved if digest is not None else None
+    if kind == "configMaps" and isinstance(resolved.get("configMaps"), list):
+        annotations = (bundle.get("metadata") or {}).get("annotations") or {}
+        items = _items(annotations.get(ITEMS_ANNOTATION))
+        return {**resolved, ITEMS_KEY: items} if items is not None else None
     return None
+
+
+def _items(text: object) -> list[list[str]] | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        doc: Any = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(doc, list) or not all(
+        isinstance(i, list) and len(i) == 3 and all(isinstance(s, str) for s in i) for i in doc
+    ):
+        return None
+    return [list(i) for i in doc]
+
+
+def stored(resolved: Obj) -> Obj:
+    """``resolved`` as the API stores it (without what ``pinned`` added)."""
+    return {k: v for k, v in resolved.items() if k != ITEMS_KEY}
 
 
 def pinned_image(ref: str) -> Obj:
@@ -45,17 +106,78 @@ def pinned_image(ref: str) -> Obj:
     return {"type": "image", "image": {"ref": ref}}
 
 
+def pinned_git(git: Obj, commit: str) -> Obj:
+    """The ``resolvedSource`` of a git source pinned to ``commit``."""
+    out: Obj = {"repository": git.get("repository"), "ref": {"commit": commit}}
+    if git.get("directory"):
+        out["directory"] = git["directory"]
+    if git.get("auth"):
+        out["auth"] = git["auth"]
+    return {"type": "git", "git": out}
+
+
+def pinned_http(spec: Obj, digest: str) -> Obj:
+    """The ``resolvedSource`` of an http source whose content has ``digest``."""
+    out: Obj = {"url": httpsource.pin_url(str(spec.get("url") or ""), digest)}
+    if spec.get("auth"):
+        out["auth"] = spec["auth"]
+    return {"type": "http", "http": out}
+
+
+def pinned_configmaps(entries: list[Obj]) -> Obj:
+    return {"type": "configMaps", "configMaps": entries}
+
+
+def items_annotation(items: list[list[str]]) -> str:
+    """The annotation value recording ``[configMap, key, path in the bundle]`` triples."""
+    return json.dumps(items, separators=(",", ":"))
+
+
+def bundle_path(path: object) -> str:
+    """A ConfigMap entry's ``path`` inside the bundle ("" for the root); ValueError when
+    it is absolute or climbs out."""
+    text = str(path or "").strip()
+    clean = posixpath.normpath(text) if text else "."
+    if clean.startswith("/") or clean == ".." or clean.startswith("../"):
+        raise ValueError(f"path {text!r} is outside the bundle: use a relative path")
+    return "" if clean == "." else clean
+
+
 def describe(resolved: Obj) -> str:
     """The pinned content in a few words (logs, messages)."""
-    if resolved.get("type") == "image":
-        return str((resolved.get("image") or {}).get("ref") or "")
-    return str(resolved.get("type") or "")
+    kind = resolved.get("type")
+    if kind == "image":
+        return str(_section(resolved, "image").get("ref") or "")
+    if kind == "git":
+        git = _section(resolved, "git")
+        return f"{git.get('repository')}@{_section(git, 'ref').get('commit')}"
+    if kind == "http":
+        return str(_section(resolved, "http").get("url") or "")
+    if kind == "configMaps":
+        names = [
+            str(_section(e, "configMap").get("name"))
+            for e in resolved.get("configMaps") or []
+            if isinstance(e, dict)
+        ]
+        return "configMaps " + ",".join(names)
+    return str(kind or "")
+
+
+def _csi(attributes: dict[str, str], auth: Obj) -> Obj:
+    csi: Obj = {"driver": CSI_DRIVER, "readOnly": True, "volumeAttributes": attributes}
+    secret = _section(auth, "secret").get("name")
+    if secret:
+        csi["nodePublishSecretRef"] = {"name": str(secret)}
+    if auth.get("insecureSkipVerify"):
+        attributes["insecureSkipVerify"] = "true"
+    return {"name": VOLUME_NAME, "csi": csi}
 
 
 def volume(resolved: Obj) -> Obj:
     """The read-only pod volume ``bundle`` holding the pinned content."""
-    if resolved.get("type") == "image":
-        ref = str((resolved.get("image") or {}).get("ref") or "")
+    kind = resolved.get("type")
+    if kind == "image":
+        ref = str(_section(resolved, "image").get("ref") or "")
         return {
             "name": VOLUME_NAME,
             "csi": {
@@ -64,4 +186,29 @@ def volume(resolved: Obj) -> Obj:
                 "volumeAttributes": {"image": ref, "pullPolicy": "IfNotPresent"},
             },
         }
-    raise ValueError(f"no volume for source type {resolved.get('type')!r}")
+    if kind == "git":
+        git = _section(resolved, "git")
+        attributes = {
+            "git": str(git.get("repository") or ""),
+            "commit": str(_section(git, "ref").get("commit") or ""),
+        }
+        if git.get("directory"):
+            attributes["directory"] = str(git["directory"])
+        return _csi(attributes, _section(git, "auth"))
+    if kind == "http":
+        spec = _section(resolved, "http")
+        url, digest = httpsource.split_pinned(str(spec.get("url") or ""))
+        return _csi({"url": url, "digest": digest or ""}, _section(spec, "auth"))
+    if kind == "configMaps" and isinstance(resolved.get(ITEMS_KEY), list):
+        by_map: dict[str, list[Obj]] = {}
+        for name, key, path in resolved[ITEMS_KEY]:
+            by_map.setdefault(name, []).append({"key": key, "path": path})
+        return {
+            "name": VOLUME_NAME,
+            "projected": {
+                "sources": [
+                    {"configMap": {"name": name, "items": items}} for name, items in by_map.items()
+                ]
+            },
+        }
+    raise ValueError(f"no volume for source type {kind!r}")

@@ -1,0 +1,358 @@
+"""The helm provisioner's controllers: informers, one work queue, observe, plan, perform.
+
+Where it sits: at the top of the process (``main`` starts it once it leads). Two
+informers (``api.Informer``) cache Bundles and BundleDeployments; only those of class
+``core-rukpak-io-helm`` are queued (``plan.handles``), so the core manager's objects
+are never touched. A Bundle (``bundle:NAME``) is fetched (``content``), its chart
+checked (``chart.check``) and its status written once: Unpacked with the pinned
+reference, or Failing; a registry that does not answer leaves it Pending with the
+reason, retried with backoff. A BundleDeployment (``bd:NAME``) is planned by
+``plan.plan`` and performed here: the render (``chart.render``) and install
+(``api.install``: inventory, pruning of what the previous render had and this one
+lacks) happen in ``_install``; after each successful install an ``api.DriftWatcher``
+keeps the applied objects as applied. A failed render or install changes nothing in
+the cluster: the previous install stays, and so does its drift watcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from provisioner import api
+from rukpak_helm import chart, content, plan
+
+log = logging.getLogger("rukpak.helm")
+
+BD_KEY = "bd:"
+BUNDLE_KEY = "bundle:"
+RESYNC_SECONDS = 60.0
+
+
+def now_text() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _labels(obj: api.Obj) -> dict[str, str]:
+    labels: dict[str, str] = (obj.get("metadata") or {}).get("labels") or {}
+    return labels
+
+
+class Controller:
+    def __init__(
+        self,
+        kube: api.Kube,
+        *,
+        helm: Path,
+        store: content.Store,
+        system_namespace: str = api.DEFAULT_SYSTEM_NAMESPACE,
+        default_namespace: str = "default",
+        watch_timeout: int = 60,
+    ) -> None:
+        self.kube = kube
+        self.helm = helm
+        self.store = store
+        self.system_namespace = system_namespace
+        self.default_namespace = default_namespace
+        self.queue = api.WorkQueue(base=1.0, cap=60.0)
+        self.stopping = threading.Event()
+        self.outcomes: dict[str, plan.Outcome] = {}
+        self.watchers: dict[str, api.DriftWatcher] = {}
+        self._threads: list[threading.Thread] = []
+        self.bds = api.Informer(
+            kube,
+            api.API_VERSION,
+            "BundleDeployment",
+            on_change=self._bd_changed,
+            stop=self.stopping,
+            watch_timeout=watch_timeout,
+        )
+        self.bundles = api.Informer(
+            kube,
+            api.API_VERSION,
+            "Bundle",
+            on_change=self._bundle_changed,
+            stop=self.stopping,
+            watch_timeout=watch_timeout,
+        )
+
+    # -- cache events -> work -------------------------------------------------------------
+
+    def _bd_changed(self, obj: api.Obj) -> None:
+        # a deleted BD arrives here too: queue it so its drift watcher stops
+        if plan.handles(obj):
+            self.queue.add(BD_KEY + plan.name_of(obj))
+
+    def _bundle_changed(self, obj: api.Obj) -> None:
+        if not plan.handles(obj):
+            return
+        self.queue.add(BUNDLE_KEY + plan.name_of(obj))
+        labels = _labels(obj)
+        if labels.get(plan.OWNER_KIND_LABEL) == "BundleDeployment":
+            self.queue.add(BD_KEY + str(labels.get(plan.OWNER_NAME_LABEL) or ""))
+
+    # -- Bundles --------------------------------------------------------------------------
+
+    def reconcile_bundle(self, name: str) -> None:
+        bundle = self.bundles.get("", name)
+        if bundle is None or not plan.handles(bundle) or plan.is_final(bundle):
+            return
+        now = now_text()
+        problem = plan.source_problem(bundle)
+        if problem is not None:
+            failing = plan.bundle_status(phase="Failing", message=problem, now=now)
+            self._bundle_status(bundle, failing)
+            return
+        ref = plan.image_ref(bundle) or ""
+        try:
+            pinned, root = self.store.fetch(ref)
+        except api.RukpakError as err:
+            message = f"cannot fetch {ref}: {err.message}"
+            pending = plan.bundle_status(phase="Pending", message=message, now=now)
+            self._bundle_status(bundle, pending)
+            raise  # retried with backoff: a tag may be pushed later, a registry come back
+        try:
+            meta = chart.check(self.helm, chart.find_chart(root))
+        except chart.ChartError as err:
+            status = plan.bundle_status(phase="Failing", message=str(err), now=now, pinned=pinned)
+            self._bundle_status(bundle, status)
+            return
+        message = (
+            f"Successfully unpacked the {name} Bundle: chart {meta.get('name')} "
+            f"{meta.get('version')} from {pinned}"
+        )
+        status = plan.bundle_status(phase="Unpacked", message=message, now=now, pinned=pinned)
+        self._bundle_status(bundle, status)
+
+    def _bundle_status(self, bundle: api.Obj, status: api.Obj) -> None:
+        old = bundle.get("status") or {}
+
+        def gist(s: api.Obj) -> Any:
+            conds = [(c.get("status"), c.get("reason"), c.get("message")) for c in s["conditions"]]
+            return (s.get("phase"), conds, s.get("resolvedSource"))
+
+        if old.get("conditions") and gist(old) == gist(status):
+            return
+        name = plan.name_of(bundle)
+        log.info("msg='bundle status' bundle=%s phase=%s", name, status["phase"])
+        self.kube.merge_patch_status(api.bundle_ref(name), {"status": status})
+        if status["phase"] != "Pending":
+            cond = status["conditions"][0]
+            level: Literal["Normal", "Warning"] = (
+                "Warning" if status["phase"] == "Failing" else "Normal"
+            )
+            self._event(bundle, "Bundle", plan.Event(level, cond["reason"], cond["message"]))
+
+    # -- BundleDeployments ----------------------------------------------------------------
+
+    def owned_bundles(self, name: str) -> tuple[api.Obj, ...]:
+        return tuple(
+            b
+            for b in self.bundles.items()
+            if _labels(b).get(plan.OWNER_KIND_LABEL) == "BundleDeployment"
+            and _labels(b).get(plan.OWNER_NAME_LABEL) == name
+        )
+
+    def reconcile(self, name: str) -> float | None:
+        """One pass for BundleDeployment ``name``; a delay to look again, if any."""
+        bd = self.bds.get("", name)
+        if bd is None or not plan.handles(bd):
+            self._stop_watcher(name)
+            self.outcomes.pop(name, None)
+            return None
+        observed = plan.Observed(self.owned_bundles(name), self.outcomes.get(name), now_text())
+        decided = plan.plan(bd, observed, default_namespace=self.default_namespace)
+        again: float | None = None
+        for action in decided.actions:
+            again = self._perform(bd, action) or again
+        if decided.valid is None:
+            return again
+        last = self.outcomes.get(name)
+        active = plan.active_bundle(bd)
+        if last is not None and last.installed[0] == "True":
+            active = last.key[0]
+        verdicts = {
+            plan.HAS_VALID_BUNDLE: decided.valid,
+            plan.INSTALLED: plan.installed_verdict(bd, last),
+        }
+        new, events = plan.status(bd, verdicts, active=active, now=observed.now)
+        if new is not None:
+            self.kube.merge_patch_status(api.bundle_deployment_ref(name), {"status": new})
+            for event in events:
+                self._event(bd, "BundleDeployment", event)
+        if last is not None and not last.final:
+            again = self.queue.retry(BD_KEY + name)
+        return again
+
+    def _perform(self, bd: api.Obj, action: plan.Action) -> float | None:
+        name = plan.name_of(bd)
+        ref = api.bundle_deployment_ref(name)
+        finalizers = list((bd.get("metadata") or {}).get("finalizers") or [])
+        if isinstance(action, plan.AddFinalizer):
+            patch = {"metadata": {"finalizers": [*finalizers, plan.FINALIZER]}}
+            self.kube.merge_patch(ref, patch)
+        elif isinstance(action, plan.RemoveFinalizer):
+            kept = [f for f in finalizers if f != plan.FINALIZER]
+            self.kube.merge_patch(ref, {"metadata": {"finalizers": kept}})
+            self.outcomes.pop(name, None)
+        elif isinstance(action, plan.CreateBundle):
+            try:
+                self.kube.create(action.bundle)
+            except api.RukpakError as err:
+                if err.code != "ALREADY_EXISTS":
+                    raise
+        elif isinstance(action, plan.DeleteBundle):
+            self.kube.delete(api.bundle_ref(action.name))
+        elif isinstance(action, plan.Uninstall):
+            self._stop_watcher(name)
+            try:
+                api.uninstall(
+                    self.kube, name, policy=action.policy, system_namespace=self.system_namespace
+                )
+            except api.RukpakError as err:
+                if err.code != "NOT_FOUND":  # nothing was ever installed
+                    raise
+            log.info("msg='uninstalled' bd=%s policy=%s", name, action.policy)
+        elif isinstance(action, plan.Install):
+            self.outcomes[name] = self._install(bd, action.desired)
+        return None
+
+    def _install(self, bd: api.Obj, desired: plan.Desired) -> plan.Outcome:
+        """Render and install ``desired``; what came of it. Never raises for a bad chart
+        or a failed apply: those become ``Installed=False`` and the cluster keeps the
+        previous install."""
+        name = plan.name_of(bd)
+        kept = plan.active_bundle(bd)
+        try:
+            _, root = self.store.fetch(desired.pinned)
+        except api.RukpakError as err:
+            why = f"cannot fetch {desired.pinned}: {err.message}"
+            return plan.Outcome(desired.key, plan.failed(desired.bundle, why, kept=kept), False)
+        try:
+            rendered = chart.render(
+                self.helm,
+                chart.find_chart(root),
+                release=name,
+                namespace=desired.namespace,
+                values=chart.values_of(bd),
+            )
+        except chart.ChartError as err:
+            log.warning("msg='render failed' bd=%s error=%r", name, str(err))
+            return plan.Outcome(desired.key, plan.failed(desired.bundle, str(err), kept=kept))
+        options = api.Options(
+            name=name, namespace=desired.namespace, system_namespace=self.system_namespace
+        )
+        try:
+            result = api.install(self.kube, rendered.bundle, options)
+        except api.RukpakError as err:
+            log.warning("msg='install failed' bd=%s error=%r", name, err.message)
+            verdict = plan.failed(desired.bundle, err.message, kept=kept)
+            return plan.Outcome(desired.key, verdict, final=False)
+        log.info(
+            "msg='installed' bd=%s bundle=%s objects=%d pruned=%d",
+            name,
+            desired.bundle,
+            len(result.applied),
+            len(result.pruned),
+        )
+        self._stop_watcher(name)
+        watcher = api.DriftWatcher(self.kube, name, result.applied)
+        watcher.start()
+        self.watchers[name] = watcher
+        return plan.Outcome(desired.key, plan.succeeded(desired.bundle))
+
+    def _stop_watcher(self, name: str) -> None:
+        watcher = self.watchers.pop(name, None)
+        if watcher is not None:
+            watcher.stop()
+
+    def _event(self, obj: api.Obj, kind: str, event: plan.Event) -> None:
+        """A core/v1 Event about ``obj`` (cluster-scoped: in ``default``); best effort."""
+        meta = obj.get("metadata") or {}
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name')}.", "namespace": "default"},
+            "involvedObject": {
+                "apiVersion": api.API_VERSION,
+                "kind": kind,
+                "name": meta.get("name"),
+                "uid": meta.get("uid"),
+            },
+            "type": event.type,
+            "reason": event.reason,
+            "message": event.message[:1024],
+            "source": {"component": "rukpak-helm-provisioner"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.kube.create(body)
+        except api.RukpakError as err:
+            log.warning("msg='cannot record event' error=%r", err.message)
+
+    # -- workers and lifecycle ------------------------------------------------------------
+
+    def _work(self) -> None:
+        while not self.stopping.is_set():
+            key = self.queue.get(timeout=1.0)
+            if key is None:
+                continue
+            try:
+                if key.startswith(BUNDLE_KEY):
+                    self.reconcile_bundle(key[len(BUNDLE_KEY) :])
+                    after = None
+                else:
+                    after = self.reconcile(key[len(BD_KEY) :])
+            except api.RukpakError as err:
+                delay = self.queue.retry(key)
+                log.warning("msg='reconcile failed' key=%s retry_in=%.1fs error=%r",
+                            key, delay, err.message)  # fmt: skip
+            except Exception:  # a bug: keep the process alive, retry with backoff
+                delay = self.queue.retry(key)
+                log.exception("msg='reconcile crashed' key=%s retry_in=%.1fs", key, delay)
+            else:
+                if after is None:
+                    self.queue.forget(key)
+                else:
+                    self.queue.add_after(key, after)
+            finally:
+                self.queue.done(key)
+
+    def _resync(self) -> None:
+        while not self.stopping.wait(RESYNC_SECONDS):
+            for bd in self.bds.items():
+                self._bd_changed(bd)
+            pinned = [ref for b in self.bundles.items() if (ref := plan.pinned_ref(b))]
+            for gone in self.store.forget(pinned):
+                log.info("msg='removed content no Bundle pins' path=%s", gone)
+
+    def start(self, *, sync_timeout: float = 60.0) -> None:
+        """Start the informers, wait for their first lists, then one worker and the resync.
+
+        One worker: renders and installs of different BundleDeployments never overlap,
+        which keeps memory flat (helm and the engine each hold a whole release)."""
+        for informer in (self.bundles, self.bds):
+            informer.start()
+        for informer in (self.bundles, self.bds):
+            if not informer.wait_synced(sync_timeout):
+                log.warning("msg='cache not synced yet' kind=%s", informer)
+        for name, target in (("worker", self._work), ("resync", self._resync)):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.stopping.set()
+        self.queue.shutdown()
+        for thread in self._threads:
+            thread.join(timeout=timeout)
+        for name in list(self.watchers):
+            self._stop_watcher(name)
+        for informer in (self.bundles, self.bds):
+            informer.stop()

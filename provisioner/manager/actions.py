@@ -1,0 +1,102 @@
+"""The actions a BundleDeployment's plan is made of: what ``plan`` decides, ``actuate`` does.
+
+Sits between the planners (``plan``, ``runs``; ``bundleplan`` shares
+``RecordEvent``) and ``actuate``, the only writer: plain values, one per kind
+of request, so plans are compared in tests as data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from provisioner.engine.objects import Obj
+
+
+@dataclass(frozen=True)
+class AddFinalizer:
+    pass
+
+
+@dataclass(frozen=True)
+class RemoveFinalizer:
+    pass
+
+
+@dataclass(frozen=True)
+class CreateBundle:
+    bundle: Obj
+
+
+@dataclass(frozen=True)
+class ApplyInstance:
+    deployment: Obj
+
+
+@dataclass(frozen=True)
+class DeleteInstance:
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class CreateRun:
+    pod: Obj
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class DeleteLease:
+    pass
+
+
+@dataclass(frozen=True)
+class DeleteBundle:
+    name: str
+
+
+@dataclass(frozen=True)
+class Uninstall:
+    policy: Literal["Delete", "Orphan"]
+
+
+@dataclass(frozen=True)
+class WriteStatus:
+    status: Obj
+
+
+@dataclass(frozen=True)
+class RecordEvent:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """Look again after ``after`` seconds: waiting on something no watch reports."""
+
+    after: float
+    why: str
+
+
+Action = (
+    AddFinalizer
+    | RemoveFinalizer
+    | CreateBundle
+    | ApplyInstance
+    | DeleteInstance
+    | CreateRun
+    | DeletePod
+    | DeleteLease
+    | DeleteBundle
+    | Uninstall
+    | WriteStatus
+    | RecordEvent
+    | Requeue
+)

@@ -1,0 +1,140 @@
+"""Pinning a Bundle's source once: a tag to a digest, a branch or tag to a commit, an http
+URL to the digest of its content, a list of ConfigMaps to their checked keys.
+
+Sits under ``actuate.resolve_bundle`` (which records the result as the Bundle's
+``status.resolvedSource``, see ``sources``), and over the fetchers of
+``csi.sources`` and the image resolver. Auth Secrets and ConfigMaps are read from
+the system namespace, as upstream RukPak reads them.
+
+Errors are values with a code: ``permanent(err)`` tells the caller whether the
+Bundle is Failing (the user must fix the source, a Secret or a ConfigMap; retried
+with backoff so a fix is picked up) or stays Pending (the server did not answer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from csi.common import errors
+from csi.sources import git as gitsource
+from csi.sources import http as httpsource
+from csi.sources.auth import SourceAuth
+from provisioner.engine.kube import Kube
+from provisioner.engine.objects import Obj, ObjectRef
+from provisioner.manager import sources
+
+ImageResolver = Callable[[str], str]
+PERMANENT = (
+    errors.InvalidArgument,
+    errors.NotFound,
+    errors.PermissionDenied,
+    errors.FailedPrecondition,
+    errors.ResourceExhausted,
+    errors.Unauthenticated,
+)
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The pinned ``resolvedSource`` and annotations to record on the Bundle first."""
+
+    resolved: Obj
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+def permanent(err: errors.RukpakError) -> bool:
+    return isinstance(err, PERMANENT)
+
+
+def _section(obj: Obj, key: str) -> Obj:
+    value: Any = obj.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _auth(kube: Kube, spec: Obj, namespace: str) -> tuple[SourceAuth | None, bool]:
+    auth = _section(spec, "auth")
+    insecure = bool(auth.get("insecureSkipVerify"))
+    name = str(_section(auth, "secret").get("name") or "")
+    if not name:
+        return None, insecure
+    secret = kube.get(ObjectRef("", "v1", "Secret", namespace, name))
+    if secret is None:
+        raise errors.NotFound(
+            f"auth secret {namespace}/{name} not found: create it in the system namespace"
+        )
+    return SourceAuth.from_secret(secret, name=f"{namespace}/{name}"), insecure
+
+
+def resolve(kube: Kube, source: Obj, *, namespace: str, resolve_image: ImageResolver) -> Resolution:
+    """Pin ``source`` (a Bundle's ``spec.source``); raises a ``RukpakError`` if it cannot."""
+    kind = source.get("type")
+    if kind == "image":
+        ref = str(_section(source, "image").get("ref") or "")
+        return Resolution(sources.pinned_image(resolve_image(ref)))
+    if kind == "git":
+        spec = _section(source, "git")
+        repository = str(spec.get("repository") or "")
+        gitsource.check_directory(str(spec.get("directory") or ""), repository)
+        auth, insecure = _auth(kube, spec, namespace)
+        commit = gitsource.resolve(repository, _section(spec, "ref"), auth=auth, insecure=insecure)
+        return Resolution(sources.pinned_git(spec, commit))
+    if kind == "http":
+        spec = _section(source, "http")
+        url, _pin = httpsource.split_pinned(str(spec.get("url") or ""))
+        auth, insecure = _auth(kube, spec, namespace)
+        digest = httpsource.fetch(url, auth=auth, insecure=insecure)
+        return Resolution(sources.pinned_http({**spec, "url": url}, digest))
+    if kind == "configMaps":
+        entries = [e for e in source.get("configMaps") or [] if isinstance(e, dict)]
+        items = configmap_items(kube, entries, namespace=namespace)
+        return Resolution(
+            sources.pinned_configmaps(entries),
+            {sources.ITEMS_ANNOTATION: sources.items_annotation(items)},
+        )
+    raise errors.InvalidArgument(f'bundle source type "{kind}" not supported')
+
+
+def configmap_items(kube: Kube, entries: list[Obj], *, namespace: str) -> list[list[str]]:
+    """``[configMap, key, path in the bundle]`` for every file, after upstream's checks:
+    each ConfigMap exists and is immutable; no two put a file at the same path."""
+    if not entries:
+        raise errors.InvalidArgument("source.configMaps lists no ConfigMap")
+    problems: list[str] = []
+    seen: dict[str, str] = {}
+    items: list[list[str]] = []
+    for entry in entries:
+        name = str(_section(entry, "configMap").get("name") or "")
+        try:
+            directory = sources.bundle_path(entry.get("path"))
+        except ValueError as exc:
+            problems.append(f"configmap {namespace}/{name}: {exc}")
+            continue
+        cm = kube.get(ObjectRef("", "v1", "ConfigMap", namespace, name))
+        if cm is None:
+            problems.append(f'get configmap {namespace}/{name}: configmaps "{name}" not found')
+            continue
+        if cm.get("immutable") is not True:
+            problems.append(
+                f"configmap {namespace}/{name} is mutable: all bundle configmaps must be immutable"
+            )
+            continue
+        keys = sorted({*(cm.get("data") or {}), *(cm.get("binaryData") or {})})
+        for key in keys:
+            path = f"{directory}/{key}" if directory else key
+            if path in seen:
+                problems.append(
+                    f"configmap {namespace}/{name} contains path {_quote(path)} which is already "
+                    f"referenced by configmap {namespace}/{seen[path]}"
+                )
+                continue
+            seen[path] = name
+            items.append([name, key, path])
+    if problems:
+        raise errors.FailedPrecondition("; ".join(problems))
+    return items
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,0 +1,232 @@
+"""Run-to-completion instances: what the runs of a BundleDeployment say, pure.
+
+Sits under ``plan`` (``--instance-mode run``, the default). Each run is a pod
+(``generate.instance_run_pod``) named ``rukpak-instance-<bd>-<revision>-<run>``
+that installs once and exits. A finished install leaves its record on the
+instance Lease (``InstallRecord``: which pod, which Bundle, the
+``engine.appliedrecord`` of the fields it applied, the optional APIs it set
+aside); the record, not the pods, is what is installed, so pods can go once
+their run is recorded. This module reads that record and the pods; the
+planner decides.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from provisioner.engine import appliedrecord
+from provisioner.engine.objects import Obj
+from provisioner.instance import lease
+from provisioner.manager import actions, model
+from provisioner.manager.generate import instance_run_pod
+from provisioner.manager.model import Settings
+
+ACTIVE_PHASES = frozenset({"", "Pending", "Running"})
+RETRY_SECONDS = 15.0
+"""A failed run is retried this long after it ended (at once when a CRD appears)."""
+
+Verdict = tuple[str, str, str]
+"""(status, reason, message) of one condition."""
+Api = tuple[str, str, str]
+"""(group, version, kind)."""
+
+
+@dataclass(frozen=True)
+class InstallRecord:
+    """The last finished install, as its run recorded it on the instance Lease."""
+
+    by: str
+    """The run pod that wrote it."""
+    bundle: str
+    applied: appliedrecord.Record | None = None
+    """None when absent or unreadable: drift is then not judged from it."""
+    awaiting: frozenset[Api] = field(default_factory=frozenset)
+
+    @classmethod
+    def of_lease(cls, obj: Obj | None) -> InstallRecord | None:
+        marks: dict[str, Any] = ((obj or {}).get("metadata") or {}).get("annotations") or {}
+        by = str(marks.get(lease.INSTALLED_BY_ANNOTATION) or "")
+        bundle = str(marks.get(lease.INSTALLED_BUNDLE_ANNOTATION) or "")
+        if not by or not bundle:
+            return None
+        applied: appliedrecord.Record | None = None
+        try:
+            applied = appliedrecord.decode(str(marks.get(lease.APPLIED_RECORD_ANNOTATION) or ""))
+        except ValueError:
+            applied = None
+        awaiting: set[Api] = set()
+        try:
+            doc = json.loads(str(marks.get(lease.OPTIONAL_SKIPPED_ANNOTATION) or "[]"))
+            for item in doc if isinstance(doc, list) else []:
+                if isinstance(item, list) and len(item) == 3:
+                    awaiting.add((str(item[0]), str(item[1]), str(item[2])))
+        except ValueError:
+            pass
+        return cls(by, bundle, applied, frozenset(awaiting))
+
+    def run_of(self, bd_name: str) -> tuple[str, int] | None:
+        """(revision, run) of the pod that wrote the record."""
+        return model.parse_run_pod_name(bd_name, self.by)
+
+
+def phase(pod: Obj) -> str:
+    return str((pod.get("status") or {}).get("phase") or "")
+
+
+def deleting(pod: Obj) -> bool:
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def is_active(pod: Obj) -> bool:
+    return phase(pod) in ACTIVE_PHASES and not deleting(pod)
+
+
+def _terminated(pod: Obj) -> Obj:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        terminated: Obj = (cs.get("state") or {}).get("terminated") or {}
+        if terminated:
+            return terminated
+    return {}
+
+
+def failure(pod: Obj) -> str:
+    """Why a Failed run pod failed, from its termination message or status."""
+    terminated = _terminated(pod)
+    message = str(terminated.get("message") or "").strip()
+    if not message:
+        status = pod.get("status") or {}
+        message = str(status.get("message") or terminated.get("reason") or "").strip()
+    return message or "the run failed"
+
+
+def ended_at(pod: Obj) -> str:
+    """When the run pod's container ended ("" when unknown)."""
+    return str(_terminated(pod).get("finishedAt") or "")
+
+
+def waiting(pod: Obj) -> str:
+    """What an active run pod waits for, in a few words."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        state = cs.get("state") or {}
+        if "running" in state:
+            return "is installing"
+        message = (state.get("waiting") or {}).get("message")
+        if message:
+            return f"waits: {message}"
+    return f"is {phase(pod) or 'Pending'}"
+
+
+def seconds_between(start: str, end: str) -> float | None:
+    """Seconds from ``start`` to ``end`` (RFC 3339, whole seconds); None when unknown."""
+    try:
+        fmt = "%Y-%m-%dT%H:%M:%SZ"
+        return (datetime.strptime(end, fmt) - datetime.strptime(start, fmt)).total_seconds()
+    except ValueError:
+        return None
+
+
+# -- the run-mode plan ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """The Bundle the runs should install, and its pinned source."""
+
+    bundle: str
+    resolved: Obj
+
+
+@dataclass(frozen=True)
+class Decision:
+    actions: list[actions.Action]
+    installed: Verdict
+    active: str
+    """The Bundle installed now ("" when none is)."""
+
+
+def decide(
+    bd: Obj,
+    target: Target | None,
+    pods: tuple[Obj, ...],
+    record: InstallRecord | None,
+    drift: tuple[str, ...],
+    *,
+    settings: Settings,
+    now: str,
+) -> Decision:
+    """What the runs of ``bd`` need: start one, wait, retry, or clean up; and ``Installed``.
+
+    ``target`` is the Bundle to install (the wanted one once Unpacked, else the one the
+    record names, so drift of the installed content is still corrected while a new
+    Bundle fails to unpack). A run starts when the record is of another revision, or
+    when ``drift`` says the recorded install no longer holds. Active runs of another
+    revision are obsolete and stopped; finished runs go once recorded.
+    """
+    name = model.name_of(bd)
+    ns = settings.system_namespace
+    out: list[actions.Action] = []
+    installed_bundle = record.bundle if record is not None else ""
+    if target is None:
+        if record is None:
+            return Decision([], ("False", "InstallPending", "no Bundle is active yet"), "")
+        return Decision([], _installed(installed_bundle), installed_bundle)
+
+    want = instance_run_pod(bd, target.bundle, target.resolved, settings, 0)
+    revision = str(want["metadata"]["annotations"][model.SPEC_HASH_ANNOTATION])
+    recorded = record.run_of(name) if record is not None else None
+    current = recorded is not None and recorded[0] == revision
+    number = recorded[1] + 1 if recorded is not None and current else 0
+    if current and not drift:
+        number = -1  # nothing to run
+
+    keep = number if number >= 0 else None
+    mine: dict[int, Obj] = {}
+    for pod in pods:
+        parsed = model.parse_run_pod_name(name, model.name_of(pod))
+        same = parsed is not None and parsed[0] == revision
+        if parsed is not None and same:
+            mine[parsed[1]] = pod
+            if keep is not None and parsed[1] >= keep:
+                continue  # the run we want (or a newer one)
+        if is_active(pod):
+            if not same:
+                out.append(actions.DeletePod(ns, model.name_of(pod)))  # an obsolete revision
+        elif not deleting(pod):
+            out.append(actions.DeletePod(ns, model.name_of(pod)))  # recorded or superseded
+
+    verdict = _installed(installed_bundle) if installed_bundle == target.bundle else None
+    if keep is None:
+        return Decision(out, verdict or _installed(target.bundle), target.bundle)
+    found = mine.get(keep)
+    if found is None:
+        if not any(is_active(p) for p in pods):
+            run = instance_run_pod(bd, target.bundle, target.resolved, settings, keep)
+            out.append(actions.CreateRun(run))
+        pending = f"waiting for the instance run of Bundle {target.bundle}"
+        return Decision(out, verdict or ("False", "InstallPending", pending), installed_bundle)
+    pod = found
+    running = is_active(pod)
+    pod_name = model.name_of(pod)
+    if running:
+        pending = f"instance pod {pod_name} {waiting(pod)}"
+        return Decision(out, verdict or ("False", "InstallPending", pending), installed_bundle)
+    if phase(pod) == "Failed":
+        failed = ("False", "InstallFailed", f"instance pod {pod_name} failed: {failure(pod)}")
+        since = seconds_between(ended_at(pod), now)
+        if since is not None and since >= RETRY_SECONDS and not deleting(pod):
+            out.append(actions.DeletePod(ns, pod_name))
+        else:
+            wait = RETRY_SECONDS - (since or 0.0)
+            out.append(actions.Requeue(max(wait, 1.0), "retrying a failed instance run"))
+        return Decision(out, failed, installed_bundle)
+    # Succeeded (its record is not in the cache yet) or being deleted: look again soon
+    out.append(actions.Requeue(1.0, f"waiting for the record of {pod_name}"))
+    pending = f"instance pod {pod_name} is {phase(pod) or 'Pending'}"
+    return Decision(out, verdict or ("False", "InstallPending", pending), installed_bundle)
+
+
+def _installed(bundle: str) -> Verdict:
+    return "True", "InstallationSucceeded", f"Instantiated bundle {bundle} successfully"
