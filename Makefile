@@ -6,7 +6,7 @@ GRPC_TOOLS := $(PY) -m grpc_tools.protoc
 PROTOS := csi/proto/csi.proto csi/proto/pluginregistration.proto
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint typecheck proto proto-check run bench image manifests clean
+.PHONY: setup test lint typecheck proto proto-check run bench image manifests clean helm helm-image
 
 setup:
 	@bash hack/setup.sh
@@ -20,14 +20,14 @@ proto-check: setup
 	@bash hack/proto-check.sh $(PY) $(PROTOS)
 
 lint: setup
-	$(VENV)/bin/ruff check csi provisioner tests
-	$(VENV)/bin/ruff format --check csi provisioner tests
+	$(VENV)/bin/ruff check csi provisioner tests contrib
+	$(VENV)/bin/ruff format --check csi provisioner tests contrib
 
 typecheck: setup
-	$(VENV)/bin/mypy csi provisioner tests
+	$(VENV)/bin/mypy csi provisioner tests contrib/helm-provisioner/rukpak_helm
 
 ## test: the whole suite (lint, types, proto drift, unit and integration tests)
-test: setup proto-check lint typecheck k8s-bins
+test: setup proto-check lint typecheck k8s-bins helm
 	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5): that is a failure, not a pass" >&2; fi; \
 	exit $$rc
@@ -48,6 +48,16 @@ image: setup
 ## IMAGE=REF sets the image (the one `images:` entry), e.g. what `make image` pushed
 manifests: setup k8s-bins
 	@bash hack/manifests.sh $(if $(IMAGE),--image $(IMAGE))
+
+## helm: build the helm binary (helm.sh/helm/v3, hack/helm.sh) the helm provisioner runs (cached)
+helm:
+	@bash hack/helm.sh --quiet
+
+## helm-image: the helm provisioner's image (contrib/helm-provisioner): RukPak's image plus helm
+## and its package, pushed to IMAGE; deploy with `kubectl apply -k contrib/helm-provisioner/manifests`
+helm-image: setup
+	@test -n "$(IMAGE)" || { echo "usage: make helm-image IMAGE=registry.example.com/rukpak-helm-provisioner:TAG" >&2; exit 2; }
+	bash contrib/helm-provisioner/hack/build-image.sh $(IMAGE)
 
 bench: setup
 	$(PY) -m tests.bench

@@ -42,3 +42,12 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   "$VENV/bin/pip" install -q -e '.[dev]'
   touch "$stamp"
 fi
+# pyfuse3 with the inode-handle patch (hack/pyfuse3): FUSE mode's warm reads stay in the kernel.
+if ! "$VENV/bin/python" -c 'import importlib.metadata as m, sys
+sys.exit(not m.version("pyfuse3").endswith("+rukpak.inodehandles"))' 2>/dev/null; then
+  echo ">> building pyfuse3 3.5.0 with hack/pyfuse3/patch.py"
+  wheels=$(mktemp -d)
+  hack/pyfuse3/build.sh "$VENV/bin/pip" "$wheels" >/dev/null
+  "$VENV/bin/pip" install -q --no-deps --force-reinstall "$wheels"/pyfuse3-*.whl
+  rm -rf "$wheels"
+fi

@@ -12,8 +12,19 @@ the entry's position in its saved index. File handles are inode numbers. A
 restarted daemon can therefore answer requests about inodes and handles the
 kernel got from its predecessor, with no state but those files.
 
+Warm reads stay in the kernel ("no-open" mode, Linux 4.19+): the first
+``open`` and ``opendir`` answer ENOSYS, which the kernel takes as "this
+filesystem needs no open calls" (``FUSE_NO_OPEN_SUPPORT``,
+``FUSE_NO_OPENDIR_SUPPORT``) for the rest of the connection: opens and
+releases stop reaching the daemon, files keep their page cache and directory
+listings are cached. Reads then carry no handle of ours, so this needs a
+pyfuse3 that passes the inode instead (``hack/pyfuse3``: 3.5.0 plus a
+two-line patch, version ``3.5.0+rukpak.inodehandles``); with a stock pyfuse3
+every open is a round trip as before. The mount is read-only
+(``MS_RDONLY``), so the kernel refuses writes without asking us.
+
 Every write is EROFS. A file is checked against its digest the first time a
-daemon opens it (a hash of the stored file); one that does not match is EIO
+daemon opens or reads it (a hash of the stored file); one that does not match is EIO
 for the reader and an error in the log, never wrong content. Files a lazy
 layer has not delivered yet are fetched through the optional ``fetcher``.
 """
@@ -22,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import importlib.metadata
 import logging
 import os
 import stat
@@ -47,6 +59,17 @@ ROOT_TIMEOUT = 1.0  # the root's listing grows as trees are added
 MAX_OPEN_FILES = 1024
 INLINE_VERIFY = 256 * 1024
 BLOCK = 4096
+PATCHED_PYFUSE3 = "+rukpak.inodehandles"  # read/readdir get the inode when the handle is 0
+
+
+def _pyfuse3_passes_inodes() -> bool:
+    try:
+        return importlib.metadata.version("pyfuse3").endswith(PATCHED_PYFUSE3)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+NO_OPEN = _pyfuse3_passes_inodes()
 
 
 class Fetcher(Protocol):
@@ -190,12 +213,12 @@ class ReadOnlyFS(pyfuse3.Operations):
         return os.fsencode(tree.rows[row].target)
 
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
-        if os.environ.get("RUKPAK_FUSE_NO_OPEN"):
-            raise pyfuse3.FUSEError(errno.ENOSYS)
         if inode != ROOT:
             _slot, tree, row = self._resolve(inode)
             if tree.rows[row].kind != index.DIR:
                 raise pyfuse3.FUSEError(errno.ENOTDIR)
+        if NO_OPEN:
+            raise pyfuse3.FUSEError(errno.ENOSYS)  # the kernel caches listings from now on
         return inode
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
@@ -223,8 +246,8 @@ class ReadOnlyFS(pyfuse3.Operations):
         if row.kind != index.FILE:
             raise pyfuse3.FUSEError(errno.EISDIR if row.kind == index.DIR else errno.ELOOP)
         await self._ready(slot, row)
-        if os.environ.get("RUKPAK_FUSE_NO_OPEN"):
-            raise pyfuse3.FUSEError(errno.ENOSYS)
+        if NO_OPEN:
+            raise pyfuse3.FUSEError(errno.ENOSYS)  # "no open needed, ever" (see the docstring)
         return pyfuse3.FileInfo(fh=inode, keep_cache=True, direct_io=False)
 
     async def _ready(self, slot: int, row: index.Row) -> None:
@@ -271,6 +294,9 @@ class ReadOnlyFS(pyfuse3.Operations):
         return fd
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
+        if not fh:  # no-open mode under a pyfuse3 that drops the inode: nothing to go on
+            log.error("msg=%r", "a read came without a handle; install hack/pyfuse3's pyfuse3")
+            raise pyfuse3.FUSEError(errno.EIO)
         slot, tree, row_id = self._resolve(fh)
         row = tree.rows[row_id]
         if row.digest not in self._verified:  # a handle from a previous daemon

@@ -70,7 +70,7 @@ packages=$(grep -v '^\s*#' "$HERE/packages.txt" | xargs)
 base_key=$(
     {
         echo "recipe=$BASE_RECIPE suite=$SUITE arch=$(uname -m) packages=$packages"
-        cat "$REPO/pyproject.toml"
+        cat "$REPO/pyproject.toml" "$REPO/hack/pyfuse3/patch.py"
     } | sha256sum | cut -c1-16
 )
 base=$CACHE/base-$base_key
@@ -107,6 +107,8 @@ build_base() {
     "$PY" -c 'import sys, tomllib; print(*tomllib.load(sys.stdin.buffer)["project"]["dependencies"], sep="\n")' \
         <"$REPO/pyproject.toml" >"$work/requirements.txt"
     "${RUN[@]}" "$PY" -m pip wheel --progress-bar off -q -w "$work/wheels" -r "$work/requirements.txt"
+    rm -f "$work/wheels"/pyfuse3-*.whl  # FUSE mode wants the patched one (hack/pyfuse3)
+    "${RUN[@]}" "$REPO/hack/pyfuse3/build.sh" "$(dirname "$PY")/pip" "$work/wheels" >/dev/null
     ls "$work/wheels" | sed 's/^/      /'
 
     step "base: debootstrap --variant=minbase $SUITE from $MIRROR (+ $packages)"

@@ -255,10 +255,13 @@ def _status(
     events: list[Action] = []
     for cond in conditions:
         before = old.get(cond["type"])
-        if before is None or (before.get("status"), before.get("reason")) != (
-            cond["status"],
-            cond["reason"],
-        ):
+        keys = (
+            ("status", "reason", "message")
+            if cond["type"] == INSTALLED and cond["status"] == "True"
+            else ("status", "reason")
+        )
+        # (a finished install's message says what it set aside: a change of it is news too)
+        if before is None or any(before.get(k) != cond[k] for k in keys):
             kind: Literal["Normal", "Warning"] = (
                 "Warning" if cond["reason"] in WARNING_REASONS else "Normal"
             )

@@ -172,7 +172,7 @@ def decide(
     if target is None:
         if record is None:
             return Decision([], ("False", "InstallPending", "no Bundle is active yet"), "")
-        return Decision([], _installed(installed_bundle), installed_bundle)
+        return Decision([], _installed(installed_bundle, record), installed_bundle)
 
     want = instance_run_pod(bd, target.bundle, target.resolved, settings, 0)
     revision = str(want["metadata"]["annotations"][model.SPEC_HASH_ANNOTATION])
@@ -197,9 +197,9 @@ def decide(
         elif not deleting(pod):
             out.append(actions.DeletePod(ns, model.name_of(pod)))  # recorded or superseded
 
-    verdict = _installed(installed_bundle) if installed_bundle == target.bundle else None
+    verdict = _installed(installed_bundle, record) if installed_bundle == target.bundle else None
     if keep is None:
-        return Decision(out, verdict or _installed(target.bundle), target.bundle)
+        return Decision(out, verdict or _installed(target.bundle, record), target.bundle)
     found = mine.get(keep)
     if found is None:
         if not any(is_active(p) for p in pods):
@@ -228,5 +228,14 @@ def decide(
     return Decision(out, verdict or ("False", "InstallPending", pending), installed_bundle)
 
 
-def _installed(bundle: str) -> Verdict:
-    return "True", "InstallationSucceeded", f"Instantiated bundle {bundle} successfully"
+def _installed(bundle: str, record: InstallRecord | None = None) -> Verdict:
+    message = f"Instantiated bundle {bundle} successfully"
+    if record is not None and record.awaiting:
+        apis = ", ".join(
+            f"{'/'.join(api[:2]).lstrip('/')} {api[2]}" for api in sorted(record.awaiting)
+        )
+        message += (
+            f"; optional objects skipped, their API is not served: {apis} "
+            "(they are created when the API appears)"
+        )
+    return "True", "InstallationSucceeded", message

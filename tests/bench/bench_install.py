@@ -9,12 +9,19 @@ the system exactly as the end-to-end tests do (``tests.install_helpers.install``
   deleted between rounds, untimed): median of 5;
 - template change -> the new content applied (the hello ConfigMap's greeting changes;
   v1 and v2 alternate): median of 5;
+- an installed object deleted -> restored by drift correction: median of 5;
 - with 50 installed BundleDeployments (tiny bundles: a Namespace and a ConfigMap), at
   rest: API requests per minute by the manager and by all instance pods together, read
   from the API server's own counters (``apiserver_flowcontrol_dispatched_requests_total``
   of a FlowSchema per ServiceAccount that this module adds), and memory per
   BundleDeployment: the PSS (and RSS) of the manager replicas and every instance process
   on the node, divided by 50.
+
+Both instance designs are measured in the same run, on the same cluster and the same 50
+BundleDeployments: first the default (``--instance-mode run``: a pod per run, to
+completion, re-run by the manager on drift), then the manager is switched to
+``--instance-mode deployment`` (a long-running instance Deployment per
+BundleDeployment) and the drift and at-rest figures are taken again.
 
 Figures are absolute: there is no baseline to run beside them here; the targets are the
 issue's (<= 10 MiB per BundleDeployment, watches only at rest).
@@ -220,6 +227,9 @@ def measure(system: inst.RukpakSystem, workdir: Path) -> list[Result]:
         pivots.append(time.monotonic() - started)
         progress(f"install: pivot {round_}: template change -> applied {pivots[-1]:.2f}s")
         _wait(lambda: _bd_ready(system, "hello"), timeout=300, what="hello settled")
+
+    drift = _drift_rounds(system, ObjectRef("", "v1", "ConfigMap", "hello", "hello-greeting"))
+    progress(f"install: drift corrected in {[round(x, 2) for x in drift]}s")
     _delete(system, "hello", "hello")
 
     for key, sa in FLOW_SCHEMAS.items():
@@ -232,16 +242,7 @@ def measure(system: inst.RukpakSystem, workdir: Path) -> list[Result]:
     for i in range(SCALE):
         _wait(functools.partial(_bd_ready, system, f"scale-{i}"), timeout=900, what=f"scale-{i}")
     progress(f"install: {SCALE} BundleDeployments ready in {time.monotonic() - started:.0f}s")
-    time.sleep(SETTLE_SECONDS)  # let resyncs and post-install writes pass
-    before = _dispatched(system)
-    time.sleep(AT_REST_SECONDS)
-    after = _dispatched(system)
-    per_minute = {k: (after[k] - before[k]) * 60 / AT_REST_SECONDS for k in FLOW_SCHEMAS}
-    m_pss, m_rss, managers = _memory("manager")
-    i_pss, i_rss, instances = _memory("instance")
-    progress(f"install: at rest {per_minute}; manager {m_pss:.0f} MiB x{managers}, "
-             f"instances {i_pss:.0f} MiB x{instances}")  # fmt: skip
-    return [
+    results = [
         Result(
             name="install: BundleDeployment created -> Installed+Healthy (hello, cached)",
             measured=median(created),
@@ -254,20 +255,83 @@ def measure(system: inst.RukpakSystem, workdir: Path) -> list[Result]:
             unit="s",
             note=f"median of {ROUNDS}; samples {[round(x, 2) for x in pivots]}",
         ),
+        *_at_rest(system, "run", drift),
+    ]
+    # the other design, same cluster, same 50 BundleDeployments: long-running instances
+    _set_instance_mode(system, "deployment")
+    started = time.monotonic()
+    _wait(lambda: _memory("instance")[2] >= SCALE, timeout=900, what=f"{SCALE} instances")
+    for i in range(SCALE):
+        _wait(functools.partial(_bd_ready, system, f"scale-{i}"), timeout=900, what=f"scale-{i}")
+    progress(f"install: {SCALE} instance Deployments running in {time.monotonic() - started:.0f}s")
+    drift = _drift_rounds(system, ObjectRef("", "v1", "ConfigMap", "bench-scale-0", "scale"))
+    results += _at_rest(system, "deployment", drift)
+    return results
+
+
+def _drift_rounds(system: inst.RukpakSystem, ref: ObjectRef) -> list[float]:
+    """Seconds from deleting an installed object until it is back, ROUNDS times."""
+    took: list[float] = []
+    for _ in range(ROUNDS):
+        _wait(lambda: system.kube.get(ref) is not None, timeout=120, what=f"{ref} present")
+        time.sleep(1.0)  # let the previous correction's run finish and be recorded
+        started = time.monotonic()
+        system.kube.delete(ref)
+        _wait(lambda: not _gone(system, ref), timeout=120, what=f"{ref} restored", interval=0.05)
+        took.append(time.monotonic() - started)
+    return took
+
+
+def _set_instance_mode(system: inst.RukpakSystem, mode: str) -> None:
+    """Restart the manager with ``--instance-mode MODE`` (a JSON patch of its args)."""
+    ref = ObjectRef("apps", "v1", "Deployment", inst.NAMESPACE, inst.MANAGER)
+    live = system.kube.get(ref) or {}
+    args = live["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = [a for a in args if not a.startswith("--instance-mode")] + [f"--instance-mode={mode}"]
+    system.kube.merge_patch(
+        ref,
+        {"spec": {"template": {"spec": {"containers": [{"name": "manager", "args": args}]}}}},
+    )
+    system.kubectl(
+        "rollout", "status", f"deployment/{inst.MANAGER}", "-n", inst.NAMESPACE,
+        "--timeout=300s", timeout=330,
+    )  # fmt: skip
+
+
+def _at_rest(system: inst.RukpakSystem, mode: str, drift: list[float]) -> list[Result]:
+    """Requests per minute and memory per BD at rest, with the drift figures of ``mode``."""
+    time.sleep(SETTLE_SECONDS)  # let resyncs and post-install writes pass
+    before = _dispatched(system)
+    time.sleep(AT_REST_SECONDS)
+    after = _dispatched(system)
+    per_minute = {k: (after[k] - before[k]) * 60 / AT_REST_SECONDS for k in FLOW_SCHEMAS}
+    m_pss, m_rss, managers = _memory("manager")
+    i_pss, i_rss, instances = _memory("instance")
+    progress(f"install [{mode}]: at rest {per_minute}; manager {m_pss:.0f} MiB x{managers}, "
+             f"instances {i_pss:.0f} MiB x{instances}")  # fmt: skip
+    design = "run to completion" if mode == "run" else "long-running instance Deployments"
+    return [
         Result(
-            name=f"install: manager API requests/min at rest ({SCALE} BDs)",
+            name=f"install [{design}]: installed object deleted -> restored",
+            measured=median(drift),
+            unit="s",
+            target=5.0,
+            note=f"median of {ROUNDS}; samples {[round(x, 2) for x in drift]}",
+        ),
+        Result(
+            name=f"install [{design}]: manager API requests/min at rest ({SCALE} BDs)",
             measured=per_minute["manager"],
             unit="req/min",
             note="both replicas; API server's APF dispatch counter for SA rukpak-manager",
         ),
         Result(
-            name=f"install: instance pods' API requests/min at rest ({SCALE} BDs)",
+            name=f"install [{design}]: instance pods' API requests/min at rest ({SCALE} BDs)",
             measured=per_minute["instances"],
             unit="req/min",
             note=f"all {instances} instance processes together (SA rukpak-instance)",
         ),
         Result(
-            name=f"install: memory per BundleDeployment at {SCALE} (PSS)",
+            name=f"install [{design}]: memory per BundleDeployment at {SCALE} (PSS)",
             measured=(m_pss + i_pss) / SCALE,
             unit="MiB",
             target=10.0,

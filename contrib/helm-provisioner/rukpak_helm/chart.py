@@ -169,9 +169,9 @@ def split(output: str) -> tuple[api.Bundle, int]:
     source = "rendered.yaml"
 
     def flush() -> None:
-        text = "".join(current)
-        if text.strip():
-            by_source.setdefault(source, []).append(text)
+        content = [x for x in current if x.strip() and not x.lstrip().startswith("#")]
+        if content:
+            by_source.setdefault(source, []).append("".join(current))
 
     for line in output.splitlines(keepends=True):
         if line.rstrip() == "---" or line.startswith("--- "):
@@ -184,13 +184,16 @@ def split(output: str) -> tuple[api.Bundle, int]:
             current.append(line)
     flush()
     manifests: list[api.Manifest] = []
+    templates = 0
     for name, docs in by_source.items():
         try:
-            manifests += api.parse_manifests(name, "---\n".join(docs))
+            found = api.parse_manifests(name, "---\n".join(docs))
         except api.BundleInvalid as err:
             raise ChartError(
                 f"the chart rendered something that is not an object: {err.message}"
             ) from None
+        manifests += found
+        templates += bool(found)
     if not manifests:
         raise ChartError("the chart rendered no objects with these values")
-    return api.Bundle(FORMAT, tuple(manifests)), len(by_source)
+    return api.Bundle(FORMAT, tuple(manifests)), templates

@@ -10,8 +10,10 @@ reason, retried with backoff. A BundleDeployment (``bd:NAME``) is planned by
 ``plan.plan`` and performed here: the render (``chart.render``) and install
 (``api.install``: inventory, pruning of what the previous render had and this one
 lacks) happen in ``_install``; after each successful install an ``api.DriftWatcher``
-keeps the applied objects as applied. A failed render or install changes nothing in
-the cluster: the previous install stays, and so does its drift watcher.
+keeps the applied objects as applied. A failed render changes nothing in the cluster:
+the previous install stays, and so does its drift watcher. The watcher stops before an
+install starts (it would re-create what the install prunes); after a failed install
+drift is not corrected until an install succeeds (the retry, with backoff).
 """
 
 from __future__ import annotations
@@ -245,6 +247,8 @@ class Controller:
         options = api.Options(
             name=name, namespace=desired.namespace, system_namespace=self.system_namespace
         )
+        # the previous install's watcher would re-create what this install prunes
+        self._stop_watcher(name)
         try:
             result = api.install(self.kube, rendered.bundle, options)
         except api.RukpakError as err:
@@ -258,7 +262,6 @@ class Controller:
             len(result.applied),
             len(result.pruned),
         )
-        self._stop_watcher(name)
         watcher = api.DriftWatcher(self.kube, name, result.applied)
         watcher.start()
         self.watchers[name] = watcher
