@@ -223,6 +223,11 @@ poll() {
   done
   echo "ok: $what ($(since "$STEP_T")s into this step)"
 }
+no_instance_pods() {  # no_instance_pods BD: no instance pod of BD exists
+  [ -z "$("$KUBECTL" get pods -n rukpak-system -o name \
+    -l "core.rukpak.io/bundle-deployment=$1" 2>/dev/null)" ]
+}
+
 cond() {  # cond BD TYPE: the status of the BundleDeployment's condition TYPE
   "$KUBECTL" get bundledeployment "$1" \
     -o jsonpath="{.status.conditions[?(@.type==\"$2\")].status}" 2>/dev/null
@@ -382,10 +387,17 @@ YAML
     bd_is hello Healthy True
   show get bd,bundles
   show get all,configmaps -n hello -l app.kubernetes.io/part-of=rukpak-examples
+  echo "The instance ran to completion and recorded the install on its Lease; at rest no"
+  echo "instance pod runs (the manager watches the installed objects instead):"
+  poll 60 "the instance run to finish" "pods" -- no_instance_pods hello
+  show get pods -n rukpak-system -l core.rukpak.io/bundle-deployment=hello
+  show get lease rukpak-instance-hello -n rukpak-system \
+    -o jsonpath='installed-bundle={.metadata.annotations.core\.rukpak\.io/installed-bundle}{"\n"}'
   local first_bundle
   first_bundle=$(active_bundle hello)
 
   say "Deleting the managed Deployment hello/hello: it comes back"
+  echo "The manager sees an installed object go and starts a new instance run."
   local uid
   uid=$(deployment_uid)
   show delete deployment hello -n hello --wait=false

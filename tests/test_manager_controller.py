@@ -7,8 +7,11 @@ run here: the tests play the kubelet's part for unpack pods (they write the
 pod's status with the termination message ``rukpak-provisioner unpack``
 writes) and check what the manager writes (Bundles and their status, unpack
 pods, the instance Deployment's pod template, BD status, events, the
-finalizer's uninstall). The process itself (``rukpak-provisioner manager``)
-runs as a subprocess in the last tests, with leader election.
+finalizer's uninstall). The in-process controller runs ``--instance-mode
+deployment`` (long-running instance Deployments); the default, run-to-completion
+instances, needs a kubelet and is proven in tests/test_e2e_runs.py and the other
+e2e tests. The process itself (``rukpak-provisioner manager``) runs as a
+subprocess in the last tests, with leader election and the default mode.
 """
 
 from __future__ import annotations
@@ -58,15 +61,16 @@ def images(registry: Any) -> dict[str, str]:
 
 
 def prepare_system_namespace(kube: Kube, namespace: str) -> None:
-    """The system namespace and its ``default`` ServiceAccount (no controller-manager here)."""
+    """The system namespace and its ServiceAccounts (no controller-manager here)."""
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-    kube.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "ServiceAccount",
-            "metadata": {"name": "default", "namespace": namespace},
-        }
-    )
+    for account in ("default", "rukpak-instance"):
+        kube.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": {"name": account, "namespace": namespace},
+            }
+        )
 
 
 def finish_unpack(
@@ -110,7 +114,12 @@ def finish_unpack(
 @pytest.fixture(scope="module")
 def running(kube: Kube, images: dict[str, str]) -> Iterator[controller.Controller]:
     prepare_system_namespace(kube, SYSTEM_NS)
-    settings = model.Settings(image=IMAGE, system_namespace=SYSTEM_NS, host_network=True)
+    settings = model.Settings(
+        image=IMAGE,
+        system_namespace=SYSTEM_NS,
+        host_network=True,
+        instance_mode=model.DEPLOYMENT_MODE,
+    )
     ctl = controller.Controller(
         kube,
         settings,
@@ -506,13 +515,14 @@ def test_the_manager_process_takes_its_lease_reconciles_and_releases_on_sigterm(
     secret = kube.get(ObjectRef("", "v1", "Secret", system_ns, "rukpak-webhook-cert"))
     assert secret is not None, "the webhook certificate is generated before the Lease is taken"
     finish_unpack(kube, model.bundle_name(get_bd(kube, name)), namespace=system_ns)
-    eventually(
-        lambda: kube.get(
-            ObjectRef("apps", "v1", "Deployment", system_ns, model.instance_name(name))
-        ),
-        timeout=30,
-        what="the instance Deployment made by the process",
-    )
+
+    def run_pods() -> list[Obj]:
+        items, _ = kube.list("v1", "Pod", namespace=system_ns, label_selector=model.BD_LABEL)
+        return [p for p in items if p["metadata"]["labels"][model.BD_LABEL] == name]
+
+    pods = eventually(run_pods, timeout=30, what="the first instance run made by the process")
+    assert pods[0]["spec"]["restartPolicy"] == "Never"  # the default: runs to completion
+    assert "--once" in pods[0]["spec"]["containers"][0]["command"]
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out.decode(errors="replace")
