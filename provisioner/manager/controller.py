@@ -14,9 +14,11 @@ Cache events only decide *which* object to look at: a BundleDeployment
 owns, changes; ``healthwatch`` follows the inventories and the objects they
 list (by the owner label), so ``Healthy`` changes with them, from the caches.
 A periodic resync re-queues every BundleDeployment (cache reads only).
-Failures requeue with exponential backoff. When a CRD is created, instance pods waiting in
-CrashLoopBackOff are deleted so a BundleDeployment whose custom resources
-needed it installs at once instead of after the kubelet's back-off.
+Failures requeue with exponential backoff. ``runwatch`` judges drift of
+run-to-completion installs from the same caches and follows CRDs: a CRD that
+becomes established restarts failed instances (a BundleDeployment whose custom
+resources needed it installs at once) and wakes installs that set aside
+optional objects of its API.
 """
 
 from __future__ import annotations
@@ -27,18 +29,16 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from csi.common import errors
-from provisioner.engine import appliedrecord, listwatch
+from provisioner.engine import listwatch
 from provisioner.engine.kube import Kube
-from provisioner.engine.objects import Obj, ObjectRef
+from provisioner.engine.objects import Obj
 from provisioner.instance import lease
-from provisioner.manager import actuate, bundleplan, healthwatch, model, plan, runs
+from provisioner.manager import actuate, bundleplan, healthwatch, model, plan, runs, runwatch
 from provisioner.manager.model import Settings
 from provisioner.manager.queue import WorkQueue
 
 log = logging.getLogger("rukpak.manager")
 
-DRIFT_CONFIRM_LIMIT = 20
-"""Suspected drifted objects read afresh per reconcile (one is enough to start a run)."""
 BD_KEY = "bd:"
 BUNDLE_KEY = "bundle:"
 
@@ -50,25 +50,6 @@ def _labels(obj: Obj) -> dict[str, str]:
 
 def _by_label(obj: Obj) -> str:
     return str(_labels(obj).get(model.BD_LABEL) or "")
-
-
-def _served_by(crd: Obj) -> frozenset[runs.Api]:
-    """(group, version, kind) a CRD serves once Established; empty before."""
-    status = crd.get("status") or {}
-    if not any(
-        c.get("type") == "Established" and c.get("status") == "True"
-        for c in status.get("conditions") or []
-        if isinstance(c, dict)
-    ):
-        return frozenset()
-    spec = crd.get("spec") or {}
-    group = str(spec.get("group") or "")
-    kind = str((spec.get("names") or {}).get("kind") or "")
-    return frozenset(
-        (group, str(v.get("name") or ""), kind)
-        for v in spec.get("versions") or []
-        if isinstance(v, dict) and v.get("served") is not False
-    )
 
 
 def now_text() -> str:
@@ -142,18 +123,24 @@ class Controller:
             stop=self.stopping,
             watch_timeout=watch_timeout,
         )
-        # CRDs are only followed for their creation; no cache (their schemas are large)
+        self.runwatch = runwatch.RunWatch(
+            kube,
+            ns,
+            health=self.health,
+            leases=self.leases,
+            pods=self.pods,
+            wake=lambda name: self.queue.add(BD_KEY + name),
+        )
+        # CRDs are followed for what they serve; no cache (their schemas are large)
         self.crds = listwatch.ListWatch(
             kube,
             "apiextensions.k8s.io/v1",
             "CustomResourceDefinition",
-            on_list=self._crds_listed,
-            on_event=self._crd_event,
+            on_list=self.runwatch.crds_listed,
+            on_event=self.runwatch.crd_event,
             stop=self.stopping,
             watch_timeout=watch_timeout,
         )
-        self._crd_lock = threading.Lock()
-        self._crd_apis: dict[str, frozenset[runs.Api]] = {}
         self.informers = [
             self.bds,
             self.bundles,
@@ -210,52 +197,6 @@ class Controller:
             if self.unpack_pods.get(self.settings.system_namespace, pod_name) is not None:
                 self.queue.add(BUNDLE_KEY + pod_name)
 
-    def _crds_listed(self, items: list[Obj], _rv: str) -> None:
-        with self._crd_lock:
-            self._crd_apis = {model.name_of(crd): _served_by(crd) for crd in items}
-        self._wake_awaiting()
-
-    def _wake_awaiting(self) -> None:
-        """Queue every BD whose last install set aside an optional object whose API a CRD
-        now serves (its next run creates the object)."""
-        served = self.served_apis()
-        for obj in self.leases.items():
-            record = runs.InstallRecord.of_lease(obj)
-            if record is not None and record.awaiting & served:
-                self._lease_changed(obj)
-
-    def _crd_event(self, type_: str, obj: Obj) -> None:
-        name = model.name_of(obj)
-        with self._crd_lock:
-            if type_ == "DELETED":
-                self._crd_apis.pop(name, None)
-                return
-            apis = _served_by(obj)
-            new = bool(apis) and not self._crd_apis.get(name)
-            self._crd_apis[name] = apis
-        if not new:
-            return
-        self._wake_awaiting()
-        for pod in self.pods.items():  # instances that failed may have waited for this CRD
-            if runs.phase(pod) == "Failed" and not runs.deleting(pod):
-                self._restart(pod)
-                continue
-            for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-                waiting = (cs.get("state") or {}).get("waiting") or {}
-                if waiting.get("reason") == "CrashLoopBackOff":
-                    self._restart(pod)
-                    break
-
-    def _restart(self, pod: Obj) -> None:
-        meta = pod.get("metadata") or {}
-        log.info("msg='new CRD: restarting a failed instance' pod=%s", meta.get("name"))
-        try:
-            self.kube.delete(
-                ObjectRef("", "v1", "Pod", str(meta.get("namespace")), str(meta.get("name")))
-            )
-        except errors.RukpakError as err:
-            log.warning("msg='cannot restart instance pod' error=%r", err.message)
-
     # -- observe, plan, perform: BundleDeployments ----------------------------------------------
 
     def observe(self, name: str) -> tuple[Obj, plan.Observed] | None:
@@ -281,7 +222,7 @@ class Controller:
         if self.settings.instance_mode == model.RUN_MODE:
             record = runs.InstallRecord.of_lease(lease_obj)
             if record is not None and not any(runs.is_active(p) for p in pods):
-                drift = self._drift(name, record)
+                drift = self.runwatch.drift(name, record)
         readable = instance is not None or record is not None
         return bd, plan.Observed(
             bundles=bundles,
@@ -294,42 +235,6 @@ class Controller:
             health=self._health(name) if readable and self.read_health else None,
             now=now_text(),
         )
-
-    def _drift(self, name: str, record: runs.InstallRecord) -> tuple[str, ...]:
-        """Why the recorded install no longer holds, confirmed by fresh reads (the caches
-        may lag behind the run that wrote the record); () when it holds or is unknown."""
-        served = self.served_apis()
-        reasons = [f"{'/'.join(api)} is served now" for api in sorted(record.awaiting & served)]
-        if record.applied is None:
-            return tuple(reasons)
-        suspects = appliedrecord.drifted(record.applied, name, self.health.lookup)
-        if not suspects:
-            return tuple(reasons)
-        fresh = runs.InstallRecord.of_lease(
-            self.kube.get(
-                ObjectRef(
-                    "coordination.k8s.io",
-                    "v1",
-                    "Lease",
-                    self.settings.system_namespace,
-                    lease.lease_name(name),
-                )
-            )
-        )
-        if fresh is None or fresh.applied is None or fresh.by != record.by:
-            return tuple(reasons)  # a newer record is on its way: judge that one
-        for key in sorted(suspects)[:DRIFT_CONFIRM_LIMIT]:
-            live = self.kube.get(appliedrecord.ref_of(key))
-            why = appliedrecord.drift_of(fresh.applied.get(key, ""), live, name)
-            if why is not None:
-                reasons.append(f"{appliedrecord.ref_of(key)}: {why}")
-        if reasons:
-            log.info("msg='drift' bd=%s reasons=%s", name, reasons[:5])
-        return tuple(reasons)
-
-    def served_apis(self) -> frozenset[runs.Api]:
-        with self._crd_lock:
-            return frozenset(api for apis in self._crd_apis.values() for api in apis)
 
     def _health(self, name: str) -> plan.Health | None:
         verdict = self.health.health(name)

@@ -78,13 +78,21 @@ def desired_bundle(bd: Obj) -> Obj:
     }
 
 
-def _instance_labels(name: str) -> dict[str, str]:
-    return {
+def _instance_meta(bd: Obj, bundle: str, settings: Settings) -> Obj:
+    """Metadata of the instance Deployment or run pod (the name is the caller's)."""
+    name = model.name_of(bd)
+    labels = {
         "app.kubernetes.io/name": "rukpak-instance",
         "app.kubernetes.io/instance": name,
         "app.kubernetes.io/part-of": "rukpak",
         "app.kubernetes.io/managed-by": "rukpak-manager",
         model.BD_LABEL: name,
+    }
+    return {
+        "namespace": settings.system_namespace,
+        "labels": labels,
+        "annotations": {model.BUNDLE_ANNOTATION: bundle},
+        "ownerReferences": [owner_reference(bd)],
     }
 
 
@@ -135,17 +143,12 @@ def instance_deployment(bd: Obj, bundle: str, resolved: Obj, settings: Settings)
     """The one-replica, Recreate Deployment whose pod mounts the pinned ``resolved`` source
     (``sources.volume``) at /bundle (``--instance-mode deployment``)."""
     name = model.name_of(bd)
-    labels = _instance_labels(name)
+    meta = _instance_meta(bd, bundle, settings)
+    labels = meta["labels"]
     body: Obj = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {
-            "name": model.instance_name(name),
-            "namespace": settings.system_namespace,
-            "labels": labels,
-            "annotations": {model.BUNDLE_ANNOTATION: bundle},
-            "ownerReferences": [owner_reference(bd)],
-        },
+        "metadata": {"name": model.instance_name(name), **meta},
         "spec": {
             "replicas": 1,
             "strategy": {"type": "Recreate"},
@@ -168,21 +171,14 @@ def instance_run_pod(bd: Obj, bundle: str, resolved: Obj, settings: Settings, ru
     Bundle, image or setting gives a new one; ``run`` counts the runs of one revision
     (drift corrections, retries).
     """
-    name = model.name_of(bd)
-    labels = _instance_labels(name)
     body: Obj = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {
-            "namespace": settings.system_namespace,
-            "labels": labels,
-            "annotations": {model.BUNDLE_ANNOTATION: bundle},
-            "ownerReferences": [owner_reference(bd)],
-        },
+        "metadata": _instance_meta(bd, bundle, settings),
         "spec": _instance_pod_spec(bd, bundle, resolved, settings, once=True),
     }
     revision = model.stable_hash(body, 8)
-    body["metadata"]["name"] = model.run_pod_name(name, revision, run)
+    body["metadata"]["name"] = model.run_pod_name(model.name_of(bd), revision, run)
     body["metadata"]["annotations"][model.SPEC_HASH_ANNOTATION] = revision
     return body
 
