@@ -236,3 +236,14 @@ def test_deletion_stops_every_run_then_uninstalls_and_deletes_the_lease() -> Non
     actions = planned(gone, observe(gone))
     assert kinds(actions)[:2] == ["Uninstall", "DeleteLease"]
     assert kinds(actions)[-1] == "RemoveFinalizer"
+
+
+def test_run_pods_and_unpack_pods_run_as_non_root_without_privilege() -> None:
+    unpack = generate.unpack_pod(bundle(B, resolved=DIGEST), PINNED, SETTINGS)
+    for pod in (run_pod(B, 0), unpack):
+        assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+        assert pod["spec"]["securityContext"]["runAsUser"] != 0
+        container = pod["spec"]["containers"][0]["securityContext"]
+        assert container["allowPrivilegeEscalation"] is False
+        assert container["capabilities"] == {"drop": ["ALL"]}
+        assert container["readOnlyRootFilesystem"] is True

@@ -29,6 +29,26 @@ RUN_DEADLINE = 900
 """Seconds a run may take in all before the kubelet stops it (``activeDeadlineSeconds``)."""
 
 
+NON_ROOT = 65532
+POD_SECURITY: Obj = {
+    "runAsNonRoot": True,
+    "runAsUser": NON_ROOT,
+    "runAsGroup": NON_ROOT,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""Unpack and instance pods run as a non-root user: bundle volumes are world-readable
+(files 0444/0555), and nothing else on the pod's filesystem is written."""
+CONTAINER_SECURITY: Obj = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+}
+INSTANCE_RESOURCES: Obj = {
+    "requests": {"cpu": "10m", "memory": "64Mi"},
+    "limits": {"memory": "1Gi"},
+}
+
+
 def _meta(obj: Obj) -> dict[str, Any]:
     meta: dict[str, Any] = obj.get("metadata") or {}
     return meta
@@ -118,6 +138,7 @@ def _instance_pod_spec(
     pod_spec: dict[str, Any] = {
         "serviceAccountName": spec.get("serviceAccountName") or settings.service_account,
         "terminationGracePeriodSeconds": 30,
+        "securityContext": POD_SECURITY,
         "containers": [
             {
                 "name": INSTANCE_CONTAINER,
@@ -125,6 +146,8 @@ def _instance_pod_spec(
                 "command": command,
                 "env": env,
                 "terminationMessagePolicy": "FallbackToLogsOnError",
+                "securityContext": CONTAINER_SECURITY,
+                "resources": INSTANCE_RESOURCES,
                 "volumeMounts": [{"name": "bundle", "mountPath": "/bundle", "readOnly": True}],
             }
         ],
@@ -193,11 +216,6 @@ def unpack_pod(bundle: Obj, resolved: Obj, settings: Settings) -> Obj:
     API token is mounted: the result leaves through the termination message.
     """
     name = model.name_of(bundle)
-    security: Obj = {
-        "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"]},
-        "readOnlyRootFilesystem": True,
-    }
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -227,7 +245,7 @@ def unpack_pod(bundle: Obj, resolved: Obj, settings: Settings) -> Obj:
             "automountServiceAccountToken": False,
             "serviceAccountName": settings.unpack_service_account,
             "terminationGracePeriodSeconds": 5,
-            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+            "securityContext": POD_SECURITY,
             "containers": [
                 {
                     "name": UNPACK_CONTAINER,
@@ -242,7 +260,7 @@ def unpack_pod(bundle: Obj, resolved: Obj, settings: Settings) -> Obj:
                         _format_of((bundle.get("spec") or {}).get("provisionerClassName")),
                     ],
                     "terminationMessagePolicy": "FallbackToLogsOnError",
-                    "securityContext": security,
+                    "securityContext": CONTAINER_SECURITY,
                     "volumeMounts": [{"name": "bundle", "mountPath": "/bundle", "readOnly": True}],
                 }
             ],
