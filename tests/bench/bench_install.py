@@ -30,6 +30,7 @@ issue's (<= 10 MiB per BundleDeployment, watches only at rest).
 from __future__ import annotations
 
 import functools
+import json
 import shutil
 import time
 from collections.abc import Callable
@@ -283,15 +284,18 @@ def _drift_rounds(system: inst.RukpakSystem, ref: ObjectRef) -> list[float]:
 
 
 def _set_instance_mode(system: inst.RukpakSystem, mode: str) -> None:
-    """Restart the manager with ``--instance-mode MODE`` (a JSON patch of its args)."""
-    ref = ObjectRef("apps", "v1", "Deployment", inst.NAMESPACE, inst.MANAGER)
-    live = system.kube.get(ref) or {}
-    args = live["spec"]["template"]["spec"]["containers"][0]["args"]
-    args = [a for a in args if not a.startswith("--instance-mode")] + [f"--instance-mode={mode}"]
-    system.kube.merge_patch(
-        ref,
-        {"spec": {"template": {"spec": {"containers": [{"name": "manager", "args": args}]}}}},
-    )
+    """Restart the manager with ``--instance-mode MODE`` added to its args (a JSON patch)."""
+    patch = [
+        {
+            "op": "add",
+            "path": "/spec/template/spec/containers/0/args/-",
+            "value": f"--instance-mode={mode}",
+        }
+    ]
+    system.kubectl(
+        "patch", "deployment", inst.MANAGER, "-n", inst.NAMESPACE, "--type=json",
+        "-p", json.dumps(patch),
+    )  # fmt: skip
     system.kubectl(
         "rollout", "status", f"deployment/{inst.MANAGER}", "-n", inst.NAMESPACE,
         "--timeout=300s", timeout=330,
