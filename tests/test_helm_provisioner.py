@@ -637,9 +637,15 @@ def _chart_lifecycle(system: inst.RukpakSystem, name: str) -> None:
     system.kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     system.kube.create(helm_bd(name, good, values))
 
-    # installed: the chart's objects with the BundleDeployment's values, upstream's words
+    # installed: the chart's objects with the BundleDeployment's values, upstream's words.
+    # (the core manager leaves this class alone: see the test after this one)
     live = eventually(
-        lambda: s if condition(s := bd_state(system, name), "Installed")[0] == "True" else None,
+        lambda: (
+            s
+            if condition(s := bd_state(system, name), "Installed")[:2]
+            == ("True", "InstallationSucceeded")
+            else None
+        ),
         timeout=180,
         what=f"BundleDeployment {name} Installed",
     )
@@ -697,7 +703,11 @@ def _chart_lifecycle(system: inst.RukpakSystem, name: str) -> None:
         {"spec": {"template": {"spec": {"source": {"image": {"ref": broken}}}}}},
     )
     failed = eventually(
-        lambda: s if condition(s := bd_state(system, name), "Installed")[0] == "False" else None,
+        lambda: (
+            s
+            if condition(s := bd_state(system, name), "Installed")[:2] == ("False", "InstallFailed")
+            else None
+        ),
         timeout=120,
         what="Installed=False for the broken chart",
     )
@@ -752,3 +762,32 @@ def test_a_bundle_without_a_chart_fails_with_a_message(helm_system: inst.RukpakS
         assert "no helm chart in the bundle" in condition(live, "Unpacked")[2]
     finally:
         system.kube.delete(api.bundle_ref(name))
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_the_core_manager_leaves_helm_bundle_deployments_alone(
+    helm_system: inst.RukpakSystem,
+) -> None:
+    system = helm_system
+    name = f"alone-{SUFFIX}"
+    ref = push_chart(system, "alone", chart_files())
+    system.kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    system.kube.create(helm_bd(name, ref, "greeting: alone\n"))
+    try:
+        eventually(
+            lambda: condition(bd_state(system, name), "Installed")[0] == "True",
+            timeout=120,
+            what=f"BundleDeployment {name} Installed",
+        )
+        # the manager has seen it: the Bundle the helm provisioner created is in its cache
+        # too, and its informer delivers BundleDeployments before later Bundles
+        assert bd_state(system, name)["metadata"]["finalizers"] == [plan.FINALIZER]
+        refused = system.kubectl(
+            "get", "events", "-n", "default", "--field-selector",
+            f"involvedObject.name={name},reason=UnsupportedProvisionerClass", "-o", "name",
+        )  # fmt: skip
+        assert not refused.strip(), refused
+    finally:
+        system.kubectl("delete", "bundledeployment", name, "--timeout=120s", timeout=150,
+                       check=False)  # fmt: skip

@@ -282,6 +282,11 @@ def _ready(of: Obj, **kw: Any) -> plan.Observed:
     return plan.Observed(**base)
 
 
+def _held(of: Obj, **kw: Any) -> plan.Observed:
+    """Ready, and the instance pod runs and holds the Lease as ``inst-1``."""
+    return _ready(of, pods=(pod(of),), lease_holder="inst-1", **kw)
+
+
 @pytest.mark.parametrize(
     ("observed", "installed", "healthy"),
     [
@@ -293,34 +298,22 @@ def _ready(of: Obj, **kw: Any) -> plan.Observed:
         ),
         (_ready(B, pods=(pod(B),)), ("False", "InstallPending"), ("Unknown", "NotInstalled")),
         (  # holds the Lease but still applying: its install mark is missing
-            _ready(B, pods=(pod(B),), lease_holder="inst-1", health=plan.Health(True, "ok")),
+            _held(B, health=plan.Health(True, "ok")),
             ("False", "InstallPending"),
             ("Unknown", "NotInstalled"),
         ),
         (  # the mark left by a previous holder does not count for this one
-            _ready(B, pods=(pod(B),), lease_holder="inst-1", installed_by="inst-0"),
+            _held(B, installed_by="inst-0"),
             ("False", "InstallPending"),
             ("Unknown", "NotInstalled"),
         ),
         (
-            _ready(
-                B,
-                pods=(pod(B),),
-                lease_holder="inst-1",
-                installed_by="inst-1",
-                health=plan.Health(True, "ok"),
-            ),
+            _held(B, installed_by="inst-1", health=plan.Health(True, "ok")),
             ("True", "InstallationSucceeded"),
             ("True", "Healthy"),
         ),
         (
-            _ready(
-                B,
-                pods=(pod(B),),
-                lease_holder="inst-1",
-                installed_by="inst-1",
-                health=plan.Health(False, "cm gone"),
-            ),
+            _held(B, installed_by="inst-1", health=plan.Health(False, "cm gone")),
             ("True", "InstallationSucceeded"),
             ("False", "Unhealthy"),
         ),
@@ -394,7 +387,10 @@ def test_a_transition_keeps_the_time_of_unchanged_conditions() -> None:
 @pytest.mark.parametrize(
     ("spec", "reason"),
     [
-        ({"provisionerClassName": "core-rukpak-io-helm"}, "UnsupportedProvisionerClass"),
+        (
+            {"provisionerClassName": "core-rukpak-io-helm"},
+            "UnsupportedProvisionerClass",
+        ),  # a BD of another class that carries our finalizer (it was ours before)
         (
             {
                 "template": {
@@ -425,34 +421,36 @@ def deleting(of: Obj, **spec: Any) -> Obj:
 @pytest.mark.parametrize(
     ("the_bd", "observed", "expected"),
     [
-        (
+        pytest.param(
             deleting(B),
             plan.Observed(instance=instance(B), pods=(pod(B),)),
             ["DeleteInstance", "Requeue"],
+            id="the instance stops first",
         ),
-        (deleting(B), plan.Observed(pods=(pod(B),)), ["DeletePod", "Requeue"]),
-        (
+        pytest.param(
+            deleting(B),
+            plan.Observed(pods=(pod(B),)),
+            ["DeletePod", "Requeue"],
+            id="then its pods must go (stopped if still running)",
+        ),
+        pytest.param(
             deleting(B),
             plan.Observed(bundles=(bundle(B),)),
             ["Uninstall", "DeleteLease", "DeleteBundle", "RemoveFinalizer"],
+            id="then uninstall, delete the Lease and the Bundles, drop the finalizer",
         ),
-        (
+        pytest.param(
             deleting(B, paused=True),
             plan.Observed(),
             ["Uninstall", "DeleteLease", "RemoveFinalizer"],
+            id="deletion runs even when paused",
         ),
-        (
+        pytest.param(
             {**deleting(B), "metadata": {"name": "hello", "deletionTimestamp": NOW}},
             plan.Observed(),
             [],
+            id="without our finalizer nothing is left to do",
         ),
-    ],
-    ids=[
-        "the instance stops first",
-        "then its pods must go (stopped if still running)",
-        "then uninstall, delete the Lease and the Bundles, drop the finalizer",
-        "deletion runs even when paused",
-        "without our finalizer nothing is left to do",
     ],
 )
 def test_deletion(the_bd: Obj, observed: plan.Observed, expected: list[str]) -> None:
@@ -514,3 +512,12 @@ def test_active_bundle_is_named_only_once_installed() -> None:
     assert status["activeBundle"] == model.bundle_name(B)
     message = next(c["message"] for c in status["conditions"] if c["type"] == "Installed")
     assert message == f"Instantiated bundle {model.bundle_name(B)} successfully"
+
+
+def test_a_bundledeployment_of_another_class_is_left_to_its_provisioner() -> None:
+    theirs = copy.deepcopy(B)
+    theirs["spec"]["provisionerClassName"] = "core-rukpak-io-helm"
+    theirs["metadata"]["finalizers"] = ["core.rukpak.io/helm-uninstall"]
+    assert plan.plan(theirs, plan.Observed(now=NOW), settings=SETTINGS) == []
+    theirs["metadata"]["deletionTimestamp"] = NOW
+    assert plan.plan(theirs, plan.Observed(now=NOW), settings=SETTINGS) == []

@@ -281,13 +281,16 @@ def _status(
 def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
     """Everything to do, in order, to move ``bd`` towards its spec (see the module doc)."""
     meta = _meta(bd)
+    spec = bd.get("spec") or {}
+    ours = model.FINALIZER in (meta.get("finalizers") or [])
+    if model.bundle_format(spec.get("provisionerClassName")) is None and not ours:
+        return []  # another provisioner's BundleDeployment: upstream filters by class
     if meta.get("deletionTimestamp"):
         return _plan_deletion(bd, observed)
-    spec = bd.get("spec") or {}
     if spec.get("paused"):
         return []
     actions: list[Action] = []
-    if model.FINALIZER not in (meta.get("finalizers") or []):
+    if not ours:
         actions.append(AddFinalizer())
 
     bundles = {model.name_of(b): b for b in observed.bundles}
