@@ -282,15 +282,15 @@ def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
     """Everything to do, in order, to move ``bd`` towards its spec (see the module doc)."""
     meta = _meta(bd)
     spec = bd.get("spec") or {}
-    ours = model.FINALIZER in (meta.get("finalizers") or [])
-    if model.bundle_format(spec.get("provisionerClassName")) is None and not ours:
+    claimed = model.FINALIZER in (meta.get("finalizers") or [])
+    if model.bundle_format(spec.get("provisionerClassName")) is None and not claimed:
         return []  # another provisioner's BundleDeployment: upstream filters by class
     if meta.get("deletionTimestamp"):
         return _plan_deletion(bd, observed)
     if spec.get("paused"):
         return []
     actions: list[Action] = []
-    if not ours:
+    if not claimed:
         actions.append(AddFinalizer())
 
     bundles = {model.name_of(b): b for b in observed.bundles}
