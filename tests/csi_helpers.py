@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import gzip
 import io
 import json
@@ -33,6 +34,7 @@ from csi.oci.client import RegistryClient
 from csi.oci.manifest import Manifest
 from csi.oci.reference import Reference
 from csi.proto import csi_pb2, csi_pb2_grpc
+from tests.registry import RegistryServer
 
 Entry = tuple[Any, ...]
 
@@ -141,6 +143,20 @@ def simple_image(host: str, repo: str, tag: str = "v1", *, text: str = "hello") 
     return push_image(
         host, repo, tag, [[("manifests/", "dir"), ("manifests/cm.yaml", "file", text.encode())]]
     )
+
+
+def private_image(
+    registry: RegistryServer, repo: str, entries: list[Entry]
+) -> tuple[dict[str, str], PushedImage]:
+    """Push a one-layer image to a registry that asks for a login (``auth_registry``).
+
+    Returns the pull Secret's data that logs in to it (see :func:`dockerconfig`) and
+    the image.
+    """
+    assert registry.username and registry.password
+    secret = dockerconfig(registry.host, registry.username, registry.password)
+    creds = Credentials.from_dockerconfigjson(secret[".dockerconfigjson"])
+    return secret, push_image(registry.host, repo, "v1", [entries], credentials=creds)
 
 
 # --- running the plugin process -----------------------------------------------------
@@ -323,6 +339,20 @@ def code_of(call: Callable[[], object]) -> grpc.StatusCode:
     except grpc.RpcError as exc:
         return exc.code()  # type: ignore[no-any-return,attr-defined]
     raise AssertionError("the call succeeded; an error was expected")
+
+
+def unpublish(node: csi_pb2_grpc.NodeStub, path: str, *, volume_id: str = "vol-1") -> None:
+    """NodeUnpublishVolume of the target ``path``."""
+    node.NodeUnpublishVolume(
+        csi_pb2.NodeUnpublishVolumeRequest(volume_id=volume_id, target_path=path)
+    )
+
+
+def assert_read_only(path: Path) -> None:
+    """Writing a new file at ``path`` (in a published volume) fails with EROFS."""
+    with pytest.raises(OSError) as info:
+        path.write_text("x")
+    assert info.value.errno == errno.EROFS
 
 
 def dockerconfig(host: str, user: str, password: str) -> dict[str, str]:

@@ -242,3 +242,93 @@ def serving(git_root: Path, *, auth: bool = False) -> Iterator[SourceServer]:
         yield server
     finally:
         server.stop()
+
+
+SSHD = "/usr/sbin/sshd"
+
+
+@dataclass
+class SshServer:
+    """Debian's sshd, non-daemon on a free loopback port, its own host key and config.
+
+    Logs in the current user with ``client_key`` (git runs ``git-upload-pack`` there);
+    ``known_hosts`` is the line a client needs to trust it. Stopped by pid.
+    """
+
+    workdir: Path
+    port: int = 0
+    client_key: str = ""
+    known_hosts: str = ""
+    user: str = ""
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> SshServer:
+        import getpass
+        import socket
+        import time
+
+        import paramiko
+
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        host_key = paramiko.RSAKey.generate(2048)
+        host_path = self.workdir / "host_rsa"
+        host_key.write_private_key_file(str(host_path))
+        host_path.chmod(0o600)
+        client = paramiko.RSAKey.generate(2048)
+        buf = io.StringIO()
+        client.write_private_key(buf)
+        self.client_key = buf.getvalue()
+        (self.workdir / "authorized_keys").write_text(
+            f"{client.get_name()} {client.get_base64()}\n"
+        )
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = int(sock.getsockname()[1])
+        self.known_hosts = f"[127.0.0.1]:{self.port} {host_key.get_name()} {host_key.get_base64()}"
+        self.user = getpass.getuser()
+        config = self.workdir / "sshd_config"
+        config.write_text(
+            "\n".join(
+                [
+                    f"Port {self.port}",
+                    "ListenAddress 127.0.0.1",
+                    f"HostKey {host_path}",
+                    f"PidFile {self.workdir / 'sshd.pid'}",
+                    f"AuthorizedKeysFile {self.workdir / 'authorized_keys'}",
+                    "StrictModes no",
+                    "UsePAM no",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "PubkeyAuthentication yes",
+                    "PermitRootLogin prohibit-password",
+                    "",
+                ]
+            )
+        )
+        if os.geteuid() == 0:
+            Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privsep dir
+        self.proc = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.workdir / "sshd.log", "wb"),  # noqa: SIM115
+        )
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError((self.workdir / "sshd.log").read_text())
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=1),
+            ):
+                return self
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("sshd did not start listening")
+
+    def url(self, repo: Path) -> str:
+        return f"ssh://{self.user}@127.0.0.1:{self.port}{repo}"
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)

@@ -63,6 +63,12 @@ class Rukpak:
         assert result.code == 0, result.err
         return result
 
+    def fails(self, *argv: str | Path) -> Result:
+        """Run, and fail the test unless the command exits 1 (an error, not a usage error)."""
+        result = self(*argv)
+        assert result.code == 1, result.out + result.err
+        return result
+
 
 @pytest.fixture
 def rukpak(capsys: pytest.CaptureFixture[str]) -> Rukpak:
@@ -140,8 +146,9 @@ def test_a_socket_beside_manifests_is_refused_naming_it(tmp_path: Path, rukpak: 
     (bundle / "metadata").mkdir()
     with socket.socket(socket.AF_UNIX) as sock:
         sock.bind(str(bundle / "metadata" / "agent.sock"))
-        result = rukpak("bundle", "build", bundle, "-t", "example.com/b:v1", "-o", tmp_path / "o")
-    assert result.code == 1
+        result = rukpak.fails(
+            "bundle", "build", bundle, "-t", "example.com/b:v1", "-o", tmp_path / "o"
+        )
     assert f"error: {bundle / 'metadata' / 'agent.sock'} is a socket" in result.err
 
 
@@ -255,8 +262,7 @@ def test_pushing_to_a_dead_registry_fails_fast_with_a_clear_error(
 
     monkeypatch.setattr(backoff.Backoff, "delay", recorded)
     ref = f"127.0.0.1:{free_port()}/cli/dead:v1"
-    result = rukpak("bundle", "push", "--from-dir", make_bundle(tmp_path / "b"), ref)
-    assert result.code == 1
+    result = rukpak.fails("bundle", "push", "--from-dir", make_bundle(tmp_path / "b"), ref)
     assert sum(asked) <= 5.0, f"a refused connection was retried for {asked}"
     assert result.err.startswith("error: registry 127.0.0.1:")
     assert "unreachable" in result.err
@@ -268,8 +274,7 @@ def test_inspecting_a_missing_tag_exits_1_naming_it(
     registry: RegistryServer, rukpak: Rukpak
 ) -> None:
     ref = f"{registry.host}/cli/nothing-here:v9"
-    result = rukpak("bundle", "inspect", ref)
-    assert result.code == 1
+    result = rukpak.fails("bundle", "inspect", ref)
     assert result.err.startswith("error: ")
     assert "cli/nothing-here" in result.err and "not found" in result.err.lower()
 
@@ -283,8 +288,7 @@ def test_inspecting_a_platform_the_index_lacks_lists_what_it_offers(
     rukpak.ok(
         "bundle", "build", bundle, "-t", ref, "--platform", "linux/amd64,linux/arm64", "--push"
     )
-    result = rukpak("bundle", "inspect", ref, "--platform", "windows/amd64")
-    assert result.code == 1
+    result = rukpak.fails("bundle", "inspect", ref, "--platform", "windows/amd64")
     assert "linux/amd64, linux/arm64/v8" in result.err
 
 
@@ -304,8 +308,7 @@ def test_a_layer_tampered_with_in_the_registry_is_reported_as_data_loss(
     # it); a flipped byte in the deflate data breaks decompression first.
     data[-6 if where == "gzip-trailer" else len(data) // 2] ^= 0xFF
     stored.write_bytes(bytes(data))
-    result = rukpak("bundle", "inspect", ref)
-    assert result.code == 1
+    result = rukpak.fails("bundle", "inspect", ref)
     assert layer["digest"] in result.err
     assert "does not match" in result.err
 
@@ -324,8 +327,7 @@ def test_an_image_whose_layer_is_not_a_tar_is_not_listed_as_a_bundle(
         config.media_type = mediatypes.OCI_CONFIG
         body = Manifest(mediatypes.OCI_MANIFEST, config, [layer]).to_json()
         client.push_manifest(ref, body, mediatypes.OCI_MANIFEST)
-    result = rukpak("bundle", "inspect", str(ref))
-    assert result.code == 1
+    result = rukpak.fails("bundle", "inspect", str(ref))
     assert "is not a readable application/vnd.oci.image.layer.v1.tar+gzip" in result.err
 
 
@@ -396,22 +398,19 @@ def test_a_layout_missing_a_blob_is_refused_before_the_tag_moves(
     )
     biggest = max((layout / "blobs" / "sha256").iterdir(), key=lambda p: p.stat().st_size)
     biggest.unlink()
-    result = rukpak("bundle", "push", layout)
-    assert result.code == 1
+    result = rukpak.fails("bundle", "push", layout)
     assert "is missing blob" in result.err and "rebuild" in result.err
     assert rukpak("bundle", "inspect", ref).code == 1  # the tag was never pushed
 
 
 def test_a_broken_bundle_is_refused_before_anything_is_sent(tmp_path: Path, rukpak: Rukpak) -> None:
     bundle = make_bundle(tmp_path / "b", {"bad.yaml": NAMESPACE + "---\nkind: [\n"})
-    result = rukpak("bundle", "build", bundle, "-t", "127.0.0.1:1/x:v1", "--push")
-    assert result.code == 1
+    result = rukpak.fails("bundle", "build", bundle, "-t", "127.0.0.1:1/x:v1", "--push")
     assert "manifests/bad.yaml document 2 (line " in result.err
 
 
 def test_building_without_output_or_push_says_what_to_add(tmp_path: Path, rukpak: Rukpak) -> None:
-    result = rukpak("bundle", "build", make_bundle(tmp_path / "b"), "-t", "example.com/x:v1")
-    assert result.code == 1
+    result = rukpak.fails("bundle", "build", make_bundle(tmp_path / "b"), "-t", "example.com/x:v1")
     assert "--output" in result.err and "--push" in result.err
 
 
@@ -420,16 +419,14 @@ def test_an_output_path_that_cannot_be_created_is_an_error_not_a_traceback(
 ) -> None:
     (tmp_path / "file").write_text("")
     bundle = make_bundle(tmp_path / "b")
-    result = rukpak(
+    result = rukpak.fails(
         "bundle", "build", bundle, "-t", "example.com/x:v1", "-o", tmp_path / "file" / "out"
     )
-    assert result.code == 1
     assert result.err.startswith("error: Not a directory: ")
 
 
 def test_a_bad_reference_is_an_error_not_a_traceback(tmp_path: Path, rukpak: Rukpak) -> None:
-    result = rukpak("bundle", "build", make_bundle(tmp_path / "b"), "-t", "Bad Ref", "--push")
-    assert result.code == 1
+    result = rukpak.fails("bundle", "build", make_bundle(tmp_path / "b"), "-t", "Bad Ref", "--push")
     assert "whitespace" in result.err
 
 
@@ -447,24 +444,21 @@ def test_usage_errors_exit_2(argv: tuple[str, ...], rukpak: Rukpak) -> None:
 
 
 def test_push_with_the_wrong_number_of_arguments_shows_usage(rukpak: Rukpak) -> None:
-    result = rukpak("bundle", "push")
-    assert result.code == 1
+    result = rukpak.fails("bundle", "push")
     assert "usage: rukpak bundle push LAYOUT_DIR [REF]" in result.err
 
 
 def test_pushing_a_directory_that_is_not_a_layout_says_how_to_make_one(
     tmp_path: Path, rukpak: Rukpak
 ) -> None:
-    result = rukpak("bundle", "push", tmp_path, "example.com/x:v1")
-    assert result.code == 1
+    result = rukpak.fails("bundle", "push", tmp_path, "example.com/x:v1")
     assert "not an OCI image layout" in result.err
 
 
 def test_an_unreadable_registry_config_is_named(tmp_path: Path, rukpak: Rukpak) -> None:
     config = tmp_path / "config.json"
     config.write_text("{not json")
-    result = rukpak("bundle", "inspect", "127.0.0.1:1/x:v1", "--registry-config", config)
-    assert result.code == 1
+    result = rukpak.fails("bundle", "inspect", "127.0.0.1:1/x:v1", "--registry-config", config)
     assert str(config) in result.err and "not valid JSON" in result.err
 
 
@@ -476,8 +470,9 @@ def test_credentials_come_from_the_registry_config(
     bundle = make_bundle(tmp_path / "b")
     empty = tmp_path / "empty.json"
     empty.write_text('{"auths": {}}')
-    anonymous = rukpak("bundle", "push", "--from-dir", bundle, ref, "--registry-config", empty)
-    assert anonymous.code == 1
+    anonymous = rukpak.fails(
+        "bundle", "push", "--from-dir", bundle, ref, "--registry-config", empty
+    )
     assert anonymous.err.startswith("error: ") and "Traceback" not in anonymous.err
     assert "requires authentication" in anonymous.err and "--registry-config" in anonymous.err
 
@@ -493,17 +488,15 @@ def test_credentials_come_from_the_registry_config(
 
 
 def test_verbose_logs_the_registry_requests(rukpak: Rukpak) -> None:
-    result = rukpak(
+    result = rukpak.fails(
         "--verbose", "bundle", "inspect", f"127.0.0.1:{free_port()}/x:v1", "--timeout", "2"
     )
-    assert result.code == 1
     assert "registry request failed" in result.err
 
 
 def test_verbose_may_follow_the_subcommand(rukpak: Rukpak) -> None:
     dead = f"127.0.0.1:{free_port()}/x:v1"
-    result = rukpak("bundle", "inspect", dead, "--timeout", "2", "-v")
-    assert result.code == 1
+    result = rukpak.fails("bundle", "inspect", dead, "--timeout", "2", "-v")
     assert "registry request failed" in result.err
 
 

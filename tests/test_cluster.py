@@ -29,6 +29,14 @@ def api(cluster: Any) -> client.ApiClient:
     return made
 
 
+def local_core(cluster: Any, needs: str) -> client.CoreV1Api:
+    """The core API of the local cluster; skips the test when ``cluster`` lacks ``needs``
+    (KUBECONFIG points at another cluster)."""
+    if not hasattr(cluster, needs):
+        pytest.skip("needs the local cluster (KUBECONFIG points elsewhere)")
+    return client.CoreV1Api(api(cluster))
+
+
 def review(api_client: client.ApiClient, *, user: str, groups: list[str]) -> bool:
     body = client.V1SubjectAccessReview(
         spec=client.V1SubjectAccessReviewSpec(
@@ -106,9 +114,7 @@ class TestNode:
     def test_a_host_network_pod_reaches_the_apiserver_with_its_token(
         self, kube_cluster: Any
     ) -> None:
-        if not hasattr(kube_cluster, "in_cluster_env"):
-            pytest.skip("needs the local cluster (KUBECONFIG points elsewhere)")
-        core = client.CoreV1Api(api(kube_cluster))
+        core = local_core(kube_cluster, "in_cluster_env")
         env = kube_cluster.in_cluster_env()
         sa = "/var/run/secrets/kubernetes.io/serviceaccount"
         script = (
@@ -148,9 +154,7 @@ class TestNode:
         self, kube_cluster: Any
     ) -> None:
         # what the CSI node plugin's DaemonSet relies on (the kubelet dir is a shared mount)
-        if not hasattr(kube_cluster, "plugins_dir"):
-            pytest.skip("needs the local cluster (KUBECONFIG points elsewhere)")
-        core = client.CoreV1Api(api(kube_cluster))
+        core = local_core(kube_cluster, "plugins_dir")
         name = f"prop-{uuid.uuid4().hex[:6]}"
         host_dir = Path(kube_cluster.plugins_dir) / name
         pod = client.V1Pod(

@@ -6,20 +6,17 @@ CreateVolume resolves the image tag to a digest against a real registry
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Iterator
 
 import grpc
 import pytest
 
-from csi.oci.auth import Credentials
 from csi.proto import csi_pb2, csi_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
 from tests.csi_helpers import (
     PluginProcess,
     free_port,
     mount_capability,
-    push_image,
+    private_image,
     simple_image,
 )
 from tests.registry import RegistryServer
@@ -149,20 +146,10 @@ def test_an_image_that_cannot_be_resolved_fails_naming_it(
     assert ref in (info.value.details() or "") and words in (info.value.details() or "")
 
 
-def dockerconfig(host: str, user: str, password: str) -> dict[str, str]:
-    auth = base64.b64encode(f"{user}:{password}".encode()).decode()
-    return {".dockerconfigjson": json.dumps({"auths": {host: {"auth": auth}}})}
-
-
 def test_a_private_image_is_resolved_with_the_secrets_of_the_request(
     plugin: PluginProcess, controller: csi_pb2_grpc.ControllerStub, auth_registry: RegistryServer
 ) -> None:
-    assert auth_registry.username and auth_registry.password
-    secret = dockerconfig(auth_registry.host, auth_registry.username, auth_registry.password)
-    creds = Credentials.from_dockerconfigjson(secret[".dockerconfigjson"])
-    image = push_image(
-        auth_registry.host, "controller/private", "v1", [[("f", "file", b"x")]], credentials=creds
-    )
+    secret, image = private_image(auth_registry, "controller/private", [("f", "file", b"x")])
     anonymous = create("pvc-private-anon", image=image.ref)
     with pytest.raises(grpc.RpcError) as info:
         controller.CreateVolume(anonymous)
@@ -173,7 +160,7 @@ def test_a_private_image_is_resolved_with_the_secrets_of_the_request(
     request.secrets.update(secret)
     vol = controller.CreateVolume(request).volume
     assert vol.volume_context["image"] == pinned(image.ref, image.manifest_digest)
-    assert auth_registry.password not in plugin.log()
+    assert auth_registry.password and auth_registry.password not in plugin.log()
 
 
 def test_creating_the_same_volume_twice_returns_the_same_id(

@@ -19,7 +19,7 @@ from csi.image.seams import Puller, PullPolicy
 from csi.oci.auth import Credentials
 from csi.oci.client import RegistryClient
 from csi.oci.manifest import Platform
-from tests.csi_helpers import push_image, simple_image
+from tests.csi_helpers import PushedImage, push_image, simple_image
 from tests.registry import RegistryServer
 
 pytestmark = pytest.mark.registry
@@ -44,6 +44,16 @@ def blob_gets(registry: RegistryServer, repo: str) -> int:
     return registry.count_requests("GET", rf"^/v2/{repo}/blobs/")
 
 
+def pulled_once(
+    tmp_path: Path, registry: RegistryServer, repo: str
+) -> tuple[PushedImage, ImageCache]:
+    """A fresh ``simple_image`` in ``repo`` and a cache that has pulled it once."""
+    image = simple_image(registry.host, repo)
+    c = cache(tmp_path)
+    c.ensure(image.ref, platform=AMD64, pull_policy=PullPolicy.IF_NOT_PRESENT)
+    return image, c
+
+
 def test_ensure_unpacks_a_read_only_tree_named_by_manifest_digest(
     tmp_path: Path, registry: RegistryServer
 ) -> None:
@@ -59,9 +69,7 @@ def test_ensure_unpacks_a_read_only_tree_named_by_manifest_digest(
 def test_a_second_ensure_is_a_cache_hit_without_any_request(
     tmp_path: Path, registry: RegistryServer
 ) -> None:
-    image = simple_image(registry.host, "images/hit")
-    c = cache(tmp_path)
-    c.ensure(image.ref, platform=AMD64, pull_policy=PullPolicy.IF_NOT_PRESENT)
+    image, c = pulled_once(tmp_path, registry, "images/hit")
     before = registry.count_requests("GET", "^/v2/images/hit/")
     again = c.ensure(image.ref, platform=AMD64, pull_policy=PullPolicy.IF_NOT_PRESENT)
     assert again.cache_hit
@@ -177,9 +185,7 @@ def test_concurrent_requests_for_one_image_fetch_each_blob_once(
 def test_pull_policy_always_re_resolves_but_reuses_the_tree(
     tmp_path: Path, registry: RegistryServer
 ) -> None:
-    image = simple_image(registry.host, "images/always")
-    c = cache(tmp_path)
-    c.ensure(image.ref, platform=AMD64, pull_policy=PullPolicy.IF_NOT_PRESENT)
+    image, c = pulled_once(tmp_path, registry, "images/always")
     manifests = registry.count_requests("GET", "^/v2/images/always/manifests/")
     blobs = blob_gets(registry, "images/always")
     again = c.ensure(image.ref, platform=AMD64, pull_policy=PullPolicy.ALWAYS)

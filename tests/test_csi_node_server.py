@@ -6,7 +6,6 @@ live under its temp kubelet dir and everything mounted is unmounted at the end.
 
 from __future__ import annotations
 
-import errno
 import functools
 import json
 import os
@@ -23,15 +22,18 @@ from csi.node import mounter
 from csi.proto import csi_pb2, csi_pb2_grpc
 from tests.csi_helpers import (
     PluginProcess,
+    assert_read_only,
     code_of,
     dockerconfig,
     free_port,
     mount_capability,
     plugin_fixture,
+    private_image,
     publish_request,
     push_image,
     simple_image,
     target,
+    unpublish,
 )
 from tests.polling import logged
 from tests.registry import RegistryServer
@@ -93,12 +95,8 @@ def test_publish_mounts_the_bundle_read_only(
     assert (Path(path) / "manifests/cm.yaml").read_text() == "kind: ConfigMap"
     mount = mounter.find(mounter.Mounter().mounts(), Path(path))
     assert mount is not None and mount.read_only
-    with pytest.raises(OSError) as info:
-        (Path(path) / "new-file").write_text("x")
-    assert info.value.errno == errno.EROFS
-    node.NodeUnpublishVolume(
-        csi_pb2.NodeUnpublishVolumeRequest(volume_id="vol-1", target_path=path)
-    )
+    assert_read_only(Path(path) / "new-file")
+    unpublish(node, path)
     assert not Path(path).exists()
 
 
@@ -128,8 +126,8 @@ def test_unpublish_of_an_unknown_target_is_ok(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub
 ) -> None:
     path = target(plugin)
-    node.NodeUnpublishVolume(csi_pb2.NodeUnpublishVolumeRequest(volume_id="nope", target_path=path))
-    node.NodeUnpublishVolume(csi_pb2.NodeUnpublishVolumeRequest(volume_id="nope", target_path=path))
+    unpublish(node, path, volume_id="nope")
+    unpublish(node, path, volume_id="nope")
 
 
 def test_publish_outside_the_kubelet_dir_is_invalid_argument(
@@ -203,8 +201,8 @@ def test_a_target_path_with_a_nul_byte_is_invalid_argument(
     path = target(plugin) + "\0/evil"
     publish = publish_request(path, f"{registry.host}/node/x:v1")
     assert code_of(lambda: node.NodePublishVolume(publish)) == grpc.StatusCode.INVALID_ARGUMENT
-    unpublish = csi_pb2.NodeUnpublishVolumeRequest(volume_id="v", target_path=path)
-    assert code_of(lambda: node.NodeUnpublishVolume(unpublish)) == grpc.StatusCode.INVALID_ARGUMENT
+    code = code_of(lambda: unpublish(node, path, volume_id="v"))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_unpublish_without_volume_id_or_target_is_invalid_argument(
@@ -241,19 +239,12 @@ def test_a_dead_registry_is_unavailable(plugin: PluginProcess, node: csi_pb2_grp
 def test_credentials_from_the_secret_are_used_and_never_logged(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, auth_registry: RegistryServer
 ) -> None:
-    from csi.oci.auth import Credentials
-
-    assert auth_registry.username and auth_registry.password
-    secret = dockerconfig(auth_registry.host, auth_registry.username, auth_registry.password)
-    creds = Credentials.from_dockerconfigjson(secret[".dockerconfigjson"])
-    image = push_image(
-        auth_registry.host, "node/private", "v1", [[("f", "file", b"private")]], credentials=creds
-    )
+    secret, image = private_image(auth_registry, "node/private", [("f", "file", b"private")])
     path = target(plugin)
     node.NodePublishVolume(publish_request(path, image.ref, secrets=secret))
     assert (Path(path) / "f").read_text() == "private"
     log = logged(plugin.log, "method=NodePublishVolume code=OK")
-    assert auth_registry.password not in log
+    assert auth_registry.password and auth_registry.password not in log
     assert secret[".dockerconfigjson"] not in log
 
 

@@ -99,6 +99,38 @@ def _registered(api_client: client.ApiClient, node: str) -> dict[str, str] | Non
     return drivers if e2e.DRIVER in drivers else None
 
 
+def _bundle(kube_cluster: Any) -> str:
+    return f"{kube_cluster.registry_host}/rukpak-e2e/hello-ds:v1"
+
+
+def _start_bundle_pod(
+    kube_cluster: Any,
+    core: client.CoreV1Api,
+    namespace: str,
+    prefix: str,
+    command: str,
+    **pod: Any,
+) -> str:
+    """Start a busybox pod named ``prefix-<random>`` that runs ``command`` with the hello
+    bundle as an inline volume (``e2e.bundle_pod`` takes ``pod``); returns its name."""
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    e2e.start_bundle_pod(
+        core,
+        namespace,
+        name,
+        image=kube_cluster.busybox_image,
+        command=command,
+        volume=e2e.inline_bundle_volume(_bundle(kube_cluster)),
+        **pod,
+    )
+    return name
+
+
+def _host_target(kube_cluster: Any, pod: Any) -> Path:
+    """Where the kubelet asked the plugin to publish ``pod``'s "bundle" volume."""
+    return e2e.csi_target_path(Path(kube_cluster.kubelet_dir), pod.metadata.uid, "bundle").resolve()
+
+
 @pytest.fixture(scope="module")
 def namespace(core: client.CoreV1Api) -> Iterator[str]:
     with e2e.temporary_namespace(core, "e2e-ds") as name:
@@ -130,22 +162,15 @@ class TestTheShippedDaemonSet:
         assert "registered with kubelet" in log, log
 
     def test_a_pod_reads_a_bundle_manifest_and_leaves_no_mount_behind(
-        self,
-        kube_cluster: Any,
-        core: client.CoreV1Api,
-        deployed: Deployment,
-        namespace: str,
+        self, kube_cluster: Any, core: client.CoreV1Api, deployed: Deployment, namespace: str
     ) -> None:
-        bundle = f"{kube_cluster.registry_host}/rukpak-e2e/hello-ds:v1"
-        e2e.push_bundle(e2e.HELLO_BUNDLE, bundle)
-        name = f"reader-{uuid.uuid4().hex[:6]}"
-        e2e.start_bundle_pod(
+        e2e.push_bundle(e2e.HELLO_BUNDLE, _bundle(kube_cluster))
+        name = _start_bundle_pod(
+            kube_cluster,
             core,
             namespace,
-            name,
-            image=kube_cluster.busybox_image,
-            command=f"cat /bundle/manifests/{MANIFEST} && exec sleep 3600",
-            volume=e2e.inline_bundle_volume(bundle),
+            "reader",
+            f"cat /bundle/manifests/{MANIFEST} && exec sleep 3600",
         )
         plugin = _plugin_pod(core)
         try:
@@ -159,9 +184,7 @@ class TestTheShippedDaemonSet:
             what="the manifest in the pod's log",
         )
         # the plugin mounted inside its container; Bidirectional propagation put it here
-        target = e2e.csi_target_path(
-            Path(kube_cluster.kubelet_dir), running.metadata.uid, "bundle"
-        ).resolve()
+        target = _host_target(kube_cluster, running)
         mounted = {m.mount_point for m in e2e.mounts_under(target)}
         assert target in mounted, f"{target} is not mounted on the host"
 
@@ -174,27 +197,13 @@ class TestTheShippedDaemonSet:
         assert f"msg='unpublished' target={target}" in _plugin_log(core, plugin)
 
     def test_the_volume_is_read_only_on_the_node_and_for_read_write_mounts(
-        self,
-        kube_cluster: Any,
-        core: client.CoreV1Api,
-        deployed: Deployment,
-        namespace: str,
+        self, kube_cluster: Any, core: client.CoreV1Api, deployed: Deployment, namespace: str
     ) -> None:
-        bundle = f"{kube_cluster.registry_host}/rukpak-e2e/hello-ds:v1"
-        name = f"writer-{uuid.uuid4().hex[:6]}"
         script = (
             "if touch /bundle/manifests/new.yaml; then echo WROTE; else echo REFUSED; fi; "
             "rm -f /bundle/manifests/new.yaml; exec sleep 3600"
         )
-        e2e.start_bundle_pod(
-            core,
-            namespace,
-            name,
-            image=kube_cluster.busybox_image,
-            command=script,
-            volume=e2e.inline_bundle_volume(bundle),
-            read_only=False,
-        )
+        name = _start_bundle_pod(kube_cluster, core, namespace, "writer", script, read_only=False)
         target: Path | None = None
         try:
             running: Any = e2e.wait_phase(core, namespace, name, ("Running",), timeout=90)
@@ -203,9 +212,7 @@ class TestTheShippedDaemonSet:
                 timeout=30,
                 what="the writer's log",
             )
-            target = e2e.csi_target_path(
-                Path(kube_cluster.kubelet_dir), running.metadata.uid, "bundle"
-            ).resolve()
+            target = _host_target(kube_cluster, running)
             host_view = {m.mount_point: m for m in e2e.mounts_under(target)}
         finally:
             e2e.delete_pod_and_wait(core, namespace, name)
@@ -273,11 +280,7 @@ class TestTheShippedDaemonSet:
             raise AssertionError(f"{e}: {sorted(map(str, leftover()))}") from None
 
     def test_reapplying_the_rendered_manifests_brings_the_plugin_back(
-        self,
-        kube_cluster: Any,
-        api_client: client.ApiClient,
-        core: client.CoreV1Api,
-        deployed: Deployment,
+        self, api_client: client.ApiClient, core: client.CoreV1Api, deployed: Deployment
     ) -> None:
         system = deployed.system
         (daemonset,) = [d for d in system.documents() if d["kind"] == "DaemonSet"]
@@ -286,7 +289,7 @@ class TestTheShippedDaemonSet:
         pod = _running_plugin(core)
         assert pod.spec.containers[0].image == system.image
         eventually(
-            lambda: _registered(api_client, kube_cluster.node_name),
+            lambda: _registered(api_client, system.cluster.node_name),
             timeout=60,
             what="csi.rukpak.io on the CSINode again",
         )

@@ -25,6 +25,7 @@ from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import actuate, model
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
+from tests.bundles import bundle_doc
 from tests.polling import eventually
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -59,18 +60,6 @@ def runnable_operator(target: Path, image: str) -> Path:
     return target
 
 
-def registry_bundle(name: str, ref: str) -> Obj:
-    return {
-        "apiVersion": model.API_VERSION,
-        "kind": model.BUNDLE,
-        "metadata": {"name": name},
-        "spec": {
-            "provisionerClassName": model.REGISTRY_CLASS,
-            "source": {"type": "image", "image": {"ref": ref}},
-        },
-    }
-
-
 def registry_bd(name: str, ref: str) -> Obj:
     bd = inst.bundle_deployment(name, ref)
     bd["spec"]["provisionerClassName"] = model.REGISTRY_CLASS
@@ -98,7 +87,7 @@ def test_a_registry_bundle_is_unpacked_with_the_registry_v1_loader(
 ) -> None:
     name = f"cache-operator-{SUFFIX}"
     kube = rukpak_system.kube
-    kube.create(registry_bundle(name, operator_ref))
+    kube.create(bundle_doc(name, operator_ref, cls=model.REGISTRY_CLASS))
     try:
         phase = eventually(
             lambda: (

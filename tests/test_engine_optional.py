@@ -50,13 +50,21 @@ class Asked:
         return (api_version, kind) in self.served
 
 
+def split_none_served(
+    manifests: list[Manifest],
+) -> tuple[list[Manifest], list[optional.Skipped], list[tuple[str, str]]]:
+    """``optional.split`` on a cluster that serves no optional API; also what it asked."""
+    asked = Asked(set())
+    kept, skipped = optional.split(manifests, asked)
+    return kept, skipped, asked.questions
+
+
 def test_an_optional_object_of_an_unserved_api_is_skipped_and_the_rest_kept() -> None:
     a, b = monitor("a"), monitor("b")
-    asked = Asked(set())
-    kept, skipped = optional.split([DEPLOYMENT, a, b], asked)
+    kept, skipped, questions = split_none_served([DEPLOYMENT, a, b])
     assert kept == [DEPLOYMENT]
     assert [s.manifest for s in skipped] == [a, b]
-    assert asked.questions == [("monitoring.coreos.com/v1", "ServiceMonitor")]  # asked once
+    assert questions == [("monitoring.coreos.com/v1", "ServiceMonitor")]  # asked once
     assert optional.awaited(skipped) == {("monitoring.coreos.com", "v1", "ServiceMonitor")}
 
 
@@ -68,17 +76,13 @@ def test_an_optional_object_of_a_served_api_is_applied() -> None:
 
 def test_objects_not_marked_optional_are_never_skipped_nor_asked_about() -> None:
     plain, off = monitor("plain", flag=None), monitor("off", flag="false")
-    asked = Asked(set())
-    kept, skipped = optional.split([plain, off], asked)
-    assert (kept, skipped, asked.questions) == ([plain, off], [], [])
+    assert split_none_served([plain, off]) == ([plain, off], [], [])
 
 
 def test_an_api_the_bundles_own_crd_serves_counts_as_served() -> None:
     m = monitor("a")
     own = crd("monitoring.coreos.com", "ServiceMonitor", [{"name": "v1", "served": True}])
-    asked = Asked(set())
-    kept, skipped = optional.split([own, m], asked)
-    assert (kept, skipped, asked.questions) == ([own, m], [], [])
+    assert split_none_served([own, m]) == ([own, m], [], [])
 
 
 def test_a_crd_version_that_is_not_served_does_not_count() -> None:

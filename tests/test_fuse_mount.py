@@ -19,13 +19,16 @@ from pathlib import Path
 
 import grpc
 import pytest
+import requests
 
+from csi.fuse.session import HolderClient
 from csi.proto import csi_pb2, csi_pb2_grpc
 from provisioner.cli import main as cli
 from tests.csi_helpers import (
     Entry,
     PluginProcess,
     code_of,
+    dockerconfig,
     publish_request,
     push_image,
     simple_image,
@@ -45,24 +48,23 @@ def _dev_fuse() -> None:
         pytest.fail("no /dev/fuse: FUSE mode needs the fuse kernel module (modprobe fuse)")
 
 
+def start_holder(mountpoint: Path, sock: Path) -> subprocess.Popen[bytes]:
+    """A /dev/fuse holder process, once it says it is ready."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "csi.fuse.holder", "--mountpoint", str(mountpoint),
+         "--socket", str(sock)],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == b"ready"
+    return proc
+
+
 @pytest.fixture
 def holder(tmp_path: Path) -> Iterator[Path]:
     """A /dev/fuse holder process; yields its socket."""
     sock = tmp_path / "holder.sock"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "csi.fuse.holder",
-            "--mountpoint",
-            str(tmp_path / "fusemnt"),
-            "--socket",
-            str(sock),
-        ],
-        stdout=subprocess.PIPE,
-    )
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == b"ready"
+    proc = start_holder(tmp_path / "fusemnt", sock)
     try:
         yield sock
     finally:
@@ -245,3 +247,67 @@ def test_an_estargz_bundle_is_published_from_its_toc_and_read_lazily(
         assert Path(fuse_target, name).read_bytes() == text
     # The whole layer is then fetched in the background and checked against its digest.
     logged(plugin.log, "lazy tree complete, layers verified", timeout=60)
+
+
+def test_a_private_lazy_bundle_is_still_fetched_after_a_plugin_restart(
+    tmp_path: Path,
+    plugin: PluginProcess,
+    node: csi_pb2_grpc.NodeStub,
+    auth_registry: RegistryServer,
+) -> None:
+    assert auth_registry.username and auth_registry.password
+    secret = dockerconfig(auth_registry.host, auth_registry.username, auth_registry.password)
+    config = tmp_path / "docker-config.json"
+    config.write_text(secret[".dockerconfigjson"])
+    bundle = tmp_path / "bundle"
+    (bundle / "manifests").mkdir(parents=True)
+    texts = {}
+    for n in range(10):
+        text = f"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: p{n}\n".encode()
+        (bundle / "manifests" / f"{n:02}.yaml").write_bytes(text)
+        texts[f"manifests/{n:02}.yaml"] = text
+    ref = f"{auth_registry.host}/fuse/private-lazy:v1"
+    argv = ["bundle", "build", str(bundle), "--tag", ref, "--estargz", "--push"]
+    assert cli.main([*argv, "--registry-config", str(config)]) == 0
+    fuse_target = target(plugin)
+    node.NodePublishVolume(publish_request(fuse_target, ref, publishMode="fuse", secrets=secret))
+    logged(plugin.log, "image indexed from its TOC")
+    plugin.kill()
+    # Whatever arrived before the crash goes: every file must come from the registry again,
+    # which answers only with the volume's credentials.
+    for stored in (plugin.state_dir / "fuse" / "store" / "files" / "sha256").iterdir():
+        stored.unlink()
+    restarted = PluginProcess(plugin.workdir, extra_args=plugin.extra_args).start()
+    plugin.process = restarted.process
+    logged(plugin.log, "lazy trees' credentials taken back")
+    for name, text in texts.items():
+        assert Path(fuse_target, name).read_bytes() == text
+    assert auth_registry.password not in plugin.log()
+
+
+def test_a_replaced_holder_fails_the_plugins_healthz(tmp_path: Path) -> None:
+    """A fuse-holder container that restarted has a new mount no daemon serves: /healthz
+    must fail so kubelet restarts the plugin, which then attaches to the new holder."""
+    sock = tmp_path / "holder.sock"
+    first = start_holder(tmp_path / "fusemnt", sock)
+    second: subprocess.Popen[bytes] | None = None
+    plugin = PluginProcess(
+        tmp_path / "plugin", extra_args=("--fuse", "--fuse-holder-socket", str(sock))
+    ).start()
+    try:
+        url = f"http://127.0.0.1:{plugin.metrics_port}/healthz"
+        assert requests.get(url, timeout=10).status_code == 200
+        ident = HolderClient(sock).ident()
+        assert ident and HolderClient(sock).ident() == ident
+        terminate(first)
+        second = start_holder(tmp_path / "fusemnt", sock)
+        assert HolderClient(sock).ident() not in ("", ident)
+        answer = requests.get(url, timeout=10)
+        assert answer.status_code != 200
+        assert "holder was replaced" in answer.text
+    finally:
+        plugin.stop()
+        plugin.unmount_all()
+        for proc in (first, second):
+            if proc is not None:
+                terminate(proc)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,52 +52,11 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
-UPSTREAM_BUNDLE = """
-apiVersion: core.rukpak.io/v1alpha1
-kind: Bundle
-metadata:
-  name: combo-tag-ref
-spec:
-  source:
-    type: image
-    image:
-      ref: quay.io/operator-framework/combo-bundle:v0.0.1
-  provisionerClassName: core-rukpak-io-plain
-"""
-
-UPSTREAM_GIT_BUNDLE = """
-apiVersion: core.rukpak.io/v1alpha1
-kind: Bundle
-metadata:
-  name: combo-git-branch
-spec:
-  source:
-    type: git
-    git:
-      ref:
-        branch: main
-      repository: https://github.com/exdx/combo-bundle
-  provisionerClassName: core-rukpak-io-plain
-"""
-
-UPSTREAM_BD = """
-apiVersion: core.rukpak.io/v1alpha1
-kind: BundleDeployment
-metadata:
-  name: combo
-spec:
-  provisionerClassName: core-rukpak-io-plain
-  template:
-    metadata:
-      labels:
-        app: combo
-    spec:
-      source:
-        type: image
-        image:
-          ref: quay.io/operator-framework/combo-bundle:v0.0.1
-      provisionerClassName: core-rukpak-io-plain
-"""
+# Upstream RukPak's example YAML, verbatim.
+EXAMPLES = Path(__file__).parent / "data" / "upstream-examples"
+UPSTREAM_BUNDLE = (EXAMPLES / "bundle-image.yaml").read_text()
+UPSTREAM_GIT_BUNDLE = (EXAMPLES / "bundle-git.yaml").read_text()
+UPSTREAM_BD = (EXAMPLES / "bundledeployment.yaml").read_text()
 
 
 def load(text: str, name: str) -> Obj:

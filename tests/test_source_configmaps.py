@@ -10,6 +10,7 @@ pod then gets a projected volume of exactly those keys under each ``path``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import uuid
 from collections.abc import Iterator
@@ -78,10 +79,8 @@ def resolve(kube: Kube, b: Obj) -> Obj:
     settings = Settings(system_namespace=NS, image="registry.example/rukpak:t")
     (action,) = bundleplan.plan(b, bundleplan.Observed(), settings=settings)
     assert isinstance(action, bundleplan.Resolve)
-    try:
+    with contextlib.suppress(errors.Unavailable):  # retried by the queue; status says why
         actuate.resolve_bundle(kube, b, action, lambda ref: ref)
-    except errors.Unavailable:
-        pass  # retried by the work queue; the status says why
     live = kube.get(actuate.bundle_ref(model.name_of(b)))
     assert live is not None
     return live

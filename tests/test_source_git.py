@@ -22,8 +22,17 @@ from csi.sources import git
 from csi.sources.auth import SourceAuth
 from csi.sources.cache import SourceCache, key_digest
 from csi.volume.source import FetchSource, VolumeSource
-from tests.source_servers import PASSWORD, USERNAME, SourceServer, commit, git as run_git
-from tests.source_servers import make_repo, serving
+from provisioner.manager import sources
+from tests.source_servers import (
+    PASSWORD,
+    USERNAME,
+    SourceServer,
+    SshServer,
+    commit,
+    make_repo,
+    serving,
+)
+from tests.source_servers import git as run_git
 from tests.test_csi_publish import FakeMounter, no_network
 
 AUTH = SourceAuth(username=USERNAME, password=PASSWORD)
@@ -143,7 +152,7 @@ def _hostile_commit(path: Path) -> str:
     c.message = b"hostile"
     for obj in (good, evil, link, manifests, root, c):
         repo.object_store.add_object(obj)
-    repo.refs[b"refs/heads/main"] = c.id
+    repo.refs.set_if_equals(b"refs/heads/main", None, c.id)  # type: ignore[arg-type]
     repo.close()
     return c.id.decode()
 
@@ -164,9 +173,9 @@ def test_a_file_over_the_budget_fails_and_leaves_nothing(
     repos: Path, server: SourceServer, tmp_path: Path
 ) -> None:
     pinned = make_repo(repos / "big.git", {"manifests/big.yaml": b"x" * 200_000})
+    # the node's unpack budgets (--max-unpacked-bytes) apply to git trees too
     small = SourceCache(
-        ImageCache(tmp_path / "small", puller_factory=no_network),
-        limits=Limits(max_bytes=100_000),
+        ImageCache(tmp_path / "small", puller_factory=no_network, limits=Limits(max_bytes=100_000))
     )
     with pytest.raises(errors.ResourceExhausted, match="more than 100000 bytes"):
         small.ensure(source(server, "big.git", pinned))
@@ -214,3 +223,69 @@ def test_a_git_volume_publishes_its_pinned_commit_and_unpublishes(
     anonymous = VolumeSource.from_attributes(attributes)
     with pytest.raises(errors.PermissionDenied):
         publisher.publish(PublishRequest("v2", target, anonymous))
+
+
+@pytest.fixture
+def sshd(tmp_path: Path) -> Iterator[SshServer]:
+    server = SshServer(tmp_path / "sshd").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_git_over_ssh_uses_the_secrets_key_and_known_hosts(
+    repos: Path, sshd: SshServer, cache: SourceCache
+) -> None:
+    head = make_repo(repos / "b.git", {"manifests/a.yaml": CM})
+    url = sshd.url(repos / "b.git")
+    auth = SourceAuth(ssh_key=sshd.client_key, known_hosts=sshd.known_hosts)
+    assert git.resolve(url, {"branch": "main"}, auth=auth) == head
+    got = cache.ensure(FetchSource("git", url, head, auth=auth))
+    assert (got.path / "manifests" / "a.yaml").read_text() == CM
+    no_hosts = SourceAuth(ssh_key=sshd.client_key)
+    with pytest.raises(errors.InvalidArgument, match="no ssh-knownhosts"):
+        git.resolve(url, {"branch": "main"}, auth=no_hosts)
+    assert git.resolve(url, {"branch": "main"}, auth=no_hosts, insecure=True) == head
+    other = SshServer(repos.parent / "other-sshd")
+    other.start()
+    other.stop()
+    wrong_host = SourceAuth(
+        ssh_key=sshd.client_key,
+        known_hosts=other.known_hosts.replace(str(other.port), str(sshd.port)),
+    )
+    with pytest.raises(errors.PermissionDenied, match="host key does not match"):
+        git.resolve(url, {"branch": "main"}, auth=wrong_host)
+    stranger = SourceAuth(ssh_key=other.client_key, known_hosts=sshd.known_hosts)
+    with pytest.raises(errors.PermissionDenied, match="refused the auth secret's key"):
+        git.resolve(url, {"branch": "main"}, auth=stranger)
+
+
+def test_only_a_commit_pins_a_git_bundle_and_its_volume_names_the_secret() -> None:
+    spec = {
+        "repository": "https://git.example/r.git",
+        "ref": {"branch": "main"},
+        "auth": {"secret": {"name": "s"}, "insecureSkipVerify": True},
+    }
+    unpinned = {"status": {"resolvedSource": {"type": "git", "git": spec}}}
+    assert sources.pinned(unpinned) is None
+    resolved = sources.pinned_git(spec, "c" * 40)
+    assert sources.pinned({"status": {"resolvedSource": resolved}}) == resolved
+    assert resolved["git"]["ref"] == {"commit": "c" * 40}
+    assert sources.volume(resolved) == {
+        "name": "bundle",
+        "csi": {
+            "driver": "csi.rukpak.io",
+            "readOnly": True,
+            "volumeAttributes": {
+                "git": "https://git.example/r.git",
+                "commit": "c" * 40,
+                "insecureSkipVerify": "true",
+            },
+            "nodePublishSecretRef": {"name": "s"},
+        },
+    }
+    attributes = sources.volume(resolved)["csi"]["volumeAttributes"]
+    parsed = VolumeSource.from_attributes(attributes)
+    assert parsed.fetch == FetchSource("git", "https://git.example/r.git", "c" * 40, insecure=True)
+    assert sources.describe(resolved) == f"https://git.example/r.git@{'c' * 40}"

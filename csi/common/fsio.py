@@ -61,13 +61,18 @@ def fsync_dir(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_writer(dest: Path, *, mode: int | None = None) -> Iterator[IO[bytes]]:
+def atomic_writer(
+    dest: Path, *, mode: int | None = None, durable: bool = True
+) -> Iterator[IO[bytes]]:
     """A binary file that replaces ``dest`` only when the ``with`` block succeeds.
 
     The temp file lives beside ``dest`` (same filesystem, so ``os.replace`` is
     atomic) and is invisible by name (``.<name>.*.partial``); it is fsynced
     before the rename and the directory after it. On any failure it is removed
     and ``dest`` is left as it was. ``mode`` sets the permission bits.
+    ``durable=False`` skips both fsyncs: still atomic for every reader and
+    across a crash of the process, but a power loss may bring the old content
+    back (for records that a power loss makes moot anyway, e.g. of mounts).
     """
     fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent)
     tmp = Path(tmp_name)
@@ -75,27 +80,31 @@ def atomic_writer(dest: Path, *, mode: int | None = None) -> Iterator[IO[bytes]]
         with os.fdopen(fd, "wb") as out:
             yield out
             out.flush()
-            os.fsync(out.fileno())
+            if durable:
+                os.fsync(out.fileno())
         if mode is not None:
             os.chmod(tmp, mode)
         os.replace(tmp, dest)
-        fsync_dir(dest.parent)
+        if durable:
+            fsync_dir(dest.parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
 
 
-def write_bytes_atomic(dest: Path, data: bytes, *, mode: int | None = None) -> None:
-    """Replace ``dest`` with ``data`` atomically and durably."""
-    with atomic_writer(dest, mode=mode) as out:
+def write_bytes_atomic(
+    dest: Path, data: bytes, *, mode: int | None = None, durable: bool = True
+) -> None:
+    """Replace ``dest`` with ``data`` atomically (and durably unless ``durable=False``)."""
+    with atomic_writer(dest, mode=mode, durable=durable) as out:
         out.write(data)
 
 
-def write_json_atomic(dest: Path, data: Any) -> None:
+def write_json_atomic(dest: Path, data: Any, *, durable: bool = True) -> None:
     """Replace ``dest`` with ``data`` as compact, key-sorted JSON, atomically and durably."""
     # json.dumps without indent takes the C encoder: rewritten on every publish, it matters.
-    write_bytes_atomic(dest, json.dumps(data, sort_keys=True).encode())
+    write_bytes_atomic(dest, json.dumps(data, sort_keys=True).encode(), durable=durable)
 
 
 def read_json_or_set_aside(path: Path) -> Any | None:

@@ -53,6 +53,8 @@ def pin(source: VolumeSource, resolve: Resolver, credentials: Credentials | None
     Errors keep the registry's code (NotFound, Unauthenticated, Unavailable...)
     and name the image, so the PVC's ProvisioningFailed event says what to fix.
     """
+    if source.fetch is not None:
+        return source  # git and http volumes name their commit or digest already
     ref = Reference.parse(source.image)
     if ref.digest is not None:
         return source

@@ -67,7 +67,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         )
         volume = self.volumes.existing(spec)
         if volume is None:
-            credentials = credentials_from_secrets(dict(request.secrets))
+            credentials = credentials_from_secrets(dict(request.secrets), source)
             pinned = resolve.pin(source, self.resolver, credentials)
             volume = self.volumes.create(dataclasses.replace(spec, context=pinned.attributes()))
         return csi_pb2.CreateVolumeResponse(

@@ -11,10 +11,21 @@ with SCM_RIGHTS, together with the FUSE_INIT request the kernel sent at mount
 time (once the first daemon has read and answered it) so that a restarted
 daemon can negotiate exactly as the first one did.
 
-Protocol (one request per connection, lines of text): ``GET`` → a JSON line
-``{"mountpoint": ..., "init": base64 or ""}`` with the descriptor attached;
-``INIT <base64>`` → ``OK`` (stores the INIT request). It imports only the
-standard library, so it stays small. SIGTERM or SIGINT unmounts and exits.
+It also keeps, in memory only, the pull credentials of lazily fetched trees
+(opaque to it), so that a restarted plugin can go on fetching the files of
+volumes published before the restart without anyone writing secrets to disk.
+They live exactly as long as the mount: a new holder means a new mount, and
+every volume published from the old one is gone anyway.
+
+Protocol (one request per connection, lines of text, on a socket only root
+can open): ``GET`` → a JSON line ``{"mountpoint": ..., "init": base64 or ""}``
+with the descriptor attached; ``INIT <base64>`` → ``OK`` (stores the INIT
+request); ``CRED <tree> <base64>`` → ``OK`` (keeps a tree's credentials);
+``UNCRED <tree>`` → ``OK``; ``CREDS`` → a JSON line ``{tree: base64}``; ``PING`` →
+``PONG <id>``, a random id of this holder (a plugin that sees another id knows its
+holder, and with it the mount it serves, was replaced).
+Nothing it keeps is ever logged. It imports only the standard library, so it
+stays small. SIGTERM or SIGINT unmounts and exits.
 """
 
 from __future__ import annotations
@@ -79,6 +90,8 @@ class Holder:
         self.mountpoint = mountpoint
         self.socket_path = socket_path
         self.init_request = b""
+        self.credentials: dict[str, str] = {}  # tree → base64, opaque; memory only
+        self.id = os.urandom(8).hex()
         mountpoint.mkdir(parents=True, exist_ok=True)
         while is_mount_point(mountpoint):
             log.warning("msg=%r mountpoint=%s", "removing a stale FUSE mount", mountpoint)
@@ -88,7 +101,11 @@ class Holder:
         socket_path.parent.mkdir(parents=True, exist_ok=True)
         socket_path.unlink(missing_ok=True)
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.server.bind(str(socket_path))
+        umask = os.umask(0o177)  # root only from the first moment: it hands out credentials
+        try:
+            self.server.bind(str(socket_path))
+        finally:
+            os.umask(umask)
         os.chmod(socket_path, 0o600)
         self.server.listen(8)
 
@@ -112,6 +129,17 @@ class Holder:
             elif line.startswith("INIT "):
                 self.init_request = base64.b64decode(line[5:])
                 conn.sendall(b"OK\n")
+            elif line.startswith("CRED "):
+                _cmd, tree, blob = line.split(" ", 2)
+                self.credentials[tree] = blob
+                conn.sendall(b"OK\n")
+            elif line.startswith("UNCRED "):
+                self.credentials.pop(line[7:], None)
+                conn.sendall(b"OK\n")
+            elif line == "CREDS":
+                conn.sendall(json.dumps(self.credentials).encode() + b"\n")
+            elif line == "PING":
+                conn.sendall(f"PONG {self.id}\n".encode())
             else:
                 conn.sendall(b"ERROR unknown request\n")
 

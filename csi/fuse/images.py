@@ -8,6 +8,11 @@ walker (``csi.fuse.unpack``) and the file store. Layout under ``root``::
     trees/<hex>.json     one index per image manifest (csi.fuse.index)
     tags.json            reference|platform → manifest digest (for IfNotPresent)
 
+A lazy tree fetches its files with the credentials it was published with.
+They stay in memory, plus a copy handed to the /dev/fuse holder (``keeper``,
+memory only too), from which a restarted plugin takes them back
+(:meth:`FuseImages.restore_credentials`): secrets never reach the disk or a log.
+
 Layers are streamed from the registry straight into the walker — the layer
 blobs are not kept, only the files they hold, so ten versions of a bundle that
 differ in one file cost one version plus one file. The registry client
@@ -24,14 +29,15 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from csi.common import errors
 from csi.common.fsio import read_json_or_set_aside, write_json_atomic
 from csi.fuse import index, lazy, unpack
+from csi.fuse.collect import Collector
 from csi.fuse.filestore import FileStore
 from csi.image import extract, layerio, seams
 from csi.image.grants import Grants, fingerprint
@@ -44,6 +50,27 @@ from csi.oci.manifest import Descriptor, Manifest, Platform
 from csi.oci.reference import Reference
 
 log = logging.getLogger(__name__)
+
+
+class CredentialKeeper(Protocol):
+    """Keeps lazy trees' credentials across plugin restarts (``csi.fuse.session.HolderClient``)."""
+
+    def keep_credentials(self, tree: str, blob: bytes) -> None: ...
+
+
+def dump_credentials(credentials: Credentials) -> bytes:
+    """``credentials`` as a dockerconfigjson document (for the keeper; never logged)."""
+    auths: dict[str, dict[str, str]] = {}
+    for host in credentials.hosts():
+        c = credentials.for_host(host)
+        if c is not None:
+            auths[host] = {
+                "username": c.username,
+                "password": c.password,
+                "identitytoken": c.identity_token,
+                "registrytoken": c.registry_token,
+            }
+    return json.dumps({"auths": auths}).encode()
 
 
 @dataclass(frozen=True)
@@ -64,6 +91,7 @@ class FuseImages:
         *,
         puller_factory: PullerFactory,
         limits: extract.Limits | None = None,
+        budget_bytes: int = 10 * 1024**3,
     ) -> None:
         self.root = root
         self.files = FileStore(root)
@@ -80,7 +108,13 @@ class FuseImages:
         self.grants = Grants(puller_factory)
         # Lazy trees fetch with the credentials they were published with (memory only).
         self._pullers: dict[str, seams.Puller] = {}
+        self._restored: dict[str, Credentials] = {}  # from the keeper, after a restart
+        self.keeper: CredentialKeeper | None = None
         self.lazy = lazy.LazyFetcher(self.files, root / "lazy", self._puller_for)
+        self.on_forget: list[Callable[[str], None]] = []  # more to drop with an evicted tree
+        self.collector = Collector(
+            self.files, self.trees_dir, budget_bytes=budget_bytes, forget=self._forget_tree
+        )
 
     def index_path(self, name: str) -> Path:
         return self.trees_dir / f"{name}.json"
@@ -107,6 +141,7 @@ class FuseImages:
                     self.grants.authorize(
                         ref, cached, credentials, platform=platform, policy=pull_policy
                     )
+                self.collector.touch(digests.hex_of(cached))
                 return Ready(cached, digests.hex_of(cached), cache_hit=True)
             if pull_policy is PullPolicy.NEVER:
                 raise errors.FailedPrecondition(
@@ -124,7 +159,9 @@ class FuseImages:
                         private = fingerprint(ref, credentials) != "anonymous" and (
                             not self.grants.is_public(ref, digest, platform)
                         )
-                        self._pull(_Job(puller, ref, digest, manifest, private, credentials))
+                        with self.collector.pulling():
+                            self._pull(_Job(puller, ref, digest, manifest, private, credentials))
+                    self.collector.touch(digests.hex_of(digest))
             finally:
                 seams.close(puller)
             with self._tags_lock:
@@ -180,6 +217,7 @@ class FuseImages:
         root = builder.finish()
         name = digests.hex_of(job.digest)
         self._pullers[name] = self._puller_factory(job.credentials)
+        self._keep(name, job.credentials)
         self.lazy.save(name, job.ref, job.manifest.layers, spans)
         self._save_index(job, root, builder.stats.warnings, lazy=True)
         threading.Thread(
@@ -219,10 +257,53 @@ class FuseImages:
             started += 1
         return started
 
+    def _forget_tree(self, tree: str) -> None:
+        """Drop what refers to an evicted tree (its index is already gone)."""
+        with self._tags_lock:
+            stale = [k for k, d in self._tags.items() if digests.hex_of(d) == tree]
+            for key in stale:
+                del self._tags[key]
+            if stale:
+                write_json_atomic(self.tags_path, self._tags)
+        (self.lazy.lazy_dir / f"{tree}.json").unlink(missing_ok=True)
+        puller = self._pullers.pop(tree, None)
+        if puller is not None:
+            seams.close(puller)
+        self._restored.pop(tree, None)
+        drop = getattr(self.keeper, "drop_credentials", None)
+        if drop is not None:
+            with contextlib.suppress(OSError, ValueError, errors.RukpakError):
+                drop(tree)
+        for callback in self.on_forget:
+            callback(tree)
+
+    def _keep(self, tree: str, credentials: Credentials | None) -> None:
+        if not credentials or self.keeper is None:
+            return
+        try:
+            self.keeper.keep_credentials(tree, dump_credentials(credentials))
+        except (OSError, ValueError, errors.RukpakError) as exc:
+            log.warning(
+                "msg=%r tree=%s error=%r",
+                "the FUSE holder did not take this tree's credentials; after a plugin restart "
+                "its files not fetched yet are fetched anonymously",
+                tree,
+                type(exc).__name__,
+            )
+
+    def restore_credentials(self, kept: dict[str, bytes]) -> int:
+        """Take back the credentials of lazy trees published before a restart."""
+        for tree, blob in kept.items():
+            try:
+                self._restored[tree] = Credentials.from_dockerconfigjson(blob)
+            except errors.RukpakError:
+                log.warning("msg=%r tree=%s", "kept credentials are not readable", tree)
+        return len(self._restored)
+
     def _puller_for(self, tree: str) -> seams.Puller:
         puller = self._pullers.get(tree)
-        if puller is None:  # after a restart: anonymous (credentials are never stored)
-            puller = self._pullers[tree] = self._puller_factory(None)
+        if puller is None:  # after a restart: the credentials the holder kept, or none
+            puller = self._pullers[tree] = self._puller_factory(self._restored.get(tree))
         return puller
 
     def load(self, name: str) -> index.Index:

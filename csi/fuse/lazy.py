@@ -21,6 +21,7 @@ verifying the layer digest, and stores the files not fetched yet.
 from __future__ import annotations
 
 import calendar
+import functools
 import io
 import json
 import logging
@@ -272,6 +273,7 @@ class LazyFetcher:
         log.info("msg=%r tree=%s image=%s", "lazy tree complete, layers verified", tree, ref)
 
 
+@functools.lru_cache(maxsize=256)  # a layer's entries mostly share one modtime
 def _mtime(text: str) -> int:
     try:
         return calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")) if text else 0

@@ -6,6 +6,9 @@ under its per-target lock and after its target checks; unpublishing is the
 same unmount for both modes, then :meth:`FusePublisher.release`. Below it: the
 FUSE image cache (``csi.fuse.images``) and the mount (``csi.fuse.service``).
 
+After each publish and unpublish the store's collection runs in the background
+(``csi.fuse.collect``): trees no record holds may go when over budget.
+
 Idempotency matches bind mode: the same volume and image on the same target
 again is success; anything else on a mounted target is AlreadyExists. Which
 target holds which tree is recorded in ``publishes.json`` (atomically), so a
@@ -59,7 +62,7 @@ class FusePublisher:
     ) -> Path:
         """Bind the image's tree directory read-only on ``target``; returns it. Idempotent."""
         key = str(target)
-        current = mounts.find(mounter.mounts(), target)
+        current = mounts.find_on(mounter, target)
         known = self._records.get(key)
         if current is not None and known is not None:
             if known["volume_id"] == volume_id and known["image"] == source.image:
@@ -88,6 +91,7 @@ class FusePublisher:
         target.mkdir(mode=0o750, parents=True, exist_ok=True)
         mounter.bind_read_only(tree_dir, target)
         self._set(key, {"volume_id": volume_id, "image": source.image, "tree": ready.name})
+        self.images.collector.request(self.held)
         log.info(
             "msg=%r target=%s volume_id=%s image=%s digest=%s cache_hit=%s mode=fuse",
             "published",
@@ -111,6 +115,12 @@ class FusePublisher:
     def release(self, target: str) -> None:
         """Forget the record of ``target`` (after it was unmounted); idempotent."""
         self._set(target, None)
+        self.images.collector.request(self.held)
+
+    def held(self) -> set[str]:
+        """The trees published volumes use (safe from the store's collection)."""
+        with self._lock:
+            return {record["tree"] for record in self._records.values()}
 
     def holds(self, target: str) -> bool:
         return target in self._records

@@ -10,9 +10,13 @@ is enabled, started beside the gRPC server and stopped after it. Layout under
     mnt/          the FUSE mount (default; the holder mounts it)
     holder.sock   the holder's socket (default)
 
-When no holder answers on the socket, one is started in its own session so it
-outlives this process; in a cluster it runs as its own container and the
-plugin finds it on a shared socket.
+Without ``holder_socket`` a holder is started in its own session when none
+answers on the default socket, so it outlives this process (not its
+container). With ``holder_socket`` the holder is someone else's: in a cluster
+it runs as its own container of the plugin's pod (``daemonset/``), so a
+plugin container that crashes, is killed or OOM-killed and restarted finds
+the same mount; the plugin waits for it and never starts one, which would
+race the container's holder for the mountpoint.
 """
 
 from __future__ import annotations
@@ -21,14 +25,17 @@ import logging
 import subprocess
 from pathlib import Path
 
+from csi.common import errors
 from csi.fuse import fs
 from csi.fuse.images import FuseImages
 from csi.fuse.publisher import FusePublisher
-from csi.fuse.session import HolderClient, Session, spawn_holder
+from csi.fuse.session import HolderClient, Session, spawn_holder, wait_for_socket
 from csi.image import extract
 from csi.image.seams import PullerFactory
 
 log = logging.getLogger(__name__)
+
+HOLDER_WAIT = 60.0  # seconds for an external holder (a container starting beside us)
 
 
 class FuseService:
@@ -42,33 +49,58 @@ class FuseService:
         limits: extract.Limits | None = None,
         holder_socket: Path | None = None,
         mountpoint: Path | None = None,
+        budget_bytes: int = 10 * 1024**3,
     ) -> None:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.root = root
-        self.images = FuseImages(root / "store", puller_factory=puller_factory, limits=limits)
+        self.images = FuseImages(
+            root / "store", puller_factory=puller_factory, limits=limits, budget_bytes=budget_bytes
+        )
         self.trees = fs.Trees(self.images.trees_dir, root / "slots.json")
+        self.images.on_forget.append(self.trees.forget)
         self.ops = fs.ReadOnlyFS(self.trees, self.images.files, fetcher=self.images.lazy)
+        self.external_holder = holder_socket is not None
         self.holder_socket = holder_socket or root / "holder.sock"
         self.mountpoint = mountpoint or root / "mnt"
         self.publisher = FusePublisher(self.images, self, root / "publishes.json")
         self.holder_process: subprocess.Popen[bytes] | None = None
         self._session: Session | None = None
+        self._holder: HolderClient | None = None
+        self._holder_id = ""
 
     def tree_dir(self, name: str) -> Path:
         return self.mountpoint / name
 
     def start(self) -> None:
         client = HolderClient(self.holder_socket)
-        if not client.alive():
+        if not client.alive() and self.external_holder:
+            log.info("msg=%r socket=%s", "waiting for the FUSE holder", self.holder_socket)
+            if not wait_for_socket(self.holder_socket, HOLDER_WAIT):
+                raise errors.Unavailable(
+                    f"no FUSE holder answers on {self.holder_socket} after {HOLDER_WAIT:.0f} s; "
+                    "start it (python -m csi.fuse.holder, the fuse-holder container) or leave "
+                    "--fuse-holder-socket unset to let the plugin start one"
+                )
+        elif not client.alive():
             log.info("msg=%r socket=%s", "starting a FUSE holder", self.holder_socket)
             self.holder_process = spawn_holder(self.mountpoint, self.holder_socket)
+        self._holder = client
+        self._holder_id = client.ident()
         self._session = Session(self.ops, client)
         self._session.start()
         self.mountpoint = self._session.mountpoint
+        self.images.keeper = client
+        restored = self.images.restore_credentials(client.credentials())
+        if restored:
+            log.info("msg=%r trees=%d", "lazy trees' credentials taken back", restored)
         self.images.resume_lazy()
 
     def healthy(self) -> bool:
-        return self._session is not None and self._session.failed is None
+        """The daemon serves, and the holder is the one whose mount it serves (a replaced
+        holder has a new mount no daemon answers: only a plugin restart re-attaches)."""
+        if self._session is None or self._session.failed is not None:
+            return False
+        return self._holder is not None and self._holder.ident() == self._holder_id
 
     def stop(self) -> None:
         if self._session is not None:

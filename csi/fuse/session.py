@@ -86,6 +86,41 @@ class HolderClient:
             if conn.recv(64).strip() != b"OK":
                 raise errors.Unavailable("the FUSE holder did not store the INIT request")
 
+    def _request(self, line: bytes) -> bytes:
+        """Send one request line; the reply line (without its newline)."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(10)
+            conn.connect(str(self.socket_path))
+            conn.sendall(line + b"\n")
+            data = b""
+            while not data.endswith(b"\n"):
+                more = conn.recv(1 << 20)
+                if not more:
+                    break
+                data += more
+        return data.strip()
+
+    def keep_credentials(self, tree: str, blob: bytes) -> None:
+        """Hand a lazy tree's credentials to the holder (memory only; see csi.fuse.holder)."""
+        if self._request(b"CRED " + tree.encode() + b" " + base64.b64encode(blob)) != b"OK":
+            raise errors.Unavailable("the FUSE holder did not keep the credentials")
+
+    def drop_credentials(self, tree: str) -> None:
+        self._request(b"UNCRED " + tree.encode())
+
+    def credentials(self) -> dict[str, bytes]:
+        """Every tree's credentials the holder keeps (from before a restart)."""
+        reply = json.loads(self._request(b"CREDS") or b"{}")
+        return {str(tree): base64.b64decode(blob) for tree, blob in reply.items()}
+
+    def ident(self) -> str:
+        """The holder's random id ("" when it does not answer)."""
+        try:
+            reply = self._request(b"PING")
+        except OSError:
+            return ""
+        return reply[len(b"PONG ") :].decode() if reply.startswith(b"PONG ") else ""
+
     def alive(self) -> bool:
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:

@@ -9,7 +9,7 @@ and the extractor (``csi.image.extract``). Its records live in
 
     content/                    the content store (ingest/, blobs/)
     unpacked/<manifest-hex>     finished trees, sealed read-only
-    unpacked/<hex>.sealed       marker written after the tree is durable
+    unpacked/<hex>.sealed       marker written once the tree is committed
     unpacked/<hex>.tmp-<rand>   trees being extracted or evicted (removed at start)
     state.json                  tag → digest, tree metadata, which targets use which tree
 
@@ -18,8 +18,10 @@ mismatch fails the pull, discarding both the ingest and the staging tree. Layers
 already in the store unpack from there. A pull whose stream breaks is retried
 once the old way: download every blob (with the client's retries), then unpack.
 
-Commit is durable: the staging tree's files are flushed (``syncfs``) before the
-rename into ``unpacked/``, and ``unpacked/<hex>.sealed`` is written last. At start
+Commit: the staging tree is sealed and renamed into ``unpacked/``, and
+``unpacked/<hex>.sealed`` is written last. Durability follows in the background
+(``csi.image.cachesync``: ``syncfs``, then the marker says ``synced``); a tree
+not synced before a reboot is distrusted and removed at start. At start also
 ``.tmp-`` dirs and trees without their marker are removed (a held one is adopted).
 
 Private images: a tree pulled with credentials that anonymous access cannot read
@@ -35,6 +37,7 @@ reference → digest → state, so they cannot deadlock.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import secrets
@@ -45,8 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from csi.common import errors
-from csi.common.fsio import fsync_dir, syncfs, write_json_atomic
-from csi.image import extract, grants, layerstream, seams, tree
+from csi.common.fsio import write_json_atomic
+from csi.image import cachesync, extract, grants, layerstream, seams, tree
 from csi.image.cachestate import CacheState, Holder
 from csi.image.grants import fingerprint
 from csi.image.leases import Leases
@@ -111,11 +114,17 @@ class ImageCache:
         self._evict_lock = threading.Lock()
         self.state = CacheState(root / "state.json")
         self._state_lock = self.state.lock
+        self.syncer = cachesync.TreeSyncer(self.unpacked_dir, self._marker)
         self._remove_unfinished_trees()
 
     @property
     def state_path(self) -> Path:
         return self.state.path
+
+    @property
+    def limits(self) -> extract.Limits:
+        """The unpack budgets (also applied to git and http trees, ``csi.sources.cache``)."""
+        return self._limits
 
     def _remove_unfinished_trees(self) -> None:
         """Delete what a crash left behind, whatever it holds; never fails start.
@@ -133,8 +142,22 @@ class ImageCache:
                 log.info("msg=%r path=%s", "removing unfinished tree", entry)
                 _remove_tree(entry)
             elif name.endswith(SEALED):
-                if name[: -len(SEALED)] not in names:
+                tree_name = name[: -len(SEALED)]
+                if tree_name not in names:
                     entry.unlink(missing_ok=True)
+                    continue
+                marker = _read_marker(entry)
+                if cachesync.lost_in_reboot(marker):
+                    log.warning(
+                        "msg=%r path=%s",
+                        "removing a tree that was not yet on disk when the node went down",
+                        self.unpacked_dir / tree_name,
+                    )
+                    entry.unlink(missing_ok=True)
+                    _remove_tree(self.unpacked_dir / tree_name)
+                    self.state.forget_tree(tree_name)
+                elif marker.get("boot_id") and not marker.get("synced"):
+                    self.syncer.request(f"sha256:{tree_name}")
             elif name + SEALED not in names and digests.is_valid(f"sha256:{name}"):
                 if name in held:
                     log.info("msg=%r path=%s", "adopting a held tree without marker", entry)
@@ -315,18 +338,20 @@ class ImageCache:
             for warning in stats.warnings:
                 log.warning("msg=%r image=%s detail=%r", "layer entry refused", ref, warning)
             tree.seal_dirs(staging)  # the extractor created the files read-only
-            if self.durable:
-                syncfs(staging)  # every file on disk before the rename commits the tree
             os.replace(staging, self.tree_path(digest))
-            fsync_dir(self.unpacked_dir)
         except BaseException:
             _remove_tree(staging)
             raise
         # Written last: a tree without its marker was never committed (see start-up).
-        write_json_atomic(
-            self._marker(digest),
-            {"digest": digest, "files": stats.entries, "bytes": stats.bytes},
-        )
+        if self.durable:  # synced in the background; distrusted after a reboot until then
+            marker = self.syncer.commit_marker(digest, files=stats.entries, bytes=stats.bytes)
+            write_json_atomic(self._marker(digest), marker, durable=False)
+            self.syncer.request(digest)
+        else:
+            write_json_atomic(
+                self._marker(digest),
+                {"digest": digest, "files": stats.entries, "bytes": stats.bytes},
+            )
         return stats
 
     def _marker(self, digest: str) -> Path:
@@ -424,6 +449,14 @@ def _fetcher(puller: Puller, ref: Reference, desc: Descriptor) -> Fetch:
         puller.fetch_blob(ref, desc, dest)
 
     return fetch
+
+
+def _read_marker(path: Path) -> dict[str, object]:
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def _remove_tree(path: Path) -> None:

@@ -2,21 +2,32 @@
 
 Where it sits: inside the image cache (``csi.image.cache``), which owns one
 :class:`CacheState` and asks it under one lock. Persisted in ``state.json``,
-rewritten atomically on every change (``csi.common.fsio``). It is advisory for
-trees (a sealed tree on disk without a record is still used) but not for
-holders, so a file that cannot be read is kept aside, never overwritten.
+rewritten atomically (``csi.common.fsio``): durably, at once, when tags or tree
+records change; soon, by a writer thread, when only holders change (every
+publish and unpublish), so a publish does not wait for the disk. A holder
+record lost in a crash within that moment costs nothing that matters: the
+publisher adopts every mount of a cached tree at start
+(``csi.node.publish.Publisher.reconcile``), and a power loss unmounts them all.
+The file is advisory for trees (a sealed tree on disk without a record is
+still used) but not for holders, so a file that cannot be read is kept aside,
+never overwritten. Pending holder changes are written at interpreter exit.
 """
 
 from __future__ import annotations
 
+import atexit
+import json
+import logging
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from csi.common.fsio import read_json_or_set_aside, write_json_atomic
+from csi.common.fsio import read_json_or_set_aside, write_bytes_atomic, write_json_atomic
 from csi.oci import digest as digests
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -34,6 +45,12 @@ class CacheState:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.lock = threading.RLock()
+        self._dirty = False
+        self._wake = threading.Event()
+        self._writer: threading.Thread | None = None
+        self._write_lock = threading.Lock()  # held while writing; its holder never waits for lock
+        self._version = 0
+        self._written = 0
         self.data: dict[str, Any] = {"tags": {}, "trees": {}, "holders": {}}
         loaded = read_json_or_set_aside(path)
         if isinstance(loaded, dict):
@@ -42,8 +59,50 @@ class CacheState:
                     self.data[key] = loaded[key]
 
     def save(self) -> None:
-        with self.lock:
+        """Write the records atomically and durably, now."""
+        with self.lock, self._write_lock:
+            self._dirty = False
+            self._version += 1
             write_json_atomic(self.path, self.data)
+            self._written = self._version
+
+    def save_soon(self) -> None:
+        """Have the writer thread write the records (not durably) shortly; see above."""
+        with self.lock:
+            self._dirty = True
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_loop, name="state", daemon=True)
+                self._writer.start()
+                atexit.register(self.flush)
+        self._wake.set()
+
+    def flush(self) -> None:
+        """Write pending holder changes now (not durably).
+
+        The records are serialised under the lock but written outside it, so
+        publishes never wait for the disk; versions keep an older snapshot from
+        replacing a newer one.
+        """
+        with self.lock:
+            if not self._dirty:
+                return
+            self._dirty = False
+            self._version += 1
+            version = self._version
+            payload = json.dumps(self.data, sort_keys=True).encode()
+        with self._write_lock:
+            if version > self._written:
+                write_bytes_atomic(self.path, payload, durable=False)
+                self._written = version
+
+    def _write_loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            try:
+                self.flush()
+            except OSError as exc:  # the next change tries again; a restart re-adopts mounts
+                log.error("msg=%r path=%s error=%r", "cannot write state", self.path, str(exc))
 
     # --- tags -------------------------------------------------------------------
 
@@ -129,9 +188,9 @@ class CacheState:
                 "image": holder.image,
             }
             self.touch(digest)
-            self.save()
+            self.save_soon()
 
     def release(self, target: str) -> None:
         with self.lock:
             if self.data["holders"].pop(target, None) is not None:
-                self.save()
+                self.save_soon()

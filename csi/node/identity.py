@@ -8,6 +8,7 @@ livenessprobe and csi-sanity call it first.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import grpc
 from google.protobuf import wrappers_pb2
@@ -18,19 +19,12 @@ from csi.proto import csi_pb2, csi_pb2_grpc
 VENDOR_VERSION = "0.1.0"
 
 
+@dataclass(kw_only=True, eq=False)
 class IdentityServicer(csi_pb2_grpc.IdentityServicer):
-    def __init__(
-        self,
-        *,
-        driver_name: str,
-        controller: bool,
-        ready: Callable[[], bool] = lambda: True,
-        metrics: RpcObserver | None = None,
-    ) -> None:
-        self.driver_name = driver_name
-        self.controller = controller
-        self.ready = ready
-        self.metrics = metrics
+    driver_name: str
+    controller: bool  # whether this process serves the Controller service too
+    ready: Callable[[], bool] = lambda: True
+    metrics: RpcObserver | None = None
 
     @rpc
     def GetPluginInfo(

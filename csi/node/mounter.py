@@ -133,11 +133,25 @@ def find(mounts: list[MountInfo], target: Path) -> MountInfo | None:
     return found
 
 
+def find_on(mounter: MounterProtocol, target: Path) -> MountInfo | None:
+    """The topmost mount on ``target``, skipping the table when the mounter can tell
+    cheaply that ``target`` is no mount point (``Mounter.may_be_mount_point``)."""
+    may_be = getattr(mounter, "may_be_mount_point", None)
+    if may_be is not None and not may_be(target):
+        return None
+    return find(mounter.mounts(), target)
+
+
 class Mounter:
     """Real mounts via ``mount(2)``; needs CAP_SYS_ADMIN."""
 
     def mounts(self) -> list[MountInfo]:
         return parse_mountinfo(MOUNTINFO.read_text(encoding="utf-8", errors="surrogateescape"))
+
+    def may_be_mount_point(self, path: Path) -> bool:
+        """False only when ``path`` is surely no mount point: one statx instead of reading
+        the whole mount table (whose size grows with every published volume)."""
+        return _may_be_mount_root(path)
 
     def bind_read_only(self, source: Path, target: Path) -> None:
         if not _bind_read_only_detached(source, target):
@@ -159,6 +173,40 @@ class Mounter:
     def unmount(self, target: Path) -> None:
         if _libc.umount2(os.fsencode(target), 0) != 0:
             raise _failed(f"unmount of {target}", ctypes.get_errno())
+
+
+class _Statx(ctypes.Structure):
+    _fields_ = [  # the head of struct statx (<linux/stat.h>); the buffer is 256 bytes
+        ("mask", ctypes.c_uint32),
+        ("blksize", ctypes.c_uint32),
+        ("attributes", ctypes.c_uint64),
+        ("nlink", ctypes.c_uint32),
+        ("uid", ctypes.c_uint32),
+        ("gid", ctypes.c_uint32),
+        ("mode", ctypes.c_uint16),
+        ("spare0", ctypes.c_uint16),
+        ("ino", ctypes.c_uint64),
+        ("size", ctypes.c_uint64),
+        ("blocks", ctypes.c_uint64),
+        ("attributes_mask", ctypes.c_uint64),
+        ("rest", ctypes.c_uint8 * 192),
+    ]
+
+
+AT_SYMLINK_NOFOLLOW = 0x100
+STATX_ATTR_MOUNT_ROOT = 0x2000  # Linux 5.8+
+
+
+def _may_be_mount_root(path: Path) -> bool:
+    statx = getattr(_libc, "statx", None)
+    if statx is None:
+        return True
+    buf = _Statx()
+    if statx(AT_FDCWD, os.fsencode(path), AT_SYMLINK_NOFOLLOW, 0, ctypes.byref(buf)) != 0:
+        return ctypes.get_errno() != errno.ENOENT  # absent: surely not mounted on
+    if not buf.attributes_mask & STATX_ATTR_MOUNT_ROOT:
+        return True  # this kernel does not say
+    return bool(buf.attributes & STATX_ATTR_MOUNT_ROOT)
 
 
 def _bind_read_only_detached(source: Path, target: Path) -> bool:

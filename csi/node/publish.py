@@ -117,7 +117,7 @@ class Publisher:
                     credentials=req.credentials,
                     mounter=self.mounter,
                 )
-            current = mounts.find(self.mounter.mounts(), target)
+            current = mounts.find_on(self.mounter, target)
             if current is not None:
                 known = self.images.holders().get(key)
                 same = (
@@ -178,7 +178,7 @@ class Publisher:
         assert req.source.fetch is not None
         key = str(target)
         holder = Holder(target=key, volume_id=req.volume_id, image=req.source.image)
-        if mounts.find(self.mounter.mounts(), target) is not None:
+        if mounts.find_on(self.mounter, target) is not None:
             known = self.images.holders().get(key)
             digest = self.images.holder_digest(key)
             if known == holder and digest is not None and self.images.has_tree(digest):
@@ -211,7 +211,7 @@ class Publisher:
         key = str(target)
         with self._locks.hold(key):
             for _ in range(8):  # stacked mounts: peel them all
-                if mounts.find(self.mounter.mounts(), target) is None:
+                if mounts.find_on(self.mounter, target) is None:
                     break
                 self.mounter.unmount(target)
             try:

@@ -9,6 +9,8 @@ and answer UNIMPLEMENTED (inherited from the generated base class).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import grpc
 
 from csi.common import errors
@@ -19,25 +21,28 @@ from csi.volume import access
 from csi.volume.source import VolumeSource, credentials_from_secrets
 
 
+def _require(volume_id: str, target_path: str) -> None:
+    """Both publish and unpublish name the volume and the target path."""
+    if not volume_id:
+        raise errors.InvalidArgument("volume_id is required")
+    if not target_path:
+        raise errors.InvalidArgument("target_path is required")
+
+
+@dataclass(kw_only=True, eq=False)
 class NodeServicer(csi_pb2_grpc.NodeServicer):
     """NodePublishVolume / NodeUnpublishVolume / NodeGetInfo / NodeGetCapabilities."""
 
-    def __init__(
-        self, *, publisher: Publisher, node_id: str, metrics: RpcObserver | None = None
-    ) -> None:
-        self.publisher = publisher
-        self.node_id = node_id
-        self.metrics = metrics
+    publisher: Publisher
+    node_id: str
+    metrics: RpcObserver | None = None
 
     @rpc
     def NodePublishVolume(
         self, request: csi_pb2.NodePublishVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.NodePublishVolumeResponse:
         """Idempotent: the same volume and image on the same target again is OK."""
-        if not request.volume_id:
-            raise errors.InvalidArgument("volume_id is required")
-        if not request.target_path:
-            raise errors.InvalidArgument("target_path is required")
+        _require(request.volume_id, request.target_path)
         if not request.HasField("volume_capability"):
             raise errors.InvalidArgument("volume_capability is required")
         access.check(request.volume_capability)
@@ -58,10 +63,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         self, request: csi_pb2.NodeUnpublishVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.NodeUnpublishVolumeResponse:
         """Idempotent: an unknown or already removed target is OK."""
-        if not request.volume_id:
-            raise errors.InvalidArgument("volume_id is required")
-        if not request.target_path:
-            raise errors.InvalidArgument("target_path is required")
+        _require(request.volume_id, request.target_path)
         self.publisher.unpublish(request.volume_id, request.target_path)
         return csi_pb2.NodeUnpublishVolumeResponse()
 

@@ -130,6 +130,15 @@ class Descriptor:
         return out
 
 
+def _document(media_type: str, annotations: dict[str, str], **members: Any) -> bytes:
+    """A manifest or index as compact JSON: schemaVersion, mediaType, ``members`` in their
+    order, then the annotations when there are any (the order fixes the digest)."""
+    body: dict[str, Any] = {"schemaVersion": 2, "mediaType": media_type, **members}
+    if annotations:
+        body["annotations"] = dict(annotations)
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
 @dataclass
 class Manifest:
     """An image manifest (OCI or Docker schema 2)."""
@@ -140,15 +149,12 @@ class Manifest:
     annotations: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
-        body: dict[str, Any] = {
-            "schemaVersion": 2,
-            "mediaType": self.media_type,
-            "config": self.config.to_json(),
-            "layers": [layer.to_json() for layer in self.layers],
-        }
-        if self.annotations:
-            body["annotations"] = dict(self.annotations)
-        return json.dumps(body, separators=(",", ":")).encode()
+        return _document(
+            self.media_type,
+            self.annotations,
+            config=self.config.to_json(),
+            layers=[layer.to_json() for layer in self.layers],
+        )
 
 
 @dataclass
@@ -160,14 +166,9 @@ class Index:
     annotations: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
-        body: dict[str, Any] = {
-            "schemaVersion": 2,
-            "mediaType": self.media_type,
-            "manifests": [m.to_json() for m in self.manifests],
-        }
-        if self.annotations:
-            body["annotations"] = dict(self.annotations)
-        return json.dumps(body, separators=(",", ":")).encode()
+        return _document(
+            self.media_type, self.annotations, manifests=[m.to_json() for m in self.manifests]
+        )
 
 
 def parse_manifest(media_type: str, body: bytes, *, what: str = "manifest") -> Manifest | Index:

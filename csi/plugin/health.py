@@ -6,7 +6,8 @@ A liveness check that only returned "ok" would keep a plugin whose gRPC server i
 wedged, or that kubelet never registered, running forever; this one dials the CSI
 socket as kubelet does and calls ``Identity.Probe``, and when the plugin serves
 kubelet's registration it fails until kubelet reported the plugin registered
-(``NotifyRegistrationStatus``), so a refused registration restarts the plugin.
+(``NotifyRegistrationStatus``), so a refused registration restarts the plugin. In
+FUSE mode it also fails when the FUSE daemon stopped or its holder was replaced.
 """
 
 from __future__ import annotations
@@ -37,12 +38,21 @@ def probe_socket(path: Path, *, timeout: float = PROBE_TIMEOUT) -> tuple[bool, s
 
 
 def checker(
-    csi_socket: Path, *, registered: Callable[[], bool | None] | None = None
+    csi_socket: Path,
+    *,
+    registered: Callable[[], bool | None] | None = None,
+    fuse: Callable[[], bool] | None = None,
 ) -> Callable[[], tuple[bool, str]]:
-    """The ``/healthz`` check: Probe on ``csi_socket``, then (when given) the registration."""
+    """The ``/healthz`` check: Probe on ``csi_socket``, then (when given) the FUSE daemon and
+    its holder, then the registration."""
 
     def check() -> tuple[bool, str]:
         ok, reason = probe_socket(csi_socket)
+        if ok and fuse is not None and not fuse():
+            return False, (
+                "the FUSE daemon stopped, or its holder was replaced (the fuse-holder "
+                "container restarted); a plugin restart attaches to the new holder"
+            )
         if not ok or registered is None:
             return ok, reason
         state = registered()

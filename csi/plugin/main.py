@@ -163,8 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--fuse-holder-socket",
         type=Path,
         default=None,
-        help="socket of the /dev/fuse holder (python -m csi.fuse.holder); one is started "
-        "when none answers (default <state-dir>/fuse/holder.sock)",
+        help="socket of a /dev/fuse holder someone else runs (python -m csi.fuse.holder, "
+        "e.g. a container of this pod): the plugin waits for it; unset, the plugin starts "
+        "one on <state-dir>/fuse/holder.sock when none answers",
     )
     p.add_argument(
         "--log-level",
@@ -233,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 puller_factory=puller,
                 limits=extract.Limits(args.max_unpacked_bytes, args.max_unpacked_files),
                 holder_socket=args.fuse_holder_socket,
+                budget_bytes=args.cache_budget,
             )
             fuse.start()
         publisher = Publisher(
@@ -292,7 +294,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     http = None
     if args.metrics_port:
-        check = health.checker(csi_socket, registered=registered)
+        check = health.checker(
+            csi_socket, registered=registered, fuse=fuse.healthy if fuse else None
+        )
         http = metrics.serve(m, port=args.metrics_port, health=check)
     ready.set()
     log.info(

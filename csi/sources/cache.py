@@ -68,7 +68,7 @@ class SourceCache:
         read_timeout: float = git.READ_TIMEOUT,
     ) -> None:
         self.images = images
-        self.limits = limits or Limits()
+        self.limits = limits or images.limits  # the plugin's --max-unpacked-* budgets
         self.read_timeout = read_timeout
         self._locks = KeyedLocks()
 

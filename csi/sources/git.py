@@ -12,7 +12,8 @@ byte and entry budgets). No ``git`` binary is run.
 Hostile remotes: HTTP redirects are followed only on the same scheme, host and
 port; every request has connect and read timeouts; the directory must stay inside
 the repository (upstream's message); blobs count against the byte budget while
-the tar is written; submodules are skipped (reported).
+the tar is written; submodules are skipped (reported). SSH repositories go through
+``csi.sources.ssh`` (the Secret's key and known hosts, paramiko).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 60.0
 MAX_REDIRECTS = 5
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+SCP_LIKE = re.compile(r"^(?:(?P<user>[^@/:]+)@)?(?P<host>[^@/:]+):(?P<path>[^/].*|/.*)$")
 S_IFMT = 0o170000
 S_IFLNK = 0o120000
 S_IFDIR = 0o040000
@@ -118,10 +120,23 @@ def _client(
     if parts.scheme == "git":
         client_, path = gitclient.get_transport_and_path(repository, quiet=True)
         return client_, path
+    from csi.sources import ssh  # paramiko is loaded only for ssh repositories
+
+    vendor = ssh.SecretKeyVendor(auth, insecure=insecure, read_timeout=read_timeout)
+    if parts.scheme == "ssh" and parts.hostname:
+        ssh_client = gitclient.SSHGitClient(
+            parts.hostname, port=parts.port, username=parts.username, vendor=vendor, quiet=True
+        )
+        return ssh_client, parts.path
+    scp = SCP_LIKE.match(repository)
+    if not parts.scheme and scp:
+        ssh_client = gitclient.SSHGitClient(
+            scp["host"], username=scp["user"], vendor=vendor, quiet=True
+        )
+        return ssh_client, scp["path"]
     raise errors.InvalidArgument(
-        f"git repository {repository[:300]!r}: only http://, https:// and git:// URLs are "
-        "supported here (ssh:// is not yet: serve the repository over HTTPS with a "
-        "username and password in the auth secret)"
+        f"git repository {repository[:300]!r}: use an https://, http://, ssh://, git:// URL "
+        "or user@host:path"
     )
 
 

@@ -23,9 +23,10 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from provisioner.engine import drift
 from provisioner.engine.apply import Applied
 from provisioner.engine.objects import Obj, ObjectRef, split_api_version
-from provisioner.engine.ownership import applied_fields, lost_reason
+from provisioner.engine.ownership import applied_fields
 
 HASH_LENGTH = 16
 COMPRESS_ABOVE = 8 * 1024
@@ -91,12 +92,7 @@ def decode(text: str) -> Record:
 
 def drift_of(recorded: str, live: Obj | None, owner: str) -> str | None:
     """Why ``live`` no longer matches its recorded hash, or None when it still does."""
-    lost = lost_reason(live, owner)
-    if lost is not None or live is None:
-        return lost or "deleted"
-    if fields_hash(live) != recorded:
-        return "fields we apply were changed by another writer"
-    return None
+    return drift.drift_reason(recorded, live, owner, fields=fields_hash)
 
 
 def drifted(record: Mapping[str, str], owner: str, lookup: Lookup) -> dict[str, str] | None:

@@ -39,12 +39,18 @@ log = logging.getLogger(__name__)
 Report = Callable[[str], None]
 
 
-def drift_reason(recorded: Any, live: Obj | None, owner: str) -> str | None:
-    """Why ``live`` no longer matches what we applied, or None when it still does."""
+def drift_reason(
+    recorded: Any, live: Obj | None, owner: str, *, fields: Callable[[Obj], Any] = applied_fields
+) -> str | None:
+    """Why ``live`` no longer matches what we applied, or None when it still does.
+
+    ``recorded`` is what ``fields`` gave right after our apply: the fields our manager
+    owns (``ownership.applied_fields``), or a hash of them (``appliedrecord``).
+    """
     lost = lost_reason(live, owner)
     if lost is not None or live is None:
         return lost or "deleted"
-    if applied_fields(live) != recorded:
+    if fields(live) != recorded:
         return "fields we apply were changed by another writer"
     return None
 

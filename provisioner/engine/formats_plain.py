@@ -13,6 +13,7 @@ items. ``provisioner.bundle.validate`` runs this same loader at build time;
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +32,7 @@ def load(root: Path) -> Bundle:
     if not manifests_dir.is_dir():
         raise BundleInvalid(f"{root}: a plain+v0 bundle must contain a manifests/ directory")
     manifests: list[Manifest] = []
-    for path in sorted(manifests_dir.iterdir(), key=lambda p: p.name):
-        if path.name.startswith("."):
-            continue
-        rel = f"manifests/{path.name}"
+    for rel, path in manifest_entries(manifests_dir):
         if path.is_dir():
             raise BundleInvalid(f"{rel}: subdirectories are not allowed in a plain+v0 bundle")
         if not path.is_file():
@@ -52,6 +50,14 @@ def load(root: Path) -> Bundle:
         raise BundleInvalid(f"{manifests_dir}: the bundle contains no objects")
     _refuse_duplicates(manifests)
     return Bundle(format=NAME, manifests=tuple(manifests))
+
+
+def manifest_entries(manifests_dir: Path) -> Iterator[tuple[str, Path]]:
+    """The entries of a bundle's ``manifests/`` in name order, hidden ones left out, each
+    with its bundle-relative name (``manifests/NAME``)."""
+    for path in sorted(manifests_dir.iterdir(), key=lambda p: p.name):
+        if not path.name.startswith("."):
+            yield f"manifests/{path.name}", path
 
 
 def parse(file: str, text: str) -> list[Manifest]:

@@ -151,10 +151,7 @@ def _read_manifests(base: Path) -> list[Manifest]:
     if not manifests_dir.is_dir():
         raise BundleInvalid("manifests/: a registry+v1 bundle must contain a manifests/ directory")
     out: list[Manifest] = []
-    for entry in sorted(manifests_dir.iterdir(), key=lambda p: p.name):
-        if entry.name.startswith("."):
-            continue
-        rel = f"manifests/{entry.name}"
+    for rel, entry in formats_plain.manifest_entries(manifests_dir):
         if entry.is_dir():
             raise BundleInvalid(
                 'subdirectories are not allowed within the "manifests" directory of the '

@@ -124,8 +124,8 @@ class Controller:
             watch_timeout=watch_timeout,
         )
         self.runwatch = runwatch.RunWatch(
-            kube,
-            ns,
+            kube=kube,
+            system_namespace=ns,
             health=self.health,
             leases=self.leases,
             pods=self.pods,

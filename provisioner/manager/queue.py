@@ -31,11 +31,7 @@ class WorkQueue:
     def add(self, key: str) -> None:
         """Queue ``key`` now (no-op when queued; once more after ``done`` when processing)."""
         with self._cond:
-            if key in self._processing:
-                self._dirty.add(key)
-            elif key not in self._queued:
-                self._queued.add(key)
-                self._ready.append(key)
+            if self._enqueue(key):
                 self._cond.notify()
 
     def add_after(self, key: str, delay: float) -> None:
@@ -60,16 +56,24 @@ class WorkQueue:
         with self._cond:
             return self._failures.get(key, 0)
 
+    def _enqueue(self, key: str) -> bool:
+        """Make ``key`` ready, or mark it dirty while it is processed (the caller holds the
+        lock); True when it became ready."""
+        if key in self._processing:
+            self._dirty.add(key)
+            return False
+        if key in self._queued:
+            return False
+        self._queued.add(key)
+        self._ready.append(key)
+        return True
+
     def _promote(self) -> float | None:
         """Move due delayed keys to ready; seconds until the next one is due."""
         now = time.monotonic()
         while self._delayed and self._delayed[0][0] <= now:
             _, key = heapq.heappop(self._delayed)
-            if key in self._processing:
-                self._dirty.add(key)
-            elif key not in self._queued:
-                self._queued.add(key)
-                self._ready.append(key)
+            self._enqueue(key)
         return self._delayed[0][0] - now if self._delayed else None
 
     def get(self, timeout: float | None = None) -> str | None:
@@ -97,9 +101,7 @@ class WorkQueue:
             self._processing.discard(key)
             if key in self._dirty:
                 self._dirty.discard(key)
-                if key not in self._queued:
-                    self._queued.add(key)
-                    self._ready.append(key)
+                if self._enqueue(key):
                     self._cond.notify()
 
     def shutdown(self) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from csi.common import errors
 from provisioner.engine import appliedrecord, listwatch
@@ -50,26 +51,17 @@ def served_by(crd: Obj) -> frozenset[runs.Api]:
     )
 
 
+@dataclass(eq=False)
 class RunWatch:
-    def __init__(
-        self,
-        kube: Kube,
-        system_namespace: str,
-        *,
-        health: healthwatch.HealthWatch,
-        leases: listwatch.Informer,
-        pods: listwatch.Informer,
-        wake: Callable[[str], None],
-    ) -> None:
-        self.kube = kube
-        self.system_namespace = system_namespace
-        self.health = health
-        self.leases = leases
-        self.pods = pods
-        self.wake = wake
-        """Queue a BundleDeployment by name."""
-        self._lock = threading.Lock()
-        self._apis: dict[str, frozenset[runs.Api]] = {}
+    kube: Kube
+    system_namespace: str
+    health: healthwatch.HealthWatch
+    leases: listwatch.Informer
+    pods: listwatch.Informer
+    wake: Callable[[str], None]
+    """Queue a BundleDeployment by name."""
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _apis: dict[str, frozenset[runs.Api]] = field(default_factory=dict, init=False)
 
     # -- CRDs ------------------------------------------------------------------------------
 

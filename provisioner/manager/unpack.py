@@ -1,8 +1,9 @@
 """``rukpak-provisioner unpack``: the process of a Bundle's unpack pod.
 
 Sits at the far end of the Bundle controller (``bundles``): the unpack pod
-mounts the Bundle's image read-only at ``/bundle`` through the CSI driver and
-runs this command, which validates the content with the format loader
+mounts the Bundle's pinned content read-only at ``/bundle`` (an image, git commit or
+http tarball through the CSI driver, or a projected volume of ConfigMaps; see
+``sources.volume``) and runs this command, which validates the content with the format loader
 (``provisioner.engine.formats``) and reports the outcome as one JSON document
 in the container's termination message (``/dev/termination-log``), which the
 manager reads from the pod's status. No content ever leaves the node: only

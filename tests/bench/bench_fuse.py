@@ -307,7 +307,7 @@ def versions(registry: RegistryServer, workdir: Path) -> list[Result]:
                 node.publish(image.ref, node.target(), mode)
         state = node.plugin.state_dir
         sync()
-        one = du(next((state / "images" / "unpacked").iterdir()))
+        one = du(next(p for p in (state / "images" / "unpacked").iterdir() if p.is_dir()))
         bind_disk = du(state / "images")
         fuse_disk = du(state / "fuse" / "store")
     finally:

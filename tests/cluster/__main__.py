@@ -32,6 +32,14 @@ def _running(workdir: Path) -> LocalCluster | None:
     return LocalCluster.load(workdir)
 
 
+def _found(workdir: Path) -> LocalCluster | None:
+    """The cluster recorded in ``workdir``; None, saying so, when there is none."""
+    cluster = _running(workdir)
+    if cluster is None:
+        print(f"no cluster in {workdir}")
+    return cluster
+
+
 def up(workdir: Path, *, node: bool) -> int:
     existing = _running(workdir)
     if existing is not None and existing.components:
@@ -58,9 +66,7 @@ def up(workdir: Path, *, node: bool) -> int:
 
 
 def down(workdir: Path) -> int:
-    cluster = _running(workdir)
-    if cluster is None:
-        print(f"no cluster in {workdir}")
+    if (cluster := _found(workdir)) is None:
         return 0
     pids = cluster.pids()
     cluster.stop(remove=True)
@@ -69,9 +75,7 @@ def down(workdir: Path) -> int:
 
 
 def status(workdir: Path) -> int:
-    cluster = _running(workdir)
-    if cluster is None:
-        print(f"no cluster in {workdir}")
+    if (cluster := _found(workdir)) is None:
         return 1
     for c in cluster.components:
         print(f"{c.name:<24} pid {c.pid:<8} log {c.log}")

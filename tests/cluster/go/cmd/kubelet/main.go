@@ -1,20 +1,15 @@
-// Command kubelet is upstream's cmd/kubelet/kubelet.go from k8s.io/kubernetes v1.34.4, copied verbatim
-// below the package clause so this wrapper module can build it (see ../../../build.sh).
+// Command kubelet is upstream's cmd/kubelet/kubelet.go from k8s.io/kubernetes v1.34.4; the
+// shared imports and the run-and-exit live in ../internal/component so this wrapper module
+// builds each component the same way (see ../../../build.sh).
 package main
 
 import (
 	"context"
-	"os"
 
-	"k8s.io/component-base/cli"
-	_ "k8s.io/component-base/logs/json/register"          // for JSON log format registration
-	_ "k8s.io/component-base/metrics/prometheus/clientgo" // for client metric registration
-	_ "k8s.io/component-base/metrics/prometheus/version"  // for version metric registration
+	"github.com/rukpak-python/tests/cluster/k8sbins/cmd/internal/component"
 	"k8s.io/kubernetes/cmd/kubelet/app"
 )
 
 func main() {
-	command := app.NewKubeletCommand(context.Background())
-	code := cli.Run(command)
-	os.Exit(code)
+	component.Run(app.NewKubeletCommand(context.Background()))
 }

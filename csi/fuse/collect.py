@@ -1,0 +1,189 @@
+"""Garbage collection of the FUSE file store: unused trees go, then files no tree names.
+
+Where it sits: the FUSE publisher (``csi.fuse.publisher``) asks for a collection
+after each publish and unpublish (:meth:`Collector.request`, one background
+thread at most, as the bind cache's eviction in ``csi.image.cache``); below it
+the FUSE image cache's layout (``csi.fuse.images``). The policy is bind mode's:
+while the store is over its byte budget, remove the least recently used trees
+no published volume holds and none used in the last minute (a tree's index
+file's mtime is its last use: every publish touches it before it binds the
+tree); then delete every stored file that no remaining index
+names. The store's own bytes count (file contents, as ``du``), not the indexes.
+The store is walked for such files only when some can exist: at start (a crash
+mid-pull), after a failed pull and after an eviction.
+
+Safety against a pull in progress, whose files exist before the index that
+names them: pulls run inside :meth:`Collector.pulling`; files are deleted only
+while no pull runs, and a pull that starts meanwhile waits for the deletion to
+end (a directory walk and some unlinks). A file a lazy tree has not fetched
+yet is named by its index, so it is fetched again if it ever went missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator
+from pathlib import Path
+
+from csi.fuse.filestore import FileStore
+
+log = logging.getLogger(__name__)
+
+RECENT = 60.0  # seconds: a tree used this recently is kept (a publish may be binding it)
+
+
+def referenced(trees_dir: Path) -> set[str]:
+    """Every file digest the saved indexes under ``trees_dir`` name."""
+    names: set[str] = set()
+    for path in trees_dir.glob("*.json"):
+        try:
+            doc = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            continue  # a damaged index serves nothing; its files go unless others name them
+        for row in doc.get("rows", []):
+            if len(row) > 5 and row[5]:
+                names.add(str(row[5]))
+    return names
+
+
+class Collector:
+    """Evicts unused trees over budget and deletes unreferenced files."""
+
+    def __init__(
+        self,
+        files: FileStore,
+        trees_dir: Path,
+        *,
+        budget_bytes: int,
+        forget: Callable[[str], None],
+    ) -> None:
+        self.files = files
+        self.trees_dir = trees_dir
+        self.budget_bytes = budget_bytes
+        self._forget = forget  # drops what else knows a tree (tags, lazy plan, credentials)
+        self._gate = threading.Condition()
+        self._pulls = 0
+        self._deleting = False
+        self._wanted = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._thread_guard = threading.Lock()
+        self._run_lock = threading.Lock()
+        self._held: Callable[[], Collection[str]] = frozenset
+        # Files nothing names can exist at start (a crash mid-pull) and after a failed
+        # pull or an eviction; otherwise a run need not walk the store at all.
+        self._orphans = True
+
+    @contextlib.contextmanager
+    def pulling(self) -> Iterator[None]:
+        """Wrap a pull: its files are safe from deletion until its index is saved."""
+        with self._gate:
+            while self._deleting:
+                self._gate.wait()
+            self._pulls += 1
+        try:
+            yield
+        except BaseException:
+            self._orphans = True
+            raise
+        finally:
+            with self._gate:
+                self._pulls -= 1
+                self._gate.notify_all()
+
+    def touch(self, tree: str) -> None:
+        """Mark tree ``tree`` as used now (its LRU position)."""
+        with contextlib.suppress(OSError):
+            (self.trees_dir / f"{tree}.json").touch(exist_ok=True)
+
+    def request(self, held: Callable[[], Collection[str]]) -> None:
+        """Collect in the background (one thread at most); ``held`` names the trees in use."""
+        self._held = held
+        self._wanted.set()
+        with self._thread_guard:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="fuse-gc", daemon=True)
+                self._thread.start()
+
+    def _loop(self) -> None:
+        while self._wanted.is_set():
+            self._wanted.clear()
+            try:
+                self.collect(self._held())
+            except Exception:  # logged; the next publish asks again
+                log.exception("msg=%r", "FUSE store collection failed")
+
+    def collect(self, held: Collection[str]) -> tuple[list[str], int]:
+        """Evict unused trees while over budget, then delete unreferenced files.
+
+        Returns the evicted tree names and the number of files deleted. Files
+        are left for a later run while a pull is in progress.
+        """
+        with self._run_lock:
+            evicted = self._evict(set(held))
+            if not evicted and not self._orphans:
+                return evicted, 0
+            with self._gate:
+                if self._pulls:
+                    self._orphans = True
+                    return evicted, 0
+                self._deleting = True
+                self._orphans = False
+            try:
+                deleted = self._delete_unreferenced()
+            except BaseException:
+                self._orphans = True
+                raise
+            finally:
+                with self._gate:
+                    self._deleting = False
+                    self._gate.notify_all()
+        if evicted or deleted:
+            log.info(
+                "msg=%r trees=%s files=%d bytes_now=%d",
+                "FUSE store collected",
+                evicted,
+                deleted,
+                self.files.disk_usage(),
+            )
+        return evicted, deleted
+
+    def _evict(self, held: set[str]) -> list[str]:
+        if self.files.disk_usage() <= self.budget_bytes:
+            return []
+        trees = []
+        for path in self.trees_dir.glob("*.json"):
+            with contextlib.suppress(OSError):
+                trees.append((path.stat().st_mtime, path.stem))
+        evicted: list[str] = []
+        now = time.time()
+        for mtime, name in sorted(trees):  # least recently used first
+            if name in held or now - mtime < RECENT:
+                continue
+            (self.trees_dir / f"{name}.json").unlink(missing_ok=True)
+            self._forget(name)
+            evicted.append(name)
+            # What the evicted trees alone held is only known after the walk: recount.
+            if self._usage_without_unreferenced() <= self.budget_bytes:
+                break
+        return evicted
+
+    def _usage_without_unreferenced(self) -> int:
+        names = referenced(self.trees_dir)
+        total = 0
+        for digest in names:
+            with contextlib.suppress(OSError):
+                total += self.files.path(digest).stat().st_blocks * 512
+        return total
+
+    def _delete_unreferenced(self) -> int:
+        names = referenced(self.trees_dir)
+        deleted = 0
+        for digest in list(self.files.digests()):
+            if digest not in names:
+                self.files.delete(digest)
+                deleted += 1
+        return deleted
