@@ -40,6 +40,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from csi.common.errors import RukpakError
+from provisioner.cli.signals import stop_on_signals
 from provisioner.engine.apply import Applied, DeletionPolicy, Options, Result, install
 from provisioner.engine.diff import Change
 from provisioner.engine.diff import plan as diff
@@ -113,6 +114,7 @@ __all__ = [
     "parse_manifests",
     "register_format",
     "status",
+    "stop_on_signals",
     "unhealthy",
     "uninstall",
 ]

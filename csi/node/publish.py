@@ -154,14 +154,7 @@ class Publisher:
                 raise errors.AlreadyExists(
                     f"target {key} is already a mount point of other content; unpublish it first"
                 )
-            try:
-                if target.exists() and not target.is_dir():
-                    raise errors.InvalidArgument(f"target {key} exists and is not a directory")
-                target.mkdir(mode=0o750, parents=True, exist_ok=True)
-                self.mounter.bind_read_only(unpacked.path, target)
-            except BaseException:
-                self.images.release(key)
-                raise
+            self._bind(unpacked.path, target)
             log.info(
                 "msg=%r target=%s volume_id=%s image=%s digest=%s cache_hit=%s",
                 "published",
@@ -172,6 +165,18 @@ class Publisher:
                 unpacked.cache_hit,
             )
             return unpacked.path
+
+    def _bind(self, tree: Path, target: Path) -> None:
+        """Bind ``tree`` read-only at ``target`` (made if missing); on failure the hold
+        taken for ``target`` is released."""
+        try:
+            if target.exists() and not target.is_dir():
+                raise errors.InvalidArgument(f"target {target} exists and is not a directory")
+            target.mkdir(mode=0o750, parents=True, exist_ok=True)
+            self.mounter.bind_read_only(tree, target)
+        except BaseException:
+            self.images.release(str(target))
+            raise
 
     def _publish_fetched(self, req: PublishRequest, target: Path) -> Path:
         """Publish a git or http volume (always a bind mount of its tree). Idempotent."""
@@ -187,14 +192,7 @@ class Publisher:
                 f"target {key} already holds other content; unpublish it first"
             )
         unpacked = self.sources.ensure(req.source.fetch, holder=holder)
-        try:
-            if target.exists() and not target.is_dir():
-                raise errors.InvalidArgument(f"target {key} exists and is not a directory")
-            target.mkdir(mode=0o750, parents=True, exist_ok=True)
-            self.mounter.bind_read_only(unpacked.path, target)
-        except BaseException:
-            self.images.release(key)
-            raise
+        self._bind(unpacked.path, target)
         log.info(
             "msg=%r target=%s volume_id=%s source=%s cache_hit=%s",
             "published",

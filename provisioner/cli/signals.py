@@ -1,7 +1,8 @@
 """Stopping a long-running provisioner process: SIGTERM and SIGINT set one Event.
 
 Used by the ``rukpak-provisioner`` processes that run until told to stop
-(``provisioner.storage.cli`` volumes, ``provisioner.manager.cli`` manager): their
+(``provisioner.storage.cli`` volumes, ``provisioner.manager.cli`` manager, and out-of-tree
+provisioners through ``provisioner.api.stop_on_signals``): their
 main thread waits on the Event, then stops its threads and releases its Lease.
 """
 

@@ -13,13 +13,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import socket
 import sys
 import threading
 import uuid
 from pathlib import Path
-from types import FrameType
 
 from provisioner import api
 from rukpak_helm import content, controller
@@ -68,14 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         format="time=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
         stream=sys.stderr,
     )
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("msg='stopping' signal=%s", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = api.stop_on_signals(log)
     try:
         kube = api.Kube.from_kubeconfig(args.kubeconfig)
     except api.RukpakError as err:
