@@ -33,9 +33,10 @@ from typing import Literal
 
 from provisioner.engine.objects import Obj
 from provisioner.manager import model, sources
+from provisioner.manager.actions import DeletePod as DeletePod
+from provisioner.manager.actions import RecordEvent as RecordEvent
 from provisioner.manager.generate import UNPACK_CONTAINER, unpack_pod
 from provisioner.manager.model import Settings
-from provisioner.manager.plan import RecordEvent as RecordEvent
 from provisioner.manager.unpack import Result
 
 UNPACKED = "Unpacked"
@@ -77,12 +78,6 @@ class CreatePod:
 
 
 @dataclass(frozen=True)
-class DeletePod:
-    namespace: str
-    name: str
-
-
-@dataclass(frozen=True)
 class WriteStatus:
     name: str
     status: Obj
@@ -93,7 +88,8 @@ class Requeue:
     after: float
 
 
-# RecordEvent (an Event) is the same action for Bundles as for BundleDeployments.
+# RecordEvent (an Event) and DeletePod are the same actions for Bundles as for
+# BundleDeployments (``actions``).
 Action = Resolve | CreatePod | DeletePod | WriteStatus | RecordEvent | Requeue
 
 
