@@ -29,10 +29,11 @@ expired, the lock is lost: ``lost`` is set and ``on_lost`` is called once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -419,3 +420,35 @@ def lead(
     lock.start_renewing()
     log.info("msg='lease acquired' lease=%s", lock)
     return lock
+
+
+@dataclass
+class Leadership:
+    """What ``leading`` yields: whether to go on, and whether the Lease was lost since."""
+
+    leading: bool
+    lost: threading.Event
+
+
+@contextlib.contextmanager
+def leading(
+    kube: Kube,
+    *,
+    enabled: bool,
+    namespace: str,
+    name: str,
+    identity: str,
+    stop: threading.Event,
+) -> Iterator[Leadership]:
+    """A replica's leader election around its work (``--leader-elect``): when ``enabled``,
+    ``lead`` first (``leading`` is False when ``stop`` came first), and release the Lease
+    on the way out; otherwise just go on."""
+    lost = threading.Event()
+    lock = None
+    if enabled:
+        lock = lead(kube, namespace=namespace, name=name, identity=identity, stop=stop, lost=lost)
+    try:
+        yield Leadership(leading=lock is not None or not enabled, lost=lost)
+    finally:
+        if lock is not None and lock.held:
+            lock.release()

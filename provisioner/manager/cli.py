@@ -173,40 +173,35 @@ def run_manager(args: argparse.Namespace) -> int:
     except errors.RukpakError as err:
         log.error("msg='failed' error=%r", err.message)
         return 1
-    lock: lease.LeaseLock | None = None
-    lost = threading.Event()
     server: webhook.Server | None = None
     try:
         if args.webhook_port:
             server = start_webhook(kube, args, settings.system_namespace, stop)
-        if args.leader_elect:
-            lock = lease.lead(
-                kube,
-                namespace=settings.system_namespace,
-                name=LEASE_NAME,
-                identity=default_identity(),
-                stop=stop,
-                lost=lost,
-            )
-            if lock is None:  # stopped while waiting for it
+        with lease.leading(
+            kube,
+            enabled=args.leader_elect,
+            namespace=settings.system_namespace,
+            name=LEASE_NAME,
+            identity=default_identity(),
+            stop=stop,
+        ) as leader:
+            if not leader.leading:  # stopped while waiting for the Lease
                 return 0
-        ctl = controller.Controller(
-            kube, settings, resolve=actuate.RegistryResolver(), resync=args.resync
-        )
-        ctl.start(workers=args.workers)
-        log.info("msg='manager started' system_namespace=%s", settings.system_namespace)
-        stop.wait()
-        ctl.stop()
+            ctl = controller.Controller(
+                kube, settings, resolve=actuate.RegistryResolver(), resync=args.resync
+            )
+            ctl.start(workers=args.workers)
+            log.info("msg='manager started' system_namespace=%s", settings.system_namespace)
+            stop.wait()
+            ctl.stop()
     except errors.RukpakError as err:
         log.error("msg='failed' error=%r", err.message)
         return 1
     finally:
-        if lock is not None and lock.held:
-            lock.release()
         if server is not None:
             server.stop()
         kube.close()
-    if lost.is_set():
+    if leader.lost.is_set():
         log.error("msg='lease lost; stopped reconciling'")
         return 1
     log.info("msg='stopped'")

@@ -14,7 +14,6 @@ import argparse
 import logging
 import os
 import socket
-import threading
 from typing import Any
 
 from csi.common import errors
@@ -95,46 +94,40 @@ def run_volumes(args: argparse.Namespace) -> int:
         log.error("msg='failed' error=%r", err.message)
         csi.close()
         return 1
-    lock: lease.LeaseLock | None = None
-    lost = threading.Event()
-
-    provisioner: controller.VolumeProvisioner | None = None
     try:
-        if args.leader_elect:
-            lock = lease.lead(
-                kube,
-                namespace=args.leader_election_namespace,
-                name=LEASE_NAME,
-                identity=default_identity(),
-                stop=stop,
-                lost=lost,
-            )
-            if lock is None:  # stopped while waiting for it
-                return 0
-        component = f"{driver}_{os.environ.get('POD_NAME') or socket.gethostname()}"
-        provisioner = controller.VolumeProvisioner(
+        with lease.leading(
             kube,
-            csi,
-            driver=driver,
-            recorder=Recorder(kube, component=component),
-            backoff=Backoff(
-                base=args.retry_interval_start, cap=args.retry_interval_max, jitter=0.1
-            ),
-        )
-        provisioner.start(workers=args.workers)
-        log.info("msg='provisioning' driver=%s csi_address=%s", driver, args.csi_address)
-        stop.wait()
+            enabled=args.leader_elect,
+            namespace=args.leader_election_namespace,
+            name=LEASE_NAME,
+            identity=default_identity(),
+            stop=stop,
+        ) as leader:
+            if not leader.leading:  # stopped while waiting for the Lease
+                return 0
+            component = f"{driver}_{os.environ.get('POD_NAME') or socket.gethostname()}"
+            provisioner = controller.VolumeProvisioner(
+                kube,
+                csi,
+                driver=driver,
+                recorder=Recorder(kube, component=component),
+                backoff=Backoff(
+                    base=args.retry_interval_start, cap=args.retry_interval_max, jitter=0.1
+                ),
+            )
+            provisioner.start(workers=args.workers)
+            try:
+                log.info("msg='provisioning' driver=%s csi_address=%s", driver, args.csi_address)
+                stop.wait()
+            finally:
+                provisioner.stop()  # before the Lease goes
     except errors.RukpakError as err:
         log.error("msg='failed' error=%r", err.message)
         return 1
     finally:
-        if provisioner is not None:
-            provisioner.stop()
-        if lock is not None and lock.held:
-            lock.release()
         kube.close()
         csi.close()
-    if lost.is_set():
+    if leader.lost.is_set():
         log.error("msg='lease lost; stopped provisioning'")
         return 1
     log.info("msg='stopped'")
