@@ -23,11 +23,12 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, Self, cast
 
 import zstandard
 
 from csi.common import errors
+from csi.image import ustar
 from csi.oci import mediatypes
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -68,7 +69,15 @@ class HeaderRefused(Exception):
 
 class _CappedTarInfo(tarfile.TarInfo):
     """``TarInfo`` that refuses oversized or endlessly chained extended headers
-    *before* ``tarfile`` reads them into memory."""
+    *before* ``tarfile`` reads them into memory, and reads common headers faster
+    (``csi.image.ustar``)."""
+
+    @classmethod
+    def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> Self:
+        fast = ustar.parse(cls, bytes(buf), encoding, errors)
+        if fast is not None:
+            return fast
+        return super().frombuf(buf, encoding, errors)
 
     def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
         if self.type not in _EXTENDED:

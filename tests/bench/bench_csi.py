@@ -168,15 +168,17 @@ class Node:
         self._lock = threading.Lock()
 
     def target(self) -> Path:
+        """A new target path whose parent exists, as kubelet leaves it: the CSI spec has
+        the CO create the parent, and the plugin create the target itself."""
         with self._lock:
             self._count += 1
             n = self._count
-        return self.plugin.kubelet_dir / "pods" / f"pod-{n:04d}" / "volumes" / "bundle"
+        return pod_target(self.plugin.kubelet_dir, n)
 
     def publish(self, image: str, target: Path) -> float:
         """Seconds one NodePublishVolume took."""
         request = csi_pb2.NodePublishVolumeRequest(
-            volume_id=f"vol-{target.parent.parent.name}",
+            volume_id=volume_id(target),
             target_path=str(target),
             volume_capability=mount_capability(),
             readonly=True,
@@ -188,7 +190,7 @@ class Node:
 
     def unpublish(self, target: Path) -> float:
         request = csi_pb2.NodeUnpublishVolumeRequest(
-            volume_id=f"vol-{target.parent.parent.name}", target_path=str(target)
+            volume_id=volume_id(target), target_path=str(target)
         )
         started = time.perf_counter()
         self.stub.NodeUnpublishVolume(request, timeout=60)
@@ -203,6 +205,17 @@ class Node:
         self.channel.close()
         self.plugin.stop()
         self.plugin.unmount_all()
+
+
+def pod_target(kubelet_dir: Path, n: int) -> Path:
+    """Pod ``n``'s target path, its parent made as kubelet makes it before a publish."""
+    volume = kubelet_dir / "pods" / f"pod-{n:04d}" / "volumes" / "bundle"
+    volume.mkdir(parents=True)
+    return volume / "mount"
+
+
+def volume_id(target: Path) -> str:
+    return f"vol-{target.parent.parent.parent.name}"
 
 
 def proc_status_mib(pid: int, field: str = "VmRSS") -> float:

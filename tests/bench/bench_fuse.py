@@ -52,10 +52,12 @@ from tests.bench.bench_csi import (
     Image,
     MiB,
     make_image,
+    pod_target,
     proc_status_mib,
     push,
     remove,
     sync,
+    volume_id,
     write_layer,
 )
 from tests.csi_helpers import PluginProcess, mount_capability, terminate
@@ -94,11 +96,11 @@ class FuseNode:
 
     def target(self) -> Path:
         self._count += 1
-        return self.plugin.kubelet_dir / "pods" / f"pod-{self._count:04d}" / "volumes" / "bundle"
+        return pod_target(self.plugin.kubelet_dir, self._count)
 
     def publish(self, image: str, target: Path, mode: str) -> float:
         request = csi_pb2.NodePublishVolumeRequest(
-            volume_id=f"vol-{target.parent.parent.name}",
+            volume_id=volume_id(target),
             target_path=str(target),
             volume_capability=mount_capability(),
             readonly=True,
