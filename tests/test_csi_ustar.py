@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import tarfile
+from typing import Literal
 
 import pytest
 
@@ -17,7 +18,7 @@ from csi.image import layerio, ustar
 ENC, ERR = "utf-8", "surrogateescape"
 
 
-def header(name: str, *, fmt: int = tarfile.USTAR_FORMAT, **fields: object) -> bytes:
+def header(name: str, *, fmt: Literal[0, 1, 2] = tarfile.USTAR_FORMAT, **fields: object) -> bytes:
     info = tarfile.TarInfo(name)
     for key, value in fields.items():
         setattr(info, key, value)

@@ -136,3 +136,13 @@ def read_json_or_set_aside(path: Path) -> Any | None:
             str(exc)[:200],
         )
         return None
+
+
+def unlink_size(path: Path) -> int:
+    """Remove the file at ``path``; the bytes it held (0 when it was not there)."""
+    try:
+        size = path.stat().st_size
+        path.unlink()
+    except FileNotFoundError:
+        return 0
+    return size

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from csi.common import errors
-from csi.common.fsio import fsync_dir
+from csi.common.fsio import fsync_dir, unlink_size
 from csi.oci import digest as digests
 
 ALGORITHM = "sha256"
@@ -154,13 +154,7 @@ class FileStore:
 
     def delete(self, digest: str) -> int:
         """Remove a file; returns the bytes freed (0 if absent)."""
-        path = self.path(digest)
-        try:
-            size = path.stat().st_size
-            path.unlink()
-        except FileNotFoundError:
-            return 0
-        return size
+        return unlink_size(self.path(digest))
 
     def digests(self) -> Iterator[str]:
         for entry in self.files_dir.iterdir():

@@ -104,7 +104,9 @@ class Trees:
                 slot = max(self._names, default=0) + 1
                 self._slots[name] = slot
                 self._names[slot] = name
-                write_json_atomic(self.slots_path, self._slots)
+                # Not fsynced: slots must outlive a plugin restart (the page cache does),
+                # and a power loss ends the mount they number.
+                write_json_atomic(self.slots_path, self._slots, durable=False)
             return slot
 
     def name(self, slot: int) -> str | None:

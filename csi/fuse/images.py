@@ -32,15 +32,15 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import Protocol
 
 from csi.common import errors
 from csi.common.fsio import read_json_or_set_aside, write_json_atomic
 from csi.fuse import index, lazy, unpack
 from csi.fuse.collect import Collector
 from csi.fuse.filestore import FileStore
-from csi.image import extract, layerio, seams
-from csi.image.grants import Grants, fingerprint
+from csi.image import extract, grants, layerio, layerstream, seams
+from csi.image.grants import Grants
 from csi.image.locks import KeyedLocks
 from csi.image.seams import PullerFactory, PullPolicy, StreamingPuller
 from csi.oci import digest as digests
@@ -144,21 +144,14 @@ class FuseImages:
                 self.collector.touch(digests.hex_of(cached))
                 return Ready(cached, digests.hex_of(cached), cache_hit=True)
             if pull_policy is PullPolicy.NEVER:
-                raise errors.FailedPrecondition(
-                    f"image {ref} ({platform}) is not present on this node and pullPolicy is "
-                    "Never; pre-pull it or use pullPolicy IfNotPresent"
-                )
+                raise grants.not_present(ref, platform)
             puller = self._puller_factory(credentials)
             try:
-                desc, manifest = puller.resolve_image(ref, platform)
-                digest = digests.check(desc.digest, what=str(ref))
-                self.grants.grant(ref, digest, credentials)  # they just resolved it
+                digest, manifest = self.grants.resolve(puller, ref, platform, credentials)
                 with self._digest_locks.hold(digest):
                     hit = self.has_tree(digest)
                     if not hit:
-                        private = fingerprint(ref, credentials) != "anonymous" and (
-                            not self.grants.is_public(ref, digest, platform)
-                        )
+                        private = self.grants.pulled_privately(ref, digest, platform, credentials)
                         with self.collector.pulling():
                             self._pull(_Job(puller, ref, digest, manifest, private, credentials))
                     self.collector.touch(digests.hex_of(digest))
@@ -166,7 +159,9 @@ class FuseImages:
                 seams.close(puller)
             with self._tags_lock:
                 self._tags[key] = digest
-                write_json_atomic(self.tags_path, self._tags)
+                # A cache of resolutions: not fsynced on the publish path (a torn file
+                # after a power loss is set aside and the tags resolved again).
+                write_json_atomic(self.tags_path, self._tags, durable=False)
             return Ready(digest, digests.hex_of(digest), cache_hit=hit)
 
     def _is_private(self, digest: str) -> bool:
@@ -313,28 +308,13 @@ class FuseImages:
         return sorted(p.stem for p in self.trees_dir.glob("*.json"))
 
 
-class _Raw(io.RawIOBase):
-    def __init__(self, stream: BinaryIO) -> None:
-        super().__init__()
-        self._stream = stream
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
-        data = self._stream.read(len(buffer))
-        n = len(data)
-        memoryview(buffer).cast("B")[:n] = data
-        return n
-
-
 def _source(puller: StreamingPuller, ref: Reference, desc: Descriptor) -> layerio.Source:
     @contextlib.contextmanager
     def open_layer() -> Iterator[io.BufferedReader]:
         # Leaving open_blob normally reads what the walker left (tar padding) and
         # checks size and digest: DataLoss fails the pull before the index is saved.
         with puller.open_blob(ref, desc) as stream:
-            yield io.BufferedReader(_Raw(stream), 1 << 20)
+            yield io.BufferedReader(layerstream.Tee(stream), layerstream.Tee.CHUNK)
 
     return open_layer
 

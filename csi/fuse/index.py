@@ -35,7 +35,6 @@ DIR = "d"
 FILE = "f"
 LINK = "l"
 FORMAT_VERSION = 1
-MAX_SYMLINK_HOPS = 40
 
 Refused = members.Refused  # an entry that is skipped and reported, not a failure
 
@@ -70,19 +69,7 @@ class Builder:
 
     def charge(self, size: int) -> None:
         """Count one entry (and its bytes) against the image's budgets."""
-        stats, limits = self.stats, self.limits
-        stats.entries += 1
-        stats.bytes += size
-        if stats.entries > limits.max_entries:
-            raise errors.ResourceExhausted(
-                f"image {self.image} has more than {limits.max_entries} files (the unpack "
-                "budget); use a smaller image or raise --max-unpacked-files"
-            )
-        if stats.bytes > limits.max_bytes:
-            raise errors.ResourceExhausted(
-                f"image {self.image} unpacks to more than {limits.max_bytes} bytes (the unpack "
-                "budget); use a smaller image or raise --max-unpacked-bytes"
-            )
+        self.stats.charge(size, self.limits, self.image)
 
     # --- the walk ---------------------------------------------------------------------
 
@@ -212,31 +199,14 @@ def escapes(root: Node, link: tuple[str, ...]) -> bool:
     """Whether the symlink at ``link`` resolves above ``root`` (as ``csi.image.tree.escapes``)."""
     node = _lookup(root, list(link))
     assert node is not None and node.kind == LINK
-    stack: list[str] = list(link[:-1])
-    pending = list(reversed(node.target.split("/")))
-    hops = 0
-    while pending:
-        comp = pending.pop()
-        if comp in ("", "."):
-            continue
-        if comp == "..":
-            if not stack:
-                return True
-            stack.pop()
-            continue
-        found = _lookup(root, [*stack, comp])
+
+    def probe(parts: list[str]) -> str | bool | None:
+        found = _lookup(root, parts)
         if found is None:
-            return False
-        if found.kind == LINK:
-            hops += 1
-            if hops > MAX_SYMLINK_HOPS:
-                return False
-            if found.target.startswith("/"):
-                return True
-            pending.extend(reversed(found.target.split("/")))
-            continue
-        stack.append(comp)
-    return False
+            return None
+        return found.target if found.kind == LINK else True
+
+    return members.resolves_above(link, node.target, probe)
 
 
 # --- the saved form -------------------------------------------------------------------

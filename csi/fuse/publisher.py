@@ -110,7 +110,8 @@ class FusePublisher:
                     return
             else:
                 self._records[key] = record
-            write_json_atomic(self.records_path, self._records)
+            # Not fsynced: records describe mounts, which a power loss ends anyway.
+            write_json_atomic(self.records_path, self._records, durable=False)
 
     def release(self, target: str) -> None:
         """Forget the record of ``target`` (after it was unmounted); idempotent."""

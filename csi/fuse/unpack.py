@@ -12,15 +12,10 @@ disk is ResourceExhausted — as in ``csi.image.extract``.
 
 from __future__ import annotations
 
-import errno
 import shutil
 import tarfile
-import zlib
 from collections.abc import Sequence
 
-import zstandard
-
-from csi.common import errors
 from csi.fuse import index
 from csi.fuse.filestore import FileIngest, FileStore
 from csi.image import extract, layerio, members
@@ -46,30 +41,19 @@ def build(
 
 
 def apply_layer(builder: index.Builder, store: FileStore, layer: layerio.Layer) -> None:
-    limits = builder.limits
-    stream_limit = limits.max_bytes + limits.max_entries * 1024 + (1 << 20)
     builder.begin_layer()
-    name = layer.digest or layer.path.name
-    image = builder.image
-    try:
-        with layerio.open_tar_stream(layer, limit=stream_limit, image=image) as tar:
-            for member in tar:
-                try:
-                    _apply_member(builder, store, tar, member)
-                except index.Refused as refused:
-                    builder.stats.warn(f"layer {name}: {member.name!r}: {refused}")
-    except errors.RukpakError:
-        raise
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise errors.ResourceExhausted(
-                f"image {image}: no space left on the node while storing layer {name}"
-            ) from exc
-        if exc.errno:
-            raise errors.Internal(f"image {image}: storing layer {name} failed: {exc}") from exc
-        raise members.unreadable(image, name, exc) from exc
-    except (tarfile.TarError, EOFError, zlib.error, zstandard.ZstdError) as exc:
-        raise members.unreadable(image, name, exc) from exc
+
+    def apply(tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
+        _apply_member(builder, store, tar, member)
+
+    members.apply_layer(
+        layer,
+        apply,
+        image=builder.image,
+        limits=builder.limits,
+        stats=builder.stats,
+        doing="storing",
+    )
 
 
 def _kind(member: tarfile.TarInfo) -> str:

@@ -51,7 +51,6 @@ from csi.common import errors
 from csi.common.fsio import write_json_atomic
 from csi.image import cachesync, extract, grants, layerstream, seams, tree
 from csi.image.cachestate import CacheState, Holder
-from csi.image.grants import fingerprint
 from csi.image.leases import Leases
 from csi.image.locks import KeyedLocks
 from csi.image.seams import Observer, Puller, PullerFactory, PullPolicy, StreamingPuller
@@ -215,21 +214,14 @@ class ImageCache:
                     )
                 return self._done(cached, holder, hit=True)
             if pull_policy is PullPolicy.NEVER:
-                raise errors.FailedPrecondition(
-                    f"image {ref} ({platform}) is not present on this node and pullPolicy is "
-                    "Never; pre-pull it or use pullPolicy IfNotPresent"
-                )
+                raise grants.not_present(ref, platform)
             puller = self._puller_factory(credentials)
             try:
-                desc, manifest = puller.resolve_image(ref, platform)
-                digest = digests.check(desc.digest, what=str(ref))
-                self.grants.grant(ref, digest, credentials)  # they just resolved it
+                digest, manifest = self.grants.resolve(puller, ref, platform, credentials)
                 with self._digest_locks.hold(digest), self.leases.lease([digest]):
                     hit = self.has_tree(digest)
                     if not hit:
-                        private = fingerprint(ref, credentials) != "anonymous" and (
-                            not self.grants.is_public(ref, digest, platform)
-                        )
+                        private = self.grants.pulled_privately(ref, digest, platform, credentials)
                         self._pull(puller, ref, digest, manifest, private=private)
             finally:
                 seams.close(puller)

@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from csi.common import errors
-from csi.image import layerio, tree
+from csi.image import members, tree
 from csi.image.layerio import Layer, compression_of, shown
 from csi.image.members import (
     OPAQUE_MARKER,
@@ -58,7 +58,6 @@ from csi.image.members import (
     final_mode,
     safe_symlink_target,
     split_name,
-    unreadable,
 )
 
 __all__ = ["ExtractStats", "Layer", "Limits", "compression_of", "extract_layers"]
@@ -187,58 +186,15 @@ class _Tree:
     # --- layers and entries ---------------------------------------------------------
 
     def apply_layer(self, layer: Layer) -> None:
-        # Tar headers and padding ride on top of member data; allow for them.
-        limits = self.limits
-        stream_limit = limits.max_bytes + limits.max_entries * 1024 + (1 << 20)
         self.touched = set()
         self.forget_dirs()
-        name = layer.digest or layer.path.name
-        image = self.image
-        try:
-            with layerio.open_tar_stream(layer, limit=stream_limit, image=image) as tar:
-                for member in tar:
-                    try:
-                        self.apply_member(tar, member)
-                    except Refused as refused:
-                        self.stats.warn(f"layer {name}: {shown(member.name)!r}: {refused}")
-        except errors.RukpakError:
-            raise
-        except layerio.HeaderRefused as exc:
-            raise errors.InvalidArgument(
-                f"image {image}: layer {name} refused: {exc}; rebuild the image with "
-                "ordinary file names"
-            ) from None
-        except Exception as exc:
-            if layerio.is_unreadable(exc):
-                raise unreadable(image, name, exc) from exc
-            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise errors.ResourceExhausted(
-                    f"image {image}: no space left on the node while unpacking layer {name}"
-                ) from exc
-            if isinstance(exc, OSError):
-                raise errors.Internal(
-                    f"image {image}: unpacking layer {name} failed: {shown(str(exc))}"
-                ) from exc
-            raise
-
-    def charge(self, size: int) -> None:
-        stats, limits = self.stats, self.limits
-        stats.entries += 1
-        stats.bytes += size
-        if stats.entries > limits.max_entries:
-            raise errors.ResourceExhausted(
-                f"image {self.image} has more than {limits.max_entries} files (the unpack "
-                "budget); use a smaller image or raise --max-unpacked-files"
-            )
-        if stats.bytes > limits.max_bytes:
-            raise errors.ResourceExhausted(
-                f"image {self.image} unpacks to more than {limits.max_bytes} bytes (the unpack "
-                "budget); use a smaller image or raise --max-unpacked-bytes"
-            )
+        members.apply_layer(
+            layer, self.apply_member, image=self.image, limits=self.limits, stats=self.stats
+        )
 
     def apply_member(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
         # Every header counts against the entry budget, even refused ones and whiteouts.
-        self.charge(member.size if member.isreg() else 0)
+        self.stats.charge(member.size if member.isreg() else 0, self.limits, self.image)
         parts = split_name(member.name)
         if not parts:
             return  # the root itself ("./"): keep our own root

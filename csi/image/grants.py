@@ -22,11 +22,21 @@ from collections.abc import Callable
 from csi.common import errors
 from csi.image import seams
 from csi.image.seams import PullerFactory, PullPolicy
+from csi.oci import digest as digests
 from csi.oci.auth import Credentials
-from csi.oci.manifest import Platform
+from csi.oci.manifest import Manifest, Platform
 from csi.oci.reference import Reference
 
 log = logging.getLogger(__name__)
+
+
+def not_present(ref: Reference, platform: Platform) -> errors.FailedPrecondition:
+    """The error for an image this node does not hold under ``pullPolicy: Never``."""
+    return errors.FailedPrecondition(
+        f"image {ref} ({platform}) is not present on this node and pullPolicy is "
+        "Never; pre-pull it or use pullPolicy IfNotPresent"
+    )
+
 
 DEFAULT_TTL = 60.0
 MAX_GRANTS = 4096
@@ -78,6 +88,29 @@ class Grants:
         key = (fingerprint(ref, credentials), digest)
         with self._lock:
             return self._until.get(key, 0.0) > self._clock()
+
+    def resolve(
+        self,
+        puller: seams.Puller,
+        ref: Reference,
+        platform: Platform,
+        credentials: Credentials | None,
+    ) -> tuple[str, Manifest]:
+        """Resolve ``ref`` with ``puller`` (the pod's credentials); its checked digest and
+        manifest. The credentials just read it, so they are granted it."""
+        desc, manifest = puller.resolve_image(ref, platform)
+        digest = digests.check(desc.digest, what=str(ref))
+        self.grant(ref, digest, credentials)
+        return digest, manifest
+
+    def pulled_privately(
+        self, ref: Reference, digest: str, platform: Platform, credentials: Credentials | None
+    ) -> bool:
+        """Whether a tree pulled now with ``credentials`` must be re-authorised per pod:
+        they are real credentials and anonymous access cannot read it."""
+        return fingerprint(ref, credentials) != "anonymous" and (
+            not self.is_public(ref, digest, platform)
+        )
 
     def is_public(self, ref: Reference, digest: str, platform: Platform) -> bool:
         """Whether ``digest`` can be read without credentials (asked once, at pull time)."""

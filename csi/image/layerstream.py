@@ -26,11 +26,12 @@ from csi.oci.reference import Reference
 
 
 class Tee(io.RawIOBase):
-    """Reads a blob stream and appends every byte read to the store's ingest file."""
+    """Reads a blob stream as a raw file and appends every byte read to the store's
+    ingest file ``sink`` (when there is one: FUSE mode stores files, not blobs)."""
 
     CHUNK = 1 << 20
 
-    def __init__(self, stream: BinaryIO, sink: Ingest) -> None:
+    def __init__(self, stream: BinaryIO, sink: Ingest | None = None) -> None:
         super().__init__()
         self._stream = stream
         self._sink = sink
@@ -42,13 +43,15 @@ class Tee(io.RawIOBase):
         data = self._stream.read(len(buffer))
         n = len(data)
         memoryview(buffer).cast("B")[:n] = data
-        self._sink.write(data)
+        if self._sink is not None:
+            self._sink.write(data)
         return n
 
     def drain(self) -> None:
         """Store what the extractor left unread (tar padding after the end marker)."""
         while data := self._stream.read(self.CHUNK):
-            self._sink.write(data)
+            if self._sink is not None:
+                self._sink.write(data)
 
 
 def layer_source(

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from csi.common import errors
-from csi.common.fsio import fsync_dir
+from csi.common.fsio import fsync_dir, unlink_size
 from csi.oci import digest as digests
 
 Fetch = Callable[[Path], None]
@@ -166,13 +166,9 @@ class ContentStore:
                 sink = Ingest(fd, digest=digest, size=size)
                 yield sink
                 sink.check()
-                os.fsync(fd)
-                os.fchmod(fd, 0o444)
             finally:
                 os.close(fd)
-            final.parent.mkdir(mode=0o700, exist_ok=True)
-            os.replace(tmp, final)
-            fsync_dir(final.parent)
+            self._commit(tmp, final)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -197,13 +193,7 @@ class ContentStore:
 
     def delete(self, digest: str) -> int:
         """Remove a blob; returns the bytes freed (0 if it was absent)."""
-        path = self.path(digest)
-        try:
-            size = path.stat().st_size
-            path.unlink()
-        except FileNotFoundError:
-            return 0
-        return size
+        return unlink_size(self.path(digest))
 
     def blobs(self) -> Iterator[BlobInfo]:
         for alg_dir in self.blobs_dir.iterdir():

@@ -17,8 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-MAX_SYMLINK_HOPS = 40
-
+from csi.image import members
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _UP_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -152,40 +151,18 @@ def remove(root: Path) -> None:
 
 
 def escapes(root: Path, link: tuple[str, ...]) -> bool:
-    """Whether the symlink at ``link`` (components under ``root``) resolves above ``root``.
+    """Whether the symlink at ``link`` (components under ``root``) resolves above ``root``
+    (:func:`csi.image.members.resolves_above`, probing the disk with lstat)."""
 
-    Resolves component by component with lstat, following in-tree symlinks as the
-    kernel would once the tree is mounted elsewhere. Missing components and loops
-    cannot escape (the kernel fails there), so they count as safe.
-    """
-    stack: list[str] = list(link[:-1])
-    pending: list[str] = [c for c in reversed(os.readlink(root.joinpath(*link)).split("/"))]
-    hops = 0
-    while pending:
-        comp = pending.pop()
-        if comp in ("", "."):
-            continue
-        if comp == "..":
-            if not stack:
-                return True
-            stack.pop()
-            continue
-        path = root.joinpath(*stack, comp)
+    def probe(parts: list[str]) -> str | bool | None:
+        path = root.joinpath(*parts)
         try:
             st = os.lstat(path)
         except OSError:
-            return False
-        if stat.S_ISLNK(st.st_mode):
-            hops += 1
-            if hops > MAX_SYMLINK_HOPS:
-                return False
-            target = os.readlink(path)
-            if target.startswith("/"):
-                return True  # absolute links were rewritten; one here points off-tree
-            pending.extend(reversed(target.split("/")))
-            continue
-        stack.append(comp)
-    return False
+            return None
+        return os.readlink(path) if stat.S_ISLNK(st.st_mode) else True
+
+    return members.resolves_above(link, os.readlink(root.joinpath(*link)), probe)
 
 
 def remove_escaping_symlinks(root: Path) -> list[str]:
