@@ -99,6 +99,16 @@ def test_opaque_whiteout_hides_lower_content_but_keeps_this_layers(tmp_path: Pat
     }
 
 
+def test_opaque_whiteout_in_the_first_layer_keeps_that_layers_content(tmp_path: Path) -> None:
+    only = [("d/a", "file", b"a"), ("d/.wh..wh..opq", "file"), ("d/b", "file", b"b")]
+    root, _ = unpack(tmp_path, only, [("d/c", "file", b"c"), ("d/.wh..wh..opq", "file")])
+    # the second layer's marker hides the first layer's files, the first layer's hid nothing
+    assert tree(root) == {"d": "dir", "d/c": "file:c"}
+    (tmp_path / "one").mkdir()
+    root, _ = unpack(tmp_path / "one", only)
+    assert tree(root) == {"d": "dir", "d/a": "file:a", "d/b": "file:b"}
+
+
 def test_a_file_replacing_a_directory_and_back(tmp_path: Path) -> None:
     root, _ = unpack(
         tmp_path, [("p/q", "file", b"1")], [("p", "file", b"now a file")], [("p/", "dir")]

@@ -114,6 +114,21 @@ def test_whiteouts_and_opaque_dirs_delete_lower_layers(tmp_path: Path, store: Fi
     assert sorted(idx.children[_row_id(idx, "opq")]) == ["new"]
 
 
+def test_opaque_marker_in_the_first_layer_hides_nothing(tmp_path: Path, store: FileStore) -> None:
+    only: list[tuple[str, str, bytes | str]] = [
+        ("f", "d/a", b"a"),
+        ("f", "d/.wh..wh..opq", b""),
+        ("f", "d/b", b"b"),
+    ]
+    root, _ = unpack.build(store, [_layer(tmp_path / "1.tgz", only)], image="img")
+    idx = index.from_rows("sha256:" + "0" * 64, index.flatten(root))
+    assert sorted(idx.children[_row_id(idx, "d")]) == ["a", "b"]
+    upper = _layer(tmp_path / "2.tgz", [("f", "d/c", b"c"), ("f", "d/.wh..wh..opq", b"")])
+    root, _ = unpack.build(store, [_layer(tmp_path / "1.tgz", only), upper], image="img")
+    idx = index.from_rows("sha256:" + "0" * 64, index.flatten(root))
+    assert sorted(idx.children[_row_id(idx, "d")]) == ["c"]
+
+
 def _row_id(idx: index.Index, path: str) -> int:
     row = idx.lookup(path)
     assert row is not None

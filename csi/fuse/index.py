@@ -62,10 +62,14 @@ class Builder:
     limits: extract.Limits = field(default_factory=extract.Limits)
     stats: extract.ExtractStats = field(default_factory=extract.ExtractStats)
     root: Node = field(default_factory=_new_dir)
-    _touched: set[tuple[str, ...]] = field(default_factory=set)
+    # What the current layer put in the tree, for opaque whiteouts; None in the first
+    # layer, where everything in the tree is the current layer's (nothing to clear).
+    _touched: set[tuple[str, ...]] | None = None
+    _layers: int = 0
 
     def begin_layer(self) -> None:
-        self._touched = set()
+        self._touched = set() if self._layers else None
+        self._layers += 1
 
     def charge(self, size: int) -> None:
         """Count one entry (and its bytes) against the image's budgets."""
@@ -104,8 +108,9 @@ class Builder:
             raise Refused(kind)
         if mode & 0o7000:
             self.stats.warn(f"{name!r}: setuid/setgid/sticky bits removed")
-        for i in range(1, len(parts) + 1):
-            self._touched.add(parts[:i])
+        if self._touched is not None:
+            for i in range(1, len(parts) + 1):
+                self._touched.add(parts[:i])
         self.parent(parts, create=True)
         return parts
 
@@ -149,22 +154,25 @@ class Builder:
         assert directory.children is not None
         base = parts[-1]
         if base == members.OPAQUE_MARKER:
-            self._clear_opaque(directory, parts[:-1])
+            if self._touched is not None:
+                self._clear_opaque(directory, parts[:-1], self._touched)
             return
         target = base[len(members.WHITEOUT_PREFIX) :]
         if target in ("", ".", ".."):
             raise Refused("whiteout of an invalid name")
         directory.children.pop(target, None)
 
-    def _clear_opaque(self, directory: Node, prefix: tuple[str, ...]) -> None:
+    def _clear_opaque(
+        self, directory: Node, prefix: tuple[str, ...], touched: set[tuple[str, ...]]
+    ) -> None:
         assert directory.children is not None
         for name in list(directory.children):
             path = (*prefix, name)
             child = directory.children[name]
-            if path not in self._touched:
+            if path not in touched:
                 del directory.children[name]
             elif child.kind == DIR:
-                self._clear_opaque(child, path)
+                self._clear_opaque(child, path, touched)
 
     # --- the end --------------------------------------------------------------------
 

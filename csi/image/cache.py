@@ -36,12 +36,10 @@ reference → digest → state, so they cannot deadlock.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
 import secrets
-import threading
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -49,7 +47,7 @@ from pathlib import Path
 
 from csi.common import errors
 from csi.common.fsio import write_json_atomic
-from csi.image import cachesync, extract, grants, layerstream, seams, tree
+from csi.image import cachesync, eviction, extract, grants, layerstream, seams, tree
 from csi.image.cachestate import CacheState, Holder
 from csi.image.leases import Leases
 from csi.image.locks import KeyedLocks
@@ -107,12 +105,16 @@ class ImageCache:
         self._digest_locks = KeyedLocks()
         self._blob_locks = KeyedLocks()
         self.leases = Leases()
-        self._evict_wanted = threading.Event()
-        self._evictor: threading.Thread | None = None
-        self._evictor_guard = threading.Lock()
-        self._evict_lock = threading.Lock()
         self.state = CacheState(root / "state.json")
         self._state_lock = self.state.lock
+        self.evictor = eviction.Evictor(
+            state=self.state,
+            store=self.store,
+            leases=self.leases,
+            unpacked_dir=self.unpacked_dir,
+            marker=self._marker,
+            budget=lambda: self.budget_bytes,
+        )
         self.syncer = cachesync.TreeSyncer(self.unpacked_dir, self._marker)
         self._remove_unfinished_trees()
 
@@ -139,7 +141,7 @@ class ImageCache:
             entry = self.unpacked_dir / name
             if ".tmp-" in name:
                 log.info("msg=%r path=%s", "removing unfinished tree", entry)
-                _remove_tree(entry)
+                eviction.remove_tree(entry)
             elif name.endswith(SEALED):
                 tree_name = name[: -len(SEALED)]
                 if tree_name not in names:
@@ -153,7 +155,7 @@ class ImageCache:
                         self.unpacked_dir / tree_name,
                     )
                     entry.unlink(missing_ok=True)
-                    _remove_tree(self.unpacked_dir / tree_name)
+                    eviction.remove_tree(self.unpacked_dir / tree_name)
                     self.state.forget_tree(tree_name)
                 elif marker.get("boot_id") and not marker.get("synced"):
                     self.syncer.request(f"sha256:{tree_name}")
@@ -163,7 +165,7 @@ class ImageCache:
                     write_json_atomic(entry.with_name(name + SEALED), {"digest": f"sha256:{name}"})
                     continue
                 log.warning("msg=%r path=%s", "removing a tree that was never sealed", entry)
-                _remove_tree(entry)
+                eviction.remove_tree(entry)
                 self.state.forget_tree(name)
 
     def tree_path(self, digest: str) -> Path:
@@ -332,7 +334,7 @@ class ImageCache:
             tree.seal_dirs(staging)  # the extractor created the files read-only
             os.replace(staging, self.tree_path(digest))
         except BaseException:
-            _remove_tree(staging)
+            eviction.remove_tree(staging)
             raise
         # Written last: a tree without its marker was never committed (see start-up).
         if self.durable:  # synced in the background; distrusted after a reboot until then
@@ -355,85 +357,18 @@ class ImageCache:
         with self._blob_locks.hold(desc.digest):
             self.store.put(desc.digest, desc.size, _fetcher(puller, ref, desc))
 
-    # --- eviction -----------------------------------------------------------------
+    # --- eviction (csi.image.eviction) -----------------------------------------------
 
     def usage(self) -> int:
         """Bytes held: blobs plus unpacked trees (as recorded)."""
-        return self.store.total_size() + self.state.tree_bytes()
-
-    def _blob_size(self, digest: str) -> int:
-        try:
-            return self.store.path(digest).stat().st_size
-        except OSError:
-            return 0
+        return self.evictor.usage()
 
     def _request_eviction(self) -> None:
-        """Evict in the background, outside every publish (one evictor thread at most)."""
-        if self.usage() <= self.budget_bytes:
-            return
-        self._evict_wanted.set()
-        with self._evictor_guard:
-            if self._evictor is None or not self._evictor.is_alive():
-                self._evictor = threading.Thread(target=self._evict_loop, name="evict")
-                self._evictor.daemon = True
-                self._evictor.start()
-
-    def _evict_loop(self) -> None:
-        while self._evict_wanted.is_set():
-            self._evict_wanted.clear()
-            try:
-                self.evict()
-            except Exception:  # logged; the next pull asks again
-                log.exception("msg=%r", "eviction failed")
+        self.evictor.request()
 
     def evict(self, *, keep: Collection[str] = ()) -> list[str]:
-        """Remove least recently used trees no target holds and no pull leases, until under
-        budget; returns the evicted manifest digests. Blobs no remaining tree lists go too.
-
-        Under the state lock a victim tree is only renamed away (atomic, fast), so no
-        publish can pick it up afterwards; the slow deletion runs after the lock is
-        released. Blobs are deleted only when no pull leases them (``csi.image.leases``).
-        """
-        with self._evict_lock:  # one eviction at a time; publishes never wait for it
-            return self._evict(keep)
-
-    def _evict(self, keep: Collection[str]) -> list[str]:
-        evicted: list[str] = []
-        doomed: list[Path] = []
-        blobs: set[str] = set()
-        with self._state_lock:
-            if self.usage() <= self.budget_bytes:
-                return evicted
-            held = self.state.held_trees() | {digests.hex_of(d) for d in keep}
-            for hex_ in self.state.lru_trees():
-                pending = blobs - self.state.blobs_in_use()
-                if self.usage() - sum(self._blob_size(b) for b in pending) <= self.budget_bytes:
-                    break
-                record = self.state.tree(f"sha256:{hex_}") or {}
-                digest = str(record.get("digest", f"sha256:{hex_}"))
-                if hex_ in held or self.leases.leased(digest):
-                    continue
-                grave = self.unpacked_dir / f"{hex_}.tmp-evict-{secrets.token_hex(4)}"
-                try:
-                    os.replace(self.unpacked_dir / hex_, grave)
-                except FileNotFoundError:
-                    pass
-                else:
-                    doomed.append(grave)
-                self.state.forget_tree(hex_)
-                blobs.update(b for b in record.get("blobs", []) if digests.is_valid(b))
-                evicted.append(digest)
-            blobs -= self.state.blobs_in_use()
-            self.state.save()
-        for digest in evicted:
-            self._marker(digest).unlink(missing_ok=True)
-        for blob in sorted(blobs):
-            self.leases.unless_leased(blob, functools.partial(self.store.delete, blob))
-        for grave in doomed:
-            _remove_tree(grave)
-        for digest in evicted:
-            log.info("msg=%r digest=%s", "evicted unused image", digest)
-        return evicted
+        """Evict until under budget, now (:meth:`csi.image.eviction.Evictor.evict`)."""
+        return self.evictor.evict(keep=keep)
 
 
 def _fetcher(puller: Puller, ref: Reference, desc: Descriptor) -> Fetch:
@@ -449,11 +384,3 @@ def _read_marker(path: Path) -> dict[str, object]:
     except (OSError, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}
-
-
-def _remove_tree(path: Path) -> None:
-    """Remove a tree (however deep, sealed or not); a failure is logged, never raised."""
-    try:
-        tree.remove(path)
-    except OSError as exc:
-        log.error("msg=%r path=%s error=%r", "cannot remove tree", path, str(exc)[:300])

@@ -119,7 +119,10 @@ class _Tree:
         self.umask = _current_umask()
         self.root_fd = os.open(root, _DIR_FLAGS)
         self._dirs: dict[tuple[str, ...], int] = {}
-        self.touched: set[tuple[str, ...]] = set()
+        # What the current layer put in the tree, for opaque whiteouts; None in the first
+        # layer, where everything in the tree is the current layer's (nothing to clear).
+        self.touched: set[tuple[str, ...]] | None = None
+        self._layers = 0
 
     def __enter__(self) -> _Tree:
         return self
@@ -186,7 +189,8 @@ class _Tree:
     # --- layers and entries ---------------------------------------------------------
 
     def apply_layer(self, layer: Layer) -> None:
-        self.touched = set()
+        self.touched = set() if self._layers else None
+        self._layers += 1
         self.forget_dirs()
         members.apply_layer(
             layer, self.apply_member, image=self.image, limits=self.limits, stats=self.stats
@@ -210,8 +214,9 @@ class _Tree:
             raise Refused(f"unsupported tar entry type {member.type!r}")
         if member.mode & 0o7000:
             self.stats.warn(f"{member.name!r}: setuid/setgid/sticky bits removed")
-        for i in range(1, len(parts) + 1):
-            self.touched.add(parts[:i])
+        if self.touched is not None:
+            for i in range(1, len(parts) + 1):
+                self.touched.add(parts[:i])
         try:
             dir_fd = self.parent(parts, create=True)
             if member.isreg():
@@ -308,22 +313,25 @@ class _Tree:
         base = parts[-1]
         dir_fd = self.parent(parts, create=True)
         if base == OPAQUE_MARKER:
-            self.clear_opaque(dir_fd, parts[:-1])
-            self.forget_dirs()
+            if self.touched is not None:
+                self.clear_opaque(dir_fd, parts[:-1], self.touched)
+                self.forget_dirs()
             return
         target = base[len(WHITEOUT_PREFIX) :]
         if target in ("", ".", ".."):
             raise Refused("whiteout of an invalid name")
         self.remove(target, dir_fd)
 
-    def clear_opaque(self, dir_fd: int, prefix: tuple[str, ...]) -> None:
+    def clear_opaque(
+        self, dir_fd: int, prefix: tuple[str, ...], touched: set[tuple[str, ...]]
+    ) -> None:
         """Delete everything under a directory except what the current layer put there."""
         for name in os.listdir(dir_fd):
             path = (*prefix, name)
             st = _lstat(name, dir_fd)
             if st is None:
                 continue
-            if path not in self.touched:
+            if path not in touched:
                 if stat.S_ISDIR(st.st_mode):
                     shutil.rmtree(name, dir_fd=dir_fd)
                 else:
@@ -331,7 +339,7 @@ class _Tree:
             elif stat.S_ISDIR(st.st_mode):
                 child = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
                 try:
-                    self.clear_opaque(child, path)
+                    self.clear_opaque(child, path, touched)
                 finally:
                     os.close(child)
 

@@ -82,10 +82,12 @@ class Refused(Exception):
 
 def split_name(name: str) -> tuple[str, ...]:
     """Normalise a member name into path components, refusing ``..``."""
-    parts = tuple(p for p in name.split("/") if p not in ("", "."))
-    if ".." in parts:
+    split = name.split("/")
+    if "" in split or "." in split:
+        split = [p for p in split if p not in ("", ".")]
+    if ".." in split:
         raise Refused("path contains '..'")
-    return parts
+    return tuple(split)
 
 
 def safe_symlink_target(parts: tuple[str, ...], target: str) -> str:
