@@ -15,6 +15,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from csi.common.flags import add_log_level
 from csi.common.logsetup import configure_logging
 from provisioner.instance import process as instance
 from provisioner.manager import cli as manager_cli
@@ -32,9 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(the unpack pod's process) and `volumes` (the PV provisioner of csi.rukpak.io "
         "StorageClasses).",
     )
-    parser.add_argument(
-        "--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default: INFO)"
-    )
+    add_log_level(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     instance.register(subparsers)
     manager_cli.register(subparsers)

@@ -13,15 +13,22 @@ The flow, in the order a provisioner uses it::
     kube = api.Kube.from_kubeconfig()                         # the one client adapter
     lock = api.lead(kube, namespace="rukpak-system", name="my-provisioner",
                     identity=pod_name, stop=stop, lost=lost)  # one active replica
-    queue = api.WorkQueue()                                   # dedup, delays, backoff
-    bds = api.Informer(kube, api.API_VERSION, "BundleDeployment",
-                       on_change=lambda bd: queue.add(bd["metadata"]["name"]))
+    workers = api.Workers(api.WorkQueue(), reconcile, log=log)  # reconcile(key) -> delay?
+    caches = api.InformerSet(kube, stop=workers.stopping)       # one stop, one watch timeout
+    bds = caches.add(api.API_VERSION, "BundleDeployment",
+                     on_change=lambda bd: workers.queue.add(bd["metadata"]["name"]))
+    caches.start()                                            # list, then watch
+    workers.start(1)                                          # retries with backoff
 
     pinned = api.fetch_bundle("registry.example.com/charts/web:v1", Path("/cache/web"))
     bundle = api.Bundle("my-format", tuple(api.parse_manifests("rendered.yaml", text)))
     result = api.install(kube, bundle, api.Options(name="web", namespace="web"))
     watcher = api.DriftWatcher(kube, "web", result.applied)   # .run() until .stop()
     api.uninstall(kube, "web")                                # on BundleDeployment deletion
+
+``Reconciler`` is the frame of such a controller as a base class (``kube``, ``queue``,
+``workers``, ``caches`` and one stop event): the helm provisioner's controller
+subclasses it. ``record_event`` writes an Event about a Bundle or BundleDeployment.
 
 A provisioner whose content is already a plain+v0 or registry+v1 tree can use
 ``load_bundle(root, format=...)``; ``register_format(name, loader)`` adds a loader
@@ -58,14 +65,19 @@ from provisioner.engine.formats import register as register_format
 from provisioner.engine.formats_plain import parse as _parse
 from provisioner.engine.health import Health, unhealthy
 from provisioner.engine.health import assess as assess_health
+from provisioner.engine.informers import InformerSet
 from provisioner.engine.inventory import DEFAULT_SYSTEM_NAMESPACE
 from provisioner.engine.kube import Kube
 from provisioner.engine.lifecycle import ObjectStatus, status, uninstall
 from provisioner.engine.listwatch import Informer
 from provisioner.engine.objects import FIELD_MANAGER, OWNER_LABEL, Obj, ObjectRef
-from provisioner.instance.lease import LeaseLock, lead
+from provisioner.instance.leader import lead
+from provisioner.instance.lease import LeaseLock
+from provisioner.manager import actions
+from provisioner.manager.events import record as record_event
 from provisioner.manager.generate import desired_bundle
 from provisioner.manager.queue import WorkQueue
+from provisioner.manager.workers import Reconciler, Workers
 
 GROUP = "core.rukpak.io"
 VERSION = "v1alpha1"
@@ -89,6 +101,7 @@ __all__ = [
     "DriftWatcher",
     "Health",
     "Informer",
+    "InformerSet",
     "Kube",
     "LeaseLock",
     "Manifest",
@@ -97,11 +110,14 @@ __all__ = [
     "ObjectStatus",
     "Options",
     "OwnershipConflict",
+    "Reconciler",
     "Result",
     "RukpakError",
     "Source",
     "UnknownKind",
     "WorkQueue",
+    "Workers",
+    "actions",
     "assess_health",
     "bundle_deployment_ref",
     "bundle_ref",
@@ -112,6 +128,7 @@ __all__ = [
     "lead",
     "load_bundle",
     "parse_manifests",
+    "record_event",
     "register_format",
     "status",
     "stop_on_signals",

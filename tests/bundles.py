@@ -39,10 +39,13 @@ def configmap(name: str, namespace: str | None = None, **data: str) -> dict[str,
 def crd(
     group: str,
     *,
-    versions: list[tuple[str, bool, bool]],
+    versions: list[tuple[str, bool, bool]] | None = None,
     spec_props: dict[str, Any] | None = None,
     annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """The Widget CRD of ``group``; ``versions`` are (name, served, storage), by default
+    one served and stored ``v1``."""
+    versions = versions or [("v1", True, True)]
     props = spec_props or {"size": {"type": "integer"}}
     meta: dict[str, Any] = {"name": f"widgets.{group}"}
     if annotations:
@@ -110,4 +113,25 @@ def bundle_doc(name: str, ref: str, *, cls: str = model.PLAIN_CLASS) -> dict[str
         "kind": model.BUNDLE,
         "metadata": {"name": name},
         "spec": {"provisionerClassName": cls, "source": {"type": "image", "image": {"ref": ref}}},
+    }
+
+
+def bundle_deployment(name: str, image: str, **spec: Any) -> dict[str, Any]:
+    """An upstream-style plain BundleDeployment of the bundle image ``image``; ``spec``
+    adds to (or replaces) its spec's fields."""
+    return {
+        "apiVersion": model.API_VERSION,
+        "kind": model.BUNDLE_DEPLOYMENT,
+        "metadata": {"name": name},
+        "spec": {
+            "provisionerClassName": model.PLAIN_CLASS,
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "provisionerClassName": model.PLAIN_CLASS,
+                    "source": {"type": "image", "image": {"ref": image}},
+                },
+            },
+            **spec,
+        },
     }

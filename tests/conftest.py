@@ -42,3 +42,9 @@ def kube(kube_apiserver: Any) -> Iterator[Kube]:
 def name() -> str:
     """A deployment (and namespace) name no other test uses."""
     return f"t-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def group(name: str) -> str:
+    """A CRD API group no other test uses (``<name>.example.com``)."""
+    return f"{name}.example.com"

@@ -34,6 +34,7 @@ from csi.oci.client import RegistryClient
 from csi.oci.manifest import Manifest
 from csi.oci.reference import Reference
 from csi.proto import csi_pb2, csi_pb2_grpc
+from tests.derived import below
 from tests.registry import RegistryServer
 
 Entry = tuple[Any, ...]
@@ -189,21 +190,10 @@ class PluginProcess:
     metrics_port: int = 0
     extra_args: tuple[str, ...] = ()
 
-    @property
-    def socket(self) -> Path:
-        return self.workdir / "csi.sock"
-
-    @property
-    def kubelet_dir(self) -> Path:
-        return self.workdir / "kubelet"
-
-    @property
-    def state_dir(self) -> Path:
-        return self.workdir / "state"
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / "plugin.log"
+    socket = below("workdir", "csi.sock")
+    kubelet_dir = below("workdir", "kubelet")
+    state_dir = below("workdir", "state")
+    log_path = below("workdir", "plugin.log")
 
     def start(self) -> PluginProcess:
         self.kubelet_dir.mkdir(parents=True, exist_ok=True)

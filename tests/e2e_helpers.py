@@ -130,14 +130,12 @@ class HostPlugin:
 
 @dataclass(frozen=True)
 class Mount:
-    """One line of /proc/self/mountinfo: where, and its per-mount options."""
+    """One line of /proc/self/mountinfo: where, its per-mount options, and whether
+    they hold ``ro``."""
 
     mount_point: Path
     options: tuple[str, ...]
-
-    @property
-    def read_only(self) -> bool:
-        return "ro" in self.options
+    read_only: bool
 
 
 def mounts_under(root: Path) -> list[Mount]:
@@ -149,7 +147,8 @@ def mounts_under(root: Path) -> list[Mount]:
         fields = line.split(" ")
         point = Path(_OCTAL.sub(lambda m: chr(int(m.group(1), 8)), fields[4]))
         if point.is_relative_to(real):
-            found.append(Mount(point, tuple(fields[5].split(","))))
+            options = tuple(fields[5].split(","))
+            found.append(Mount(point, options, read_only="ro" in options))
     return found
 
 

@@ -40,7 +40,9 @@ import yaml
 from provisioner.engine.kube import Kube
 from tests import e2e_helpers as e2e
 from tests import image_helpers
+from tests.bundles import bundle_deployment as bundle_deployment
 from tests.cluster import bins
+from tests.derived import below
 from tests.polling import eventually
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -130,9 +132,9 @@ class RukpakSystem:
     manifests: Path  # the rendered overlay, exactly what was applied
     namespace: str = NAMESPACE
 
-    @property
-    def kubeconfig(self) -> Path:
-        return Path(self.cluster.kubeconfig)
+    kubeconfig = below("cluster.kubeconfig")
+    kubelet_dir = below("cluster.kubelet_dir")
+    state_dir = below("workdir", "plugin-state")
 
     @property
     def registry_host(self) -> str:
@@ -141,14 +143,6 @@ class RukpakSystem:
     @property
     def busybox_image(self) -> str:
         return str(self.cluster.busybox_image)
-
-    @property
-    def kubelet_dir(self) -> Path:
-        return Path(self.cluster.kubelet_dir)
-
-    @property
-    def state_dir(self) -> Path:
-        return self.workdir / "plugin-state"
 
     def kubectl(
         self, *args: str, timeout: float = 60, check: bool = True, stdin: str | None = None
@@ -208,26 +202,6 @@ def hello_bundle(target: Path, *, namespace: str, image: str, greeting: str = ""
             doc["data"]["greeting"] = greeting
         (manifests / path.name).write_text(yaml.safe_dump(doc))
     return target
-
-
-def bundle_deployment(name: str, image: str, **spec: Any) -> dict[str, Any]:
-    """An upstream-style plain BundleDeployment of the bundle image ``image``."""
-    return {
-        "apiVersion": "core.rukpak.io/v1alpha1",
-        "kind": "BundleDeployment",
-        "metadata": {"name": name},
-        "spec": {
-            "provisionerClassName": "core-rukpak-io-plain",
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "provisionerClassName": "core-rukpak-io-plain",
-                    "source": {"type": "image", "image": {"ref": image}},
-                },
-            },
-            **spec,
-        },
-    }
 
 
 def conditions(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from tests.httpreply import reply
+
 GIT_HTTP_BACKEND = "/usr/lib/git-core/git-http-backend"
 USERNAME = "bundles"
 PASSWORD = "s3cret-pass"
@@ -130,10 +132,7 @@ class SourceServer:
             def _authorized(self) -> bool:
                 if not server.auth or self.headers.get("Authorization") == expected:
                     return True
-                self.send_response(401)
-                self.send_header("WWW-Authenticate", 'Basic realm="bundles"')
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+                reply(self, 401, headers=[("WWW-Authenticate", 'Basic realm="bundles"')])
                 return False
 
             def do_GET(self) -> None:
@@ -162,11 +161,7 @@ class SourceServer:
                     if data is None:
                         self.send_error(404)
                         return
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/gzip")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
+                    reply(self, 200, data, headers=[("Content-Type", "application/gzip")])
                     return
                 if path.startswith("/git/"):
                     self._git(path[len("/git") :])
@@ -174,10 +169,7 @@ class SourceServer:
                 self.send_error(404)
 
             def _redirect(self, location: str) -> None:
-                self.send_response(302)
-                self.send_header("Location", location)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+                reply(self, 302, headers=[("Location", location)])
 
             def _git(self, rest: str) -> None:
                 path_info, _, query = rest.partition("?")
@@ -215,12 +207,7 @@ class SourceServer:
                         status = int(value.strip().split()[0])
                     elif key:
                         headers.append((key, value.strip()))
-                self.send_response(status)
-                for key, value in headers:
-                    self.send_header(key, value)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                reply(self, status, payload, headers=headers)
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True

@@ -25,9 +25,8 @@ pytestmark = pytest.mark.cluster
 
 
 def test_a_bundle_with_a_crd_and_its_resources_installs_in_one_revision(
-    kube: Kube, name: str, tmp_path: Path
+    kube: Kube, name: str, group: str, tmp_path: Path
 ) -> None:
-    group = f"{name}.example.com"
     bundle = write_bundle(
         tmp_path,
         {
@@ -35,7 +34,7 @@ def test_a_bundle_with_a_crd_and_its_resources_installs_in_one_revision(
                 widget(group, "v1", "w1", {"size": 1}),
                 widget(group, "v1", "w2", {"size": 2}),
             ],
-            "01_crd.yaml": [crd(group, versions=[("v1", True, True)])],
+            "01_crd.yaml": [crd(group)],
             "02_ns.yaml": [namespace(name), configmap("settings", mode="fast")],
         },
     )
@@ -191,7 +190,7 @@ class TestCRDUpgradeSafety:
     def install_v1(self, kube: Kube, name: str, tmp_path: Path, size: int) -> str:
         """The Widget CRD at v1 and one Widget ``w`` of ``size``; the CRD's group."""
         group = f"{name}.example.com"
-        v1 = crd(group, versions=[("v1", True, True)])
+        v1 = crd(group)
         self.install(kube, name, tmp_path, v1, widget(group, "v1", "w", {"size": size}))
         return group
 
@@ -249,7 +248,6 @@ class TestCRDUpgradeSafety:
         group = self.install_v1(kube, name, tmp_path, 50)
         tighter = crd(
             group,
-            versions=[("v1", True, True)],
             spec_props={"size": {"type": "integer", "maximum": 10}},
             annotations={"core.rukpak.io/crd-upgrade-safety": "disabled"},
         )

@@ -38,20 +38,10 @@ def test_diff_shows_creates_updates_and_prunes_without_writing(
 
 
 def test_diff_of_a_fresh_bundle_with_its_own_namespace_and_crd_only_creates(
-    kube: Kube, name: str, tmp_path: Path
+    kube: Kube, name: str, group: str, tmp_path: Path
 ) -> None:
-    group = f"{name}.example.com"
-    bundle = write_bundle(
-        tmp_path,
-        {
-            "a.yaml": [
-                namespace(name),
-                configmap("c"),
-                crd(group, versions=[("v1", True, True)]),
-                widget(group, "v1", "w", {"size": 1}),
-            ]
-        },
-    )
+    docs = [namespace(name), configmap("c"), crd(group), widget(group, "v1", "w", {"size": 1})]
+    bundle = write_bundle(tmp_path, {"a.yaml": docs})
     actions = {
         c.ref.kind: c.action
         for c in diff.plan(kube, bundle, apply.Options(name=name, namespace=name))

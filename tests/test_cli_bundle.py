@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from csi.oci.client import RegistryClient
 from csi.oci.manifest import Manifest
 from csi.oci.reference import Reference
 from provisioner.cli import bundle as bundle_cli
-from provisioner.cli import main as cli
+from provisioner.cli import main as cli_main
 from tests.registry import RegistryServer, free_port
 
 NAMESPACE = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: hello\n"
@@ -43,15 +44,15 @@ class Result:
         return json.loads(self.out)
 
 
+@dataclass
 class Rukpak:
     """Runs the CLI in-process; usage errors (SystemExit) become exit codes too."""
 
-    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
-        self.capsys = capsys
+    capsys: pytest.CaptureFixture[str]
 
     def __call__(self, *argv: str | Path) -> Result:
         try:
-            code = cli.main([str(a) for a in argv])
+            code = cli_main.main([str(a) for a in argv])
         except SystemExit as exc:
             code = int(exc.code or 0)
         captured = self.capsys.readouterr()
@@ -82,6 +83,29 @@ def make_bundle(root: Path, files: dict[str, str] | None = None) -> Path:
     return root
 
 
+@dataclass
+class RegistryCli(Rukpak):
+    """The CLI for the tests against the session's registry, with the test's temp dir."""
+
+    registry: RegistryServer
+    tmp_path: Path
+
+    def ref(self, repo_and_tag: str) -> str:
+        """``<registry host>/cli/<repo_and_tag>``."""
+        return f"{self.registry.host}/cli/{repo_and_tag}"
+
+    def bundle(self, files: dict[str, str] | None = None) -> Path:
+        """A bundle directory in the temp dir (see :func:`make_bundle`)."""
+        return make_bundle(self.tmp_path / "b", files)
+
+
+@pytest.fixture
+def cli(
+    capsys: pytest.CaptureFixture[str], registry: RegistryServer, tmp_path: Path
+) -> RegistryCli:
+    return RegistryCli(capsys, registry, tmp_path)
+
+
 def file_paths(inspection: dict[str, Any]) -> list[str]:
     return [f["path"] for layer in inspection["layers"] for f in layer["files"]]
 
@@ -90,15 +114,13 @@ def file_paths(inspection: dict[str, Any]) -> list[str]:
 
 
 @pytest.mark.registry
-def test_build_push_and_inspect_a_single_platform_bundle(
-    registry: RegistryServer, tmp_path: Path, rukpak: Rukpak
-) -> None:
-    ref = f"{registry.host}/cli/single:v1"
-    built = rukpak.ok("bundle", "build", make_bundle(tmp_path / "b"), "--tag", ref, "--push")
+def test_build_push_and_inspect_a_single_platform_bundle(cli: RegistryCli) -> None:
+    ref = cli.ref("single:v1")
+    built = cli.ok("bundle", "build", cli.bundle(), "--tag", ref, "--push")
     assert f"pushed {ref}@sha256:" in built.err
     assert "(2 blobs," in built.err  # the config and the layer; manifests are counted apart
 
-    inspected = rukpak.ok("bundle", "inspect", ref, "--json")
+    inspected = cli.ok("bundle", "inspect", ref, "--json")
     report = inspected.json()
     assert report["mediaType"] == mediatypes.OCI_MANIFEST
     assert report["digest"] in built.err
@@ -112,19 +134,17 @@ def test_build_push_and_inspect_a_single_platform_bundle(
 
 
 @pytest.mark.registry
-def test_a_registry_v1_bundle_keeps_its_metadata_in_the_image(
-    registry: RegistryServer, tmp_path: Path, rukpak: Rukpak
-) -> None:
-    ref = f"{registry.host}/cli/with-metadata:v1"
-    bundle = make_bundle(tmp_path / "b")
+def test_a_registry_v1_bundle_keeps_its_metadata_in_the_image(cli: RegistryCli) -> None:
+    ref = cli.ref("with-metadata:v1")
+    bundle = cli.bundle()
     (bundle / "metadata").mkdir()
     annotations = "annotations:\n  operators.operatorframework.io.bundle.package.v1: hello\n"
     (bundle / "metadata" / "annotations.yaml").write_text(annotations)
     (bundle / ".git").mkdir()
-    built = rukpak.ok("bundle", "build", bundle, "--tag", ref, "--push")
+    built = cli.ok("bundle", "build", bundle, "--tag", ref, "--push")
     assert "left out hidden entries: .git" in built.err
 
-    report = rukpak("bundle", "inspect", ref, "--json").json()
+    report = cli("bundle", "inspect", ref, "--json").json()
     assert file_paths(report) == [
         "manifests",
         "manifests/01_ns.yaml",
@@ -134,10 +154,10 @@ def test_a_registry_v1_bundle_keeps_its_metadata_in_the_image(
     ]
     sizes = {f["path"]: f["size"] for f in report["layers"][0]["files"]}
     assert sizes["metadata/annotations.yaml"] == len(annotations)
-    text = rukpak("bundle", "inspect", ref)
+    text = cli("bundle", "inspect", ref)
     assert "metadata/annotations.yaml" in text.out
 
-    local = rukpak("bundle", "build", bundle, "-t", ref, "-o", tmp_path / "layout")
+    local = cli("bundle", "build", bundle, "-t", ref, "-o", cli.tmp_path / "layout")
     assert local.code == 0 and "; 3 files)" in local.err, local.err
 
 
@@ -153,84 +173,72 @@ def test_a_socket_beside_manifests_is_refused_naming_it(tmp_path: Path, rukpak: 
 
 
 @pytest.mark.registry
-def test_a_multi_platform_index_carries_each_platforms_own_files(
-    registry: RegistryServer, tmp_path: Path, rukpak: Rukpak
-) -> None:
-    ref = f"{registry.host}/cli/multi:v1"
-    common = make_bundle(tmp_path / "common")
-    arm = make_bundle(tmp_path / "arm", {"arm-only.yaml": CONFIGMAP})
-    built = rukpak(
+def test_a_multi_platform_index_carries_each_platforms_own_files(cli: RegistryCli) -> None:
+    ref = cli.ref("multi:v1")
+    common = make_bundle(cli.tmp_path / "common")
+    arm = make_bundle(cli.tmp_path / "arm", {"arm-only.yaml": CONFIGMAP})
+    built = cli(
         "bundle", "build", common, "--tag", ref, "--push",
         "--platform", "linux/amd64", "--platform", "linux/s390x",
         "--platform-dir", f"linux/arm64={arm}",
     )  # fmt: skip
     assert built.code == 0, built.err
 
-    arm_report = rukpak("bundle", "inspect", ref, "--platform", "linux/arm64", "--json").json()
+    arm_report = cli("bundle", "inspect", ref, "--platform", "linux/arm64", "--json").json()
     assert arm_report["mediaType"] == mediatypes.OCI_INDEX
     assert arm_report["platforms"] == ["linux/amd64", "linux/s390x", "linux/arm64/v8"]
     assert arm_report["platform"] == "linux/arm64/v8"
     assert file_paths(arm_report) == ["manifests", "manifests/arm-only.yaml"]
 
-    amd_report = rukpak("bundle", "inspect", ref, "--platform", "linux/amd64", "--json").json()
+    amd_report = cli("bundle", "inspect", ref, "--platform", "linux/amd64", "--json").json()
     assert amd_report["digest"] == arm_report["digest"]
     assert file_paths(amd_report) == ["manifests", "manifests/01_ns.yaml", "manifests/02_cm.yaml"]
 
-    text = rukpak.ok("bundle", "inspect", ref, "--platform", "linux/arm64")
+    text = cli.ok("bundle", "inspect", ref, "--platform", "linux/arm64")
     assert "Platforms:  linux/amd64, linux/s390x, linux/arm64/v8" in text.out
     assert "manifests/arm-only.yaml" in text.out
 
 
 @pytest.mark.registry
-def test_a_layout_is_pushed_to_the_reference_it_was_built_for(
-    registry: RegistryServer, tmp_path: Path, rukpak: Rukpak
-) -> None:
-    ref = f"{registry.host}/cli/layout:v2"
-    layout = tmp_path / "layout"
-    rukpak.ok("bundle", "build", make_bundle(tmp_path / "b"), "-t", ref, "-o", layout)
+def test_a_layout_is_pushed_to_the_reference_it_was_built_for(cli: RegistryCli) -> None:
+    ref = cli.ref("layout:v2")
+    layout = cli.tmp_path / "layout"
+    cli.ok("bundle", "build", cli.bundle(), "-t", ref, "-o", layout)
     assert (layout / "oci-layout").is_file()
 
-    first = rukpak.ok("bundle", "push", layout)
+    first = cli.ok("bundle", "push", layout)
     assert f"pushed {ref}@sha256:" in first.err
 
-    second = rukpak.ok("bundle", "push", layout, f"{registry.host}/cli/layout-copy:v2")
+    second = cli.ok("bundle", "push", layout, cli.ref("layout-copy:v2"))
     assert "(0 blobs," not in second.err  # another repository gets its own blobs
 
 
 @pytest.mark.registry
-def test_pushing_the_same_image_again_sends_no_blob(
-    registry: RegistryServer, tmp_path: Path, rukpak: Rukpak
-) -> None:
-    ref = f"{registry.host}/cli/again:v1"
-    bundle = make_bundle(tmp_path / "b")
-    rukpak.ok("bundle", "push", "--from-dir", bundle, ref)
-    again = rukpak.ok("bundle", "push", "--from-dir", bundle, ref)
+def test_pushing_the_same_image_again_sends_no_blob(cli: RegistryCli) -> None:
+    ref = cli.ref("again:v1")
+    bundle = cli.bundle()
+    cli.ok("bundle", "push", "--from-dir", bundle, ref)
+    again = cli.ok("bundle", "push", "--from-dir", bundle, ref)
     assert "(0 blobs, 0 B; 2 already present)" in again.err
 
 
 @pytest.mark.registry
-def test_progress_reports_bytes_per_blob_when_asked(
-    registry: RegistryServer, tmp_path: Path, rukpak: Rukpak
-) -> None:
-    bundle = make_bundle(tmp_path / "b")
+def test_progress_reports_bytes_per_blob_when_asked(cli: RegistryCli) -> None:
+    bundle = cli.bundle()
     filler = "x" * 64 + "\n"
     (bundle / "manifests" / "big.yaml").write_text(
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: big}\ndata:\n  blob: |\n"
         + "".join(f"    {os.urandom(24).hex()}{filler}" for _ in range(20000))
     )
-    result = rukpak.ok(
-        "bundle", "push", "--from-dir", bundle, f"{registry.host}/cli/progress:v1", "--progress"
-    )
+    result = cli.ok("bundle", "push", "--from-dir", bundle, cli.ref("progress:v1"), "--progress")
     assert re.search(r"\d+\.\d KiB / \d+\.\d KiB +100%", result.err), result.err
     assert "  0%" in result.err
 
 
 @pytest.mark.registry
 @pytest.mark.slow
-def test_a_bundle_larger_than_one_upload_chunk_streams_in_parts(
-    registry: RegistryServer, tmp_path: Path, rukpak: Rukpak
-) -> None:
-    bundle = make_bundle(tmp_path / "b")
+def test_a_bundle_larger_than_one_upload_chunk_streams_in_parts(cli: RegistryCli) -> None:
+    bundle = cli.bundle()
     # ~24 MiB of base64 text compresses to ~18 MiB: more than one 16 MiB PATCH chunk.
     with (bundle / "manifests" / "big.yaml").open("w") as out:
         out.write("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: big}\nbinaryData:\n")
@@ -238,10 +246,10 @@ def test_a_bundle_larger_than_one_upload_chunk_streams_in_parts(
         for _ in range(24):
             out.write(base64.b64encode(os.urandom(3 << 18)).decode())
         out.write("\n")
-    ref = f"{registry.host}/cli/large:v1"
-    pushed = rukpak.ok("bundle", "push", "--from-dir", bundle, ref, "--progress")
+    ref = cli.ref("large:v1")
+    pushed = cli.ok("bundle", "push", "--from-dir", bundle, ref, "--progress")
     assert re.search(r" [1-9]\d%", pushed.err), pushed.err  # a partial step was reported
-    report = rukpak("bundle", "inspect", ref, "--json").json()
+    report = cli("bundle", "inspect", ref, "--json").json()
     sizes = {f["path"]: f["size"] for f in report["layers"][0]["files"]}
     assert sizes["manifests/big.yaml"] == (bundle / "manifests" / "big.yaml").stat().st_size
 
@@ -270,54 +278,46 @@ def test_pushing_to_a_dead_registry_fails_fast_with_a_clear_error(
 
 
 @pytest.mark.registry
-def test_inspecting_a_missing_tag_exits_1_naming_it(
-    registry: RegistryServer, rukpak: Rukpak
-) -> None:
-    ref = f"{registry.host}/cli/nothing-here:v9"
-    result = rukpak.fails("bundle", "inspect", ref)
+def test_inspecting_a_missing_tag_exits_1_naming_it(cli: RegistryCli) -> None:
+    ref = cli.ref("nothing-here:v9")
+    result = cli.fails("bundle", "inspect", ref)
     assert result.err.startswith("error: ")
     assert "cli/nothing-here" in result.err and "not found" in result.err.lower()
 
 
 @pytest.mark.registry
-def test_inspecting_a_platform_the_index_lacks_lists_what_it_offers(
-    registry: RegistryServer, tmp_path: Path, rukpak: Rukpak
-) -> None:
-    ref = f"{registry.host}/cli/two:v1"
-    bundle = make_bundle(tmp_path / "b")
-    rukpak.ok(
-        "bundle", "build", bundle, "-t", ref, "--platform", "linux/amd64,linux/arm64", "--push"
-    )
-    result = rukpak.fails("bundle", "inspect", ref, "--platform", "windows/amd64")
+def test_inspecting_a_platform_the_index_lacks_lists_what_it_offers(cli: RegistryCli) -> None:
+    ref = cli.ref("two:v1")
+    bundle = cli.bundle()
+    cli.ok("bundle", "build", bundle, "-t", ref, "--platform", "linux/amd64,linux/arm64", "--push")
+    result = cli.fails("bundle", "inspect", ref, "--platform", "windows/amd64")
     assert "linux/amd64, linux/arm64/v8" in result.err
 
 
 @pytest.mark.registry
 @pytest.mark.parametrize("where", ["gzip-trailer", "deflate-stream"])
 def test_a_layer_tampered_with_in_the_registry_is_reported_as_data_loss(
-    registry: RegistryServer, tmp_path: Path, rukpak: Rukpak, where: str
+    cli: RegistryCli, where: str
 ) -> None:
-    ref = f"{registry.host}/cli/tampered-{where}:v1"
+    ref = cli.ref(f"tampered-{where}:v1")
     unique = CONFIGMAP.replace("hi", f"tamper-{os.urandom(8).hex()}")
-    bundle = make_bundle(tmp_path / "b", {"cm.yaml": unique})
-    rukpak.ok("bundle", "push", "--from-dir", bundle, ref)
-    layer = rukpak("bundle", "inspect", ref, "--json").json()["layers"][0]
-    stored = registry.blob_path(layer["digest"])
+    bundle = cli.bundle({"cm.yaml": unique})
+    cli.ok("bundle", "push", "--from-dir", bundle, ref)
+    layer = cli("bundle", "inspect", ref, "--json").json()["layers"][0]
+    stored = cli.registry.blob_path(layer["digest"])
     data = bytearray(stored.read_bytes())
     # The trailer's CRC-32 is never read by a tar lister (only the digest catches
     # it); a flipped byte in the deflate data breaks decompression first.
     data[-6 if where == "gzip-trailer" else len(data) // 2] ^= 0xFF
     stored.write_bytes(bytes(data))
-    result = rukpak.fails("bundle", "inspect", ref)
+    result = cli.fails("bundle", "inspect", ref)
     assert layer["digest"] in result.err
     assert "does not match" in result.err
 
 
 @pytest.mark.registry
-def test_an_image_whose_layer_is_not_a_tar_is_not_listed_as_a_bundle(
-    registry: RegistryServer, rukpak: Rukpak
-) -> None:
-    ref = Reference.parse(f"{registry.host}/cli/not-a-tar:v1")
+def test_an_image_whose_layer_is_not_a_tar_is_not_listed_as_a_bundle(cli: RegistryCli) -> None:
+    ref = Reference.parse(cli.ref("not-a-tar:v1"))
     with RegistryClient() as client:
         layer = client.push_blob(
             ref, b"this is not gzip at all", media_type=mediatypes.OCI_LAYER_GZIP
@@ -327,7 +327,7 @@ def test_an_image_whose_layer_is_not_a_tar_is_not_listed_as_a_bundle(
         config.media_type = mediatypes.OCI_CONFIG
         body = Manifest(mediatypes.OCI_MANIFEST, config, [layer]).to_json()
         client.push_manifest(ref, body, mediatypes.OCI_MANIFEST)
-    result = rukpak.fails("bundle", "inspect", str(ref))
+    result = cli.fails("bundle", "inspect", str(ref))
     assert "is not a readable application/vnd.oci.image.layer.v1.tar+gzip" in result.err
 
 
@@ -355,17 +355,17 @@ def tar_of(files: dict[str, bytes]) -> bytes:
     ids=["tar", "zstd", "docker-gzip"],
 )
 def test_images_built_by_other_tools_are_listed_whatever_their_compression(
-    registry: RegistryServer, rukpak: Rukpak, media_type: str, compress: Any
+    cli: RegistryCli, media_type: str, compress: Any
 ) -> None:
     tag = media_type.rsplit(".", 1)[-1].replace("+", "-")
-    ref = Reference.parse(f"{registry.host}/cli/foreign:{tag}")
+    ref = Reference.parse(cli.ref(f"foreign:{tag}"))
     raw = tar_of({"manifests/cm.yaml": CONFIGMAP.encode()})
     with RegistryClient() as client:
         layer = client.push_blob(ref, compress(raw), media_type=media_type)
         config = client.push_blob(ref, b"{}", media_type=mediatypes.OCI_CONFIG)
         body = Manifest(mediatypes.OCI_MANIFEST, config, [layer]).to_json()
         client.push_manifest(ref, body, mediatypes.OCI_MANIFEST)
-    result = rukpak.ok("bundle", "inspect", str(ref))
+    result = cli.ok("bundle", "inspect", str(ref))
     assert f"{len(CONFIGMAP)} B  manifests/cm.yaml" in result.out
     assert "manifests/link.yaml  (symlink)" in result.out
     assert media_type in result.out
@@ -387,20 +387,16 @@ def test_insecure_allows_plain_http_to_the_named_registry_only() -> None:
 
 
 @pytest.mark.registry
-def test_a_layout_missing_a_blob_is_refused_before_the_tag_moves(
-    registry: RegistryServer, tmp_path: Path, rukpak: Rukpak
-) -> None:
-    ref = f"{registry.host}/cli/incomplete:v1"
-    layout = tmp_path / "layout"
+def test_a_layout_missing_a_blob_is_refused_before_the_tag_moves(cli: RegistryCli) -> None:
+    ref = cli.ref("incomplete:v1")
+    layout = cli.tmp_path / "layout"
     unique = CONFIGMAP.replace("hi", f"missing-{os.urandom(8).hex()}")
-    rukpak.ok(
-        "bundle", "build", make_bundle(tmp_path / "b", {"cm.yaml": unique}), "-t", ref, "-o", layout
-    )
+    cli.ok("bundle", "build", cli.bundle({"cm.yaml": unique}), "-t", ref, "-o", layout)
     biggest = max((layout / "blobs" / "sha256").iterdir(), key=lambda p: p.stat().st_size)
     biggest.unlink()
-    result = rukpak.fails("bundle", "push", layout)
+    result = cli.fails("bundle", "push", layout)
     assert "is missing blob" in result.err and "rebuild" in result.err
-    assert rukpak("bundle", "inspect", ref).code == 1  # the tag was never pushed
+    assert cli("bundle", "inspect", ref).code == 1  # the tag was never pushed
 
 
 def test_a_broken_bundle_is_refused_before_anything_is_sent(tmp_path: Path, rukpak: Rukpak) -> None:
@@ -501,13 +497,11 @@ def test_verbose_may_follow_the_subcommand(rukpak: Rukpak) -> None:
 
 
 @pytest.mark.registry
-def test_index_makes_an_index_for_a_single_platform(
-    registry: RegistryServer, tmp_path: Path, rukpak: Rukpak
-) -> None:
-    ref = f"{registry.host}/cli/one-in-index:v1"
-    bundle = make_bundle(tmp_path / "b")
-    rukpak.ok("bundle", "build", bundle, "-t", ref, "--index", "--push")
-    report = rukpak("bundle", "inspect", ref, "--json", "--platform", "linux/amd64").json()
+def test_index_makes_an_index_for_a_single_platform(cli: RegistryCli) -> None:
+    ref = cli.ref("one-in-index:v1")
+    bundle = cli.bundle()
+    cli.ok("bundle", "build", bundle, "-t", ref, "--index", "--push")
+    report = cli("bundle", "inspect", ref, "--json", "--platform", "linux/amd64").json()
     assert report["mediaType"] == mediatypes.OCI_INDEX
     assert report["platforms"] == ["linux/amd64"]
 

@@ -1,7 +1,8 @@
-"""The flags every command shares (``provisioner.cli.flags``) mean the same everywhere.
+"""The flags every command shares (``provisioner.cli.flags``, ``csi.common.flags``) mean
+the same everywhere.
 
-Pure: the parsers of ``rukpak`` and ``rukpak-provisioner`` are built and fed
-arguments; nothing talks to a cluster or a registry.
+Pure: the parsers of ``rukpak``, ``rukpak-provisioner`` and ``rukpak-csi-plugin`` are
+built and fed arguments; nothing talks to a cluster or a registry.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import pytest
 
 from csi.common import errors
 from csi.oci.reference import Reference
+from csi.plugin import main as plugin_main
 from provisioner import __main__ as provisioner_main
-from provisioner.cli import flags
+from provisioner.cli import flags, termination
 from provisioner.cli import main as cli
 from provisioner.engine import inventory
 
@@ -82,3 +84,81 @@ def test_registry_credentials_come_from_the_named_file_or_the_users_docker_confi
         flags.load_credentials(tmp_path / "missing.json")
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-here"))
     assert flags.load_credentials(None) is None  # no file of the user's: anonymous
+
+
+# -- the flags of the in-cluster processes ---------------------------------------------------
+
+MOUNTED = ["--bundle-dir", "/b"]
+
+
+PLUGIN = plugin_main.build_parser
+PROVISIONER = provisioner_main.build_parser
+
+
+@pytest.mark.parametrize(
+    ("parser", "argv", "flag", "env", "default"),
+    [
+        pytest.param(PLUGIN, [], "--log-level", "LOG_LEVEL", "INFO", id="plugin log level"),
+        pytest.param(
+            PROVISIONER, ["manager"], "--log-level", "LOG_LEVEL", "INFO", id="provisioner log level"
+        ),
+        pytest.param(PLUGIN, [], "--driver-name", "DRIVER_NAME", "csi.rukpak.io", id="plugin"),
+        pytest.param(
+            PROVISIONER, ["volumes"], "--driver-name", "DRIVER_NAME", "csi.rukpak.io", id="volumes"
+        ),
+    ],
+)
+def test_the_flags_of_every_process_fall_back_to_the_same_environment_variables(
+    parser: Callable[[], argparse.ArgumentParser],
+    argv: list[str],
+    flag: str,
+    env: str,
+    default: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dest = flag.lstrip("-").replace("-", "_")
+    monkeypatch.delenv(env, raising=False)
+    assert getattr(parser().parse_args(argv), dest) == default
+    given = [flag, "GIVEN", *argv] if flag == "--log-level" else [*argv, flag, "GIVEN"]
+    assert getattr(parser().parse_args(given), dest) == "GIVEN"
+    monkeypatch.setenv(env, "FROM-ENV")
+    assert getattr(parser().parse_args(argv), dest) == "FROM-ENV"
+
+
+@pytest.mark.parametrize("command", ["instance", "unpack"])
+def test_the_pod_processes_take_the_mounted_bundle_format_and_termination_log_alike(
+    command: str,
+) -> None:
+    extra = ["--name", "d"] if command == "instance" else []
+    argv = [command, *MOUNTED, *extra, "--format", "registry+v1", "--termination-log", "/t"]
+    args = provisioner_main.build_parser().parse_args(argv)
+    assert (args.bundle_dir, args.format, args.termination_log) == (
+        Path("/b"),
+        "registry+v1",
+        Path("/t"),
+    )
+    defaults = provisioner_main.build_parser().parse_args([command, *MOUNTED, *extra])
+    assert (defaults.format, defaults.termination_log) == ("plain+v0", None)
+    with pytest.raises(SystemExit):
+        provisioner_main.build_parser().parse_args([command, *extra])  # --bundle-dir is required
+
+
+@pytest.mark.parametrize("command", ["manager", "volumes"])
+def test_the_controllers_take_leader_election_and_workers_alike(command: str) -> None:
+    args = provisioner_main.build_parser().parse_args([command, "--leader-elect", "--workers", "5"])
+    assert (args.leader_elect, args.workers) == (True, 5)
+    defaults = provisioner_main.build_parser().parse_args([command])
+    assert (defaults.leader_elect, defaults.workers) == (False, 2)
+
+
+def test_the_termination_log_defaults_to_the_pods_own_only_when_it_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert termination.where(tmp_path / "named") == tmp_path / "named"
+    monkeypatch.setattr(termination, "DEFAULT", tmp_path / "termination-log")
+    assert termination.where(None) is None
+    termination.DEFAULT.touch()
+    assert termination.where(None) == termination.DEFAULT
+    termination.write(termination.DEFAULT, "x" * (termination.MESSAGE_LIMIT + 10))
+    assert termination.DEFAULT.read_text() == "x" * termination.MESSAGE_LIMIT
+    termination.write(tmp_path / "no-such-dir" / "log", "lost")  # best effort: no raise

@@ -131,11 +131,24 @@ def test_a_streamed_pull_unpacks_the_tree_and_commits_the_read_only_blob(tmp_pat
 
 def test_a_layer_already_in_the_store_unpacks_from_it_without_a_download(tmp_path: Path) -> None:
     layer = layer_bytes()
-    store = ContentStore(tmp_path / "content")
-    store.put_bytes(digests.of(layer), layer)
     puller = FakePuller(layer)
-    ensure(tmp_path, puller)
+    cache = ImageCache(tmp_path, puller_factory=lambda _creds: puller)  # type: ignore[arg-type,return-value]
+    cache.store.put_bytes(digests.of(layer), layer)  # as another image's pull left it
+    cache.ensure(IMAGE, platform=AMD64, pull_policy=PullPolicy.IF_NOT_PRESENT)
     assert puller.opened == 0 and puller.layer_desc.digest not in puller.fetched
+
+
+def test_at_start_blobs_no_tree_lists_go_and_listed_ones_stay(tmp_path: Path) -> None:
+    puller = FakePuller(layer_bytes())
+    ensure(tmp_path, puller)
+    stray = b"a blob a failed pull committed before a power loss"
+    ContentStore(tmp_path / "content").put_bytes(digests.of(stray), stray)
+    assert len(visible(tmp_path)["blobs"]) == 3  # config, layer, stray
+    ensure(tmp_path, puller)  # a new cache over the same root: the plugin restarted
+    assert visible(tmp_path)["blobs"] == sorted(
+        hex_(d) for d in (puller.config.digest, puller.layer_desc.digest)
+    )
+    assert puller.opened == 1  # the kept tree was served, nothing pulled again
 
 
 @pytest.mark.parametrize(

@@ -269,9 +269,7 @@ def test_a_bundledeployment_waits_for_the_crds_another_one_provides(
     (consumer_root / "manifests" / "10_widget.yaml").write_text(yaml.safe_dump(cr))
     provider_root = tmp_path / "provider"
     (provider_root / "manifests").mkdir(parents=True)
-    (provider_root / "manifests" / "00_crd.yaml").write_text(
-        yaml.safe_dump(bundles.crd(group, versions=[("v1", True, True)]))
-    )
+    (provider_root / "manifests" / "00_crd.yaml").write_text(yaml.safe_dump(bundles.crd(group)))
     refs = {}
     for name, root in (("consumer", consumer_root), ("provider", provider_root)):
         refs[name] = f"{system.registry_host}/e2e-mgr-{SUFFIX}/{name}:v1"

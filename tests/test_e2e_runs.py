@@ -91,7 +91,7 @@ def test_drift_starts_a_new_run_and_an_optional_object_waits_for_its_crd(
     print(f"drift corrected in {restored_in:.1f}s")
 
     # the optional object's API appears: the object is created, nobody touches the BD
-    crd = bundles.crd(group, versions=[("v1", True, True)])
+    crd = bundles.crd(group)
     system.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(crd))
     created = ObjectRef(group, "v1", "Widget", ns, "w")
     eventually(

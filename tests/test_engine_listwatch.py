@@ -101,7 +101,7 @@ def test_a_410_gone_relists_and_the_handlers_see_what_changed_meanwhile(
     _, before_crd = kube.list("v1", "Namespace")
     group = f"{ns}.example.com"
     api_version = f"{group}/v1"
-    kube.apply(crd(group, versions=[("v1", True, True)]))
+    kube.apply(crd(group))
     eventually(lambda: kube.serves(api_version, "Widget"), timeout=30, what="Widgets served")
 
     def labelled_widget(name: str, size: int) -> Obj:

@@ -22,11 +22,12 @@ import pytest
 import requests
 
 from csi.fuse.session import HolderClient
-from csi.proto import csi_pb2, csi_pb2_grpc
+from csi.proto import csi_pb2_grpc
 from provisioner.cli import main as cli
 from tests.csi_helpers import (
     Entry,
     PluginProcess,
+    assert_read_only,
     code_of,
     dockerconfig,
     publish_request,
@@ -35,6 +36,7 @@ from tests.csi_helpers import (
     target,
     terminate,
     tree,
+    unpublish,
 )
 from tests.polling import logged
 from tests.registry import RegistryServer
@@ -106,6 +108,32 @@ def _publish_fuse(plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, image: str
     return fuse_target
 
 
+def _push_lazy_bundle(tmp_path: Path, ref: str, count: int, *cli_args: str) -> dict[str, bytes]:
+    """``rukpak bundle build --estargz --push`` of ``count`` ConfigMaps as ``ref``; returns
+    each file's content by path in the bundle."""
+    bundle = tmp_path / "bundle"
+    (bundle / "manifests").mkdir(parents=True)
+    texts = {}
+    for n in range(count):
+        path = f"manifests/{n:02}.yaml"
+        texts[path] = f"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c{n}\n".encode()
+        (bundle / path).write_bytes(texts[path])
+    argv = ["bundle", "build", str(bundle), "--tag", ref, "--estargz", "--push", *cli_args]
+    assert cli.main(argv) == 0
+    return texts
+
+
+def _assert_serves(fuse_target: str, texts: dict[str, bytes]) -> None:
+    for path, text in texts.items():
+        assert Path(fuse_target, path).read_bytes() == text
+
+
+def _restart(plugin: PluginProcess) -> None:
+    """Start a new plugin process on ``plugin``'s work dir and arguments (after a kill);
+    the fixture stops it at the end of the test."""
+    plugin.process = PluginProcess(plugin.workdir, extra_args=plugin.extra_args).start().process
+
+
 def test_fuse_volume_serves_the_same_tree_as_bind_mode(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
@@ -118,17 +146,13 @@ def test_fuse_volume_serves_the_same_tree_as_bind_mode(
     assert os.stat(run).st_mode & 0o777 == 0o444
     assert os.readlink(Path(fuse_target, "manifests/link.yaml")) == "000.yaml"
     assert "fuse.rukpak-csi" in Path("/proc/self/mountinfo").read_text()
-    with pytest.raises(OSError) as raised:
-        Path(fuse_target, "manifests/new.yaml").write_text("x")
-    assert raised.value.errno == errno.EROFS
+    assert_read_only(Path(fuse_target, "manifests/new.yaml"))
     with pytest.raises(OSError) as raised:
         os.open(Path(fuse_target, "manifests/000.yaml"), os.O_WRONLY)
     assert raised.value.errno == errno.EROFS
     # Publishing twice is OK; unpublishing removes the target and the record.
     node.NodePublishVolume(publish_request(fuse_target, image, publishMode="fuse"))
-    node.NodeUnpublishVolume(
-        csi_pb2.NodeUnpublishVolumeRequest(volume_id="vol-1", target_path=fuse_target)
-    )
+    unpublish(node, fuse_target)
     assert not Path(fuse_target).exists()
 
 
@@ -219,8 +243,7 @@ def test_reads_continue_across_a_kill_9_of_the_plugin(
     with open("/proc/sys/vm/drop_caches", "w") as f:  # reads, too, go to the daemon again
         f.write("3")
     plugin.kill()
-    restarted_plugin = PluginProcess(plugin.workdir, extra_args=plugin.extra_args).start()
-    plugin.process = restarted_plugin.process
+    _restart(plugin)
     restarted.set()
     assert after_restart.wait(60), "the reader made no progress after the restart"
     stop.set()
@@ -232,19 +255,11 @@ def test_reads_continue_across_a_kill_9_of_the_plugin(
 def test_an_estargz_bundle_is_published_from_its_toc_and_read_lazily(
     tmp_path: Path, plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
-    bundle = tmp_path / "bundle"
-    (bundle / "manifests").mkdir(parents=True)
-    texts = {}
-    for n in range(30):
-        text = f"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c{n}\n".encode()
-        (bundle / "manifests" / f"{n:02}.yaml").write_bytes(text)
-        texts[f"manifests/{n:02}.yaml"] = text
     ref = f"{registry.host}/fuse/lazy:v1"
-    assert cli.main(["bundle", "build", str(bundle), "--tag", ref, "--estargz", "--push"]) == 0
+    texts = _push_lazy_bundle(tmp_path, ref, 30)
     fuse_target = _publish_fuse(plugin, node, ref)
     logged(plugin.log, "image indexed from its TOC")
-    for name, text in texts.items():
-        assert Path(fuse_target, name).read_bytes() == text
+    _assert_serves(fuse_target, texts)
     # The whole layer is then fetched in the background and checked against its digest.
     logged(plugin.log, "lazy tree complete, layers verified", timeout=60)
 
@@ -259,16 +274,8 @@ def test_a_private_lazy_bundle_is_still_fetched_after_a_plugin_restart(
     secret = dockerconfig(auth_registry.host, auth_registry.username, auth_registry.password)
     config = tmp_path / "docker-config.json"
     config.write_text(secret[".dockerconfigjson"])
-    bundle = tmp_path / "bundle"
-    (bundle / "manifests").mkdir(parents=True)
-    texts = {}
-    for n in range(10):
-        text = f"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: p{n}\n".encode()
-        (bundle / "manifests" / f"{n:02}.yaml").write_bytes(text)
-        texts[f"manifests/{n:02}.yaml"] = text
     ref = f"{auth_registry.host}/fuse/private-lazy:v1"
-    argv = ["bundle", "build", str(bundle), "--tag", ref, "--estargz", "--push"]
-    assert cli.main([*argv, "--registry-config", str(config)]) == 0
+    texts = _push_lazy_bundle(tmp_path, ref, 10, "--registry-config", str(config))
     fuse_target = target(plugin)
     node.NodePublishVolume(publish_request(fuse_target, ref, publishMode="fuse", secrets=secret))
     logged(plugin.log, "image indexed from its TOC")
@@ -277,11 +284,9 @@ def test_a_private_lazy_bundle_is_still_fetched_after_a_plugin_restart(
     # which answers only with the volume's credentials.
     for stored in (plugin.state_dir / "fuse" / "store" / "files" / "sha256").iterdir():
         stored.unlink()
-    restarted = PluginProcess(plugin.workdir, extra_args=plugin.extra_args).start()
-    plugin.process = restarted.process
+    _restart(plugin)
     logged(plugin.log, "lazy trees' credentials taken back")
-    for name, text in texts.items():
-        assert Path(fuse_target, name).read_bytes() == text
+    _assert_serves(fuse_target, texts)
     assert auth_registry.password not in plugin.log()
 
 

@@ -18,7 +18,6 @@ def crd(
 ) -> Obj:
     obj = bundles.crd(
         "x.io",
-        versions=[("v1", True, True)],
         spec_props={"size": {"type": size_type}},
         annotations=annotations,
     )

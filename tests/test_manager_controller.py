@@ -35,7 +35,7 @@ from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
 from provisioner.manager import actuate, controller, healthwatch, model, unpack
 from tests import e2e_helpers as e2e
-from tests.bundles import bundle_doc, configmap, namespace, write_bundle
+from tests.bundles import bundle_deployment, bundle_doc, configmap, namespace, write_bundle
 from tests.polling import eventually
 from tests.test_manager_crds import install_crds
 
@@ -53,11 +53,12 @@ def crds(kube: Kube) -> None:
 
 @pytest.fixture(scope="module")
 def images(registry: Any) -> dict[str, str]:
-    """Tags of the hello bundle: v1 and v2 (the same content under two tags)."""
+    """Tags of the hello bundle: v1 and v2 (the same content under two tags), and
+    "missing": a tag of the same repository that is never pushed."""
     refs = {tag: f"{registry.host}/rukpak-mgr/hello:{tag}" for tag in ("v1", "v2")}
     for ref in refs.values():
         e2e.push_bundle(e2e.HELLO_BUNDLE, ref)
-    return refs
+    return {**refs, "missing": f"{registry.host}/rukpak-mgr/hello:no-such-tag"}
 
 
 def prepare_system_namespace(kube: Kube, namespace: str) -> None:
@@ -132,25 +133,6 @@ def running(kube: Kube, images: dict[str, str]) -> Iterator[controller.Controlle
     ctl.stop()
 
 
-def bd_doc(name: str, ref: str, **spec: Any) -> Obj:
-    return {
-        "apiVersion": model.API_VERSION,
-        "kind": model.BUNDLE_DEPLOYMENT,
-        "metadata": {"name": name},
-        "spec": {
-            "provisionerClassName": model.PLAIN_CLASS,
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "provisionerClassName": model.PLAIN_CLASS,
-                    "source": {"type": "image", "image": {"ref": ref}},
-                },
-            },
-            **spec,
-        },
-    }
-
-
 def get_bd(kube: Kube, name: str) -> Obj:
     live = kube.get(actuate.bd_ref(name))
     assert live is not None
@@ -179,7 +161,7 @@ def test_a_bundledeployment_becomes_a_resolved_bundle_and_an_instance_deployment
     kube: Kube, running: controller.Controller, images: dict[str, str]
 ) -> None:
     name = unique("hello")
-    kube.create(bd_doc(name, images["v1"], installNamespace="team-a"))
+    kube.create(bundle_deployment(name, images["v1"], installNamespace="team-a"))
     generated = eventually(lambda: bundles_of(kube, name), timeout=30, what="the Bundle")
     unpack_pod = finish_unpack(kube, generated[0]["metadata"]["name"])
     dep = eventually(lambda: instance_of(kube, name), timeout=30, what="the instance Deployment")
@@ -249,7 +231,7 @@ def test_a_template_change_pivots_to_a_new_bundle_and_deletes_the_old_one(
     kube: Kube, running: controller.Controller, images: dict[str, str]
 ) -> None:
     name = unique("pivot")
-    kube.create(bd_doc(name, images["v1"]))
+    kube.create(bundle_deployment(name, images["v1"]))
     finish_unpack(kube, model.bundle_name(eventually(lambda: kube.get(actuate.bd_ref(name)))))
     first = eventually(lambda: instance_of(kube, name), timeout=30, what="the first instance")
     old_bundle = first["metadata"]["annotations"][model.BUNDLE_ANNOTATION]
@@ -272,34 +254,40 @@ def test_a_template_change_pivots_to_a_new_bundle_and_deletes_the_old_one(
     eventually(pivoted, timeout=30, what="the instance on the new Bundle, the old one deleted")
 
 
-def _reconciled(
-    running: controller.Controller, method: str, key: str, monkeypatch: pytest.MonkeyPatch
-) -> threading.Event:
-    """An Event set once ``running.<method>(key)`` (a whole reconcile of ``key``) has returned."""
-    done = threading.Event()
-    real: Callable[[str], float | None] = getattr(running, method)
+CreateAndReconcile = Callable[[str, Obj], None]
 
-    def recording(k: str) -> float | None:
-        after = real(k)
-        if k == key:
-            done.set()
-        return after
 
-    monkeypatch.setattr(running, method, recording)
-    return done
+@pytest.fixture
+def create_and_reconcile(
+    kube: Kube, running: controller.Controller, monkeypatch: pytest.MonkeyPatch
+) -> CreateAndReconcile:
+    """``create_and_reconcile(method, doc)`` creates ``doc``, then waits until a whole
+    ``running.<method>`` of it (one reconcile) has returned: the event that must come
+    first before a test may check that the controller left the object alone."""
+
+    def create(method: str, doc: Obj) -> None:
+        key = doc["metadata"]["name"]
+        done = threading.Event()
+        real: Callable[[str], float | None] = getattr(running, method)
+
+        def recording(k: str) -> float | None:
+            after = real(k)
+            if k == key:
+                done.set()
+            return after
+
+        monkeypatch.setattr(running, method, recording)
+        kube.create(doc)
+        assert done.wait(30), f"the controller never ran {method} on {doc['kind']} {key}"
+
+    return create
 
 
 def test_a_paused_bundledeployment_is_left_alone(
-    kube: Kube,
-    running: controller.Controller,
-    images: dict[str, str],
-    monkeypatch: pytest.MonkeyPatch,
+    kube: Kube, images: dict[str, str], create_and_reconcile: CreateAndReconcile
 ) -> None:
     name = unique("paused")
-    reconciled = _reconciled(running, "reconcile", name, monkeypatch)
-    kube.create(bd_doc(name, images["v1"], paused=True))
-    # the event that must come first: a whole reconcile of this BD has run
-    assert reconciled.wait(30), "the controller never reconciled the paused BundleDeployment"
+    create_and_reconcile("reconcile", bundle_deployment(name, images["v1"], paused=True))
     live = get_bd(kube, name)
     assert bundles_of(kube, name) == []
     assert instance_of(kube, name) is None
@@ -311,11 +299,9 @@ def test_a_paused_bundledeployment_is_left_alone(
 
 
 def test_an_image_that_does_not_exist_becomes_a_condition(
-    kube: Kube, running: controller.Controller, images: dict[str, str]
+    kube: Kube, running: controller.Controller, images: dict[str, str], name: str
 ) -> None:
-    name = unique("missing")
-    missing = images["v1"].replace(":v1", ":no-such-tag")
-    kube.create(bd_doc(name, missing))
+    kube.create(bundle_deployment(name, images["missing"]))
 
     def waiting_message() -> str:
         cond = condition(get_bd(kube, name), "HasValidBundle") or {}
@@ -327,7 +313,7 @@ def test_an_image_that_does_not_exist_becomes_a_condition(
         timeout=30,
         what="HasValidBundle UnpackPending naming the missing tag",
     )
-    assert f"cannot resolve {missing}" in message
+    assert f"cannot resolve {images['missing']}" in message
     (bundle,) = bundles_of(kube, name)
     assert bundle["status"]["phase"] == "Pending"
     assert instance_of(kube, name) is None
@@ -350,7 +336,7 @@ def test_deleting_a_bundledeployment_uninstalls_through_its_finalizer(
     apply.install(
         kube, bundle, apply.Options(name=name, namespace=target, system_namespace=SYSTEM_NS)
     )
-    kube.create(bd_doc(name, images["v1"], deletionPolicy=policy))
+    kube.create(bundle_deployment(name, images["v1"], deletionPolicy=policy))
     finish_unpack(kube, model.bundle_name(eventually(lambda: kube.get(actuate.bd_ref(name)))))
     eventually(lambda: instance_of(kube, name), timeout=30, what="the instance Deployment")
     greeting = ObjectRef("", "v1", "ConfigMap", target, "greeting")
@@ -389,15 +375,12 @@ def unpacked(kube: Kube, name: str) -> tuple[str, str, str, str]:
 
 
 def test_a_bundle_of_another_class_keeps_an_empty_status(
-    kube: Kube,
-    running: controller.Controller,
-    images: dict[str, str],
-    monkeypatch: pytest.MonkeyPatch,
+    kube: Kube, images: dict[str, str], create_and_reconcile: CreateAndReconcile
 ) -> None:
     name = unique("helm")
-    seen = _reconciled(running, "reconcile_bundle", name, monkeypatch)
-    kube.create(bundle_doc(name, images["v1"], cls="core-rukpak-io-helm"))
-    assert seen.wait(30), "the controller never looked at the Bundle"
+    create_and_reconcile(
+        "reconcile_bundle", bundle_doc(name, images["v1"], cls="core-rukpak-io-helm")
+    )
     assert bundle_status(kube, name) == {}
     assert kube.get(ObjectRef("", "v1", "Pod", SYSTEM_NS, name)) is None
 
@@ -459,18 +442,16 @@ def test_an_invalid_bundle_is_failing_with_the_unpack_message(
 
 
 def test_a_missing_tag_stays_pending_with_the_registrys_answer(
-    kube: Kube, running: controller.Controller, images: dict[str, str]
+    kube: Kube, running: controller.Controller, images: dict[str, str], name: str
 ) -> None:
-    name = unique("notag")
-    missing = images["v1"].replace(":v1", ":no-such-tag")
-    kube.create(bundle_doc(name, missing))
+    kube.create(bundle_doc(name, images["missing"]))
     phase, status, reason, message = eventually(
         lambda: u if (u := unpacked(kube, name))[0] != "None" else None,
         timeout=30,
         what="a status",
     )
     assert (phase, status, reason) == ("Pending", "False", "UnpackPending")
-    assert message.startswith(f"cannot resolve {missing}: ")
+    assert message.startswith(f"cannot resolve {images['missing']}: ")
     assert kube.get(ObjectRef("", "v1", "Pod", SYSTEM_NS, name)) is None
 
 
@@ -506,7 +487,7 @@ def test_the_manager_process_takes_its_lease_reconciles_and_releases_on_sigterm(
     lease_ref = ObjectRef("coordination.k8s.io", "v1", "Lease", system_ns, "rukpak-manager")
     name = unique("proc")
     digest_ref = images["v1"].rsplit(":", 1)[0] + "@sha256:" + "0" * 64  # pinned: no lookup
-    kube.create(bd_doc(name, digest_ref))
+    kube.create(bundle_deployment(name, digest_ref))
     eventually(
         lambda: (kube.get(lease_ref) or {}).get("spec", {}).get("holderIdentity") == "manager-0",
         timeout=30,

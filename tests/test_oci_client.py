@@ -25,6 +25,7 @@ from csi.oci import digest as digests
 from csi.oci.client import RegistryClient
 from csi.oci.manifest import Descriptor, Index, Manifest, Platform
 from csi.oci.reference import Reference
+from tests.httpreply import reply
 from tests.registry import READONLY_USER, RegistryServer, free_port
 
 pytestmark = pytest.mark.registry
@@ -32,6 +33,12 @@ pytestmark = pytest.mark.registry
 
 def repo_ref(server: RegistryServer, tag: str = "v1") -> Reference:
     return Reference.parse(f"{server.host}/test/{uuid.uuid4().hex[:12]}:{tag}")
+
+
+@pytest.fixture
+def ref(registry: RegistryServer) -> Reference:
+    """A tag in a repository of its own in the test registry."""
+    return repo_ref(registry)
 
 
 def basic_client(server: RegistryServer, password: str | None = None) -> RegistryClient:
@@ -69,9 +76,8 @@ def client() -> Iterator[RegistryClient]:
 
 
 def test_a_pushed_blob_can_be_fetched_to_a_file(
-    registry: RegistryServer, client: RegistryClient, tmp_path: Path
+    ref: Reference, client: RegistryClient, tmp_path: Path
 ) -> None:
-    ref = repo_ref(registry)
     desc = client.push_blob(ref, b"bundle bytes", media_type=mediatypes.OCI_LAYER_TAR)
     assert desc == Descriptor(mediatypes.OCI_LAYER_TAR, digests.of(b"bundle bytes"), 12)
     seen: list[tuple[int, int]] = []
@@ -82,9 +88,8 @@ def test_a_pushed_blob_can_be_fetched_to_a_file(
 
 
 def test_pushing_a_blob_that_exists_uploads_nothing(
-    registry: RegistryServer, client: RegistryClient
+    registry: RegistryServer, ref: Reference, client: RegistryClient
 ) -> None:
-    ref = repo_ref(registry)
     client.push_blob(ref, b"once")
     path = f"/v2/{ref.repository}/blobs/uploads/"
     before = registry.count_requests("POST", path)
@@ -95,23 +100,19 @@ def test_pushing_a_blob_that_exists_uploads_nothing(
 
 
 def test_a_large_file_is_pushed_in_chunks_and_pulled_back_intact(
-    registry: RegistryServer, client: RegistryClient, tmp_path: Path
+    registry: RegistryServer, ref: Reference, client: RegistryClient, tmp_path: Path
 ) -> None:
     source = tmp_path / "big"
     with source.open("wb") as out:
         for i in range(18):
             out.write(bytes([i]) * (1 << 20))
-    ref = repo_ref(registry)
     desc = client.push_blob(ref, source)
     assert registry.count_requests("PATCH", f"/v2/{ref.repository}/blobs/uploads/") == 2
     client.fetch_blob(ref, desc, tmp_path / "copy")
     assert digests.of((tmp_path / "copy").read_bytes()) == desc.digest
 
 
-def test_an_image_manifest_resolves_and_pulls(
-    registry: RegistryServer, client: RegistryClient
-) -> None:
-    ref = repo_ref(registry)
+def test_an_image_manifest_resolves_and_pulls(ref: Reference, client: RegistryClient) -> None:
     digest, manifest = push_image(client, ref, [b"layer one", b"layer two"])
     resolved = client.resolve(ref)
     assert (resolved.digest, resolved.media_type) == (digest, mediatypes.OCI_MANIFEST)
@@ -122,10 +123,7 @@ def test_an_image_manifest_resolves_and_pulls(
     assert by_digest.digest == digest == digests.of(body)
 
 
-def test_open_blob_streams_verified_content(
-    registry: RegistryServer, client: RegistryClient
-) -> None:
-    ref = repo_ref(registry)
+def test_open_blob_streams_verified_content(ref: Reference, client: RegistryClient) -> None:
     data = b"0123456789" * 100_000
     desc = client.push_blob(ref, data)
     with client.open_blob(ref, desc) as stream:
@@ -134,9 +132,8 @@ def test_open_blob_streams_verified_content(
 
 
 def test_a_docker_schema2_manifest_pulls_like_an_oci_one(
-    registry: RegistryServer, client: RegistryClient
+    ref: Reference, client: RegistryClient
 ) -> None:
-    ref = repo_ref(registry)
     digest, _manifest = push_image(client, ref, [b"gz"], media_type=mediatypes.DOCKER_MANIFEST)
     desc, pulled = client.resolve_image(ref)
     assert (desc.digest, desc.media_type) == (digest, mediatypes.DOCKER_MANIFEST)
@@ -193,9 +190,8 @@ def test_a_missing_image_is_not_found_naming_the_reference(
 
 
 def test_a_missing_blob_is_not_found_and_writes_nothing(
-    registry: RegistryServer, client: RegistryClient, tmp_path: Path
+    ref: Reference, client: RegistryClient, tmp_path: Path
 ) -> None:
-    ref = repo_ref(registry)
     client.push_blob(ref, b"present")
     desc = Descriptor(mediatypes.OCI_LAYER_TAR, digests.of(b"absent"), 6)
     with pytest.raises(errors.NotFound, match=desc.digest):
@@ -204,9 +200,8 @@ def test_a_missing_blob_is_not_found_and_writes_nothing(
 
 
 def test_a_tampered_blob_is_data_loss_and_leaves_no_file(
-    registry: RegistryServer, client: RegistryClient, tmp_path: Path
+    registry: RegistryServer, ref: Reference, client: RegistryClient, tmp_path: Path
 ) -> None:
-    ref = repo_ref(registry)
     desc = client.push_blob(ref, b"original content")
     registry.blob_path(desc.digest).write_bytes(b"tampered content")  # same size
     (tmp_path / "dest").write_bytes(b"previous")
@@ -220,9 +215,12 @@ def test_a_tampered_blob_is_data_loss_and_leaves_no_file(
 
 @pytest.mark.parametrize("replacement", [b"short", b"original content plus more"])
 def test_a_blob_of_the_wrong_size_is_data_loss(
-    registry: RegistryServer, client: RegistryClient, tmp_path: Path, replacement: bytes
+    registry: RegistryServer,
+    ref: Reference,
+    client: RegistryClient,
+    tmp_path: Path,
+    replacement: bytes,
 ) -> None:
-    ref = repo_ref(registry)
     desc = client.push_blob(ref, b"original content" + replacement[:0] + uuid.uuid4().bytes)
     registry.blob_path(desc.digest).write_bytes(replacement)
     with pytest.raises(errors.DataLoss, match="bytes arrived"):
@@ -231,9 +229,8 @@ def test_a_blob_of_the_wrong_size_is_data_loss(
 
 
 def test_open_blob_raises_data_loss_even_when_the_reader_stops_early(
-    registry: RegistryServer, client: RegistryClient
+    registry: RegistryServer, ref: Reference, client: RegistryClient
 ) -> None:
-    ref = repo_ref(registry)
     desc = client.push_blob(ref, b"A" * 4096)
     registry.blob_path(desc.digest).write_bytes(b"A" * 4095 + b"B")
     with pytest.raises(errors.DataLoss, match=desc.digest):  # noqa: SIM117
@@ -242,9 +239,8 @@ def test_open_blob_raises_data_loss_even_when_the_reader_stops_early(
 
 
 def test_a_manifest_whose_content_does_not_match_its_digest_is_data_loss(
-    registry: RegistryServer, client: RegistryClient
+    registry: RegistryServer, ref: Reference, client: RegistryClient
 ) -> None:
-    ref = repo_ref(registry)
     digest, manifest = push_image(client, ref, [b"layer"])
     body = manifest.to_json()
     tampered = body.replace(b'"size":5', b'"size":6')
@@ -280,10 +276,7 @@ class _Canned(http.server.BaseHTTPRequestHandler):
     def _answer(self) -> None:
         type(self).hits += 1
         body = b'{"errors":[{"code":"DENIED","message":"nope"}]}' if self.status == 403 else b""
-        self.send_response(self.status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        reply(self, self.status, body)
 
     do_GET = do_HEAD = _answer
 
@@ -340,12 +333,15 @@ def test_basic_auth_pushes_and_pulls(auth_registry: RegistryServer, tmp_path: Pa
     assert (tmp_path / "layer").read_bytes() == b"secret layer"
 
 
-def test_basic_auth_with_a_wrong_password_is_unauthenticated(
-    auth_registry: RegistryServer,
-) -> None:
-    client = basic_client(auth_registry, "wrong-password")
+@pytest.mark.parametrize(
+    "server", ["auth_registry", "token_registry"], ids=["basic-auth", "token-auth"]
+)
+def test_a_wrong_password_is_unauthenticated(server: str, request: pytest.FixtureRequest) -> None:
+    registry: RegistryServer = request.getfixturevalue(server)
+    client = basic_client(registry, "wrong-password")
     with client, pytest.raises(errors.Unauthenticated) as caught:
-        client.resolve(repo_ref(auth_registry))
+        client.resolve(repo_ref(registry))
+    assert registry.host in caught.value.message
     assert "check the username and password" in caught.value.message
     assert "wrong-password" not in caught.value.message
 
@@ -426,16 +422,6 @@ def test_pushing_with_pull_only_credentials_is_permission_denied(
         with pytest.raises(errors.PermissionDenied) as caught:
             client.push_blob(ref, b"not allowed")
     assert "push permission" in caught.value.message and ref.repository in caught.value.message
-
-
-def test_token_auth_with_a_wrong_password_is_unauthenticated(
-    token_registry: RegistryServer,
-) -> None:
-    client = basic_client(token_registry, "not-the-password")
-    with client, pytest.raises(errors.Unauthenticated) as caught:
-        client.resolve(repo_ref(token_registry))
-    assert token_registry.host in caught.value.message
-    assert "not-the-password" not in caught.value.message
 
 
 @pytest.mark.parametrize("fixture", ["auth_registry", "token_registry"])
@@ -548,9 +534,8 @@ def test_a_download_that_keeps_breaking_is_unavailable_and_leaves_nothing(
 
 
 def test_fetching_into_a_missing_directory_is_failed_precondition(
-    registry: RegistryServer, client: RegistryClient, tmp_path: Path
+    ref: Reference, client: RegistryClient, tmp_path: Path
 ) -> None:
-    ref = repo_ref(registry)
     desc = client.push_blob(ref, b"somewhere")
     with pytest.raises(errors.FailedPrecondition, match="check the directory exists"):
         client.fetch_blob(ref, desc, tmp_path / "missing" / "blob")
@@ -558,9 +543,8 @@ def test_fetching_into_a_missing_directory_is_failed_precondition(
 
 
 def test_a_blob_whose_digest_is_wrong_is_refused_by_the_registry(
-    registry: RegistryServer, client: RegistryClient
+    ref: Reference, client: RegistryClient
 ) -> None:
-    ref = repo_ref(registry)
     wrong = digests.of(b"something else")
     with pytest.raises(errors.InvalidArgument, match="does not match the digest"):
         client.push_blob(ref, b"content", digest=wrong)
@@ -568,9 +552,8 @@ def test_a_blob_whose_digest_is_wrong_is_refused_by_the_registry(
 
 
 def test_pushing_a_manifest_under_a_digest_it_does_not_have_is_invalid(
-    registry: RegistryServer, client: RegistryClient
+    ref: Reference, client: RegistryClient
 ) -> None:
-    ref = repo_ref(registry)
     config = client.push_blob(ref, b"{}", media_type=mediatypes.OCI_CONFIG)
     body = Manifest(mediatypes.OCI_MANIFEST, config, []).to_json()
     with pytest.raises(errors.InvalidArgument, match="digest is"):

@@ -42,133 +42,71 @@ def _options_set(options: object) -> set[str]:
     }
 
 
-FIELD_NUMBERS = [
+def spec_table(text: str, start: int) -> list[tuple[str, dict[str, int]]]:
+    """``Message: name name ...`` lines (``#`` comments, indented lines continue the one
+    before) as ``(message, {name: number})``: the spec numbers each message's fields from 1
+    and each enum's values from 0, in order and without gaps."""
+    rows: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if line.startswith("        "):
+            rows[-1][1].extend(line.split())
+            continue
+        message, _, names = line.partition(":")
+        rows.append((message.strip(), names.split()))
+    return [(m, {n: i for i, n in enumerate(names, start)}) for m, names in rows]
+
+
+# Each message's fields, in field-number order.
+FIELD_NUMBERS = spec_table(
+    """
     # Identity
-    ("GetPluginInfoResponse", {"name": 1, "vendor_version": 2, "manifest": 3}),
-    ("GetPluginCapabilitiesResponse", {"capabilities": 1}),
-    ("PluginCapability", {"service": 1, "volume_expansion": 2}),
-    ("PluginCapability.Service", {"type": 1}),
-    ("ProbeResponse", {"ready": 1}),
+    GetPluginInfoResponse: name vendor_version manifest
+    GetPluginCapabilitiesResponse: capabilities
+    PluginCapability: service volume_expansion
+    PluginCapability.Service: type
+    ProbeResponse: ready
     # Controller
-    (
-        "CreateVolumeRequest",
-        {
-            "name": 1,
-            "capacity_range": 2,
-            "volume_capabilities": 3,
-            "parameters": 4,
-            "secrets": 5,
-            "volume_content_source": 6,
-            "accessibility_requirements": 7,
-            "mutable_parameters": 8,
-        },
-    ),
-    ("CreateVolumeResponse", {"volume": 1}),
-    (
-        "Volume",
-        {
-            "capacity_bytes": 1,
-            "volume_id": 2,
-            "volume_context": 3,
-            "content_source": 4,
-            "accessible_topology": 5,
-        },
-    ),
-    ("VolumeCapability", {"block": 1, "mount": 2, "access_mode": 3}),
-    ("VolumeCapability.MountVolume", {"fs_type": 1, "mount_flags": 2, "volume_mount_group": 3}),
-    ("VolumeCapability.AccessMode", {"mode": 1}),
-    ("VolumeContentSource", {"snapshot": 1, "volume": 2}),
-    ("CapacityRange", {"required_bytes": 1, "limit_bytes": 2}),
-    ("TopologyRequirement", {"requisite": 1, "preferred": 2}),
-    ("Topology", {"segments": 1}),
-    ("DeleteVolumeRequest", {"volume_id": 1, "secrets": 2}),
-    (
-        "ValidateVolumeCapabilitiesRequest",
-        {
-            "volume_id": 1,
-            "volume_context": 2,
-            "volume_capabilities": 3,
-            "parameters": 4,
-            "secrets": 5,
-            "mutable_parameters": 6,
-        },
-    ),
-    ("ValidateVolumeCapabilitiesResponse", {"confirmed": 1, "message": 2}),
-    (
-        "ValidateVolumeCapabilitiesResponse.Confirmed",
-        {"volume_context": 1, "volume_capabilities": 2, "parameters": 3, "mutable_parameters": 4},
-    ),
-    ("ControllerModifyVolumeRequest", {"volume_id": 1, "secrets": 2, "mutable_parameters": 3}),
-    (
-        "GetCapacityResponse",
-        {"available_capacity": 1, "maximum_volume_size": 2, "minimum_volume_size": 3},
-    ),
-    (
-        "Snapshot",
-        {
-            "size_bytes": 1,
-            "snapshot_id": 2,
-            "source_volume_id": 3,
-            "creation_time": 4,
-            "ready_to_use": 5,
-            "group_snapshot_id": 6,
-        },
-    ),
+    CreateVolumeRequest: name capacity_range volume_capabilities parameters secrets
+        volume_content_source accessibility_requirements mutable_parameters
+    CreateVolumeResponse: volume
+    Volume: capacity_bytes volume_id volume_context content_source accessible_topology
+    VolumeCapability: block mount access_mode
+    VolumeCapability.MountVolume: fs_type mount_flags volume_mount_group
+    VolumeCapability.AccessMode: mode
+    VolumeContentSource: snapshot volume
+    CapacityRange: required_bytes limit_bytes
+    TopologyRequirement: requisite preferred
+    Topology: segments
+    DeleteVolumeRequest: volume_id secrets
+    ValidateVolumeCapabilitiesRequest: volume_id volume_context volume_capabilities parameters
+        secrets mutable_parameters
+    ValidateVolumeCapabilitiesResponse: confirmed message
+    ValidateVolumeCapabilitiesResponse.Confirmed: volume_context volume_capabilities parameters
+        mutable_parameters
+    ControllerModifyVolumeRequest: volume_id secrets mutable_parameters
+    GetCapacityResponse: available_capacity maximum_volume_size minimum_volume_size
+    Snapshot: size_bytes snapshot_id source_volume_id creation_time ready_to_use group_snapshot_id
     # Node
-    (
-        "NodePublishVolumeRequest",
-        {
-            "volume_id": 1,
-            "publish_context": 2,
-            "staging_target_path": 3,
-            "target_path": 4,
-            "volume_capability": 5,
-            "readonly": 6,
-            "secrets": 7,
-            "volume_context": 8,
-        },
-    ),
-    ("NodeUnpublishVolumeRequest", {"volume_id": 1, "target_path": 2}),
-    (
-        "NodeStageVolumeRequest",
-        {
-            "volume_id": 1,
-            "publish_context": 2,
-            "staging_target_path": 3,
-            "volume_capability": 4,
-            "secrets": 5,
-            "volume_context": 6,
-        },
-    ),
-    ("NodeGetVolumeStatsRequest", {"volume_id": 1, "volume_path": 2, "staging_target_path": 3}),
-    ("NodeGetVolumeStatsResponse", {"usage": 1, "volume_condition": 2}),
-    ("VolumeUsage", {"available": 1, "total": 2, "used": 3, "unit": 4}),
-    ("VolumeCondition", {"abnormal": 1, "message": 2}),
-    ("NodeGetInfoResponse", {"node_id": 1, "max_volumes_per_node": 2, "accessible_topology": 3}),
-    ("NodeServiceCapability", {"rpc": 1}),
-    (
-        "NodeExpandVolumeRequest",
-        {
-            "volume_id": 1,
-            "volume_path": 2,
-            "capacity_range": 3,
-            "staging_target_path": 4,
-            "volume_capability": 5,
-            "secrets": 6,
-        },
-    ),
+    NodePublishVolumeRequest: volume_id publish_context staging_target_path target_path
+        volume_capability readonly secrets volume_context
+    NodeUnpublishVolumeRequest: volume_id target_path
+    NodeStageVolumeRequest: volume_id publish_context staging_target_path volume_capability secrets
+        volume_context
+    NodeGetVolumeStatsRequest: volume_id volume_path staging_target_path
+    NodeGetVolumeStatsResponse: usage volume_condition
+    VolumeUsage: available total used unit
+    VolumeCondition: abnormal message
+    NodeGetInfoResponse: node_id max_volumes_per_node accessible_topology
+    NodeServiceCapability: rpc
+    NodeExpandVolumeRequest: volume_id volume_path capacity_range staging_target_path
+        volume_capability secrets
     # SnapshotMetadata
-    (
-        "GetMetadataDeltaRequest",
-        {
-            "base_snapshot_id": 1,
-            "target_snapshot_id": 2,
-            "starting_offset": 3,
-            "max_results": 4,
-            "secrets": 5,
-        },
-    ),
-]
+    GetMetadataDeltaRequest: base_snapshot_id target_snapshot_id starting_offset max_results secrets
+""",
+    start=1,
+)
 
 
 @pytest.mark.parametrize(("message", "numbers"), FIELD_NUMBERS, ids=[m for m, _ in FIELD_NUMBERS])
@@ -177,70 +115,26 @@ def test_csi_field_numbers_match_the_spec(message: str, numbers: dict[str, int])
     assert {f.name: f.number for f in desc.fields} == numbers
 
 
-ENUM_VALUES = [
-    (
-        "VolumeCapability.AccessMode.Mode",
-        {
-            "UNKNOWN": 0,
-            "SINGLE_NODE_WRITER": 1,
-            "SINGLE_NODE_READER_ONLY": 2,
-            "MULTI_NODE_READER_ONLY": 3,
-            "MULTI_NODE_SINGLE_WRITER": 4,
-            "MULTI_NODE_MULTI_WRITER": 5,
-            "SINGLE_NODE_SINGLE_WRITER": 6,
-            "SINGLE_NODE_MULTI_WRITER": 7,
-        },
-    ),
-    (
-        "NodeServiceCapability.RPC.Type",
-        {
-            "UNKNOWN": 0,
-            "STAGE_UNSTAGE_VOLUME": 1,
-            "GET_VOLUME_STATS": 2,
-            "EXPAND_VOLUME": 3,
-            "VOLUME_CONDITION": 4,
-            "SINGLE_NODE_MULTI_WRITER": 5,
-            "VOLUME_MOUNT_GROUP": 6,
-        },
-    ),
-    (
-        "ControllerServiceCapability.RPC.Type",
-        {
-            "UNKNOWN": 0,
-            "CREATE_DELETE_VOLUME": 1,
-            "PUBLISH_UNPUBLISH_VOLUME": 2,
-            "LIST_VOLUMES": 3,
-            "GET_CAPACITY": 4,
-            "CREATE_DELETE_SNAPSHOT": 5,
-            "LIST_SNAPSHOTS": 6,
-            "CLONE_VOLUME": 7,
-            "PUBLISH_READONLY": 8,
-            "EXPAND_VOLUME": 9,
-            "LIST_VOLUMES_PUBLISHED_NODES": 10,
-            "VOLUME_CONDITION": 11,
-            "GET_VOLUME": 12,
-            "SINGLE_NODE_MULTI_WRITER": 13,
-            "MODIFY_VOLUME": 14,
-            "GET_SNAPSHOT": 15,
-        },
-    ),
-    (
-        "PluginCapability.Service.Type",
-        {
-            "UNKNOWN": 0,
-            "CONTROLLER_SERVICE": 1,
-            "VOLUME_ACCESSIBILITY_CONSTRAINTS": 2,
-            "GROUP_CONTROLLER_SERVICE": 3,
-            "SNAPSHOT_METADATA_SERVICE": 4,
-        },
-    ),
-    ("PluginCapability.VolumeExpansion.Type", {"UNKNOWN": 0, "ONLINE": 1, "OFFLINE": 2}),
-    ("VolumeUsage.Unit", {"UNKNOWN": 0, "BYTES": 1, "INODES": 2}),
-    (
-        "GroupControllerServiceCapability.RPC.Type",
-        {"UNKNOWN": 0, "CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT": 1},
-    ),
-]
+# Each enum's values, in value order.
+ENUM_VALUES = spec_table(
+    """
+    VolumeCapability.AccessMode.Mode: UNKNOWN SINGLE_NODE_WRITER SINGLE_NODE_READER_ONLY
+        MULTI_NODE_READER_ONLY MULTI_NODE_SINGLE_WRITER MULTI_NODE_MULTI_WRITER
+        SINGLE_NODE_SINGLE_WRITER SINGLE_NODE_MULTI_WRITER
+    NodeServiceCapability.RPC.Type: UNKNOWN STAGE_UNSTAGE_VOLUME GET_VOLUME_STATS EXPAND_VOLUME
+        VOLUME_CONDITION SINGLE_NODE_MULTI_WRITER VOLUME_MOUNT_GROUP
+    ControllerServiceCapability.RPC.Type: UNKNOWN CREATE_DELETE_VOLUME PUBLISH_UNPUBLISH_VOLUME
+        LIST_VOLUMES GET_CAPACITY CREATE_DELETE_SNAPSHOT LIST_SNAPSHOTS CLONE_VOLUME
+        PUBLISH_READONLY EXPAND_VOLUME LIST_VOLUMES_PUBLISHED_NODES VOLUME_CONDITION GET_VOLUME
+        SINGLE_NODE_MULTI_WRITER MODIFY_VOLUME GET_SNAPSHOT
+    PluginCapability.Service.Type: UNKNOWN CONTROLLER_SERVICE VOLUME_ACCESSIBILITY_CONSTRAINTS
+        GROUP_CONTROLLER_SERVICE SNAPSHOT_METADATA_SERVICE
+    PluginCapability.VolumeExpansion.Type: UNKNOWN ONLINE OFFLINE
+    VolumeUsage.Unit: UNKNOWN BYTES INODES
+    GroupControllerServiceCapability.RPC.Type: UNKNOWN CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT
+""",
+    start=0,
+)
 
 
 @pytest.mark.parametrize(("enum", "values"), ENUM_VALUES, ids=[e for e, _ in ENUM_VALUES])

@@ -59,6 +59,13 @@ def storage_class(**fields: Any) -> dict[str, Any]:
     return body
 
 
+def secret_params(role: str, name: str, namespace: str) -> dict[str, str]:
+    """A StorageClass's ``csi.storage.k8s.io/<role>-secret-name`` and ``-namespace``
+    parameters (role: ``node-publish`` or ``provisioner``)."""
+    prefix = f"csi.storage.k8s.io/{role}-secret"
+    return {f"{prefix}-name": name, f"{prefix}-namespace": namespace}
+
+
 # --- which claims ---------------------------------------------------------------------
 
 
@@ -122,10 +129,8 @@ def test_the_request_is_named_after_the_claim_uid_and_strips_reserved_parameters
         parameters={
             "image": "registry.example/bundles/hello:v1",
             "pullPolicy": "Always",
-            "csi.storage.k8s.io/node-publish-secret-name": "pull-${pvc.name}",
-            "csi.storage.k8s.io/node-publish-secret-namespace": "${pvc.namespace}",
-            "csi.storage.k8s.io/provisioner-secret-name": "resolver",
-            "csi.storage.k8s.io/provisioner-secret-namespace": "rukpak-system",
+            **secret_params("node-publish", "pull-${pvc.name}", "${pvc.namespace}"),
+            **secret_params("provisioner", "resolver", "rukpak-system"),
         },
         mountOptions=["noatime"],
     )
@@ -204,8 +209,7 @@ def test_a_block_claim_asks_for_block_access() -> None:
             storage_class(
                 parameters={
                     "image": "x",
-                    "csi.storage.k8s.io/node-publish-secret-name": "${pvc.owner}",
-                    "csi.storage.k8s.io/node-publish-secret-namespace": "ns",
+                    **secret_params("node-publish", "${pvc.owner}", "ns"),
                 }
             ),
             "invalid tokens",
@@ -216,8 +220,7 @@ def test_a_block_claim_asks_for_block_access() -> None:
             storage_class(
                 parameters={
                     "image": "x",
-                    "csi.storage.k8s.io/node-publish-secret-name": "Not_A_Name",
-                    "csi.storage.k8s.io/node-publish-secret-namespace": "ns",
+                    **secret_params("node-publish", "Not_A_Name", "ns"),
                 }
             ),
             "not a valid secret name",
@@ -239,8 +242,7 @@ def test_the_pv_is_bound_to_the_claim_and_carries_the_volume_context() -> None:
     cls = storage_class(
         parameters={
             "image": "registry.example/bundles/hello:v1",
-            "csi.storage.k8s.io/node-publish-secret-name": "pull",
-            "csi.storage.k8s.io/node-publish-secret-namespace": "apps",
+            **secret_params("node-publish", "pull", "apps"),
         }
     )
     body = claim()
@@ -310,8 +312,7 @@ def test_the_provisioner_secret_is_remembered_for_deletion() -> None:
     cls = storage_class(
         parameters={
             "image": "x",
-            "csi.storage.k8s.io/provisioner-secret-name": "resolver",
-            "csi.storage.k8s.io/provisioner-secret-namespace": "rukpak-system",
+            **secret_params("provisioner", "resolver", "rukpak-system"),
         }
     )
     request = plan.create_request(claim(), cls, DRIVER)

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from tests.httpreply import reply
+
 ISSUER = "rukpak-test-issuer"
 SERVICE = "rukpak-test-registry"
 # Repositories anyone may pull without credentials (like public images on Docker Hub).
@@ -163,11 +165,7 @@ def _handler_for(issuer: TokenIssuer) -> type[BaseHTTPRequestHandler]:
 
         def _reply(self, status: int, body: dict[str, object]) -> None:
             data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            reply(self, status, data, headers=[("Content-Type", "application/json")])
 
         def _basic_user(self) -> tuple[str | None, bool]:
             """(user, ok): no header is (None, True); bad credentials are (name, False)."""

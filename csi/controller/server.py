@@ -26,6 +26,13 @@ from csi.volume.source import VolumeSource, credentials_from_secrets
 RPC = csi_pb2.ControllerServiceCapability.RPC
 
 
+def _require(request: object, *fields: str) -> None:
+    """InvalidArgument naming the first of ``fields`` that ``request`` leaves empty."""
+    for name in fields:
+        if not getattr(request, name):
+            raise errors.InvalidArgument(f"{name} is required")
+
+
 class ControllerServicer(csi_pb2_grpc.ControllerServicer):
     def __init__(
         self,
@@ -44,10 +51,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
     ) -> csi_pb2.CreateVolumeResponse:
         """Idempotent: the same name and spec returns the same volume (with the digest
         resolved the first time, without asking the registry again); else AlreadyExists."""
-        if not request.name:
-            raise errors.InvalidArgument("name is required")
-        if not request.volume_capabilities:
-            raise errors.InvalidArgument("volume_capabilities is required")
+        _require(request, "name", "volume_capabilities")
         for capability in request.volume_capabilities:
             access.check(capability)
         if request.HasField("volume_content_source"):
@@ -83,8 +87,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         self, request: csi_pb2.DeleteVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.DeleteVolumeResponse:
         """Idempotent: deleting an unknown volume is OK."""
-        if not request.volume_id:
-            raise errors.InvalidArgument("volume_id is required")
+        _require(request, "volume_id")
         self.volumes.delete(request.volume_id)
         return csi_pb2.DeleteVolumeResponse()
 
@@ -92,10 +95,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
     def ValidateVolumeCapabilities(
         self, request: csi_pb2.ValidateVolumeCapabilitiesRequest, context: grpc.ServicerContext
     ) -> csi_pb2.ValidateVolumeCapabilitiesResponse:
-        if not request.volume_id:
-            raise errors.InvalidArgument("volume_id is required")
-        if not request.volume_capabilities:
-            raise errors.InvalidArgument("volume_capabilities is required")
+        _require(request, "volume_id", "volume_capabilities")
         volume = self.volumes.get(request.volume_id)
         if volume is None:
             raise errors.NotFound(f"volume {request.volume_id} does not exist")

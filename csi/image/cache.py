@@ -20,8 +20,10 @@ once the old way: download every blob (with the client's retries), then unpack.
 
 Commit: the staging tree is sealed and renamed into ``unpacked/``, and
 ``unpacked/<hex>.sealed`` is written last. Durability follows in the background
-(``csi.image.cachesync``: ``syncfs``, then the marker says ``synced``); a tree
-not synced before a reboot is distrusted and removed at start. At start also
+(``csi.image.cachesync``: ``syncfs``, then the marker says ``synced``), for the
+tree and for the layer blobs streamed with it (committed without fsync); a tree
+not synced before a reboot is distrusted and removed at start, and so are blobs
+no remaining tree lists. At start also
 ``.tmp-`` dirs and trees without their marker are removed (a held one is adopted).
 
 Private images: a tree pulled with credentials that anonymous access cannot read
@@ -133,7 +135,8 @@ class ImageCache:
         Staging trees (``.tmp-``) go, and so do trees without their sealed marker
         (renamed into place but the marker never written: not known to be on
         disk). A tree without a marker that a target holds (written by an older
-        plugin) is adopted: a marker is written for it.
+        plugin) is adopted: a marker is written for it. Blobs no remaining tree
+        lists go too.
         """
         held = self.state.held_trees()
         names = {e.name for e in self.unpacked_dir.iterdir()}
@@ -167,6 +170,14 @@ class ImageCache:
                 log.warning("msg=%r path=%s", "removing a tree that was never sealed", entry)
                 eviction.remove_tree(entry)
                 self.state.forget_tree(name)
+        # Streamed blobs are committed without fsync and made durable with their tree:
+        # a blob no kept tree lists may predate a power loss (or belong to a pull that
+        # failed); it is only a cache, so it goes.
+        in_use = self.state.blobs_in_use()
+        for blob in list(self.store.blobs()):
+            if blob.digest not in in_use:
+                log.info("msg=%r digest=%s", "removing a blob no tree lists", blob.digest)
+                self.store.delete(blob.digest)
 
     def tree_path(self, digest: str) -> Path:
         return self.unpacked_dir / digests.hex_of(digest)

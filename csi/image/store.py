@@ -148,13 +148,15 @@ class ContentStore:
         return final
 
     @contextlib.contextmanager
-    def ingest(self, digest: str, size: int) -> Iterator[Ingest]:
+    def ingest(self, digest: str, size: int, *, durable: bool = True) -> Iterator[Ingest]:
         """Stream a blob in: write its bytes to the yielded :class:`Ingest`.
 
         Leaving the block normally checks size and digest and commits the blob
         (DataLoss, keeping nothing, when they do not match); leaving it with an
         error discards the ingest. Until the commit nothing is visible under
         ``blobs/``, and an ingest a crash interrupts is wiped at the next start.
+        ``durable=False`` commits without fsync: the caller makes it durable later
+        (the image cache: with its tree, and drops blobs no tree lists at start).
         """
         final = self.path(digest)
         work = self.ingest_dir / f"{digests.hex_of(digest)}-{secrets.token_hex(4)}"
@@ -168,7 +170,7 @@ class ContentStore:
                 sink.check()
             finally:
                 os.close(fd)
-            self._commit(tmp, final)
+            self._commit(tmp, final, durable=durable)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -180,16 +182,18 @@ class ContentStore:
 
         return self.put(digest, len(data), write)
 
-    def _commit(self, tmp: Path, final: Path) -> None:
+    def _commit(self, tmp: Path, final: Path, *, durable: bool = True) -> None:
         fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
             os.fchmod(fd, 0o444)
         finally:
             os.close(fd)
         final.parent.mkdir(mode=0o700, exist_ok=True)
         os.replace(tmp, final)
-        fsync_dir(final.parent)
+        if durable:
+            fsync_dir(final.parent)
 
     def delete(self, digest: str) -> int:
         """Remove a blob; returns the bytes freed (0 if it was absent)."""

@@ -31,6 +31,7 @@ from pathlib import Path
 import grpc
 
 from csi.common import errors
+from csi.common.flags import add_driver_name, add_log_level
 from csi.common.logsetup import configure_logging
 from csi.controller.resolve import RegistryResolver
 from csi.controller.server import ControllerServicer
@@ -74,11 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=env("CSI_ENDPOINT", "unix:///csi/csi.sock"),
         help="unix:///path of the CSI gRPC socket to serve (env CSI_ENDPOINT)",
     )
-    p.add_argument(
-        "--driver-name",
-        default=env("DRIVER_NAME", "csi.rukpak.io"),
-        help="CSI driver name; must match the CSIDriver object (env DRIVER_NAME)",
-    )
+    add_driver_name(p, role="must match the CSIDriver object")
     p.add_argument(
         "--node-id",
         default=env("NODE_ID") or env("KUBE_NODE_NAME") or socket.gethostname(),
@@ -167,11 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
         "e.g. a container of this pod): the plugin waits for it; unset, the plugin starts "
         "one on <state-dir>/fuse/holder.sock when none answers",
     )
-    p.add_argument(
-        "--log-level",
-        default=env("LOG_LEVEL", "INFO"),
-        help="DEBUG, INFO, WARNING or ERROR (env LOG_LEVEL)",
-    )
+    add_log_level(p)
     return p
 
 

@@ -103,7 +103,7 @@ def _bundle_args(p: argparse.ArgumentParser) -> None:
     )
     flags.add_format(p)
     flags.add_registry(p)
-    p.add_argument("--platform", metavar="OS/ARCH", help="image platform (default: this machine)")
+    flags.add_platform(p)
     _cluster_args(p)
 
 

@@ -85,9 +85,7 @@ def register(subparsers: Any) -> None:
         description="Print the digest, platforms, layers and files of the image REF names.",
     )
     inspect.add_argument("reference", metavar="REF")
-    inspect.add_argument(
-        "--platform", metavar="OS/ARCH", help="which manifest of an index (default: this machine)"
-    )
+    flags.add_platform(inspect)
     inspect.add_argument("--json", action="store_true", help="print JSON")
     _add_registry_options(inspect, progress=False)
     inspect.set_defaults(func=run_inspect)

@@ -2,13 +2,16 @@
 
 Used by the ``rukpak`` subcommands (``provisioner.cli.apply``,
 ``provisioner.cli.bundle``) and the ``rukpak-provisioner`` processes
-(``provisioner.instance.process``, ``provisioner.manager.cli``): the cluster
-(``--kubeconfig``, ``--context``), where the system's objects live
-(``--system-namespace``), the deployment (``--name``, ``-n/--namespace``), the
-bundle format, the registry (``--insecure``, ``--registry-config``,
-``--timeout``) and ``-v``. Each ``add_*`` adds flags to a parser; the readers
-beside them (``kube``, ``load_credentials``, ``insecure_hosts``) turn the parsed
-values into what the commands use, so the flags mean the same everywhere.
+(``provisioner.instance.process``, ``provisioner.manager.cli`` and ``unpack``,
+``provisioner.storage.cli``): the cluster (``--kubeconfig``, ``--context``), where
+the system's objects live (``--system-namespace``), the deployment (``--name``,
+``-n/--namespace``), the mounted bundle and its format, leader election and
+workers of the controllers, the registry (``--insecure``, ``--registry-config``,
+``--timeout``, ``--platform``) and ``-v``; the in-cluster processes' ``--log-level`` is
+``csi.common.flags.add_log_level`` (the node plugin's too). Each ``add_*`` adds
+flags to a parser; the readers beside them (``kube``, ``load_credentials``,
+``insecure_hosts``) turn the parsed values into what the commands use, so the flags
+mean the same everywhere.
 """
 
 from __future__ import annotations
@@ -72,9 +75,36 @@ def add_deployment(parser: argparse.ArgumentParser, *, name_is: str) -> None:
     )
 
 
+def add_bundle_dir(parser: argparse.ArgumentParser) -> None:
+    """``--bundle-dir`` (required): where a pod mounted the Bundle's volume."""
+    parser.add_argument("--bundle-dir", type=Path, required=True, help="the mounted bundle root")
+
+
 def add_format(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--format", default=formats.DEFAULT_FORMAT, help="bundle format (default: %(default)s)"
+    )
+
+
+# -- long-running controllers ---------------------------------------------------------------
+
+
+def add_controller(
+    parser: argparse.ArgumentParser, *, lease: str, workers: str, lease_namespace: bool = False
+) -> None:
+    """``--leader-elect`` (take the ``lease`` Lease before working), ``--workers`` (what
+    each does, for the help text) and, with ``lease_namespace``,
+    ``--leader-election-namespace`` (env ``POD_NAMESPACE``; else the Lease lives in the
+    system namespace)."""
+    parser.add_argument("--leader-elect", action="store_true", help=f"take the {lease} Lease first")
+    if lease_namespace:
+        parser.add_argument(
+            "--leader-election-namespace",
+            default=os.environ.get("POD_NAMESPACE", "rukpak-system"),
+            help="namespace of the Lease (env POD_NAMESPACE; default: %(default)s)",
+        )
+    parser.add_argument(
+        "--workers", type=int, default=2, help=f"{workers} workers (default: %(default)s)"
     )
 
 
@@ -100,6 +130,13 @@ def add_registry(parser: argparse.ArgumentParser, *, timeout: bool = False) -> N
             metavar="SECONDS",
             help="per request (default 30)",
         )
+
+
+def add_platform(parser: argparse.ArgumentParser) -> None:
+    """``--platform`` of a command that reads an image: which manifest of an index."""
+    parser.add_argument(
+        "--platform", metavar="OS/ARCH", help="which manifest of an index (default: this machine)"
+    )
 
 
 def insecure_hosts(args: argparse.Namespace, ref: Reference) -> tuple[str, ...]:

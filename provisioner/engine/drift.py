@@ -1,7 +1,8 @@
 """Drift correction: watch what a deployment applied and re-apply what others change.
 
 Runs after ``apply.install`` in the instance pod (and ``rukpak apply --watch``).
-One ``listwatch.Informer`` per kind, filtered by the owner label, feeds a single worker.
+One ``listwatch.Informer`` per kind (an ``informers.InformerSet``), filtered by the
+owner label, feeds a single worker.
 The decision is pure (``drift_reason``): an object has drifted when it is gone,
 lost its owner label, or the set of fields the ``rukpak`` manager owns
 (``managedFields[manager=rukpak, operation=Apply].fieldsV1``) differs from the
@@ -30,6 +31,7 @@ from typing import Any
 from csi.common import errors
 from provisioner.engine import listwatch
 from provisioner.engine.apply import Applied
+from provisioner.engine.informers import InformerSet
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef
 from provisioner.engine.ownership import applied_fields, lost_reason
@@ -77,8 +79,14 @@ class DriftWatcher:
         self._kube = kube
         self._owner = owner
         self._report = report
-        self._watch_timeout = watch_timeout
-        self._resync = resync
+        self._stop = threading.Event()
+        self._caches = InformerSet(
+            kube,
+            label_selector=f"{OWNER_LABEL}={owner}",
+            stop=self._stop,
+            watch_timeout=watch_timeout,
+            relist_every=resync,
+        )
         self._lock = threading.Lock()
         self._tracked: dict[tuple[str, str, str, str], _Tracked] = {}
         self._refs: dict[tuple[str, str, str, str], ObjectRef] = {}
@@ -87,7 +95,6 @@ class DriftWatcher:
             self._refs[a.ref.identity] = a.ref
         self._queue: queue.Queue[ObjectRef | None] = queue.Queue()
         self._pending: set[ObjectRef] = set()
-        self._stop = threading.Event()
         self._informers: dict[tuple[str, str], listwatch.Informer] = {}
         self._worker: threading.Thread | None = None
         self.corrections = 0
@@ -98,21 +105,15 @@ class DriftWatcher:
     def start(self) -> None:
         kinds = sorted({(r.api_version, r.kind) for r in self._refs.values()})
         self._informers = {
-            kind: listwatch.Informer(
-                self._kube,
+            kind: self._caches.add(
                 *kind,
-                label_selector=f"{OWNER_LABEL}={self._owner}",
                 on_change=self._seen,
                 on_delete=self._deleted,
                 on_sync=functools.partial(self._synced, kind),
-                stop=self._stop,
-                watch_timeout=self._watch_timeout,
-                relist_every=self._resync,
             )
             for kind in kinds
         }
-        for informer in self._informers.values():
-            informer.start()
+        self._caches.start()
         self._worker = threading.Thread(target=self._work, name="drift-worker", daemon=True)
         self._worker.start()
 
@@ -120,8 +121,7 @@ class DriftWatcher:
         """Ask every thread to end; watches end at the latest when their server timeout ends."""
         self._stop.set()
         self._queue.put(None)
-        for informer in self._informers.values():
-            informer.stop(timeout)
+        self._caches.stop(timeout)
         if self._worker is not None:
             self._worker.join(timeout)
 

@@ -45,6 +45,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TypedDict, TypeVar, Unpack
 
 from csi.common import errors
@@ -88,44 +89,35 @@ class Options(TypedDict, total=False):
     """Pause after failures (default ``WATCH_BACKOFF``)."""
 
 
+@dataclass(eq=False, repr=False)
 class ListWatch:
     """List, then watch from there, until ``stop`` is set; see the module docstring.
 
     ``on_list(items, resource_version)`` gets every (re-)list, ``on_event(type, obj)``
     each ADDED / MODIFIED / DELETED event, ``on_bookmark(resource_version)`` each
-    bookmark. ``relist_every`` (seconds) re-lists periodically even when the watch is
-    healthy (a resync that only reads).
+    bookmark. The keyword options are those of ``Options``; ``relist_every`` (seconds)
+    re-lists periodically even when the watch is healthy (a resync that only reads).
     """
 
-    def __init__(
-        self,
-        kube: Kube,
-        api_version: str,
-        kind: str,
-        *,
-        on_list: Callable[[list[Obj], str], object] = lambda items, rv: None,
-        on_event: Callable[[str, Obj], object] = lambda type_, obj: None,
-        on_bookmark: Callable[[str], object] = lambda rv: None,
-        **options: Unpack[Options],
-    ) -> None:
-        self.kube = kube
-        self.api_version = api_version
-        self.kind = kind
-        self.on_list = on_list
-        self.on_event = on_event
-        self.on_bookmark = on_bookmark
-        self.namespace = options.get("namespace", "")
-        self.label_selector = options.get("label_selector", "")
-        self.stop = options.get("stop") or threading.Event()
-        self.watch_timeout = options.get("watch_timeout", 60)
-        self.relist_every = options.get("relist_every")
-        self.backoff = options.get("backoff", WATCH_BACKOFF)
-        self.resource_version = ""
-        """The resourceVersion the next watch starts from ("" = list first)."""
-        self.lists = 0
-        """Lists done so far (the first one, then one per 410 Gone or resync)."""
-        self.watches = 0
-        """Watch requests started so far."""
+    kube: Kube
+    api_version: str
+    kind: str
+    _: KW_ONLY
+    on_list: Callable[[list[Obj], str], object] = lambda items, rv: None
+    on_event: Callable[[str, Obj], object] = lambda type_, obj: None
+    on_bookmark: Callable[[str], object] = lambda rv: None
+    namespace: str = ""
+    label_selector: str = ""
+    stop: threading.Event = field(default_factory=threading.Event)
+    watch_timeout: int = 60
+    relist_every: float | None = None
+    backoff: Backoff = WATCH_BACKOFF
+    resource_version: str = field(default="", init=False)
+    """The resourceVersion the next watch starts from ("" = list first)."""
+    lists: int = field(default=0, init=False)
+    """Lists done so far (the first one, then one per 410 Gone or resync)."""
+    watches: int = field(default=0, init=False)
+    """Watch requests started so far."""
 
     def __repr__(self) -> str:
         where = f" in {self.namespace}" if self.namespace else ""

@@ -16,9 +16,8 @@ contenders that saw the same free Lease exactly one wins (the other gets a
 ``merge_patch`` (whose ``metadata.resourceVersion`` is a precondition) and
 ``create``.
 
-The manager and the PV provisioner use the same lock for leader election among
-their replicas (``lead``: take ``rukpak-manager`` or ``rukpak-csi-provisioner``,
-keep it renewed, stop the process when it is lost).
+The same lock serves leader election among a process's replicas (``leader``:
+the manager, the PV provisioner, the helm provisioner).
 
 Lifecycle: ``acquire`` (blocks until taken, a timeout, or a stop event),
 ``start_renewing`` (a background thread renews every ``renew_interval``),
@@ -29,11 +28,10 @@ expired, the lock is lost: ``lost`` is set and ``on_lost`` is called once.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -394,61 +392,3 @@ class LeaseLock:
                 log.warning("msg='lease release failed' lease=%s error=%r", self, err.message)
                 return False
             return True
-
-
-def lead(
-    kube: Kube,
-    *,
-    namespace: str,
-    name: str,
-    identity: str,
-    stop: threading.Event,
-    lost: threading.Event,
-) -> LeaseLock | None:
-    """Leader election for a process's replicas: take Lease ``namespace/name`` (waiting
-    while another replica holds it), then keep it renewed; losing it sets ``lost`` and
-    ``stop``. None when ``stop`` was set before the Lease was taken."""
-
-    def on_lost(_why: str) -> None:
-        lost.set()
-        stop.set()
-
-    lock = LeaseLock(kube, namespace=namespace, name=name, identity=identity, on_lost=on_lost)
-    log.info("msg='taking lease' lease=%s identity=%s", lock, lock.identity)
-    if not lock.acquire(stop=stop):
-        return None
-    lock.start_renewing()
-    log.info("msg='lease acquired' lease=%s", lock)
-    return lock
-
-
-@dataclass
-class Leadership:
-    """What ``leading`` yields: whether to go on, and whether the Lease was lost since."""
-
-    leading: bool
-    lost: threading.Event
-
-
-@contextlib.contextmanager
-def leading(
-    kube: Kube,
-    *,
-    enabled: bool,
-    namespace: str,
-    name: str,
-    identity: str,
-    stop: threading.Event,
-) -> Iterator[Leadership]:
-    """A replica's leader election around its work (``--leader-elect``): when ``enabled``,
-    ``lead`` first (``leading`` is False when ``stop`` came first), and release the Lease
-    on the way out; otherwise just go on."""
-    lost = threading.Event()
-    lock = None
-    if enabled:
-        lock = lead(kube, namespace=namespace, name=name, identity=identity, stop=stop, lost=lost)
-    try:
-        yield Leadership(leading=lock is not None or not enabled, lost=lost)
-    finally:
-        if lock is not None and lock.held:
-            lock.release()

@@ -44,7 +44,7 @@ from types import FrameType
 from typing import Any
 
 from csi.common import errors
-from provisioner.cli import flags
+from provisioner.cli import flags, termination
 from provisioner.engine import appliedrecord, apply, drift, formats, inventory, optional
 from provisioner.engine.kube import Kube
 from provisioner.instance import lease
@@ -53,9 +53,6 @@ log = logging.getLogger("rukpak.instance")
 
 EXIT_OK = 0
 EXIT_ERROR = 1
-DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
-TERMINATION_MESSAGE_LIMIT = 4096
-"""Kubernetes keeps at most this many bytes of a termination message."""
 
 
 @dataclass(frozen=True)
@@ -80,10 +77,6 @@ def default_identity() -> str:
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
 
-def default_termination_log() -> Path | None:
-    return DEFAULT_TERMINATION_LOG if DEFAULT_TERMINATION_LOG.exists() else None
-
-
 def kv(msg: str, **fields: object) -> str:
     """``msg='...' key=value ...``: the log line format of every rukpak process."""
     parts = [f"msg={msg!r}"]
@@ -93,17 +86,6 @@ def kv(msg: str, **fields: object) -> str:
             text = repr(text)
         parts.append(f"{key}={text}")
     return " ".join(parts)
-
-
-def write_termination_log(path: Path | None, message: str) -> None:
-    """Best effort: Kubernetes reads it after the container exits; never fails the exit."""
-    if path is None:
-        return
-    data = message.encode(errors="replace")[:TERMINATION_MESSAGE_LIMIT]
-    try:
-        path.write_bytes(data)
-    except OSError as err:
-        log.warning(kv("cannot write the termination log", path=path, error=err))
 
 
 class Instance:
@@ -251,7 +233,7 @@ class Instance:
 
     def _fail(self, message: str) -> int:
         log.error(kv("failed", error=message))
-        write_termination_log(self.config.termination_log, message + "\n")
+        termination.write(self.config.termination_log, message + "\n")
         return EXIT_ERROR
 
 
@@ -268,7 +250,7 @@ def register(subparsers: Any) -> None:
         epilog="exit status: 0 stopped by a signal; 1 bundle or apply error, or the Lease "
         "lost (the message also goes to the termination log)",
     )
-    p.add_argument("--bundle-dir", type=Path, required=True, help="the mounted bundle")
+    flags.add_bundle_dir(p)
     flags.add_deployment(p, name_is="owner label, inventory, Lease")
     flags.add_system_namespace(p, holds="the inventory and the Lease")
     p.add_argument(
@@ -300,12 +282,7 @@ def register(subparsers: Any) -> None:
         default="",
         help="name of the Bundle being installed, recorded on the Lease with --once",
     )
-    p.add_argument(
-        "--termination-log",
-        type=Path,
-        default=None,
-        help="write a fatal error here (default: /dev/termination-log when it exists)",
-    )
+    termination.add_flag(p, what="a fatal error")
     flags.add_cluster(p)
     p.set_defaults(func=run_instance)
 
@@ -320,7 +297,7 @@ def run_instance(args: argparse.Namespace) -> int:
         lease_duration=args.lease_duration,
         lease_timeout=args.lease_timeout,
         bundle_format=args.format,
-        termination_log=args.termination_log or default_termination_log(),
+        termination_log=termination.where(args.termination_log),
         once=args.once,
         bundle_name=args.bundle,
     )
@@ -329,7 +306,7 @@ def run_instance(args: argparse.Namespace) -> int:
         instance = Instance(kube, config)
     except errors.RukpakError as err:
         log.error(kv("failed", error=err.message))
-        write_termination_log(config.termination_log, err.message + "\n")
+        termination.write(config.termination_log, err.message + "\n")
         return EXIT_ERROR
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

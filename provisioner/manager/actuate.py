@@ -26,7 +26,7 @@ from provisioner.engine import lifecycle
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.instance import lease
-from provisioner.manager import bundleplan, model, plan, resolution
+from provisioner.manager import bundleplan, events, model, plan, resolution
 
 log = logging.getLogger("rukpak.manager")
 
@@ -70,32 +70,16 @@ def record_event(kube: Kube, bd: Obj, event: plan.RecordEvent, *, now: str) -> N
 def _event(
     kube: Kube, obj: Obj, kind: str, type_: str, reason: str, message: str, *, now: str
 ) -> None:
-    """A core/v1 Event about ``obj`` (cluster-scoped, so in ``default``); best effort."""
-    meta = obj.get("metadata") or {}
-    body = {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{meta.get('name')}.", "namespace": "default"},
-        "involvedObject": {
-            "apiVersion": model.API_VERSION,
-            "kind": kind,
-            "name": meta.get("name"),
-            "uid": meta.get("uid"),
-            "resourceVersion": meta.get("resourceVersion"),
-        },
-        "type": type_,
-        "reason": reason,
-        "message": message[:1024],
-        "source": {"component": "rukpak-manager"},
-        "reportingComponent": "rukpak-manager",
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    }
-    try:
-        kube.create(body)
-    except errors.RukpakError as err:
-        log.warning("msg='cannot record event' %s=%s error=%r", kind, meta.get("name"), err.message)
+    events.record(
+        kube,
+        obj,
+        kind=kind,
+        type_=type_,
+        reason=reason,
+        message=message,
+        component="rukpak-manager",
+        now=now,
+    )
 
 
 def _set_finalizers(kube: Kube, bd: Obj, finalizers: list[str]) -> Obj:

@@ -14,13 +14,12 @@ from __future__ import annotations
 import argparse
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from csi.common import errors
-from provisioner.cli import flags, signals
+from provisioner.cli import flags, service, signals
 from provisioner.engine.kube import Kube
-from provisioner.instance import lease
-from provisioner.instance.process import default_identity
 from provisioner.manager import actuate, certs, controller, model, webhook
 
 log = logging.getLogger("rukpak.manager")
@@ -97,8 +96,7 @@ def register(subparsers: Any) -> None:
         help="ValidatingWebhookConfiguration whose caBundle the manager keeps current "
         "(default: %(default)s)",
     )
-    p.add_argument("--leader-elect", action="store_true", help="take the rukpak-manager Lease")
-    p.add_argument("--workers", type=int, default=2, help="reconcile workers (default: 2)")
+    flags.add_controller(p, lease=LEASE_NAME, workers="reconcile")
     p.add_argument(
         "--resync", type=float, default=30.0, help="seconds between full resyncs (default: 30)"
     )
@@ -171,38 +169,25 @@ def run_manager(args: argparse.Namespace) -> int:
         settings = settings_from(args)
         kube = flags.kube(args)
     except errors.RukpakError as err:
-        log.error("msg='failed' error=%r", err.message)
-        return 1
+        return service.failed(log, err)
+
+    def start() -> Callable[[], None]:
+        ctl = controller.Controller(
+            kube, settings, resolve=actuate.RegistryResolver(), resync=args.resync
+        )
+        ctl.start(workers=args.workers)
+        log.info("msg='manager started' system_namespace=%s", settings.system_namespace)
+        return ctl.stop
+
     server: webhook.Server | None = None
     try:
         if args.webhook_port:
             server = start_webhook(kube, args, settings.system_namespace, stop)
-        with lease.leading(
-            kube,
-            enabled=args.leader_elect,
-            namespace=settings.system_namespace,
-            name=LEASE_NAME,
-            identity=default_identity(),
-            stop=stop,
-        ) as leader:
-            if not leader.leading:  # stopped while waiting for the Lease
-                return 0
-            ctl = controller.Controller(
-                kube, settings, resolve=actuate.RegistryResolver(), resync=args.resync
-            )
-            ctl.start(workers=args.workers)
-            log.info("msg='manager started' system_namespace=%s", settings.system_namespace)
-            stop.wait()
-            ctl.stop()
+        election = service.Election(args.leader_elect, settings.system_namespace, LEASE_NAME)
+        return service.serve(kube, election, start, stop=stop, log=log, lost="stopped reconciling")
     except errors.RukpakError as err:
-        log.error("msg='failed' error=%r", err.message)
-        return 1
+        return service.failed(log, err)
     finally:
         if server is not None:
             server.stop()
         kube.close()
-    if leader.lost.is_set():
-        log.error("msg='lease lost; stopped reconciling'")
-        return 1
-    log.info("msg='stopped'")
-    return 0

@@ -14,21 +14,19 @@ Cache events only decide *which* object to look at: a BundleDeployment
 owns, changes; ``healthwatch`` follows the inventories and the objects they
 list (by the owner label), so ``Healthy`` changes with them, from the caches.
 A periodic resync re-queues every BundleDeployment (cache reads only).
-Failures requeue with exponential backoff. ``runwatch`` judges drift of
-run-to-completion installs from the same caches and follows CRDs: a CRD that
-becomes established restarts failed instances (a BundleDeployment whose custom
-resources needed it installs at once) and wakes installs that set aside
+``workers`` drain the queue (the frame, ``workers.Reconciler``, is shared with the
+PV provisioner); failures requeue with exponential backoff. ``runwatch`` judges
+drift of run-to-completion installs from the same caches and follows CRDs: a CRD
+that becomes established restarts failed instances (a BundleDeployment whose
+custom resources needed it installs at once) and wakes installs that set aside
 optional objects of its API.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable
 from datetime import UTC, datetime
 
-from csi.common import errors
 from provisioner.engine import listwatch
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj
@@ -36,6 +34,7 @@ from provisioner.instance import lease
 from provisioner.manager import actuate, bundleplan, healthwatch, model, plan, runs, runwatch
 from provisioner.manager.model import Settings
 from provisioner.manager.queue import WorkQueue
+from provisioner.manager.workers import Reconciler
 
 log = logging.getLogger("rukpak.manager")
 
@@ -56,7 +55,7 @@ def now_text() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class Controller:
+class Controller(Reconciler):
     def __init__(
         self,
         kube: Kube,
@@ -67,55 +66,44 @@ class Controller:
         watch_timeout: int = 60,
         read_health: bool = True,
     ) -> None:
-        self.kube = kube
+        super().__init__(
+            kube, WorkQueue(), self._reconcile_key, log=log, watch_timeout=watch_timeout
+        )
         self.settings = settings
         self.resolve = resolve
         self.resync = resync
         self.read_health = read_health
-        self.queue = WorkQueue()
-        self.stopping = threading.Event()
-        self._threads: list[threading.Thread] = []
         ns = settings.system_namespace
-
-        def informer(
-            api_version: str,
-            kind: str,
-            *,
-            namespace: str = "",
-            selector: str = "",
-            on_change: Callable[[Obj], None],
-        ) -> listwatch.Informer:
-            return listwatch.Informer(
-                kube,
-                api_version,
-                kind,
-                namespace=namespace,
-                label_selector=selector,
-                on_change=on_change,
-                stop=self.stopping,
-                watch_timeout=watch_timeout,
-            )
-
-        self.bds = informer(model.API_VERSION, model.BUNDLE_DEPLOYMENT, on_change=self._bd_changed)
-        self.bundles = informer(model.API_VERSION, model.BUNDLE, on_change=self._bundle_changed)
-        self.deployments = informer(
-            "apps/v1", "Deployment", namespace=ns, selector=model.BD_LABEL, on_change=self._owned
+        caches = self.caches
+        self.bds = caches.add(
+            model.API_VERSION, model.BUNDLE_DEPLOYMENT, on_change=self._bd_changed
         )
-        self.pods = informer(
-            "v1", "Pod", namespace=ns, selector=model.BD_LABEL, on_change=self._owned
+        self.bundles = caches.add(model.API_VERSION, model.BUNDLE, on_change=self._bundle_changed)
+        self.deployments = caches.add(
+            "apps/v1",
+            "Deployment",
+            namespace=ns,
+            label_selector=model.BD_LABEL,
+            on_change=self._owned,
         )
-        self.unpack_pods = informer(
+        self.pods = caches.add(
+            "v1", "Pod", namespace=ns, label_selector=model.BD_LABEL, on_change=self._owned
+        )
+        self.unpack_pods = caches.add(
             "v1",
             "Pod",
             namespace=ns,
-            selector=f"{model.OWNER_KIND_LABEL}={model.BUNDLE}",
+            label_selector=f"{model.OWNER_KIND_LABEL}={model.BUNDLE}",
             on_change=self._unpack_pod_changed,
         )
-        self.leases = informer(
-            "coordination.k8s.io/v1", "Lease", namespace=ns, on_change=self._lease_changed
+        self.leases = caches.add(
+            "coordination.k8s.io/v1",
+            "Lease",
+            namespace=ns,
+            on_change=self._lease_changed,
+            on_update=self._lease_updated,  # renewals alone change nothing here
         )
-        self.leases.on_update = self._lease_updated  # renewals alone change nothing here
-        self.events = informer("v1", "Event", namespace=ns, on_change=self._event_seen)
+        self.events = caches.add("v1", "Event", namespace=ns, on_change=self._event_seen)
         self.health = healthwatch.HealthWatch(
             kube,
             ns,
@@ -141,15 +129,6 @@ class Controller:
             stop=self.stopping,
             watch_timeout=watch_timeout,
         )
-        self.informers = [
-            self.bds,
-            self.bundles,
-            self.deployments,
-            self.pods,
-            self.unpack_pods,
-            self.leases,
-            self.events,
-        ]
 
     # -- cache events -> work ---------------------------------------------------------------
 
@@ -299,30 +278,10 @@ class Controller:
 
     # -- workers ---------------------------------------------------------------------------
 
-    def _work(self) -> None:
-        while not self.stopping.is_set():
-            key = self.queue.get(timeout=1.0)
-            if key is None:
-                continue
-            try:
-                if key.startswith(BUNDLE_KEY):
-                    after = self.reconcile_bundle(key[len(BUNDLE_KEY) :])
-                else:
-                    after = self.reconcile(key[len(BD_KEY) :])
-            except errors.RukpakError as err:
-                delay = self.queue.retry(key)
-                log.warning(
-                    "msg='reconcile failed' key=%s retry_in=%.1fs error=%r", key, delay, err.message
-                )
-            except Exception:  # a bug: keep the controller alive, retry with backoff
-                delay = self.queue.retry(key)
-                log.exception("msg='reconcile crashed' key=%s retry_in=%.1fs", key, delay)
-            else:
-                self.queue.forget(key)
-                if after is not None:
-                    self.queue.add_after(key, after)
-            finally:
-                self.queue.done(key)
+    def _reconcile_key(self, key: str) -> float | None:
+        if key.startswith(BUNDLE_KEY):
+            return self.reconcile_bundle(key[len(BUNDLE_KEY) :])
+        return self.reconcile(key[len(BD_KEY) :])
 
     def _resync(self) -> None:
         while not self.stopping.wait(self.resync):
@@ -333,25 +292,15 @@ class Controller:
 
     def start(self, *, workers: int = 2, sync_timeout: float = 60.0) -> None:
         """Start the informers, wait for their first lists, then the workers."""
-        for inf in self.informers:
-            inf.start()
+        self.caches.start()
         self.health.start()
-        for inf in [*self.informers, self.health.inventories]:
+        for inf in [*self.caches, self.health.inventories]:
             if not inf.wait_synced(sync_timeout):
                 log.warning("msg='cache not synced yet' informer=%r", inf.listwatch)
-        self._spawn("watch-crds", self.crds.run)
-        self._spawn("resync", self._resync)
-        for i in range(workers):
-            self._spawn(f"worker-{i}", self._work)
-
-    def _spawn(self, name: str, target: Callable[..., None], *args: object) -> None:
-        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-        thread.start()
-        self._threads.append(thread)
+        # ends with its watch, up to watch_timeout after stop: not joined
+        self.workers.spawn("watch-crds", self.crds.run, join=False)
+        self.workers.spawn("resync", self._resync)
+        self.workers.start(workers)
 
     def stop(self, timeout: float = 5.0) -> None:
-        self.stopping.set()
-        self.queue.shutdown()
-        for thread in self._threads:
-            if thread.name != "watch-crds":  # ends with its watch, up to watch_timeout later
-                thread.join(timeout=timeout)
+        self.workers.stop(timeout)

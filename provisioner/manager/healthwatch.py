@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from csi.common import errors
 from provisioner.engine import appliedrecord, health, inventory, listwatch
+from provisioner.engine.informers import InformerSet
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, owner_of
 
@@ -42,30 +43,24 @@ class HealthWatch:
         stop: threading.Event,
         watch_timeout: int = 60,
     ) -> None:
-        self.kube = kube
         self.system_namespace = system_namespace
         self.on_change = on_change
-        self.stop = stop
-        self.watch_timeout = watch_timeout
+        self._caches = InformerSet(kube, stop=stop, watch_timeout=watch_timeout)
         self._lock = threading.Lock()
         self._kinds: dict[tuple[str, str], listwatch.Informer] = {}
-        self.inventories = listwatch.Informer(
-            kube,
+        self.inventories = self._caches.add(
             "v1",
             "ConfigMap",
             namespace=system_namespace,
             label_selector=f"{inventory.INVENTORY_LABEL}=true",
             on_change=self._inventory,
-            stop=stop,
-            watch_timeout=watch_timeout,
         )
 
     def start(self) -> None:
-        self.inventories.start()
+        self._caches.start()
 
     def informers(self) -> list[listwatch.Informer]:
-        with self._lock:
-            return [self.inventories, *self._kinds.values()]
+        return list(self._caches)
 
     def _inventory(self, cm: Obj) -> None:
         try:
@@ -81,17 +76,11 @@ class HealthWatch:
         with self._lock:
             if (api_version, kind) in self._kinds:
                 return
-            informer = listwatch.Informer(
-                self.kube,
-                api_version,
-                kind,
-                label_selector=OWNER_LABEL,
-                on_change=self._owned,
-                stop=self.stop,
-                watch_timeout=self.watch_timeout,
+            informer = self._caches.add(
+                api_version, kind, label_selector=OWNER_LABEL, on_change=self._owned
             )
             self._kinds[(api_version, kind)] = informer
-        informer.start()
+        self._caches.start()
 
     def _owned(self, obj: Obj) -> None:
         owner = owner_of(obj)

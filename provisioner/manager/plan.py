@@ -39,50 +39,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from provisioner.engine.health import Health as Health
 from provisioner.engine.objects import Obj
 from provisioner.manager import model, runs, sources
-from provisioner.manager.actions import (
-    Action as Action,
-)
-from provisioner.manager.actions import (
-    AddFinalizer as AddFinalizer,
-)
-from provisioner.manager.actions import (
-    ApplyInstance as ApplyInstance,
-)
-from provisioner.manager.actions import (
-    CreateBundle as CreateBundle,
-)
-from provisioner.manager.actions import (
-    CreateRun as CreateRun,
-)
-from provisioner.manager.actions import (
-    DeleteBundle as DeleteBundle,
-)
-from provisioner.manager.actions import (
-    DeleteInstance as DeleteInstance,
-)
-from provisioner.manager.actions import (
-    DeleteLease as DeleteLease,
-)
-from provisioner.manager.actions import (
-    DeletePod as DeletePod,
-)
-from provisioner.manager.actions import (
-    RecordEvent as RecordEvent,
-)
-from provisioner.manager.actions import (
-    RemoveFinalizer as RemoveFinalizer,
-)
-from provisioner.manager.actions import (
-    Requeue as Requeue,
-)
-from provisioner.manager.actions import (
-    Uninstall as Uninstall,
-)
-from provisioner.manager.actions import (
-    WriteStatus as WriteStatus,
-)
+from provisioner.manager.actions import Action as Action
+from provisioner.manager.actions import AddFinalizer as AddFinalizer
+from provisioner.manager.actions import ApplyInstance as ApplyInstance
+from provisioner.manager.actions import CreateBundle as CreateBundle
+from provisioner.manager.actions import CreateRun as CreateRun
+from provisioner.manager.actions import DeleteBundle as DeleteBundle
+from provisioner.manager.actions import DeleteInstance as DeleteInstance
+from provisioner.manager.actions import DeleteLease as DeleteLease
+from provisioner.manager.actions import DeletePod as DeletePod
+from provisioner.manager.actions import RecordEvent as RecordEvent
+from provisioner.manager.actions import RemoveFinalizer as RemoveFinalizer
+from provisioner.manager.actions import Requeue as Requeue
+from provisioner.manager.actions import Uninstall as Uninstall
+from provisioner.manager.actions import WriteStatus as WriteStatus
 from provisioner.manager.generate import desired_bundle, instance_deployment
 from provisioner.manager.model import Settings
 
@@ -106,14 +79,6 @@ POLL_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
-class Health:
-    """Summary of ``lifecycle.status`` over the deployment's inventory."""
-
-    healthy: bool
-    message: str
-
-
-@dataclass(frozen=True)
 class Observed:
     bundles: tuple[Obj, ...] = ()
     """Bundles labelled with the BD's name."""
@@ -131,7 +96,9 @@ class Observed:
     """Run mode: why the recorded install no longer holds (drifted objects, optional APIs
     that became served), confirmed by a fresh read; empty when it holds."""
     health: Health | None = None
-    """None when nothing is installed (no inventory) or health was not read."""
+    """Of the objects the inventory lists, as one ``Health``: ``ready`` when all are, else
+    the ``reason`` names some that are not. None when nothing is installed (no inventory)
+    or health was not read."""
     now: str = "1970-01-01T00:00:00Z"
 
 
@@ -218,9 +185,9 @@ def installed(observed: Observed, active: str) -> Verdict:
 def healthy(observed: Observed, installed_status: str) -> Verdict:
     if observed.health is None or installed_status != "True":
         return "Unknown", "NotInstalled", "health is known once the bundle is installed"
-    if observed.health.healthy:
-        return "True", "Healthy", observed.health.message or "every installed object is healthy"
-    return "False", "Unhealthy", observed.health.message
+    if observed.health.ready:
+        return "True", "Healthy", observed.health.reason or "every installed object is healthy"
+    return "False", "Unhealthy", observed.health.reason
 
 
 # -- status ------------------------------------------------------------------------------
@@ -335,11 +302,11 @@ def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
     else:
         valid = ("True", "UnpackSuccessful", f"Successfully unpacked the {wanted} Bundle")
         target = runs.Target(wanted, resolved)
-        want = instance_deployment(bd, wanted, resolved, settings)
-        if settings.instance_mode == model.DEPLOYMENT_MODE and _annotation(
-            observed.instance, model.SPEC_HASH_ANNOTATION
-        ) != _annotation(want, model.SPEC_HASH_ANNOTATION):
-            actions.append(ApplyInstance(want))
+        if settings.instance_mode == model.DEPLOYMENT_MODE:  # run mode: ``runs`` makes pods
+            want = instance_deployment(bd, wanted, resolved, settings)
+            hash_of = model.SPEC_HASH_ANNOTATION
+            if _annotation(observed.instance, hash_of) != _annotation(want, hash_of):
+                actions.append(ApplyInstance(want))
 
     previous = str((bd.get("status") or {}).get("activeBundle") or "")
     if settings.instance_mode == model.RUN_MODE:

@@ -4,8 +4,9 @@ Sits between the watches (which ``add`` names) and the reconcile workers
 (``get`` / ``done``), like client-go's rate-limited work queue: a name is in
 the queue at most once; a name being processed is not handed to a second
 worker, and an ``add`` meanwhile marks it dirty so it runs once more after
-``done``. ``retry`` re-adds with a per-key delay doubling from ``base`` up
-to ``cap``; ``forget`` resets it after a success.
+``done``. ``retry`` re-adds with a per-key delay from a ``csi.common.backoff``
+schedule (doubling from ``base`` up to ``cap``, or the ``backoff`` given);
+``forget`` resets it after a success. ``workers`` drains the queue.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ import heapq
 import threading
 import time
 
+from csi.common.backoff import Backoff
+
 
 class WorkQueue:
-    def __init__(self, *, base: float = 0.5, cap: float = 60.0) -> None:
-        self.base = base
-        self.cap = cap
+    def __init__(
+        self, *, base: float = 0.5, cap: float = 60.0, backoff: Backoff | None = None
+    ) -> None:
+        self.backoff = backoff or Backoff(base=base, cap=cap)
         self._cond = threading.Condition()
         self._ready: list[str] = []
         self._queued: set[str] = set()
@@ -44,7 +48,7 @@ class WorkQueue:
         with self._cond:
             n = self._failures.get(key, 0)
             self._failures[key] = n + 1
-        delay = min(self.cap, self.base * 2.0**n)
+        delay = self.backoff.delay(n)
         self.add_after(key, delay)
         return delay
 

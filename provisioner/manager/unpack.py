@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from provisioner.cli import flags, termination
 from provisioner.engine import formats, formats_plain
 from provisioner.engine.errors import BundleInvalid
 
@@ -40,7 +41,8 @@ EXIT_OK = 0
 EXIT_INVALID = 1
 MANIFESTS_DIR = "manifests"
 MESSAGE_LIMIT = 3800
-"""Kubernetes keeps 4096 bytes of a termination message; leave room for the JSON around it."""
+"""Kubernetes keeps 4096 bytes of a termination message (``termination.MESSAGE_LIMIT``);
+leave room for the JSON around it."""
 
 MISSING_MANIFESTS = "get objects from bundle manifests: readdir manifests: file does not exist"
 ZERO_OBJECTS = (
@@ -150,18 +152,9 @@ def register(subparsers: Any) -> None:
         "result (object count and kinds, or the error) as JSON to the termination log.",
         epilog="exit status: 0 valid; 1 invalid; 2 usage error",
     )
-    p.add_argument("--bundle-dir", type=Path, required=True, help="the mounted bundle root")
-    p.add_argument(
-        "--format",
-        default=formats.DEFAULT_FORMAT,
-        help="bundle format (default: %(default)s)",
-    )
-    p.add_argument(
-        "--termination-log",
-        type=Path,
-        default=Path("/dev/termination-log"),
-        help="where to write the JSON result (default: %(default)s)",
-    )
+    flags.add_bundle_dir(p)
+    flags.add_format(p)
+    termination.add_flag(p, what="the JSON result")
     p.set_defaults(func=run_unpack)
 
 
@@ -169,14 +162,7 @@ def run_unpack(args: argparse.Namespace) -> int:
     result = validate(args.bundle_dir, format=args.format)
     text = result.to_json()
     print(text, flush=True)
-    try:
-        args.termination_log.write_text(text)
-    except OSError as err:
-        log.warning(
-            "msg='cannot write the termination log' path=%s error=%r",
-            args.termination_log,
-            str(err),
-        )
+    termination.write(termination.where(args.termination_log), text)
     if result.ok:
         log.info("msg='bundle valid' %s", result.summary())
         return EXIT_OK

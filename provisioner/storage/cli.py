@@ -14,13 +14,13 @@ import argparse
 import logging
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from csi.common import errors
+from csi.common import flags as csi_flags
 from csi.common.backoff import Backoff
-from provisioner.cli import flags, signals
-from provisioner.instance import lease
-from provisioner.instance.process import default_identity
+from provisioner.cli import flags, service, signals
 from provisioner.storage import controller
 from provisioner.storage.csiclient import CsiClient
 from provisioner.storage.events import Recorder
@@ -44,11 +44,7 @@ def register(subparsers: Any) -> None:
         default=env("CSI_ADDRESS", "/csi/csi.sock"),
         help="the CSI plugin's unix socket (env CSI_ADDRESS; default: %(default)s)",
     )
-    p.add_argument(
-        "--driver-name",
-        default=env("DRIVER_NAME", "csi.rukpak.io"),
-        help="the driver the plugin must report, and StorageClasses name (default: %(default)s)",
-    )
+    csi_flags.add_driver_name(p, role="the plugin must report it, and StorageClasses name it")
     p.add_argument(
         "--timeout",
         type=float,
@@ -62,7 +58,6 @@ def register(subparsers: Any) -> None:
         default=120.0,
         help="seconds to wait for the plugin's socket at start (default: %(default)s)",
     )
-    p.add_argument("--workers", type=int, default=2, help="sync workers (default: 2)")
     p.add_argument(
         "--retry-interval-start",
         type=float,
@@ -75,12 +70,7 @@ def register(subparsers: Any) -> None:
         default=controller.RETRY.cap,
         help="longest retry delay (default: %(default)ss)",
     )
-    p.add_argument("--leader-elect", action="store_true", help=f"take the {LEASE_NAME} Lease first")
-    p.add_argument(
-        "--leader-election-namespace",
-        default=env("POD_NAMESPACE", "rukpak-system"),
-        help="namespace of the Lease (env POD_NAMESPACE; default: %(default)s)",
-    )
+    flags.add_controller(p, lease=LEASE_NAME, workers="sync", lease_namespace=True)
     p.set_defaults(func=run_volumes)
 
 
@@ -91,44 +81,27 @@ def run_volumes(args: argparse.Namespace) -> int:
         driver = csi.connect(driver=args.driver_name, wait=args.connect_timeout)
         kube = flags.kube(args)
     except errors.RukpakError as err:
-        log.error("msg='failed' error=%r", err.message)
         csi.close()
-        return 1
-    try:
-        with lease.leading(
+        return service.failed(log, err)
+
+    def start() -> Callable[[], None]:
+        component = f"{driver}_{os.environ.get('POD_NAME') or socket.gethostname()}"
+        provisioner = controller.VolumeProvisioner(
             kube,
-            enabled=args.leader_elect,
-            namespace=args.leader_election_namespace,
-            name=LEASE_NAME,
-            identity=default_identity(),
-            stop=stop,
-        ) as leader:
-            if not leader.leading:  # stopped while waiting for the Lease
-                return 0
-            component = f"{driver}_{os.environ.get('POD_NAME') or socket.gethostname()}"
-            provisioner = controller.VolumeProvisioner(
-                kube,
-                csi,
-                driver=driver,
-                recorder=Recorder(kube, component=component),
-                backoff=Backoff(
-                    base=args.retry_interval_start, cap=args.retry_interval_max, jitter=0.1
-                ),
-            )
-            provisioner.start(workers=args.workers)
-            try:
-                log.info("msg='provisioning' driver=%s csi_address=%s", driver, args.csi_address)
-                stop.wait()
-            finally:
-                provisioner.stop()  # before the Lease goes
-    except errors.RukpakError as err:
-        log.error("msg='failed' error=%r", err.message)
-        return 1
+            csi,
+            driver=driver,
+            recorder=Recorder(kube, component=component),
+            backoff=Backoff(
+                base=args.retry_interval_start, cap=args.retry_interval_max, jitter=0.1
+            ),
+        )
+        provisioner.start(workers=args.workers)
+        log.info("msg='provisioning' driver=%s csi_address=%s", driver, args.csi_address)
+        return provisioner.stop
+
+    try:
+        election = service.Election(args.leader_elect, args.leader_election_namespace, LEASE_NAME)
+        return service.serve(kube, election, start, stop=stop, log=log, lost="stopped provisioning")
     finally:
         kube.close()
         csi.close()
-    if leader.lost.is_set():
-        log.error("msg='lease lost; stopped provisioning'")
-        return 1
-    log.info("msg='stopped'")
-    return 0

@@ -15,10 +15,11 @@ are immutable, so a "fix" is a new class of the same name). Workers run:
   ``plan.finalizers_wanted`` says; when ``plan.should_delete`` (Released,
   reclaim Delete) call DeleteVolume, delete the PV, then drop our finalizer.
 
-A failed sync is retried with exponential backoff (``csi.common.backoff``:
-1 s doubling to 5 min, as the sidecar's ``--retry-interval-start/max``); a
-claim's failure is also a ``ProvisioningFailed`` Warning event saying what to
-fix. Secrets named by the StorageClass are read when needed and never logged.
+A failed sync is retried by ``manager.workers`` with exponential backoff
+(``csi.common.backoff``: 1 s doubling to 5 min, as the sidecar's
+``--retry-interval-start/max``); a claim's failure is also a
+``ProvisioningFailed`` Warning event saying what to fix. Secrets named by the
+StorageClass are read when needed and never logged.
 """
 
 from __future__ import annotations
@@ -26,16 +27,14 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
-import threading
-from collections.abc import Callable
 from typing import Any
 
 from csi.common import errors
 from csi.common.backoff import Backoff
-from provisioner.engine import listwatch
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import ObjectRef
 from provisioner.manager.queue import WorkQueue
+from provisioner.manager.workers import Reconciler
 from provisioner.storage import plan
 from provisioner.storage.csiclient import CsiClient
 from provisioner.storage.events import Recorder
@@ -46,7 +45,7 @@ Obj = dict[str, Any]
 RETRY = Backoff(base=1.0, cap=300.0, jitter=0.1)
 
 
-class VolumeProvisioner:
+class VolumeProvisioner(Reconciler):
     def __init__(
         self,
         kube: Kube,
@@ -57,66 +56,43 @@ class VolumeProvisioner:
         backoff: Backoff = RETRY,
         watch_timeout: int = 60,
     ) -> None:
-        self.kube = kube
+        queue = WorkQueue(backoff=backoff)
+        super().__init__(kube, queue, self.sync, log=log, watch_timeout=watch_timeout, what="sync")
         self.csi = csi
         self.driver = driver
         self.recorder = recorder
-        self.backoff = backoff
-        self.stopping = threading.Event()
-        self.queue = WorkQueue()
-        self._failures: dict[str, int] = {}
-        self._failures_lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-
-        def informer(api_version: str, kind: str, key: Callable[[Obj], str]) -> Any:
-            return listwatch.Informer(
-                kube,
-                api_version,
-                kind,
-                on_change=lambda obj: self.queue.add(key(obj)),
-                stop=self.stopping,
-                watch_timeout=watch_timeout,
-            )
-
-        self.claims: listwatch.Informer = informer(
-            "v1", "PersistentVolumeClaim", lambda c: f"claim:{plan.claim_key(c)}"
-        )
-        self.volumes: listwatch.Informer = informer(
-            "v1", "PersistentVolume", lambda v: f"pv:{plan.meta(v).get('name', '')}"
-        )
-        self.classes = listwatch.Informer(
-            kube,
+        self.classes = self.caches.add(
             "storage.k8s.io/v1",
             "StorageClass",
             on_change=self._class_changed,
             on_delete=lambda obj: None,  # a deleted class changes no claim's fate
-            stop=self.stopping,
-            watch_timeout=watch_timeout,
+        )
+        self.volumes = self.caches.add(
+            "v1",
+            "PersistentVolume",
+            on_change=lambda v: self.queue.add(f"pv:{plan.meta(v).get('name', '')}"),
+        )
+        self.claims = self.caches.add(
+            "v1",
+            "PersistentVolumeClaim",
+            on_change=lambda c: self.queue.add(f"claim:{plan.claim_key(c)}"),
         )
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self, *, workers: int = 2, sync_timeout: float = 60.0) -> None:
         """Start the informers, wait for their first lists, then the workers."""
-        for informer in (self.classes, self.volumes, self.claims):
-            informer.start()
-        for informer in (self.classes, self.volumes, self.claims):
-            if not informer.wait_synced(sync_timeout):
-                raise errors.Unavailable(
-                    f"{informer.listwatch!r} did not complete its first list in {sync_timeout}s"
-                )
-        for i in range(workers):
-            thread = threading.Thread(target=self._work, name=f"worker-{i}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self.caches.start()
+        late = self.caches.wait_synced(sync_timeout)
+        if late:
+            raise errors.Unavailable(
+                f"{late[0].listwatch!r} did not complete its first list in {sync_timeout}s"
+            )
+        self.workers.start(workers)
 
     def stop(self, timeout: float = 5.0) -> None:
-        self.stopping.set()
-        self.queue.shutdown()
-        for thread in self._threads:
-            thread.join(timeout)
-        for informer in (self.classes, self.volumes, self.claims):
-            informer.stop(timeout=0.1)
+        self.workers.stop(timeout)
+        self.caches.stop(timeout=0.1)
 
     def _class_changed(self, storage_class: Obj) -> None:
         name = plan.meta(storage_class).get("name")
@@ -124,43 +100,13 @@ class VolumeProvisioner:
             return
         for claim in self.claims.items():
             if plan.claim_class(claim) == name and not (claim.get("spec") or {}).get("volumeName"):
-                self._forget(f"claim:{plan.claim_key(claim)}")
+                self.queue.forget(f"claim:{plan.claim_key(claim)}")
                 self.queue.add(f"claim:{plan.claim_key(claim)}")
 
     # -- the work queue ----------------------------------------------------------------
 
-    def _work(self) -> None:
-        while not self.stopping.is_set():
-            key = self.queue.get()
-            if key is None:
-                return
-            try:
-                self.sync(key)
-            except errors.RukpakError as err:
-                delay = self._retry(key)
-                log.warning("msg=%r key=%s retry_in=%.1fs error=%r", "sync failed", key, delay,
-                            err.message)  # fmt: skip
-            except Exception:  # a bug: keep the worker alive, retry with backoff
-                delay = self._retry(key)
-                log.exception("msg=%r key=%s retry_in=%.1fs", "sync crashed", key, delay)
-            else:
-                self._forget(key)
-            finally:
-                self.queue.done(key)
-
-    def _retry(self, key: str) -> float:
-        with self._failures_lock:
-            n = self._failures.get(key, 0)
-            self._failures[key] = n + 1
-        delay = self.backoff.delay(n)
-        self.queue.add_after(key, delay)
-        return delay
-
-    def _forget(self, key: str) -> None:
-        with self._failures_lock:
-            self._failures.pop(key, None)
-
     def sync(self, key: str) -> None:
+        """One pass over a queued key (``Workers`` retries it with backoff if it raises)."""
         kind, _, rest = key.partition(":")
         if kind == "claim":
             namespace, _, name = rest.partition("/")

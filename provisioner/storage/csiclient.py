@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import NoReturn
 
 import grpc
 
@@ -23,6 +24,10 @@ from provisioner.storage.plan import Capability, CreateRequest
 log = logging.getLogger(__name__)
 
 Mode = csi_pb2.VolumeCapability.AccessMode.Mode
+_PLUGIN_CAPS = csi_pb2.GetPluginCapabilitiesRequest()
+_CONTROLLER_CAPS = csi_pb2.ControllerGetCapabilitiesRequest()
+_CONTROLLER_SERVICE = csi_pb2.PluginCapability.Service.CONTROLLER_SERVICE
+_CREATE_DELETE_VOLUME = csi_pb2.ControllerServiceCapability.RPC.CREATE_DELETE_VOLUME
 
 
 class CsiError(errors.RukpakError):
@@ -96,27 +101,18 @@ class CsiClient:
                          self.address, str(_failed(err)))  # fmt: skip
                 time.sleep(1.0)
         if driver and info.name != driver:
-            raise errors.FailedPrecondition(
-                f"the CSI plugin at {self.address} is driver {info.name!r}, not {driver!r}"
-            )
-        plugin_caps = self._identity.GetPluginCapabilities(
-            csi_pb2.GetPluginCapabilitiesRequest(), timeout=10
-        )
-        service = csi_pb2.PluginCapability.Service.CONTROLLER_SERVICE
-        if not any(c.service.type == service for c in plugin_caps.capabilities):
-            raise errors.FailedPrecondition(
-                f"the CSI plugin at {self.address} does not offer the Controller service; "
-                "start it with --controller"
-            )
-        ctrl_caps = self._controller.ControllerGetCapabilities(
-            csi_pb2.ControllerGetCapabilitiesRequest(), timeout=10
-        )
-        create_delete = csi_pb2.ControllerServiceCapability.RPC.CREATE_DELETE_VOLUME
-        if not any(c.rpc.type == create_delete for c in ctrl_caps.capabilities):
-            raise errors.FailedPrecondition(
-                f"the CSI plugin at {self.address} does not advertise CREATE_DELETE_VOLUME"
-            )
+            self._refuse(f"is driver {info.name!r}, not {driver!r}")
+        services = self._identity.GetPluginCapabilities(_PLUGIN_CAPS, timeout=10).capabilities
+        if not any(c.service.type == _CONTROLLER_SERVICE for c in services):
+            self._refuse("does not offer the Controller service; start it with --controller")
+        rpcs = self._controller.ControllerGetCapabilities(_CONTROLLER_CAPS, timeout=10).capabilities
+        if not any(c.rpc.type == _CREATE_DELETE_VOLUME for c in rpcs):
+            self._refuse("does not advertise CREATE_DELETE_VOLUME")
         return str(info.name)
+
+    def _refuse(self, why: str) -> NoReturn:
+        """The plugin cannot serve this provisioner: FailedPrecondition naming it and ``why``."""
+        raise errors.FailedPrecondition(f"the CSI plugin at {self.address} {why}")
 
     def create_volume(self, request: CreateRequest, secrets: dict[str, str]) -> CreatedVolume:
         message = csi_pb2.CreateVolumeRequest(

@@ -74,10 +74,6 @@ class Image:
     manifest: bytes
     blobs: dict[str, bytes]
 
-    @property
-    def digest(self) -> str:
-        return _digest(self.manifest)
-
 
 def make_image(layer_tar: bytes, *, entrypoint: list[str], cmd: list[str]) -> Image:
     """A one-layer linux/amd64 OCI image around ``layer_tar``."""

@@ -21,6 +21,7 @@ import requests
 
 from tests.cluster import bins, controlplane, images, node, pki, teardown
 from tests.cluster.process import Component, ComponentError, log_tail, pid_alive
+from tests.derived import below
 
 # The apiserver reaches the kubelet (logs, exec) at the Node's Hostname address: the kubelet
 # refuses a loopback --node-ip, and "localhost" is the one name that resolves to loopback.
@@ -51,29 +52,12 @@ class LocalCluster:
     def layout(self) -> node.NodeLayout:
         return node.NodeLayout(self.workdir)
 
-    @property
-    def kubelet_dir(self) -> Path:
-        return self.layout.kubelet_dir
-
-    @property
-    def plugins_registry_dir(self) -> Path:
-        return self.layout.plugins_registry_dir
-
-    @property
-    def plugins_dir(self) -> Path:
-        return self.layout.plugins_dir
-
-    @property
-    def pods_dir(self) -> Path:
-        return self.layout.pods_dir
-
-    @property
-    def containerd_socket(self) -> Path:
-        return self.layout.containerd_socket
-
-    @property
-    def logs_dir(self) -> Path:
-        return self.workdir / "logs"
+    kubelet_dir = below("layout.kubelet_dir")
+    plugins_registry_dir = below("layout.plugins_registry_dir")
+    plugins_dir = below("layout.plugins_dir")
+    pods_dir = below("layout.pods_dir")
+    containerd_socket = below("layout.containerd_socket")
+    logs_dir = below("workdir", "logs")
 
     @property
     def api_port(self) -> int:

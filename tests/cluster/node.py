@@ -21,6 +21,7 @@ import yaml
 
 from tests.cluster import pki, teardown
 from tests.cluster.process import Component, free_port
+from tests.derived import below
 
 CNI_BIN_DIR = "/usr/lib/cni"
 
@@ -31,34 +32,17 @@ class NodeLayout:
 
     workdir: Path
 
-    @property
-    def containerd_dir(self) -> Path:
-        return self.workdir / "containerd"
-
-    @property
-    def containerd_socket(self) -> Path:
-        return self.containerd_dir / "containerd.sock"
-
-    @property
-    def kubelet_dir(self) -> Path:
-        return self.workdir / "kubelet"
-
-    @property
-    def plugins_registry_dir(self) -> Path:
-        """Where CSI plugins put their registration sockets for the kubelet to find."""
-        return self.kubelet_dir / "plugins_registry"
-
-    @property
-    def plugins_dir(self) -> Path:
-        return self.kubelet_dir / "plugins"
-
-    @property
-    def pods_dir(self) -> Path:
-        return self.kubelet_dir / "pods"
-
-    @property
-    def network_file(self) -> Path:
-        return self.workdir / "cni" / "network.json"
+    containerd_dir = below("workdir", "containerd")
+    containerd_socket = below("containerd_dir", "containerd.sock")
+    kubelet_dir = below("workdir", "kubelet")
+    plugins_registry_dir = below(
+        "kubelet_dir",
+        "plugins_registry",
+        doc="Where CSI plugins put their registration sockets for the kubelet to find.",
+    )
+    plugins_dir = below("kubelet_dir", "plugins")
+    pods_dir = below("kubelet_dir", "pods")
+    network_file = below("workdir", "cni", "network.json")
 
 
 def _pick_network() -> tuple[str, str]:

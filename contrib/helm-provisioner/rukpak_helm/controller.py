@@ -1,7 +1,8 @@
 """The helm provisioner's controllers: informers, one work queue, observe, plan, perform.
 
 Where it sits: at the top of the process (``main`` starts it once it leads). Two
-informers (``api.Informer``) cache Bundles and BundleDeployments; only those of class
+informers cache Bundles and BundleDeployments; one worker drains the queue they feed
+(the frame is ``api.Reconciler``). Only objects of class
 ``core-rukpak-io-helm`` are queued (``plan.handles``), so the core manager's objects
 are never touched. A Bundle (``bundle:NAME``) is fetched (``content``), its chart
 checked (``chart.check``) and its status written once: Unpacked with the pinned
@@ -19,7 +20,6 @@ drift is not corrected until an install succeeds (the retry, with backoff).
 from __future__ import annotations
 
 import logging
-import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -43,7 +43,7 @@ def _labels(obj: api.Obj) -> dict[str, str]:
     return labels
 
 
-class Controller:
+class Controller(api.Reconciler):
     def __init__(
         self,
         kube: api.Kube,
@@ -54,32 +54,23 @@ class Controller:
         default_namespace: str = "default",
         watch_timeout: int = 60,
     ) -> None:
-        self.kube = kube
+        # reconcile asks for its own retries (queue.retry) while an install is not final
+        super().__init__(
+            kube,
+            api.WorkQueue(base=1.0, cap=60.0),
+            self._reconcile_key,
+            log=log,
+            watch_timeout=watch_timeout,
+            keep_failures_on_requeue=True,
+        )
         self.helm = helm
         self.store = store
         self.system_namespace = system_namespace
         self.default_namespace = default_namespace
-        self.queue = api.WorkQueue(base=1.0, cap=60.0)
-        self.stopping = threading.Event()
         self.outcomes: dict[str, plan.Outcome] = {}
         self.watchers: dict[str, api.DriftWatcher] = {}
-        self._threads: list[threading.Thread] = []
-        self.bds = api.Informer(
-            kube,
-            api.API_VERSION,
-            "BundleDeployment",
-            on_change=self._bd_changed,
-            stop=self.stopping,
-            watch_timeout=watch_timeout,
-        )
-        self.bundles = api.Informer(
-            kube,
-            api.API_VERSION,
-            "Bundle",
-            on_change=self._bundle_changed,
-            stop=self.stopping,
-            watch_timeout=watch_timeout,
-        )
+        self.bundles = self.caches.add(api.API_VERSION, "Bundle", on_change=self._bundle_changed)
+        self.bds = self.caches.add(api.API_VERSION, "BundleDeployment", on_change=self._bd_changed)
 
     # -- cache events -> work -------------------------------------------------------------
 
@@ -274,58 +265,24 @@ class Controller:
 
     def _event(self, obj: api.Obj, kind: str, event: plan.Event) -> None:
         """A core/v1 Event about ``obj`` (cluster-scoped: in ``default``); best effort."""
-        meta = obj.get("metadata") or {}
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{meta.get('name')}.", "namespace": "default"},
-            "involvedObject": {
-                "apiVersion": api.API_VERSION,
-                "kind": kind,
-                "name": meta.get("name"),
-                "uid": meta.get("uid"),
-            },
-            "type": event.type,
-            "reason": event.reason,
-            "message": event.message[:1024],
-            "source": {"component": "rukpak-helm-provisioner"},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        try:
-            self.kube.create(body)
-        except api.RukpakError as err:
-            log.warning("msg='cannot record event' error=%r", err.message)
+        api.record_event(
+            self.kube,
+            obj,
+            kind=kind,
+            type_=event.type,
+            reason=event.reason,
+            message=event.message,
+            component="rukpak-helm-provisioner",
+            now=now_text(),
+        )
 
     # -- workers and lifecycle ------------------------------------------------------------
 
-    def _work(self) -> None:
-        while not self.stopping.is_set():
-            key = self.queue.get(timeout=1.0)
-            if key is None:
-                continue
-            try:
-                if key.startswith(BUNDLE_KEY):
-                    self.reconcile_bundle(key[len(BUNDLE_KEY) :])
-                    after = None
-                else:
-                    after = self.reconcile(key[len(BD_KEY) :])
-            except api.RukpakError as err:
-                delay = self.queue.retry(key)
-                log.warning("msg='reconcile failed' key=%s retry_in=%.1fs error=%r",
-                            key, delay, err.message)  # fmt: skip
-            except Exception:  # a bug: keep the process alive, retry with backoff
-                delay = self.queue.retry(key)
-                log.exception("msg='reconcile crashed' key=%s retry_in=%.1fs", key, delay)
-            else:
-                if after is None:
-                    self.queue.forget(key)
-                else:
-                    self.queue.add_after(key, after)
-            finally:
-                self.queue.done(key)
+    def _reconcile_key(self, key: str) -> float | None:
+        if key.startswith(BUNDLE_KEY):
+            self.reconcile_bundle(key[len(BUNDLE_KEY) :])
+            return None
+        return self.reconcile(key[len(BD_KEY) :])
 
     def _resync(self) -> None:
         while not self.stopping.wait(RESYNC_SECONDS):
@@ -340,22 +297,14 @@ class Controller:
 
         One worker: renders and installs of different BundleDeployments never overlap,
         which keeps memory flat (helm and the engine each hold a whole release)."""
-        for informer in (self.bundles, self.bds):
-            informer.start()
-        for informer in (self.bundles, self.bds):
-            if not informer.wait_synced(sync_timeout):
-                log.warning("msg='cache not synced yet' kind=%s", informer)
-        for name, target in (("worker", self._work), ("resync", self._resync)):
-            thread = threading.Thread(target=target, name=name, daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self.caches.start()
+        for informer in self.caches.wait_synced(sync_timeout):
+            log.warning("msg='cache not synced yet' kind=%s", informer)
+        self.workers.spawn("worker", self.workers.work)
+        self.workers.spawn("resync", self._resync)
 
     def stop(self, timeout: float = 5.0) -> None:
-        self.stopping.set()
-        self.queue.shutdown()
-        for thread in self._threads:
-            thread.join(timeout=timeout)
+        self.workers.stop(timeout)
         for name in list(self.watchers):
             self._stop_watcher(name)
-        for informer in (self.bundles, self.bds):
-            informer.stop()
+        self.caches.stop()

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from provisioner import api
+from provisioner.api import actions
 
 CLASS = "core-rukpak-io-helm"
 FINALIZER = "core.rukpak.io/helm-uninstall"
@@ -158,29 +159,13 @@ class Observed:
     now: str = "1970-01-01T00:00:00Z"
 
 
-@dataclass(frozen=True)
-class AddFinalizer:
-    pass
-
-
-@dataclass(frozen=True)
-class RemoveFinalizer:
-    pass
-
-
-@dataclass(frozen=True)
-class CreateBundle:
-    bundle: api.Obj
-
-
-@dataclass(frozen=True)
-class DeleteBundle:
-    name: str
-
-
-@dataclass(frozen=True)
-class Uninstall:
-    policy: Literal["Delete", "Orphan"]
+# The core's own BundleDeployment actions (``api.actions``), under the names the controller
+# matches on.
+AddFinalizer = actions.AddFinalizer
+RemoveFinalizer = actions.RemoveFinalizer
+CreateBundle = actions.CreateBundle
+DeleteBundle = actions.DeleteBundle
+Uninstall = actions.Uninstall
 
 
 @dataclass(frozen=True)

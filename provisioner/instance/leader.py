@@ -1,0 +1,82 @@
+"""Leader election among a process's replicas, on one ``lease.LeaseLock``.
+
+Where it sits: above ``lease`` (the lock itself) and under the long-running
+processes that must have one active replica: the manager and the PV provisioner
+(``provisioner.cli.service``, Leases ``rukpak-manager`` and
+``rukpak-csi-provisioner``) and, through ``provisioner.api``, the helm provisioner.
+``lead`` takes the Lease (waiting while another replica holds it) and keeps it
+renewed; losing it sets ``lost`` and ``stop``, so the process stops working before
+another replica starts. ``leading`` wraps that around a block of work, releasing the
+Lease on the way out so the next replica takes over at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from provisioner.engine.kube import Kube
+from provisioner.instance.lease import LeaseLock
+
+log = logging.getLogger(__name__)
+
+
+def lead(
+    kube: Kube,
+    *,
+    namespace: str,
+    name: str,
+    identity: str,
+    stop: threading.Event,
+    lost: threading.Event,
+) -> LeaseLock | None:
+    """Leader election for a process's replicas: take Lease ``namespace/name`` (waiting
+    while another replica holds it), then keep it renewed; losing it sets ``lost`` and
+    ``stop``. None when ``stop`` was set before the Lease was taken."""
+
+    def on_lost(_why: str) -> None:
+        lost.set()
+        stop.set()
+
+    lock = LeaseLock(kube, namespace=namespace, name=name, identity=identity, on_lost=on_lost)
+    log.info("msg='taking lease' lease=%s identity=%s", lock, lock.identity)
+    if not lock.acquire(stop=stop):
+        return None
+    lock.start_renewing()
+    log.info("msg='lease acquired' lease=%s", lock)
+    return lock
+
+
+@dataclass
+class Leadership:
+    """What ``leading`` yields: whether to go on, and whether the Lease was lost since."""
+
+    leading: bool
+    lost: threading.Event
+
+
+@contextlib.contextmanager
+def leading(
+    kube: Kube,
+    *,
+    enabled: bool,
+    namespace: str,
+    name: str,
+    identity: str,
+    stop: threading.Event,
+) -> Iterator[Leadership]:
+    """A replica's leader election around its work (``--leader-elect``): when ``enabled``,
+    ``lead`` first (``leading`` is False when ``stop`` came first), and release the Lease
+    on the way out; otherwise just go on."""
+    lost = threading.Event()
+    lock = None
+    if enabled:
+        lock = lead(kube, namespace=namespace, name=name, identity=identity, stop=stop, lost=lost)
+    try:
+        yield Leadership(leading=lock is not None or not enabled, lost=lost)
+    finally:
+        if lock is not None and lock.held:
+            lock.release()
