@@ -109,6 +109,7 @@ class FuseImages:
         # Lazy trees fetch with the credentials they were published with (memory only).
         self._pullers: dict[str, seams.Puller] = {}
         self._restored: dict[str, Credentials] = {}  # from the keeper, after a restart
+        self._incomplete: set[str] = set()  # lazy trees whose background fetch waits
         self.keeper: CredentialKeeper | None = None
         self.lazy = lazy.LazyFetcher(self.files, root / "lazy", self._puller_for)
         self.on_forget: list[Callable[[str], None]] = []  # more to drop with an evicted tree
@@ -215,9 +216,8 @@ class FuseImages:
         self._keep(name, job.credentials)
         self.lazy.save(name, job.ref, job.manifest.layers, spans)
         self._save_index(job, root, builder.stats.warnings, lazy=True)
-        threading.Thread(
-            target=self.lazy.complete, args=(name,), name=f"complete-{name[:12]}", daemon=True
-        ).start()
+        with self._tags_lock:
+            self._incomplete.add(name)  # completed once published (complete_in_background)
         log.info(
             "msg=%r image=%s digest=%s seconds=%.3f files=%d",
             "image indexed from its TOC (files fetched on first read)",
@@ -235,6 +235,20 @@ class FuseImages:
             log.warning("msg=%r image=%s detail=%r", "layer entry refused", job.ref, warning)
         extra = {"image": str(job.ref), "private": job.private, **extra}
         index.save(self.index_path(digests.hex_of(job.digest)), job.digest, root, extra=extra)
+
+    def complete_in_background(self, name: str) -> None:
+        """Start fetching the rest of lazy tree ``name`` (once; no-op for other trees).
+
+        The publisher calls this after the volume is mounted: the fetch competes for
+        the interpreter, so it starts after NodePublishVolume's own work is done.
+        """
+        with self._tags_lock:
+            if name not in self._incomplete:
+                return
+            self._incomplete.discard(name)
+        threading.Thread(
+            target=self.lazy.complete, args=(name,), name=f"complete-{name[:12]}", daemon=True
+        ).start()
 
     def resume_lazy(self) -> int:
         """Restart the background completion of lazy trees a previous process left unfinished."""

@@ -91,6 +91,7 @@ class FusePublisher:
         target.mkdir(mode=0o750, parents=True, exist_ok=True)
         mounter.bind_read_only(tree_dir, target)
         self._set(key, {"volume_id": volume_id, "image": source.image, "tree": ready.name})
+        self.images.complete_in_background(ready.name)
         self.images.collector.request(self.held)
         log.info(
             "msg=%r target=%s volume_id=%s image=%s digest=%s cache_hit=%s mode=fuse",

@@ -189,6 +189,7 @@ class _Gunzip(io.RawIOBase):
     """
 
     CHUNK = 1 << 20
+    WINDOW = 1 << 16
     DEPTH = 8
 
     def __init__(self, raw: IO[bytes]) -> None:
@@ -236,21 +237,31 @@ class _Gunzip(io.RawIOBase):
         try:
             member: Any = zlib.decompressobj(16 + zlib.MAX_WBITS)
             while chunk := raw.read(self.CHUNK):
-                data = chunk
-                while data:
+                view, pos = memoryview(chunk), 0
+                while pos < len(view):
                     if member is None:  # between members: skip zero padding
-                        data = data.lstrip(b"\0")
-                        if not data:
+                        rest = len(chunk) - pos
+                        pos += rest - len(chunk[pos:].lstrip(b"\0")) if not view[pos] else 0
+                        if pos == len(view):
                             break
                         member = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                    out = member.decompress(data, self.CHUNK)
-                    if out and not self._put(out):
-                        return
+                    # A window, not the rest of the chunk: many small members (eStargz
+                    # writes one per file) would otherwise copy the rest as unused_data
+                    # once each.
+                    window = view[pos : pos + self.WINDOW]
+                    data: bytes | memoryview = window
+                    while data:
+                        out = member.decompress(data, self.CHUNK)
+                        if out and not self._put(out):
+                            return
+                        if member.eof:
+                            break
+                        data = member.unconsumed_tail
                     if member.eof:
-                        data = member.unused_data
+                        pos += len(window) - len(member.unused_data)
                         member = None
                     else:
-                        data = member.unconsumed_tail
+                        pos += len(window)
             if member is not None:
                 raise EOFError("compressed data ends before the end-of-stream marker")
             self._put(None)

@@ -1,4 +1,5 @@
-"""csi.image.ustar reads every header exactly as tarfile.TarInfo.frombuf does.
+"""csi.image.ustar reads every header exactly as tarfile.TarInfo.frombuf does; the gzip
+reader of csi.image.layerio inflates many-member streams (eStargz) exactly.
 
 The fast reader may hand a header back to tarfile (None); whatever it returns
 itself must equal tarfile's reading, field by field, and whatever tarfile refuses
@@ -7,6 +8,8 @@ it must refuse with the same error.
 
 from __future__ import annotations
 
+import gzip
+import io
 import random
 import tarfile
 from typing import Literal
@@ -109,3 +112,30 @@ def test_layer_reader_uses_it(tmp_path: object) -> None:
     assert layerio._CappedTarInfo.frombuf(CASES["regular"], ENC, ERR).name == "manifests/a.yaml"
     with pytest.raises(tarfile.HeaderError):
         layerio._CappedTarInfo.frombuf(CASES["bad checksum"], ENC, ERR)
+
+
+# --- the gzip reader: many members, padding, truncation ---------------------------------
+
+
+def _inflate_all(data: bytes) -> bytes:
+    reader = layerio._Gunzip(io.BytesIO(data))
+    try:
+        return b"".join(iter(lambda: reader.read(1 << 16), b""))
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("padding", [b"", b"\0" * 7, b"\0" * 70_000])
+def test_many_gzip_members_inflate_to_their_concatenation(padding: bytes) -> None:
+    rng = random.Random(3)
+    parts = [rng.randbytes(rng.randint(0, 30_000)) for _ in range(300)]
+    data = b"".join(
+        gzip.compress(p, mtime=0) + (padding if i % 7 == 0 else b"") for i, p in enumerate(parts)
+    )
+    assert _inflate_all(data) == b"".join(parts)
+
+
+def test_a_member_cut_short_is_an_error_not_short_content() -> None:
+    data = gzip.compress(b"first" * 1000) + gzip.compress(bytes(range(256)) * 400)[:-9]
+    with pytest.raises(EOFError):
+        _inflate_all(data)
