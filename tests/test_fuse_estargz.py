@@ -228,3 +228,32 @@ def test_a_hostile_toc_gets_the_same_rules_as_bind_mode(
     assert sorted(tree.children[0]) == ["ok.yaml"]
     ok = tree.rows[tree.children[0]["ok.yaml"]]
     assert ok.mode == 0o555  # setuid dropped, executable kept
+
+
+def _no_puller(_credentials: Credentials | None) -> Puller:
+    raise AssertionError("no pull expected")
+
+
+def test_after_a_reboot_torn_lazy_indexes_go_and_whole_ones_stay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from csi.image import cachesync
+
+    monkeypatch.setattr(cachesync, "boot_id", lambda: "boot-1")
+    images = FuseImages(tmp_path, puller_factory=_no_puller)
+    whole, torn_index, torn_plan, orphan = ("a" * 64, "b" * 64, "c" * 64, "d" * 64)
+    for name in (whole, torn_index, torn_plan):
+        images.index_path(name).write_text(json.dumps({"lazy": True, "rows": []}))
+        images.lazy.plan_path(name).write_text(json.dumps({"files": {}}))
+    images.index_path(torn_index).write_bytes(b"")  # what a power loss leaves
+    images.lazy.plan_path(torn_plan).write_bytes(b'{"files": {"sha')
+    images.lazy.plan_path(orphan).write_text("{}")
+
+    FuseImages(tmp_path, puller_factory=_no_puller)  # the same boot: a plugin restart
+    assert images.index_path(torn_index).exists()  # the page cache still holds it
+
+    monkeypatch.setattr(cachesync, "boot_id", lambda: "boot-2")
+    FuseImages(tmp_path, puller_factory=_no_puller)
+    assert sorted(p.stem for p in images.trees_dir.glob("*.json")) == [whole]
+    assert sorted(p.stem for p in images.lazy.lazy_dir.glob("*.json")) == [whole]
+    assert (tmp_path / "boot_id").read_text() == "boot-2"

@@ -146,3 +146,16 @@ def unlink_size(path: Path) -> int:
     except FileNotFoundError:
         return 0
     return size
+
+
+def fsync_files(*paths: Path) -> None:
+    """Make files already written (and their renames) durable: each file, then each
+    distinct parent directory."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for parent in dict.fromkeys(p.parent for p in paths):
+        fsync_dir(parent)

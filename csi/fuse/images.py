@@ -6,7 +6,9 @@ walker (``csi.fuse.unpack``) and the file store. Layout under ``root``::
 
     files/sha256/<hex>   file contents (csi.fuse.filestore)
     trees/<hex>.json     one index per image manifest (csi.fuse.index)
+    lazy/<hex>.json      a lazy tree's plan: its layers, each file's byte span (csi.fuse.lazy)
     tags.json            reference|platform → manifest digest (for IfNotPresent)
+    boot_id              the boot of the last start (after a reboot, torn lazy indexes go)
 
 A lazy tree fetches its files with the credentials it was published with.
 They stay in memory, plus a copy handed to the /dev/fuse holder (``keeper``,
@@ -35,11 +37,16 @@ from pathlib import Path
 from typing import Protocol
 
 from csi.common import errors
-from csi.common.fsio import read_json_or_set_aside, write_json_atomic
+from csi.common.fsio import (
+    fsync_files,
+    read_json_or_set_aside,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 from csi.fuse import index, lazy, unpack
 from csi.fuse.collect import Collector
 from csi.fuse.filestore import FileStore
-from csi.image import extract, grants, layerio, layerstream, seams
+from csi.image import cachesync, extract, grants, layerio, layerstream, seams
 from csi.image.grants import Grants
 from csi.image.locks import KeyedLocks
 from csi.image.seams import PullerFactory, PullPolicy, StreamingPuller
@@ -116,6 +123,7 @@ class FuseImages:
         self.collector = Collector(
             self.files, self.trees_dir, budget_bytes=budget_bytes, forget=self._forget_tree
         )
+        self._drop_torn_after_reboot()
 
     def index_path(self, name: str) -> Path:
         return self.trees_dir / f"{name}.json"
@@ -214,8 +222,11 @@ class FuseImages:
         name = digests.hex_of(job.digest)
         self._pullers[name] = self._puller_factory(job.credentials)
         self._keep(name, job.credentials)
-        self.lazy.save(name, job.ref, job.manifest.layers, spans)
-        self._save_index(job, root, builder.stats.warnings, lazy=True)
+        # Written, not fsynced: a restarted plugin reads them from the page cache, and the
+        # background thread makes them durable first thing (a power loss ends the mount;
+        # after a reboot, torn ones are dropped: _drop_torn_after_reboot).
+        self.lazy.save(name, job.ref, job.manifest.layers, spans, durable=False)
+        self._save_index(job, root, builder.stats.warnings, durable=False, lazy=True)
         with self._tags_lock:
             self._incomplete.add(name)  # completed once published (complete_in_background)
         log.info(
@@ -228,13 +239,20 @@ class FuseImages:
         )
 
     def _save_index(
-        self, job: _Job, root: index.Node, warnings: Iterable[str], **extra: object
+        self,
+        job: _Job,
+        root: index.Node,
+        warnings: Iterable[str],
+        *,
+        durable: bool = True,
+        **extra: object,
     ) -> None:
         """Log the entries the rules refused, then write the index: the tree is ready."""
         for warning in warnings:
             log.warning("msg=%r image=%s detail=%r", "layer entry refused", job.ref, warning)
         extra = {"image": str(job.ref), "private": job.private, **extra}
-        index.save(self.index_path(digests.hex_of(job.digest)), job.digest, root, extra=extra)
+        path = self.index_path(digests.hex_of(job.digest))
+        index.save(path, job.digest, root, extra=extra, durable=durable)
 
     def complete_in_background(self, name: str) -> None:
         """Start fetching the rest of lazy tree ``name`` (once; no-op for other trees).
@@ -246,9 +264,50 @@ class FuseImages:
             if name not in self._incomplete:
                 return
             self._incomplete.discard(name)
+        self._start_completion(name)
+
+    def _start_completion(self, name: str) -> None:
         threading.Thread(
-            target=self.lazy.complete, args=(name,), name=f"complete-{name[:12]}", daemon=True
+            target=self._complete, args=(name,), name=f"complete-{name[:12]}", daemon=True
         ).start()
+
+    def _complete(self, name: str) -> None:
+        """Make the lazy tree's index and plan durable, then fetch its missing files."""
+        try:
+            fsync_files(self.index_path(name), self.lazy.plan_path(name))
+        except FileNotFoundError:
+            return  # evicted meanwhile
+        except OSError as exc:
+            log.error("msg=%r tree=%s error=%r", "cannot sync a lazy tree's index", name, exc)
+        self.lazy.complete(name)
+
+    def _drop_torn_after_reboot(self) -> None:
+        """After a reboot, drop lazy indexes and plans a power loss may have torn.
+
+        They are written without fsync on the publish path (and synced right after);
+        one the kernel did not write back before the node went down reads as empty or
+        broken JSON. Such a tree is pulled again when next published.
+        """
+        marker = self.root / "boot_id"
+        now = cachesync.boot_id()
+        try:
+            before = marker.read_text().strip()
+        except OSError:
+            before = ""
+        if before and before != now:
+            for path in sorted(self.trees_dir.glob("*.json")):
+                plan = self.lazy.plan_path(path.stem)
+                doc = _json_or_none(path)
+                torn = doc is None or (doc.get("lazy") is True and _json_or_none(plan) is None)
+                if torn:
+                    log.warning("msg=%r tree=%s", "dropping a tree index torn by a reboot", path)
+                    path.unlink(missing_ok=True)
+                    plan.unlink(missing_ok=True)
+            for plan in sorted(self.lazy.lazy_dir.glob("*.json")):
+                if not self.index_path(plan.stem).exists():
+                    plan.unlink(missing_ok=True)
+        if before != now:
+            write_bytes_atomic(marker, now.encode())
 
     def resume_lazy(self) -> int:
         """Restart the background completion of lazy trees a previous process left unfinished."""
@@ -260,9 +319,7 @@ class FuseImages:
                 continue
             if all(self.files.has(d) for d in files):
                 continue
-            threading.Thread(
-                target=self.lazy.complete, args=(plan.stem,), name="complete", daemon=True
-            ).start()
+            self._start_completion(plan.stem)
             started += 1
         return started
 
@@ -344,3 +401,11 @@ class _Job:
     private: bool
     """Pulled with credentials anonymous access could not use (recorded in the index)."""
     credentials: Credentials | None
+
+
+def _json_or_none(path: Path) -> dict[str, object] | None:
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None

@@ -291,8 +291,16 @@ def from_rows(digest: str, rows: list[Row]) -> Index:
     return Index(digest=digest, rows=rows, children=children)
 
 
-def save(path: Path, digest: str, root: Node, *, extra: dict[str, Any] | None = None) -> Index:
-    """Write the index of ``root`` atomically; returns it loaded."""
+def save(
+    path: Path,
+    digest: str,
+    root: Node,
+    *,
+    extra: dict[str, Any] | None = None,
+    durable: bool = True,
+) -> Index:
+    """Write the index of ``root`` atomically (and durably unless ``durable=False``);
+    returns it loaded."""
     rows = flatten(root)
     doc = {
         "version": FORMAT_VERSION,
@@ -302,7 +310,7 @@ def save(path: Path, digest: str, root: Node, *, extra: dict[str, Any] | None = 
         ],
         **(extra or {}),
     }
-    write_bytes_atomic(path, json.dumps(doc, separators=(",", ":")).encode())
+    write_bytes_atomic(path, json.dumps(doc, separators=(",", ":")).encode(), durable=durable)
     return from_rows(digest, rows)
 
 

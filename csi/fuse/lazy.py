@@ -206,7 +206,18 @@ class LazyFetcher:
         self._lock = threading.Lock()
         self.broken: set[str] = set()
 
-    def save(self, tree: str, ref: Reference, layers: Sequence[Descriptor], spans: Any) -> None:
+    def plan_path(self, tree: str) -> Path:
+        return self.lazy_dir / f"{tree}.json"
+
+    def save(
+        self,
+        tree: str,
+        ref: Reference,
+        layers: Sequence[Descriptor],
+        spans: Any,
+        *,
+        durable: bool = True,
+    ) -> None:
         plan = {
             "image": str(ref),
             "layers": [d.to_json() for d in layers],
@@ -214,7 +225,7 @@ class LazyFetcher:
         }
         # Compact, unsorted: 10,000 spans are encoded on the publish path.
         write_bytes_atomic(
-            self.lazy_dir / f"{tree}.json", json.dumps(plan, separators=(",", ":")).encode()
+            self.plan_path(tree), json.dumps(plan, separators=(",", ":")).encode(), durable=durable
         )
         with self._lock:
             self._plans[tree] = plan
