@@ -112,6 +112,10 @@ class Trees:
     def name(self, slot: int) -> str | None:
         return self._names.get(slot)
 
+    def offer(self, name: str, tree: index.Index) -> None:
+        """A tree just indexed: serve it from memory, not by reading back what was written."""
+        self._loaded[self.slot(name)] = tree
+
     def get(self, slot: int) -> index.Index | None:
         tree = self._loaded.get(slot)
         if tree is None:

@@ -120,6 +120,7 @@ class FuseImages:
         self.keeper: CredentialKeeper | None = None
         self.lazy = lazy.LazyFetcher(self.files, root / "lazy", self._puller_for)
         self.on_forget: list[Callable[[str], None]] = []  # more to drop with an evicted tree
+        self.on_indexed: list[Callable[[str, index.Index], None]] = []  # a tree is ready
         self.collector = Collector(
             self.files, self.trees_dir, budget_bytes=budget_bytes, forget=self._forget_tree
         )
@@ -251,8 +252,10 @@ class FuseImages:
         for warning in warnings:
             log.warning("msg=%r image=%s detail=%r", "layer entry refused", job.ref, warning)
         extra = {"image": str(job.ref), "private": job.private, **extra}
-        path = self.index_path(digests.hex_of(job.digest))
-        index.save(path, job.digest, root, extra=extra, durable=durable)
+        name = digests.hex_of(job.digest)
+        saved = index.save(self.index_path(name), job.digest, root, extra=extra, durable=durable)
+        for callback in self.on_indexed:
+            callback(name, saved)
 
     def complete_in_background(self, name: str) -> None:
         """Start fetching the rest of lazy tree ``name`` (once; no-op for other trees).

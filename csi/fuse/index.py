@@ -25,7 +25,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from csi.common import errors
 from csi.common.fsio import write_bytes_atomic
@@ -220,9 +220,12 @@ def escapes(root: Node, link: tuple[str, ...]) -> bool:
 # --- the saved form -------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Row:
-    """One entry of a saved index; its position in :attr:`Index.rows` is its local inode."""
+class Row(NamedTuple):
+    """One entry of a saved index; its position in :attr:`Index.rows` is its local inode.
+
+    A tuple, so a list of rows is JSON as it is (``save``) and comes back with
+    ``Row(*fields)`` (``load``).
+    """
 
     parent: int
     name: str
@@ -305,9 +308,7 @@ def save(
     doc = {
         "version": FORMAT_VERSION,
         "digest": digest,
-        "rows": [
-            [r.parent, r.name, r.kind, r.mode, r.size, r.digest, r.target, r.mtime] for r in rows
-        ],
+        "rows": rows,
         **(extra or {}),
     }
     write_bytes_atomic(path, json.dumps(doc, separators=(",", ":")).encode(), durable=durable)

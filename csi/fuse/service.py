@@ -58,6 +58,7 @@ class FuseService:
         )
         self.trees = fs.Trees(self.images.trees_dir, root / "slots.json")
         self.images.on_forget.append(self.trees.forget)
+        self.images.on_indexed.append(self.trees.offer)
         self.ops = fs.ReadOnlyFS(self.trees, self.images.files, fetcher=self.images.lazy)
         self.external_holder = holder_socket is not None
         self.holder_socket = holder_socket or root / "holder.sock"
