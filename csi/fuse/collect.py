@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
+from csi.common.background import Chore
 from csi.fuse.filestore import FileStore
 
 log = logging.getLogger(__name__)
@@ -68,9 +69,9 @@ class Collector:
         self._gate = threading.Condition()
         self._pulls = 0
         self._deleting = False
-        self._wanted = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._thread_guard = threading.Lock()
+        self._chore = Chore(
+            "fuse-gc", lambda: self.collect(self._held()), failure="FUSE store collection failed"
+        )
         self._run_lock = threading.Lock()
         self._held: Callable[[], Collection[str]] = frozenset
         # Files nothing names can exist at start (a crash mid-pull) and after a failed
@@ -102,19 +103,7 @@ class Collector:
     def request(self, held: Callable[[], Collection[str]]) -> None:
         """Collect in the background (one thread at most); ``held`` names the trees in use."""
         self._held = held
-        self._wanted.set()
-        with self._thread_guard:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="fuse-gc", daemon=True)
-                self._thread.start()
-
-    def _loop(self) -> None:
-        while self._wanted.is_set():
-            self._wanted.clear()
-            try:
-                self.collect(self._held())
-            except Exception:  # logged; the next publish asks again
-                log.exception("msg=%r", "FUSE store collection failed")
+        self._chore.wake()
 
     def collect(self, held: Collection[str]) -> tuple[list[str], int]:
         """Evict unused trees while over budget, then delete unreferenced files.

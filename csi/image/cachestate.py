@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from csi.common.background import Chore
 from csi.common.fsio import read_json_or_set_aside, write_bytes_atomic, write_json_atomic
 from csi.oci import digest as digests
 
@@ -46,8 +47,8 @@ class CacheState:
         self.path = path
         self.lock = threading.RLock()
         self._dirty = False
-        self._wake = threading.Event()
-        self._writer: threading.Thread | None = None
+        self._writer = Chore("state", self.flush, failure="cannot write state")
+        self._exit_flush = False
         self._write_lock = threading.Lock()  # held while writing; its holder never waits for lock
         self._version = 0
         self._written = 0
@@ -70,11 +71,10 @@ class CacheState:
         """Have the writer thread write the records (not durably) shortly; see above."""
         with self.lock:
             self._dirty = True
-            if self._writer is None:
-                self._writer = threading.Thread(target=self._write_loop, name="state", daemon=True)
-                self._writer.start()
+            if not self._exit_flush:
+                self._exit_flush = True
                 atexit.register(self.flush)
-        self._wake.set()
+        self._writer.wake()  # a failed write is tried again at the next change
 
     def flush(self) -> None:
         """Write pending holder changes now (not durably).
@@ -94,15 +94,6 @@ class CacheState:
             if version > self._written:
                 write_bytes_atomic(self.path, payload, durable=False)
                 self._written = version
-
-    def _write_loop(self) -> None:
-        while True:
-            self._wake.wait()
-            self._wake.clear()
-            try:
-                self.flush()
-            except OSError as exc:  # the next change tries again; a restart re-adopts mounts
-                log.error("msg=%r path=%s error=%r", "cannot write state", self.path, str(exc))
 
     # --- tags -------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from csi.common.background import Chore
 from csi.common.fsio import syncfs, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,7 @@ class TreeSyncer:
         self._boot = boot_id()
         self._pending: set[str] = set()
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._chore = Chore("sync-trees", self.sync_now, failure="cannot sync committed trees")
 
     def commit_marker(self, digest: str, **fields: Any) -> dict[str, Any]:
         """The marker of a tree committed now, before it is synced."""
@@ -62,10 +62,7 @@ class TreeSyncer:
     def request(self, digest: str) -> None:
         with self._lock:
             self._pending.add(digest)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="sync-trees", daemon=True)
-                self._thread.start()
-        self._wake.set()
+        self._chore.wake()  # a failed sync leaves trees unsynced: distrusted after a reboot
 
     def sync_now(self) -> list[str]:
         """Sync every pending tree now; returns the digests marked ``synced``."""
@@ -90,12 +87,3 @@ class TreeSyncer:
             write_json_atomic(path, marker)
             done.append(digest)
         return done
-
-    def _loop(self) -> None:
-        while True:
-            self._wake.wait()
-            self._wake.clear()
-            try:
-                self.sync_now()
-            except OSError as exc:  # trees stay unsynced: distrusted after a reboot only
-                log.error("msg=%r error=%r", "cannot sync committed trees", str(exc))

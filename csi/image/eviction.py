@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Collection
 from pathlib import Path
 
+from csi.common.background import Chore
 from csi.image import tree
 from csi.image.cachestate import CacheState
 from csi.image.leases import Leases
@@ -46,9 +47,7 @@ class Evictor:
         self.unpacked_dir = unpacked_dir
         self._marker = marker  # a tree's sealed marker, removed with it
         self._budget = budget  # read at each pass: the cache's budget may change
-        self._wanted = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._thread_guard = threading.Lock()
+        self._chore = Chore("evict", self.evict, failure="eviction failed")
         self._pass_lock = threading.Lock()
 
     def usage(self) -> int:
@@ -57,21 +56,8 @@ class Evictor:
 
     def request(self) -> None:
         """Evict in the background, outside every publish (one evictor thread at most)."""
-        if self.usage() <= self._budget():
-            return
-        self._wanted.set()
-        with self._thread_guard:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="evict", daemon=True)
-                self._thread.start()
-
-    def _loop(self) -> None:
-        while self._wanted.is_set():
-            self._wanted.clear()
-            try:
-                self.evict()
-            except Exception:  # logged; the next pull asks again
-                log.exception("msg=%r", "eviction failed")
+        if self.usage() > self._budget():
+            self._chore.wake()
 
     def evict(self, *, keep: Collection[str] = ()) -> list[str]:
         """Remove least recently used trees no target holds and no pull leases, until under
