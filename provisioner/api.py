@@ -47,6 +47,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from csi.common.errors import RukpakError
+from provisioner.cli.service import Election, serve
 from provisioner.cli.signals import stop_on_signals
 from provisioner.engine.apply import Applied, DeletionPolicy, Options, Result, install
 from provisioner.engine.diff import Change
@@ -99,6 +100,7 @@ __all__ = [
     "Change",
     "DeletionPolicy",
     "DriftWatcher",
+    "Election",
     "Health",
     "Informer",
     "InformerSet",
@@ -130,6 +132,7 @@ __all__ = [
     "parse_manifests",
     "record_event",
     "register_format",
+    "serve",
     "status",
     "stop_on_signals",
     "unhealthy",

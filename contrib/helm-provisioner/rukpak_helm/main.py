@@ -1,22 +1,20 @@
 """``rukpak-helm-provisioner`` (``python -m rukpak_helm``): the process of the helm
 provisioner's Deployment.
 
-The edge: flags, logging, signals, leader election (``api.lead`` on the Lease
-``--lease-name`` in the system namespace, so only one replica reconciles and a
-rolling update never runs two), then ``controller.Controller`` until SIGTERM or
-SIGINT. Exit 0 when stopped by a signal, 1 when the API server cannot be reached
-with the given configuration or the Lease was lost.
+The edge: flags, logging, signals, then ``api.serve``: leader election on the Lease
+``--lease-name`` in the system namespace when ``--leader-elect`` (so only one replica
+reconciles and a rolling update never runs two), ``controller.Controller`` until SIGTERM
+or SIGINT, the controller stopped before the Lease is released. Exit 0 when stopped by
+a signal, 1 when the API server cannot be reached with the given configuration or the
+Lease was lost.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
-import socket
 import sys
-import threading
-import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from provisioner import api
@@ -55,10 +53,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def identity() -> str:
-    return os.environ.get("POD_NAME") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(
@@ -72,20 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     except api.RukpakError as err:
         log.error("msg='failed' error=%r", err.message)
         return 1
-    lost = threading.Event()
-    lock: api.LeaseLock | None = None
-    try:
-        if args.leader_elect:
-            lock = api.lead(
-                kube,
-                namespace=args.system_namespace,
-                name=args.lease_name,
-                identity=identity(),
-                stop=stop,
-                lost=lost,
-            )
-            if lock is None:  # stopped while waiting
-                return 0
+
+    def start() -> Callable[[], None]:
         ctl = controller.Controller(
             kube,
             helm=args.helm,
@@ -95,16 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         ctl.start()
         log.info("msg='helm provisioner started' class=core-rukpak-io-helm helm=%s", args.helm)
-        stop.wait()
-        ctl.stop()
-    except api.RukpakError as err:
-        log.error("msg='failed' error=%r", err.message)
-        return 1
+        return ctl.stop
+
+    election = api.Election(args.leader_elect, args.system_namespace, args.lease_name)
+    try:
+        return api.serve(
+            kube, election, start, stop=stop, log=log, lost="another replica leads now"
+        )
     finally:
-        if lock is not None:
-            lock.release()
         kube.close()
-    if lost.is_set():
-        log.error("msg='lease lost: another replica leads now'")
-        return 1
-    return 0
