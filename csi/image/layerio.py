@@ -240,8 +240,8 @@ class _Gunzip(io.RawIOBase):
                 view, pos = memoryview(chunk), 0
                 while pos < len(view):
                     if member is None:  # between members: skip zero padding
-                        rest = len(chunk) - pos
-                        pos += rest - len(chunk[pos:].lstrip(b"\0")) if not view[pos] else 0
+                        if not view[pos]:
+                            pos = len(chunk) - len(chunk[pos:].lstrip(b"\0"))
                         if pos == len(view):
                             break
                         member = zlib.decompressobj(16 + zlib.MAX_WBITS)
