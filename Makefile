@@ -20,11 +20,11 @@ proto-check: setup
 	@bash hack/proto-check.sh $(PY) $(PROTOS)
 
 lint: setup
-	$(VENV)/bin/ruff check csi provisioner tests contrib
-	$(VENV)/bin/ruff format --check csi provisioner tests contrib
+	$(VENV)/bin/ruff check rukpak csi provisioner tests contrib
+	$(VENV)/bin/ruff format --check rukpak csi provisioner tests contrib
 
 typecheck: setup
-	$(VENV)/bin/mypy csi provisioner tests contrib/helm-provisioner/rukpak_helm
+	$(VENV)/bin/mypy rukpak csi provisioner tests contrib/helm-provisioner/rukpak_helm
 
 ## test: the whole suite (lint, types, proto drift, unit and integration tests)
 test: setup proto-check lint typecheck k8s-bins helm

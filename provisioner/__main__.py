@@ -15,12 +15,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from csi.common.flags import add_log_level
-from csi.common.logsetup import configure_logging
 from provisioner.instance import process as instance
 from provisioner.manager import cli as manager_cli
 from provisioner.manager import unpack
 from provisioner.storage import cli as volumes_cli
+from rukpak.common.flags import add_log_level
+from rukpak.common.logsetup import configure_logging
 
 EXIT_USAGE = 2
 

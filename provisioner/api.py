@@ -1,7 +1,7 @@
 """The public API for provisioners written outside this project (and the CLI's engine).
 
 Where it sits: above ``provisioner.engine`` (apply, inventory, drift), the image
-pipeline (``csi.oci``, ``csi.image``) and the Lease helper, and below any
+pipeline (``rukpak.oci``, ``rukpak.image``) and the Lease helper, and below any
 provisioner that is not part of the core: ``contrib/helm-provisioner`` imports
 nothing else from this project. Everything not named in ``__all__`` may change
 without notice; docs/writing-a-provisioner.md says what is public and how stable.
@@ -32,7 +32,7 @@ subclasses it. ``record_event`` writes an Event about a Bundle or BundleDeployme
 
 A provisioner whose content is already a plain+v0 or registry+v1 tree can use
 ``load_bundle(root, format=...)``; ``register_format(name, loader)`` adds a loader
-``(root: Path) -> Bundle`` for ``load_bundle``. Errors are ``csi.common.errors``
+``(root: Path) -> Bundle`` for ``load_bundle``. Errors are ``rukpak.common.errors``
 values (each has ``.message`` and a gRPC-style code); the engine's own subclasses
 are re-exported below.
 """
@@ -46,7 +46,6 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from csi.common.errors import RukpakError
 from provisioner.cli.service import Election, serve
 from provisioner.cli.signals import stop_on_signals
 from provisioner.engine.apply import Applied, DeletionPolicy, Options, Result, install
@@ -79,6 +78,7 @@ from provisioner.manager.events import record as record_event
 from provisioner.manager.generate import desired_bundle
 from provisioner.manager.queue import WorkQueue
 from provisioner.manager.workers import Reconciler, Workers
+from rukpak.common.errors import RukpakError
 
 GROUP = "core.rukpak.io"
 VERSION = "v1alpha1"
@@ -175,12 +175,12 @@ def fetch_bundle(
     changes. Loopback registries are spoken to over plain HTTP; ``insecure`` lists
     other ``host:port`` that are. No credentials: public images only, for now.
 
-    Errors: ``csi.common.errors`` values naming the reference and the registry's answer
+    Errors: ``rukpak.common.errors`` values naming the reference and the registry's answer
     (NotFound for a missing tag, Unavailable when the registry does not answer, ...).
     """
-    from csi.oci import client as oci_client
-    from csi.oci import reference
     from provisioner.bundle import source
+    from rukpak.oci import client as oci_client
+    from rukpak.oci import reference
 
     if dest.exists():
         raise FileExistsError(f"{dest} exists: fetch_bundle writes a new directory")

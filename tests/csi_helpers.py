@@ -28,12 +28,12 @@ import pytest
 import zstandard
 
 from csi.node import mounter
-from csi.oci import mediatypes
-from csi.oci.auth import Credentials
-from csi.oci.client import RegistryClient
-from csi.oci.manifest import Manifest
-from csi.oci.reference import Reference
 from csi.proto import csi_pb2, csi_pb2_grpc
+from rukpak.oci import mediatypes
+from rukpak.oci.auth import Credentials
+from rukpak.oci.client import RegistryClient
+from rukpak.oci.manifest import Manifest
+from rukpak.oci.reference import Reference
 from tests.derived import below
 from tests.registry import RegistryServer
 

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from csi.common import errors
-from csi.oci import mediatypes
-from csi.oci.manifest import Index, Manifest, Platform
 from provisioner.bundle import build as bundle_build
 from provisioner.bundle import layout as bundle_layout
 from provisioner.bundle import validate as bundle_validate
+from rukpak.common import errors
+from rukpak.oci import mediatypes
+from rukpak.oci.manifest import Index, Manifest, Platform
 
 NAMESPACE = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: hello\n"
 CONFIGMAP = (

@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 import zstandard
 
-from csi.common import backoff
-from csi.oci import mediatypes
-from csi.oci.client import RegistryClient
-from csi.oci.manifest import Manifest
-from csi.oci.reference import Reference
 from provisioner.cli import bundle as bundle_cli
 from provisioner.cli import main as cli_main
+from rukpak.common import backoff
+from rukpak.oci import mediatypes
+from rukpak.oci.client import RegistryClient
+from rukpak.oci.manifest import Manifest
+from rukpak.oci.reference import Reference
 from tests.registry import RegistryServer, free_port
 
 NAMESPACE = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: hello\n"

@@ -14,9 +14,9 @@ from typing import cast
 
 import pytest
 
-from csi.common import errors
 from provisioner.cli import service
 from provisioner.engine.kube import Kube
+from rukpak.common import errors
 
 NO_KUBE = cast(Kube, object())  # never used: leader election is off
 OFF = service.Election(False, "rukpak-system", "test-lease")

@@ -1,4 +1,4 @@
-"""csi.common.background.Chore: wake-ups during a run make one more run, never none."""
+"""rukpak.common.background.Chore: wake-ups during a run make one more run, never none."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from csi.common.background import Chore
+from rukpak.common.background import Chore
 
 
 def test_wakeups_during_a_run_make_exactly_one_more_run() -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from csi.common import errors
-from csi.image import extract
-from csi.image import tree as image_tree
+from rukpak.common import errors
+from rukpak.image import extract
+from rukpak.image import tree as image_tree
 from tests.csi_helpers import Entry, tree, write_layer
 
 

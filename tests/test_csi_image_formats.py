@@ -15,11 +15,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from csi.oci import mediatypes
-from csi.oci.client import RegistryClient
-from csi.oci.manifest import Descriptor, Index, Manifest, Platform
-from csi.oci.reference import Reference
 from csi.proto import csi_pb2, csi_pb2_grpc
+from rukpak.oci import mediatypes
+from rukpak.oci.client import RegistryClient
+from rukpak.oci.manifest import Descriptor, Index, Manifest, Platform
+from rukpak.oci.reference import Reference
 from tests.csi_helpers import (
     PluginProcess,
     compress,

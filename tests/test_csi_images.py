@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from csi.common import errors
-from csi.image import tree
-from csi.image.cache import ImageCache
-from csi.image.cachestate import Holder
-from csi.image.seams import Puller, PullPolicy
-from csi.oci.auth import Credentials
-from csi.oci.client import RegistryClient
-from csi.oci.manifest import Platform
+from rukpak.common import errors
+from rukpak.image import tree
+from rukpak.image.cache import ImageCache
+from rukpak.image.cachestate import Holder
+from rukpak.image.seams import Puller, PullPolicy
+from rukpak.oci.auth import Credentials
+from rukpak.oci.client import RegistryClient
+from rukpak.oci.manifest import Platform
 from tests.csi_helpers import PushedImage, push_image, simple_image
 from tests.registry import RegistryServer
 
@@ -232,8 +232,8 @@ def test_an_unknown_image_is_not_found(tmp_path: Path, registry: RegistryServer)
 def test_a_layer_that_is_not_a_tar_is_invalid_argument(
     tmp_path: Path, registry: RegistryServer
 ) -> None:
-    from csi.oci.manifest import Manifest
-    from csi.oci.reference import Reference
+    from rukpak.oci.manifest import Manifest
+    from rukpak.oci.reference import Reference
 
     ref = Reference.parse(f"{registry.host}/images/helmchart:v1")
     with RegistryClient() as rc:

@@ -1,5 +1,5 @@
-"""csi.image.ustar reads every header exactly as tarfile.TarInfo.frombuf does; the gzip
-reader of csi.image.layerio inflates many-member streams (eStargz) exactly.
+"""rukpak.image.ustar reads every header exactly as tarfile.TarInfo.frombuf does; the gzip
+reader of rukpak.image.layerio inflates many-member streams (eStargz) exactly.
 
 The fast reader may hand a header back to tarfile (None); whatever it returns
 itself must equal tarfile's reading, field by field, and whatever tarfile refuses
@@ -16,7 +16,7 @@ from typing import Literal
 
 import pytest
 
-from csi.image import layerio, ustar
+from rukpak.image import layerio, ustar
 
 ENC, ERR = "utf-8", "surrogateescape"
 

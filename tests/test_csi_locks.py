@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from csi.image.locks import KeyedLocks
+from rukpak.image.locks import KeyedLocks
 
 
 def test_a_lock_per_key_is_dropped_when_its_last_user_leaves() -> None:

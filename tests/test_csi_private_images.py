@@ -13,8 +13,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from csi.oci.auth import Credentials
 from csi.proto import csi_pb2_grpc
+from rukpak.oci.auth import Credentials
 from tests.csi_helpers import (
     PluginProcess,
     PushedImage,

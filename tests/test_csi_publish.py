@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from csi.common import errors
-from csi.image.cache import ImageCache
-from csi.image.cachestate import Holder
-from csi.image.seams import Puller, PullPolicy
 from csi.node import mounter
 from csi.node.publish import Publisher
-from csi.oci.auth import Credentials
-from csi.oci.manifest import Platform
-from csi.volume.source import VolumeSource, credentials_from_secrets
+from rukpak.common import errors
+from rukpak.image.cache import ImageCache
+from rukpak.image.cachestate import Holder
+from rukpak.image.seams import Puller, PullPolicy
+from rukpak.oci.auth import Credentials
+from rukpak.oci.manifest import Platform
+from rukpak.sources.volume import VolumeSource, credentials_from_secrets
 
 
 def no_network(credentials: Credentials | None) -> Puller:

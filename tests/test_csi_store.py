@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from csi.common import errors
-from csi.image.store import ContentStore
-from csi.oci import digest as digests
+from rukpak.common import errors
+from rukpak.image.store import ContentStore
+from rukpak.oci import digest as digests
 
 DATA = b"hello bundle"
 DIGEST = digests.of(DATA)

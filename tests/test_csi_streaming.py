@@ -20,14 +20,14 @@ from typing import BinaryIO
 
 import pytest
 
-from csi.common import errors
-from csi.image.cache import ImageCache
-from csi.image.seams import PullPolicy
-from csi.image.store import ContentStore
-from csi.oci import digest as digests
-from csi.oci import mediatypes
-from csi.oci.manifest import Descriptor, Manifest, Platform
-from csi.oci.reference import Reference
+from rukpak.common import errors
+from rukpak.image.cache import ImageCache
+from rukpak.image.seams import PullPolicy
+from rukpak.image.store import ContentStore
+from rukpak.oci import digest as digests
+from rukpak.oci import mediatypes
+from rukpak.oci.manifest import Descriptor, Manifest, Platform
+from rukpak.oci.reference import Reference
 from tests.csi_helpers import Entry, compress, tar_bytes, tree
 
 AMD64 = Platform.parse("linux/amd64")

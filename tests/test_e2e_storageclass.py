@@ -37,8 +37,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from csi.oci.client import RegistryClient
-from csi.oci.reference import Reference
+from rukpak.oci.client import RegistryClient
+from rukpak.oci.reference import Reference
 from tests import e2e_helpers as e2e
 from tests import image_helpers
 from tests.cluster import bins

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from csi.common import errors
-from csi.common.backoff import Backoff
 from provisioner.engine import listwatch
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
+from rukpak.common import errors
+from rukpak.common.backoff import Backoff
 from tests.bundles import configmap, crd, namespace, widget
 from tests.polling import eventually
 

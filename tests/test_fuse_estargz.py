@@ -21,17 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from csi.common import errors
 from csi.fuse import index, lazy
 from csi.fuse.images import FuseImages, Ready
-from csi.image.seams import Puller, PullPolicy
-from csi.oci import mediatypes
-from csi.oci.auth import Credentials
-from csi.oci.client import RegistryClient
-from csi.oci.manifest import Manifest, Platform
-from csi.oci.reference import Reference
 from provisioner.bundle import estargz
 from provisioner.cli import main as cli
+from rukpak.common import errors
+from rukpak.image.seams import Puller, PullPolicy
+from rukpak.oci import mediatypes
+from rukpak.oci.auth import Credentials
+from rukpak.oci.client import RegistryClient
+from rukpak.oci.manifest import Manifest, Platform
+from rukpak.oci.reference import Reference
 from tests.registry import RegistryServer
 
 HERE = Path(__file__).parent
@@ -237,7 +237,7 @@ def _no_puller(_credentials: Credentials | None) -> Puller:
 def test_after_a_reboot_torn_lazy_indexes_go_and_whole_ones_stay(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from csi.image import cachesync
+    from rukpak.image import cachesync
 
     monkeypatch.setattr(cachesync, "boot_id", lambda: "boot-1")
     images = FuseImages(tmp_path, puller_factory=_no_puller)

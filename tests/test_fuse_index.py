@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from csi.common import errors
 from csi.fuse import index, unpack
 from csi.fuse.filestore import FileStore
-from csi.image import extract
-from csi.image.layerio import Layer
+from rukpak.common import errors
+from rukpak.image import extract
+from rukpak.image.layerio import Layer
 
 
 def _layer(path: Path, entries: list[tuple[str, str, bytes | str]], *, mode: int = 0o644) -> Layer:

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from csi.common import errors
-from csi.image.cache import ImageCache
-from csi.image.seams import Puller
 from csi.node import mounter
 from csi.node.publish import Publisher, PublishRequest
-from csi.oci.auth import Credentials
-from csi.volume.source import VolumeSource
+from rukpak.common import errors
+from rukpak.image.cache import ImageCache
+from rukpak.image.seams import Puller
+from rukpak.oci.auth import Credentials
+from rukpak.sources.volume import VolumeSource
 
 
 def no_network(credentials: Credentials | None) -> Puller:

@@ -29,11 +29,11 @@ from typing import Any
 
 import pytest
 
-from csi.oci import client as oci_client
 from provisioner.engine import apply, inventorystore
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
 from provisioner.manager import actuate, controller, healthwatch, model, unpack
+from rukpak.oci import client as oci_client
 from tests import e2e_helpers as e2e
 from tests.bundles import bundle_deployment, bundle_doc, configmap, namespace, write_bundle
 from tests.polling import eventually

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
-from csi.common import errors
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
 from provisioner.manager import actuate, model
+from rukpak.common import errors
 from tests.polling import eventually
 
 

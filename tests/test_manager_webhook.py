@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from csi.common import errors
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, condition
 from provisioner.manager import certs, webhook
+from rukpak.common import errors
 from tests.polling import eventually
 
 pytestmark = [pytest.mark.cluster]

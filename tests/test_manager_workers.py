@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from csi.common import errors
 from provisioner.manager.queue import WorkQueue
 from provisioner.manager.workers import Workers
+from rukpak.common import errors
 
 log = logging.getLogger("test.workers")
 

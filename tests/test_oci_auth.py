@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from csi.common import errors
-from csi.oci import auth, transport
-from csi.oci.client import RegistryClient
-from csi.oci.reference import Reference
+from rukpak.common import errors
+from rukpak.oci import auth, transport
+from rukpak.oci.client import RegistryClient
+from rukpak.oci.reference import Reference
 
 
 def b64(text: str) -> str:

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 import requests
 
-from csi.common import errors
-from csi.oci import auth, mediatypes
-from csi.oci import client as client_module
-from csi.oci import digest as digests
-from csi.oci.client import RegistryClient
-from csi.oci.manifest import Descriptor, Index, Manifest, Platform
-from csi.oci.reference import Reference
+from rukpak.common import errors
+from rukpak.oci import auth, mediatypes
+from rukpak.oci import client as client_module
+from rukpak.oci import digest as digests
+from rukpak.oci.client import RegistryClient
+from rukpak.oci.manifest import Descriptor, Index, Manifest, Platform
+from rukpak.oci.reference import Reference
 from tests.httpreply import reply
 from tests.registry import READONLY_USER, RegistryServer, free_port
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from csi.common import errors
-from csi.oci import digest as digests
-from csi.oci import mediatypes
-from csi.oci.manifest import (
+from rukpak.common import errors
+from rukpak.oci import digest as digests
+from rukpak.oci import mediatypes
+from rukpak.oci.manifest import (
     Descriptor,
     Index,
     Manifest,

@@ -14,10 +14,10 @@ import oras.defaults
 import oras.provider
 import pytest
 
-from csi.oci import mediatypes
-from csi.oci.client import RegistryClient
-from csi.oci.manifest import Manifest
-from csi.oci.reference import Reference
+from rukpak.oci import mediatypes
+from rukpak.oci.client import RegistryClient
+from rukpak.oci.manifest import Manifest
+from rukpak.oci.reference import Reference
 from tests.registry import RegistryServer
 
 pytestmark = pytest.mark.registry

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from csi.common import errors
-from csi.oci.reference import Reference
+from rukpak.common import errors
+from rukpak.oci.reference import Reference
 
 D = "sha256:" + "a" * 64
 E = "sha512:" + "b" * 128

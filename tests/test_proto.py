@@ -17,8 +17,8 @@ import grpc
 import pytest
 from google.protobuf import descriptor, wrappers_pb2
 
-from csi.common import logredact
 from csi.proto import csi_pb2, csi_pb2_grpc, pluginregistration_pb2
+from csi.rpc import redact
 
 # ------------------------------------------------------------ descriptors
 
@@ -229,7 +229,7 @@ def _every_csi_field() -> list[descriptor.FieldDescriptor]:
 
 
 def test_every_secrets_field_and_only_those_carry_csi_secret() -> None:
-    secret = {f.full_name for f in _every_csi_field() if logredact.is_secret(f)}
+    secret = {f.full_name for f in _every_csi_field() if redact.is_secret(f)}
     named_secrets = {f.full_name for f in _every_csi_field() if f.name == "secrets"}
     assert secret == named_secrets
     assert "csi.v1.NodePublishVolumeRequest.secrets" in secret
@@ -396,7 +396,7 @@ def _publish_request() -> csi_pb2.NodePublishVolumeRequest:
 
 
 def test_redaction_masks_node_publish_secrets_and_keeps_the_rest() -> None:
-    assert logredact.redact(_publish_request()) == {
+    assert redact.redact(_publish_request()) == {
         "volume_id": "csi-abc",
         "target_path": "/var/lib/kubelet/pods/uid/volumes/kubernetes.io~csi/bundle/mount",
         "volume_capability": {
@@ -420,8 +420,8 @@ def test_redaction_masks_create_volume_secrets_and_keeps_the_rest() -> None:
             requisite=[csi_pb2.Topology(segments={"zone": "a"})]
         ),
     )
-    redacted = logredact.redact(request)
-    assert redacted["secrets"] == logredact.REDACTED
+    redacted = redact.redact(request)
+    assert redacted["secrets"] == redact.REDACTED
     assert redacted["capacity_range"] == {"required_bytes": 2**40}
     assert redacted["volume_capabilities"] == [
         {"mount": {}, "access_mode": {"mode": "SINGLE_NODE_READER_ONLY"}}
@@ -435,23 +435,23 @@ def test_redaction_masks_create_volume_secrets_and_keeps_the_rest() -> None:
 
 def test_redaction_of_a_message_without_secrets_set_leaves_no_mask() -> None:
     request = csi_pb2.NodeUnpublishVolumeRequest(volume_id="csi-abc", target_path="/t")
-    assert logredact.redact(request) == {"volume_id": "csi-abc", "target_path": "/t"}
-    assert logredact.redact(csi_pb2.DeleteVolumeRequest(volume_id="v")) == {"volume_id": "v"}
+    assert redact.redact(request) == {"volume_id": "csi-abc", "target_path": "/t"}
+    assert redact.redact(csi_pb2.DeleteVolumeRequest(volume_id="v")) == {"volume_id": "v"}
 
 
 def test_redaction_renders_well_known_types_as_proto3_json() -> None:
     probe = csi_pb2.ProbeResponse(ready=wrappers_pb2.BoolValue(value=False))
-    assert logredact.redact(probe) == {"ready": False}
+    assert redact.redact(probe) == {"ready": False}
     snapshot = csi_pb2.Snapshot(snapshot_id="s")
     snapshot.creation_time.FromSeconds(0)
-    assert logredact.redact(snapshot) == {
+    assert redact.redact(snapshot) == {
         "snapshot_id": "s",
         "creation_time": "1970-01-01T00:00:00Z",
     }
 
 
 def test_redaction_output_is_json_serialisable() -> None:
-    json.dumps(logredact.redact(_publish_request()))
+    json.dumps(redact.redact(_publish_request()))
 
 
 @pytest.mark.parametrize(
@@ -464,4 +464,4 @@ def test_redaction_output_is_json_serialisable() -> None:
     ],
 )
 def test_secret_field_paths_name_what_a_log_line_hides(message: type, paths: list[str]) -> None:
-    assert logredact.secret_field_paths(message.DESCRIPTOR) == paths  # type: ignore[attr-defined]
+    assert redact.secret_field_paths(message.DESCRIPTOR) == paths  # type: ignore[attr-defined]

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from csi.common import errors
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import actuate, bundleplan, model, resolution, sources
 from provisioner.manager.model import Settings
+from rukpak.common import errors
 from tests.source_servers import PASSWORD, USERNAME, SourceServer, make_repo, serving, tarball
 from tests.test_manager_crds import install_crds
 

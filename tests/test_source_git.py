@@ -13,16 +13,16 @@ import pytest
 from dulwich.objects import Blob, Commit, Tree
 from dulwich.repo import Repo
 
-from csi.common import errors
-from csi.image.cache import ImageCache
-from csi.image.cachestate import Holder
-from csi.image.members import Limits
 from csi.node.publish import Publisher, PublishRequest
-from csi.sources import git
-from csi.sources.auth import SourceAuth
-from csi.sources.cache import SourceCache, key_digest
-from csi.volume.source import FetchSource, VolumeSource
 from provisioner.manager import sources
+from rukpak.common import errors
+from rukpak.image.cache import ImageCache
+from rukpak.image.cachestate import Holder
+from rukpak.image.members import Limits
+from rukpak.sources import git
+from rukpak.sources.auth import SourceAuth
+from rukpak.sources.cache import SourceCache, key_digest
+from rukpak.sources.volume import FetchSource, VolumeSource
 from tests.source_servers import (
     PASSWORD,
     USERNAME,

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from csi.common import errors
-from csi.image.cache import ImageCache
-from csi.image.members import Limits
-from csi.sources import http
-from csi.sources.auth import SourceAuth
-from csi.sources.cache import SourceCache
-from csi.volume.source import FetchSource, VolumeSource
+from rukpak.common import errors
+from rukpak.image.cache import ImageCache
+from rukpak.image.members import Limits
+from rukpak.sources import http
+from rukpak.sources.auth import SourceAuth
+from rukpak.sources.cache import SourceCache
+from rukpak.sources.volume import FetchSource, VolumeSource
 from tests.source_servers import PASSWORD, USERNAME, SourceServer, serving, tarball
 from tests.test_csi_publish import no_network
 

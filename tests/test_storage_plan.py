@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from csi.common import errors
 from provisioner.engine.objects import ObjectRef
 from provisioner.storage import plan, quantity
 from provisioner.storage.events import Recorder
 from provisioner.storage.plan import Capability, SecretRef
+from rukpak.common import errors
 
 DRIVER = "csi.rukpak.io"
 UID = "0b6f4c1e-7d2a-4f0e-9a57-3c1d2e4f5a6b"

@@ -23,15 +23,15 @@ import grpc
 import pytest
 import yaml
 
-from csi.common import errors
-from csi.common.backoff import Backoff
-from csi.oci.auth import Credentials
 from csi.proto import csi_pb2, csi_pb2_grpc
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import ObjectRef
 from provisioner.storage import controller, plan
 from provisioner.storage.csiclient import CsiClient, CsiError
 from provisioner.storage.events import Recorder
+from rukpak.common import errors
+from rukpak.common.backoff import Backoff
+from rukpak.oci.auth import Credentials
 from tests.csi_helpers import PluginProcess, mount_capability, push_image, simple_image
 from tests.polling import eventually
 from tests.registry import RegistryServer

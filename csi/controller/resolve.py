@@ -10,7 +10,7 @@ the tag named; each node still picks its own platform from an index).
 
 A reference that already names a digest is content-addressed and passed on as
 it is, without asking the registry. The registry is reached through a
-``Resolver`` (``RegistryResolver`` in the plugin: ``csi.oci.client`` with the
+``Resolver`` (``RegistryResolver`` in the plugin: ``rukpak.oci.client`` with the
 plugin's registry settings and the caller's pull credentials); tests pass
 their own against a real registry.
 """
@@ -21,11 +21,11 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Protocol
 
-from csi.common import errors
-from csi.oci.auth import Credentials
-from csi.oci.client import RegistryClient
-from csi.oci.reference import Reference
-from csi.volume.source import VolumeSource
+from rukpak.common import errors
+from rukpak.oci.auth import Credentials
+from rukpak.oci.client import RegistryClient
+from rukpak.oci.reference import Reference
+from rukpak.sources.volume import VolumeSource
 
 
 class Resolver(Protocol):

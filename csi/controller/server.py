@@ -15,13 +15,13 @@ import dataclasses
 
 import grpc
 
-from csi.common import errors
-from csi.common.grpcerrors import RpcObserver, rpc
 from csi.controller import resolve
 from csi.controller.volumes import VolumeRegistry, VolumeSpec
 from csi.proto import csi_pb2, csi_pb2_grpc
+from csi.rpc.errors import RpcObserver, rpc
 from csi.volume import access
-from csi.volume.source import VolumeSource, credentials_from_secrets
+from rukpak.common import errors
+from rukpak.sources.volume import VolumeSource, credentials_from_secrets
 
 RPC = csi_pb2.ControllerServiceCapability.RPC
 

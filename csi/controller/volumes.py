@@ -20,8 +20,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from csi.common import errors
-from csi.common.fsio import read_json_or_set_aside, write_json_atomic
+from rukpak.common import errors
+from rukpak.common.fsio import read_json_or_set_aside, write_json_atomic
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Where it sits: the FUSE publisher (``csi.fuse.publisher``) asks for a collection
 after each publish and unpublish (:meth:`Collector.request`, one background
-thread at most, as the bind cache's eviction in ``csi.image.cache``); below it
+thread at most, as the bind cache's eviction in ``rukpak.image.cache``); below it
 the FUSE image cache's layout (``csi.fuse.images``). The policy is bind mode's:
 while the store is over its byte budget, remove the least recently used trees
 no published volume holds and none used in the last minute (a tree's index
@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
-from csi.common.background import Chore
 from csi.fuse.filestore import FileStore
+from rukpak.common.background import Chore
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ filesystem (``csi.fuse.fs``), which serves reads from it. Layout under ``root``:
     ingest/                 files being written (invisible; wiped at start)
     files/sha256/<hex>      one file per distinct content, mode 0444
 
-It follows the blob store's recipe (``csi.image.store``): bytes are hashed as
+It follows the blob store's recipe (``rukpak.image.store``): bytes are hashed as
 they arrive, the finished file is fsynced and renamed into place, so a crash
 leaves nothing or a complete file; content that is already present is
 success and the new copy is dropped. N versions of a bundle that differ in one
@@ -28,9 +28,9 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from csi.common import errors
-from csi.common.fsio import fsync_dir, unlink_size
-from csi.oci import digest as digests
+from rukpak.common import errors
+from rukpak.common.fsio import fsync_dir, unlink_size
+from rukpak.oci import digest as digests
 
 ALGORITHM = "sha256"
 _libc = ctypes.CDLL(None, use_errno=True)

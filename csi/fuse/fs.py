@@ -45,9 +45,9 @@ from typing import Protocol
 import pyfuse3
 import trio
 
-from csi.common.fsio import read_json_or_set_aside, write_json_atomic
 from csi.fuse import index
 from csi.fuse.filestore import FileStore
+from rukpak.common.fsio import read_json_or_set_aside, write_json_atomic
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The FUSE mode's image cache: reference → a saved tree index per manifest digest.
 
 Where it sits: called by the FUSE publisher (``csi.fuse.publisher``); below it
-the registry client (through ``csi.image.cache``'s ``Puller`` seam), the layer
+the registry client (through ``rukpak.image.cache``'s ``Puller`` seam), the layer
 walker (``csi.fuse.unpack``) and the file store. Layout under ``root``::
 
     files/sha256/<hex>   file contents (csi.fuse.filestore)
@@ -36,25 +36,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from csi.common import errors
-from csi.common.fsio import (
+from csi.fuse import index, lazy, unpack
+from csi.fuse.collect import Collector
+from csi.fuse.filestore import FileStore
+from rukpak.common import errors
+from rukpak.common.fsio import (
     fsync_files,
     read_json_or_set_aside,
     write_bytes_atomic,
     write_json_atomic,
 )
-from csi.fuse import index, lazy, unpack
-from csi.fuse.collect import Collector
-from csi.fuse.filestore import FileStore
-from csi.image import cachesync, extract, grants, layerio, layerstream, seams
-from csi.image.grants import Grants
-from csi.image.locks import KeyedLocks
-from csi.image.seams import PullerFactory, PullPolicy, StreamingPuller
-from csi.oci import digest as digests
-from csi.oci import mediatypes
-from csi.oci.auth import Credentials
-from csi.oci.manifest import Descriptor, Manifest, Platform
-from csi.oci.reference import Reference
+from rukpak.image import cachesync, extract, grants, layerio, layerstream, seams
+from rukpak.image.grants import Grants
+from rukpak.image.locks import KeyedLocks
+from rukpak.image.seams import PullerFactory, PullPolicy, StreamingPuller
+from rukpak.oci import digest as digests
+from rukpak.oci import mediatypes
+from rukpak.oci.auth import Credentials
+from rukpak.oci.manifest import Descriptor, Manifest, Platform
+from rukpak.oci.reference import Reference
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ manifest while it walks the layers' tar members (regular files' bytes go to
 the file store, ``csi.fuse.filestore``); the FUSE filesystem (``csi.fuse.fs``)
 loads the saved index and serves it. Nothing is written to a directory tree,
 so the extraction rules of bind mode are applied here to an in-memory tree,
-with the same helpers (``csi.image.extract``): names with ``..`` refused,
+with the same helpers (``rukpak.image.extract``): names with ``..`` refused,
 leading ``/`` stripped, symlink targets rewritten or refused, symlinked or
 non-directory parents refused, hard links only to regular files already in the
 tree, device nodes and fifos skipped, setuid/setgid/sticky dropped (files
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from csi.common import errors
-from csi.common.fsio import write_bytes_atomic
-from csi.image import extract, members
+from rukpak.common import errors
+from rukpak.common.fsio import write_bytes_atomic
+from rukpak.image import extract, members
 
 DIR = "d"
 FILE = "f"
@@ -204,7 +204,7 @@ def _lookup(root: Node, parts: list[str]) -> Node | None:
 
 
 def escapes(root: Node, link: tuple[str, ...]) -> bool:
-    """Whether the symlink at ``link`` resolves above ``root`` (as ``csi.image.tree.escapes``)."""
+    """Whether the symlink at ``link`` resolves above ``root`` (as ``image.tree.escapes``)."""
     node = _lookup(root, list(link))
     assert node is not None and node.kind == LINK
 

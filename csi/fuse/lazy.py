@@ -34,16 +34,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from csi.common import errors
-from csi.common.fsio import write_bytes_atomic
 from csi.fuse import index, unpack
 from csi.fuse.filestore import FileStore
-from csi.image import layerio
-from csi.image.seams import Puller
-from csi.oci import digest as digests
-from csi.oci import transport
-from csi.oci.manifest import Descriptor, Manifest
-from csi.oci.reference import Reference
+from rukpak.common import errors
+from rukpak.common.fsio import write_bytes_atomic
+from rukpak.image import layerio
+from rukpak.image.seams import Puller
+from rukpak.oci import digest as digests
+from rukpak.oci import transport
+from rukpak.oci.manifest import Descriptor, Manifest
+from rukpak.oci.reference import Reference
 
 log = logging.getLogger(__name__)
 
@@ -312,7 +312,7 @@ def _inflate_prefix(data: bytes, size: int) -> bytes:
 
 def _stream(puller: Puller, ref: Reference, desc: Descriptor) -> layerio.Source:
     from csi.fuse.images import _source
-    from csi.image import seams
+    from rukpak.image import seams
 
     streaming = seams.streaming(puller)
     if streaming is None:

@@ -22,13 +22,13 @@ import threading
 from pathlib import Path
 from typing import Protocol
 
-from csi.common import errors
-from csi.common.fsio import read_json_or_set_aside, write_json_atomic
 from csi.fuse.images import FuseImages
 from csi.node import mounter as mounts
-from csi.oci.auth import Credentials
-from csi.oci.manifest import Platform
-from csi.volume.source import VolumeSource
+from rukpak.common import errors
+from rukpak.common.fsio import read_json_or_set_aside, write_json_atomic
+from rukpak.oci.auth import Credentials
+from rukpak.oci.manifest import Platform
+from rukpak.sources.volume import VolumeSource
 
 log = logging.getLogger(__name__)
 

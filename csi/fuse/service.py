@@ -25,13 +25,13 @@ import logging
 import subprocess
 from pathlib import Path
 
-from csi.common import errors
 from csi.fuse import fs
 from csi.fuse.images import FuseImages
 from csi.fuse.publisher import FusePublisher
 from csi.fuse.session import HolderClient, Session, spawn_holder, wait_for_socket
-from csi.image import extract
-from csi.image.seams import PullerFactory
+from rukpak.common import errors
+from rukpak.image import extract
+from rukpak.image.seams import PullerFactory
 
 log = logging.getLogger(__name__)
 

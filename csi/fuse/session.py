@@ -43,7 +43,7 @@ from pathlib import Path
 import pyfuse3
 import trio
 
-from csi.common import errors
+from rukpak.common import errors
 
 log = logging.getLogger(__name__)
 

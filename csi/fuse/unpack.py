@@ -2,12 +2,12 @@
 
 Where it sits: called by the FUSE image cache (``csi.fuse.images``) for each
 layer of an image, in order. Tar members come from the same reader as bind
-mode (``csi.image.layerio``: compression, decompression budget, a live
+mode (``rukpak.image.layerio``: compression, decompression budget, a live
 download or a stored blob); each regular file's bytes stream into the file
 store (``csi.fuse.filestore``) and the entry goes into the in-memory index
 (``csi.fuse.index.Builder``), which applies bind mode's rules. Refused entries
 are skipped and reported, unreadable layers are InvalidArgument, and a full
-disk is ResourceExhausted — as in ``csi.image.extract``.
+disk is ResourceExhausted — as in ``rukpak.image.extract``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from csi.fuse import index
 from csi.fuse.filestore import FileIngest, FileStore
-from csi.image import extract, layerio, members
+from rukpak.image import extract, layerio, members
 
 CHUNK = 1 << 20
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf import wrappers_pb2
 
-from csi.common.grpcerrors import RpcObserver, rpc
 from csi.proto import csi_pb2, csi_pb2_grpc
+from csi.rpc.errors import RpcObserver, rpc
 
 VENDOR_VERSION = "0.1.0"
 

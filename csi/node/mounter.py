@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from csi.common import errors
+from rukpak.common import errors
 
 MOUNTINFO = Path("/proc/self/mountinfo")
 

@@ -2,7 +2,7 @@
 
 Where it sits: between the Node servicer (``csi.node.server``), which turns
 gRPC requests into the plain dataclasses here, and the image cache
-(``csi.image.cache``) plus the mount seam (``csi.node.mounter``).
+(``rukpak.image.cache``) plus the mount seam (``csi.node.mounter``).
 
 Idempotency, as CSI demands:
 
@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from csi.common import errors
-from csi.image.cache import ImageCache
-from csi.image.cachestate import Holder
-from csi.image.locks import KeyedLocks
 from csi.node import mounter as mounts
-from csi.oci.auth import Credentials
-from csi.oci.manifest import Platform
-from csi.sources.cache import SourceCache
-from csi.volume.source import VolumeSource
+from rukpak.common import errors
+from rukpak.image.cache import ImageCache
+from rukpak.image.cachestate import Holder
+from rukpak.image.locks import KeyedLocks
+from rukpak.oci.auth import Credentials
+from rukpak.oci.manifest import Platform
+from rukpak.sources.cache import SourceCache
+from rukpak.sources.volume import VolumeSource
 
 if TYPE_CHECKING:
     from csi.fuse.publisher import FusePublisher

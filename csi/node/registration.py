@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import grpc
 
-from csi.common.grpcerrors import rpc
 from csi.proto import pluginregistration_pb2, pluginregistration_pb2_grpc
+from csi.rpc.errors import rpc
 
 log = logging.getLogger(__name__)
 

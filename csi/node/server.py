@@ -2,8 +2,8 @@
 
 Where it sits: registered on the plugin's unix socket by ``csi.plugin.main``.
 Each RPC validates its request, calls the publish core with plain dataclasses
-and builds the response; errors are ``csi.common.errors`` values turned into gRPC
-statuses by ``csi.common.grpcerrors.rpc``. NodeStage/NodeUnstage are not advertised
+and builds the response; errors are ``rukpak.common.errors`` values turned into gRPC
+statuses by ``csi.rpc.errors.rpc``. NodeStage/NodeUnstage are not advertised
 and answer UNIMPLEMENTED (inherited from the generated base class).
 """
 
@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import grpc
 
-from csi.common import errors
-from csi.common.grpcerrors import RpcObserver, rpc
 from csi.node.publish import Publisher, PublishRequest
 from csi.proto import csi_pb2, csi_pb2_grpc
+from csi.rpc.errors import RpcObserver, rpc
 from csi.volume import access
-from csi.volume.source import VolumeSource, credentials_from_secrets
+from rukpak.common import errors
+from rukpak.sources.volume import VolumeSource, credentials_from_secrets
 
 
 def _require(volume_id: str, target_path: str) -> None:

@@ -30,24 +30,24 @@ from pathlib import Path
 
 import grpc
 
-from csi.common import errors
-from csi.common.flags import add_driver_name, add_log_level
-from csi.common.logsetup import configure_logging
 from csi.controller.resolve import RegistryResolver
 from csi.controller.server import ControllerServicer
 from csi.controller.volumes import VolumeRegistry
-from csi.image import extract
-from csi.image.cache import ImageCache
-from csi.image.seams import Puller
 from csi.node.identity import IdentityServicer
 from csi.node.mounter import Mounter
 from csi.node.publish import Publisher
 from csi.node.registration import RegistrationServicer
 from csi.node.server import NodeServicer
-from csi.oci.auth import Credentials
-from csi.oci.client import RegistryClient
 from csi.plugin import health, metrics
 from csi.proto import csi_pb2_grpc, pluginregistration_pb2_grpc
+from rukpak.common import errors
+from rukpak.common.flags import add_driver_name, add_log_level
+from rukpak.common.logsetup import configure_logging
+from rukpak.image import extract
+from rukpak.image.cache import ImageCache
+from rukpak.image.seams import Puller
+from rukpak.oci.auth import Credentials
+from rukpak.oci.client import RegistryClient
 
 log = logging.getLogger("csi.plugin")
 

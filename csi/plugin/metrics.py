@@ -1,7 +1,7 @@
 """Prometheus metrics of the node plugin, and its ``/healthz``, on one loopback HTTP port.
 
 Where it sits: one ``Metrics`` object is created in ``csi.plugin.main`` and
-handed to the servicers (``rpc_done``, via ``csi.common.grpcerrors``), the image
+handed to the servicers (``rpc_done``, via ``csi.rpc.errors``), the image
 cache (``cache_result``, ``pulled``) and the registration servicer
 (``registration``). :func:`serve` exposes ``/metrics`` (``prometheus_client``,
 its own registry so several plugins can live in one test process) and

@@ -11,8 +11,8 @@ writer modes and raw block access are refused.
 
 from __future__ import annotations
 
-from csi.common import errors
 from csi.proto import csi_pb2
+from rukpak.common import errors
 
 Mode = csi_pb2.VolumeCapability.AccessMode
 

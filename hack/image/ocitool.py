@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from csi.common import fsio  # the one atomic-write helper (stdlib only)
+from rukpak.common import fsio  # the one atomic-write helper (stdlib only)
 
 CHUNK = 1 << 20
 LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
@@ -154,11 +154,11 @@ def _image(args: argparse.Namespace) -> tuple[bytes, list[tuple[Path, dict[str, 
 
 
 def push(args: argparse.Namespace) -> None:
-    """Push the layers, config and manifest to ``args.ref`` with csi.oci's client."""
-    from csi.oci import mediatypes
-    from csi.oci.client import RegistryClient
-    from csi.oci.manifest import Descriptor, Manifest
-    from csi.oci.reference import Reference
+    """Push the layers, config and manifest to ``args.ref`` with rukpak.oci's client."""
+    from rukpak.oci import mediatypes
+    from rukpak.oci.client import RegistryClient
+    from rukpak.oci.manifest import Descriptor, Manifest
+    from rukpak.oci.reference import Reference
 
     config, layers = _image(args)
     ref = Reference.parse(args.ref)

@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
 
-from csi.common import errors
-from csi.oci import mediatypes
-from csi.oci.manifest import Descriptor, Platform
 from provisioner.bundle import estargz
 from provisioner.bundle import extras as bundle_extras
 from provisioner.bundle.layout import BlobWriter, OciLayout, canonical_json
 from provisioner.bundle.validate import MANIFESTS_DIR, BundleFile, validate_bundle
+from rukpak.common import errors
+from rukpak.oci import mediatypes
+from rukpak.oci.manifest import Descriptor, Platform
 
 FORMAT_ANNOTATION = "io.rukpak.bundle.format"
 PLAIN_V0 = "plain+v0"

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from csi.common import errors
 from provisioner.bundle.validate import MANIFESTS_DIR
+from rukpak.common import errors
 
 EntryType = Literal["dir", "file", "symlink"]
 

@@ -1,6 +1,6 @@
 """Looking inside a bundle image in a registry (``rukpak bundle inspect``).
 
-Resolves a reference with the registry client (``csi.oci.client``), picks a
+Resolves a reference with the registry client (``rukpak.oci.client``), picks a
 platform's manifest when the reference names an index, and lists the files of
 each layer by streaming the blob through the client's digest-verifying reader,
 a decompressor and ``tarfile`` in stream mode: nothing is written to disk and
@@ -16,12 +16,19 @@ from typing import IO, Any, cast
 
 import zstandard
 
-from csi.common import errors
-from csi.image import layerio
-from csi.oci import client as oci_client
-from csi.oci import mediatypes
-from csi.oci.manifest import Descriptor, Index, Manifest, Platform, parse_manifest, select_platform
-from csi.oci.reference import Reference
+from rukpak.common import errors
+from rukpak.image import layerio
+from rukpak.oci import client as oci_client
+from rukpak.oci import mediatypes
+from rukpak.oci.manifest import (
+    Descriptor,
+    Index,
+    Manifest,
+    Platform,
+    parse_manifest,
+    select_platform,
+)
+from rukpak.oci.reference import Reference
 
 _CHUNK = 1 << 20
 _TYPES = {

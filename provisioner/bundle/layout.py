@@ -6,7 +6,7 @@ under ``blobs/sha256/<hex>``. ``provisioner.bundle.build`` writes into one,
 ``provisioner.bundle.push`` reads one and sends it to a registry.
 
 Blobs are hashed while they stream into an unnamed spool file; once the digest
-is known the blob lands under it through ``csi.common.fsio`` (the project's one
+is known the blob lands under it through ``rukpak.common.fsio`` (the project's one
 temp-file, fsync, rename, fsync-dir recipe), read-only; a blob that is already
 present is success. ``index.json`` and ``oci-layout`` are replaced the same way.
 Nothing here touches the network.
@@ -23,10 +23,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from csi.common import errors, fsio
-from csi.oci import digest as digests
-from csi.oci import mediatypes
-from csi.oci.manifest import Descriptor, Index, Manifest, parse_manifest
+from rukpak.common import errors, fsio
+from rukpak.oci import digest as digests
+from rukpak.oci import mediatypes
+from rukpak.oci.manifest import Descriptor, Index, Manifest, parse_manifest
 
 LAYOUT_VERSION = "1.0.0"
 REF_NAME = "org.opencontainers.image.ref.name"

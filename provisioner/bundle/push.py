@@ -1,7 +1,7 @@
 """Pushing an image from an OCI layout to a registry (``rukpak bundle push``).
 
 Reads what ``provisioner.bundle.build`` wrote (``provisioner.bundle.layout``)
-and sends it with the registry client (``csi.oci.client``) in the order a
+and sends it with the registry client (``rukpak.oci.client``) in the order a
 registry needs: every blob a manifest names (skipping the ones the registry
 already has), each platform's manifest by digest, and last the top-level
 manifest or index under the tag. Nothing is tagged until everything it points
@@ -14,12 +14,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from csi.common import errors
-from csi.oci import client as oci_client
-from csi.oci import mediatypes
-from csi.oci.manifest import Descriptor, Index, Manifest
-from csi.oci.reference import Reference
 from provisioner.bundle.layout import REF_NAME, OciLayout
+from rukpak.common import errors
+from rukpak.oci import client as oci_client
+from rukpak.oci import mediatypes
+from rukpak.oci.manifest import Descriptor, Index, Manifest
+from rukpak.oci.reference import Reference
 
 log = logging.getLogger(__name__)
 

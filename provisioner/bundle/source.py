@@ -2,7 +2,7 @@
 
 Before ``formats``: ``rukpak apply IMAGE`` needs the bundle on local disk. An
 image goes through the same code the CSI node plugin uses
-(``csi.image.cache.ImageCache``: digest-verified pull, safe extraction) into a
+(``rukpak.image.cache.ImageCache``: digest-verified pull, safe extraction) into a
 temporary cache that is removed afterwards. In the cluster the instance pod
 never needs this: the bundle arrives as a CSI volume.
 """
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from csi.oci.auth import Credentials
+from rukpak.oci.auth import Credentials
 
 
 def looks_like_directory(source: str) -> bool:
@@ -37,9 +37,9 @@ def local_bundle(
     if looks_like_directory(source):
         yield Path(source).expanduser()
         return
-    from csi.image import cache as images
-    from csi.oci import client as oci_client
-    from csi.oci.manifest import Platform
+    from rukpak.image import cache as images
+    from rukpak.oci import client as oci_client
+    from rukpak.oci.manifest import Platform
 
     hosts = tuple(insecure)
     workdir = Path(tempfile.mkdtemp(prefix="rukpak-bundle-"))

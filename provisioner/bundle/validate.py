@@ -21,8 +21,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from csi.common import errors
 from provisioner.engine import formats
+from rukpak.common import errors
 
 MANIFESTS_DIR = "manifests"
 SUFFIXES = (".yaml", ".yml", ".json")

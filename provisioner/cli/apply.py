@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from csi.common import errors
-from csi.oci.reference import Reference
 from provisioner.bundle import source
 from provisioner.cli import flags
 from provisioner.engine import apply, diff, drift, formats, lifecycle
 from provisioner.engine.kube import Kube
+from rukpak.common import errors
+from rukpak.oci.reference import Reference
 
 EXIT_OK = 0
 EXIT_CHANGES = 3

@@ -20,15 +20,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from csi.common import errors
-from csi.oci import client as oci_client
-from csi.oci.manifest import Descriptor, Platform
-from csi.oci.reference import Reference
 from provisioner.bundle import build as bundle_build
 from provisioner.bundle import inspect as bundle_inspect
 from provisioner.bundle import push as bundle_push
 from provisioner.bundle.layout import OciLayout
 from provisioner.cli import flags
+from rukpak.common import errors
+from rukpak.oci import client as oci_client
+from rukpak.oci.manifest import Descriptor, Platform
+from rukpak.oci.reference import Reference
 
 
 def register(subparsers: Any) -> None:

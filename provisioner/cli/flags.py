@@ -8,7 +8,7 @@ the system's objects live (``--system-namespace``), the deployment (``--name``,
 ``-n/--namespace``), the mounted bundle and its format, leader election and
 workers of the controllers, the registry (``--insecure``, ``--registry-config``,
 ``--timeout``, ``--platform``) and ``-v``; the in-cluster processes' ``--log-level`` is
-``csi.common.flags.add_log_level`` (the node plugin's too). Each ``add_*`` adds
+``rukpak.common.flags.add_log_level`` (the node plugin's too). Each ``add_*`` adds
 flags to a parser; the readers beside them (``kube``, ``load_credentials``,
 ``insecure_hosts``) turn the parsed values into what the commands use, so the flags
 mean the same everywhere.
@@ -22,10 +22,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from csi.common import errors
-from csi.oci import auth
-from csi.oci.reference import Reference
 from provisioner.engine import formats, inventory
+from rukpak.common import errors
+from rukpak.oci import auth
+from rukpak.oci.reference import Reference
 
 if TYPE_CHECKING:  # the kubernetes client is imported only by commands that talk to a cluster
     from provisioner.engine.kube import Kube

@@ -7,7 +7,7 @@ These are ``provisioner.cli.bundle`` (``rukpak bundle build|push|inspect``) and
 ``provisioner.cli.apply`` (``rukpak apply|diff|status|uninstall``); flags they
 share are defined once in ``provisioner.cli.flags``.
 
-Exit codes: 0 success; 1 an error with a code (``csi.common.errors``) or a local
+Exit codes: 0 success; 1 an error with a code (``rukpak.common.errors``) or a local
 file error, printed as ``error: <message>`` on stderr; 2 a usage error
 (argparse); 130 interrupted.
 """
@@ -22,8 +22,8 @@ import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from csi.common import errors
 from provisioner.cli import flags
+from rukpak.common import errors
 
 # Modules that contribute subcommands; a missing optional one is skipped.
 COMMAND_MODULES: tuple[tuple[str, bool], ...] = (

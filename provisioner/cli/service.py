@@ -16,10 +16,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from csi.common import errors
 from provisioner.engine.kube import Kube
 from provisioner.instance.leader import leading
 from provisioner.instance.process import default_identity
+from rukpak.common import errors
 
 EXIT_OK = 0
 EXIT_ERROR = 1

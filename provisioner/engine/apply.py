@@ -22,7 +22,7 @@ adapter and:
    and records *current* alone (the inventory is only written when it changes).
 
 Writes that fail for a temporary reason (5xx, 429, conflicts) are retried
-with the project's one backoff (``csi.common.backoff``).
+with the project's one backoff (``rukpak.common.backoff``).
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from csi.common import errors
-from csi.common.backoff import Backoff, retry
 from provisioner.engine import (
     deletion,
     health,
@@ -50,6 +48,8 @@ from provisioner.engine.errors import ApplyFailed
 from provisioner.engine.formats import Bundle, Manifest
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
+from rukpak.common import errors
+from rukpak.common.backoff import Backoff, retry
 
 Progress = Callable[[str], None]
 __all__ = ["Applied", "DeletionPolicy", "Options", "Result", "install"]

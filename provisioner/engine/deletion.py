@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from csi.common import errors
 from provisioner.engine import ordering, pool
 from provisioner.engine.errors import ApplyFailed
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import DELETION_POLICY_ANNOTATION, OWNER_LABEL, ObjectRef, owner_of
+from rukpak.common import errors
 
 DeletionPolicy = Literal["Delete", "Orphan"]
 

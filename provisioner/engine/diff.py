@@ -17,12 +17,12 @@ from typing import Literal
 
 import yaml
 
-from csi.common import errors
 from provisioner.engine import apply, inventory, inventorystore, pool, preflight
 from provisioner.engine.errors import ApplyFailed, UnknownKind
 from provisioner.engine.formats import Bundle, Manifest, Source
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, owner_of
+from rukpak.common import errors
 
 Action = Literal["create", "update", "unchanged", "prune", "conflict"]
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from csi.common import errors
 from provisioner.engine.errors import UnknownKind
 from provisioner.engine.objects import split_api_version
+from rukpak.common import errors
 
 Get = Callable[[str, str], Any]
 """``get(path, what)``: the decoded JSON of a GET, ``errors.NotFound`` on 404."""

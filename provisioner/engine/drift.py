@@ -28,13 +28,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from csi.common import errors
 from provisioner.engine import listwatch
 from provisioner.engine.apply import Applied
 from provisioner.engine.informers import InformerSet
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef
 from provisioner.engine.ownership import applied_fields, lost_reason
+from rukpak.common import errors
 
 log = logging.getLogger(__name__)
 

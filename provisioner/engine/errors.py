@@ -1,4 +1,4 @@
-"""Engine errors: the ``csi.common.errors`` codes, plus the context an operator needs.
+"""Engine errors: the ``rukpak.common.errors`` codes, plus the context an operator needs.
 
 Every error the engine raises names what failed: the bundle file and document
 for format errors, the object for apply errors, both deployments for ownership
@@ -9,7 +9,7 @@ conflicts. The CLI prints ``error: <message>`` and exits 1 for every error
 
 from __future__ import annotations
 
-from csi.common import errors
+from rukpak.common import errors
 
 
 class BundleInvalid(errors.InvalidArgument):

@@ -2,7 +2,7 @@
 
 Everything else in the engine is pure; this module turns its decisions into
 HTTP requests through the ``kubernetes`` client's ``ApiClient`` (auth, TLS,
-kubeconfig handling) and turns HTTP failures into ``csi.common.errors`` values
+kubeconfig handling) and turns HTTP failures into ``rukpak.common.errors`` values
 carrying the API server's own message. It speaks JSON to raw REST paths
 rather than through the generated typed APIs, so one code path serves every
 kind, including custom resources created moments ago.
@@ -38,11 +38,11 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from csi.common import errors
 from provisioner.engine import discovery
 from provisioner.engine.discovery import Resource
 from provisioner.engine.errors import Gone, UnknownKind
 from provisioner.engine.objects import FIELD_MANAGER, Obj, ObjectRef
+from rukpak.common import errors
 
 DEFAULT_TIMEOUT = 30.0
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})

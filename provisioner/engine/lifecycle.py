@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from csi.common import errors
 from provisioner.engine import apply, deletion, health, inventory, inventorystore, preflight
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, owner_of
+from rukpak.common import errors
 
 
 @dataclass(frozen=True)

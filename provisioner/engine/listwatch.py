@@ -9,7 +9,7 @@ reflector and informer, kept small:
   watches from the list's resourceVersion with ``allowWatchBookmarks``; every
   event and bookmark advances the resourceVersion it resumes from. A 410 Gone
   (the resourceVersion was compacted away) re-lists; any other failure (server
-  unreachable, stream broken) waits a bounded backoff (``csi.common.backoff``)
+  unreachable, stream broken) waits a bounded backoff (``rukpak.common.backoff``)
   and resumes. Every request carries a client timeout (``Kube.watch`` sets
   ``_request_timeout``) and asks the server to end the watch after
   ``watch_timeout`` seconds, so a dead connection never hangs a thread.
@@ -48,11 +48,11 @@ from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 from typing import TypedDict, TypeVar, Unpack
 
-from csi.common import errors
-from csi.common.backoff import Backoff
 from provisioner.engine.errors import Gone
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj
+from rukpak.common import errors
+from rukpak.common.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from csi.common import errors
+from rukpak.common import errors
 
 T = TypeVar("T")
 R = TypeVar("R")

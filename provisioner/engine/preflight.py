@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from csi.common import errors
 from provisioner.engine import crdsafety, ownership, pool
 from provisioner.engine.errors import (
     ApplyFailed,
@@ -28,6 +27,7 @@ from provisioner.engine.errors import (
 from provisioner.engine.formats import Bundle, Manifest
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, owner_of, with_namespace, with_owner
+from rukpak.common import errors
 
 CRD_GROUP = "apiextensions.k8s.io"
 

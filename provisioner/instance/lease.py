@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from csi.common import errors
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
+from rukpak.common import errors
 
 log = logging.getLogger(__name__)
 

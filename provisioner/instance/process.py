@@ -43,11 +43,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from csi.common import errors
 from provisioner.cli import flags, termination
 from provisioner.engine import appliedrecord, apply, drift, formats, inventory, optional
 from provisioner.engine.kube import Kube
 from provisioner.instance import lease
+from rukpak.common import errors
 
 log = logging.getLogger("rukpak.instance")
 

@@ -4,8 +4,8 @@ Sits after ``plan``: each action becomes one request through ``Kube``, the
 one adapter to the API server.
 ``write_status`` is the one function that writes a BundleDeployment's status.
 Pinning a Bundle's source goes through ``resolution`` (image tags through
-``csi.oci.client.RegistryClient``, passed in as ``resolve`` so tests and the CLI
-choose the client; git and http through ``csi.sources``); a server that does not
+``rukpak.oci.client.RegistryClient``, passed in as ``resolve`` so tests and the CLI
+choose the client; git and http through ``rukpak.sources``); a server that does not
 answer keeps the Bundle ``Pending``, a source the user must fix makes it
 ``Failing``; both are retried.
 ``perform`` runs a BundleDeployment's actions, ``perform_bundle`` a Bundle's.
@@ -19,14 +19,14 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from csi.common import errors
-from csi.oci import client as oci_client
-from csi.oci import reference
 from provisioner.engine import lifecycle
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.instance import lease
 from provisioner.manager import bundleplan, events, model, plan, resolution
+from rukpak.common import errors
+from rukpak.oci import client as oci_client
+from rukpak.oci import reference
 
 log = logging.getLogger("rukpak.manager")
 

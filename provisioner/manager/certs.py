@@ -25,9 +25,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from csi.common import errors
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import ObjectRef
+from rukpak.common import errors
 
 log = logging.getLogger("rukpak.manager")
 

@@ -17,10 +17,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from csi.common import errors
 from provisioner.cli import flags, service, signals
 from provisioner.engine.kube import Kube
 from provisioner.manager import actuate, certs, controller, model, webhook
+from rukpak.common import errors
 
 log = logging.getLogger("rukpak.manager")
 LEASE_NAME = "rukpak-manager"

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import logging
 
-from csi.common import errors
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj
 from provisioner.manager import model
+from rukpak.common import errors
 
 log = logging.getLogger("rukpak.events")
 

@@ -21,11 +21,11 @@ import logging
 import threading
 from collections.abc import Callable
 
-from csi.common import errors
 from provisioner.engine import appliedrecord, health, inventory, listwatch
 from provisioner.engine.informers import InformerSet
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, owner_of
+from rukpak.common import errors
 
 log = logging.getLogger("rukpak.manager")
 

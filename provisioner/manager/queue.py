@@ -4,7 +4,7 @@ Sits between the watches (which ``add`` names) and the reconcile workers
 (``get`` / ``done``), like client-go's rate-limited work queue: a name is in
 the queue at most once; a name being processed is not handed to a second
 worker, and an ``add`` meanwhile marks it dirty so it runs once more after
-``done``. ``retry`` re-adds with a per-key delay from a ``csi.common.backoff``
+``done``. ``retry`` re-adds with a per-key delay from a ``rukpak.common.backoff``
 schedule (doubling from ``base`` up to ``cap``, or the ``backoff`` given);
 ``forget`` resets it after a success. ``workers`` drains the queue.
 """
@@ -15,7 +15,7 @@ import heapq
 import threading
 import time
 
-from csi.common.backoff import Backoff
+from rukpak.common.backoff import Backoff
 
 
 class WorkQueue:

@@ -3,7 +3,7 @@ URL to the digest of its content, a list of ConfigMaps to their checked keys.
 
 Sits under ``actuate.resolve_bundle`` (which records the result as the Bundle's
 ``status.resolvedSource``, see ``sources``), and over the fetchers of
-``csi.sources`` and the image resolver. Auth Secrets and ConfigMaps are read from
+``rukpak.sources`` and the image resolver. Auth Secrets and ConfigMaps are read from
 the system namespace, as upstream RukPak reads them.
 
 Errors are values with a code: ``permanent(err)`` tells the caller whether the
@@ -17,13 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from csi.common import errors
-from csi.sources import git as gitsource
-from csi.sources import http as httpsource
-from csi.sources.auth import SourceAuth
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import sources
+from rukpak.common import errors
+from rukpak.sources import git as gitsource
+from rukpak.sources import http as httpsource
+from rukpak.sources.auth import SourceAuth
 
 ImageResolver = Callable[[str], str]
 PERMANENT = (

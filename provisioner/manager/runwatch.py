@@ -19,12 +19,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from csi.common import errors
 from provisioner.engine import appliedrecord, listwatch
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.instance import lease
 from provisioner.manager import healthwatch, model, runs
+from rukpak.common import errors
 
 log = logging.getLogger("rukpak.manager")
 

@@ -16,14 +16,14 @@ Pins, in upstream RukPak's ``resolvedSource`` shapes:
   branch or tag resolved to its commit once;
 - http: ``{type: http, http: {url, auth}}`` where the URL carries the digest of
   the content fetched when pinning in its fragment (``#sha256=<hex>``, see
-  ``csi.sources.http``); the node plugin refuses other content;
+  ``rukpak.sources.http``); the node plugin refuses other content;
 - configMaps: the list as given (the ConfigMaps are immutable, as upstream
   requires). Their keys, which the projected volume must list to place them
   under each ``path``, are recorded once in the Bundle's annotation
   ``core.rukpak.io/configmap-items``; ``pinned`` hands them on under
   ``ITEMS_KEY``, which ``stored`` removes before a status write.
 
-git and http volumes are our CSI driver's (attributes of ``csi.volume.source``),
+git and http volumes are our CSI driver's (attributes of ``rukpak.sources.volume``),
 with the auth Secret (system namespace) as the volume's ``nodePublishSecretRef``;
 configMaps become a projected volume.
 """
@@ -35,8 +35,8 @@ import posixpath
 import re
 from typing import Any
 
-from csi.sources import http as httpsource
 from provisioner.engine.objects import Obj
+from rukpak.sources import http as httpsource
 
 VOLUME_NAME = "bundle"
 CSI_DRIVER = "csi.rukpak.io"

@@ -29,11 +29,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from csi.common import errors
 from provisioner.engine import crdsafety
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj
 from provisioner.manager import certs
+from rukpak.common import errors
 
 log = logging.getLogger("rukpak.webhook")
 

@@ -29,10 +29,10 @@ import logging
 import threading
 from collections.abc import Callable
 
-from csi.common import errors
 from provisioner.engine.informers import InformerSet
 from provisioner.engine.kube import Kube
 from provisioner.manager.queue import WorkQueue
+from rukpak.common import errors
 
 Reconcile = Callable[[str], float | None]
 """One pass over a key; the delay after which to look at it again, if any."""

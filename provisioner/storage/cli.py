@@ -17,13 +17,13 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from csi.common import errors
-from csi.common import flags as csi_flags
-from csi.common.backoff import Backoff
 from provisioner.cli import flags, service, signals
 from provisioner.storage import controller
 from provisioner.storage.csiclient import CsiClient
 from provisioner.storage.events import Recorder
+from rukpak.common import errors
+from rukpak.common import flags as csi_flags
+from rukpak.common.backoff import Backoff
 
 log = logging.getLogger("rukpak.volumes")
 LEASE_NAME = "rukpak-csi-provisioner"

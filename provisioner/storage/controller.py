@@ -16,7 +16,7 @@ are immutable, so a "fix" is a new class of the same name). Workers run:
   reclaim Delete) call DeleteVolume, delete the PV, then drop our finalizer.
 
 A failed sync is retried by ``manager.workers`` with exponential backoff
-(``csi.common.backoff``: 1 s doubling to 5 min, as the sidecar's
+(``rukpak.common.backoff``: 1 s doubling to 5 min, as the sidecar's
 ``--retry-interval-start/max``); a claim's failure is also a
 ``ProvisioningFailed`` Warning event saying what to fix. Secrets named by the
 StorageClass are read when needed and never logged.
@@ -29,8 +29,6 @@ import contextlib
 import logging
 from typing import Any
 
-from csi.common import errors
-from csi.common.backoff import Backoff
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import ObjectRef
 from provisioner.manager.queue import WorkQueue
@@ -38,6 +36,8 @@ from provisioner.manager.workers import Reconciler
 from provisioner.storage import plan
 from provisioner.storage.csiclient import CsiClient
 from provisioner.storage.events import Recorder
+from rukpak.common import errors
+from rukpak.common.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from typing import NoReturn
 
 import grpc
 
-from csi.common import errors
 from csi.proto import csi_pb2, csi_pb2_grpc
 from provisioner.storage.plan import Capability, CreateRequest
+from rukpak.common import errors
 
 log = logging.getLogger(__name__)
 

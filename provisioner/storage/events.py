@@ -20,8 +20,8 @@ from collections import OrderedDict
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from csi.common import errors
 from provisioner.engine.objects import ObjectRef
+from rukpak.common import errors
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from csi.common import errors
 from provisioner.storage import quantity
+from rukpak.common import errors
 
 Obj = dict[str, Any]
 

@@ -13,7 +13,7 @@ import math
 import re
 from decimal import Decimal, InvalidOperation
 
-from csi.common import errors
+from rukpak.common import errors
 
 INT64_MAX = 2**63 - 1
 

@@ -38,11 +38,11 @@ from pathlib import Path
 
 import grpc
 
-from csi.oci import mediatypes
-from csi.oci.client import RegistryClient
-from csi.oci.manifest import Manifest
-from csi.oci.reference import Reference
 from csi.proto import csi_pb2, csi_pb2_grpc
+from rukpak.oci import mediatypes
+from rukpak.oci.client import RegistryClient
+from rukpak.oci.manifest import Manifest
+from rukpak.oci.reference import Reference
 from tests.bench import Result, median, percentile, progress
 from tests.csi_helpers import PluginProcess, mount_capability
 from tests.registry import RegistryServer

@@ -38,12 +38,12 @@ from typing import IO, cast
 
 import grpc
 
-from csi.oci import mediatypes
-from csi.oci.client import RegistryClient
-from csi.oci.manifest import Manifest
-from csi.oci.reference import Reference
 from csi.proto import csi_pb2, csi_pb2_grpc
 from provisioner.bundle import estargz
+from rukpak.oci import mediatypes
+from rukpak.oci.client import RegistryClient
+from rukpak.oci.manifest import Manifest
+from rukpak.oci.reference import Reference
 from tests.bench import Result, median, progress
 from tests.bench.bench_csi import (
     LARGE_BYTES,

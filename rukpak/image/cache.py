@@ -1,0 +1,397 @@
+"""The node's image cache: reference → one unpacked, read-only tree per manifest digest.
+
+Where it sits: called by the publish core (``csi.node.publish``) for every
+NodePublishVolume and by ``rukpak apply IMAGE`` (``provisioner.bundle.source``);
+below it are the registry client (through the seams in ``rukpak.image.seams``), the
+content store (``rukpak.image.store``), the streaming tee (``rukpak.image.layerstream``)
+and the extractor (``rukpak.image.extract``). Its records live in
+``rukpak.image.cachestate``. Layout under ``root``::
+
+    content/                    the content store (ingest/, blobs/)
+    unpacked/<manifest-hex>     finished trees, sealed read-only
+    unpacked/<hex>.sealed       marker written once the tree is committed
+    unpacked/<hex>.tmp-<rand>   trees being extracted or evicted (removed at start)
+    state.json                  tag → digest, tree metadata, which targets use which tree
+
+A pull streams each missing layer into the store and the extractor at once; a
+mismatch fails the pull, discarding both the ingest and the staging tree. Layers
+already in the store unpack from there. A pull whose stream breaks is retried
+once the old way: download every blob (with the client's retries), then unpack.
+
+Commit: the staging tree is sealed and renamed into ``unpacked/``, and
+``unpacked/<hex>.sealed`` is written last. Durability follows in the background
+(``rukpak.image.cachesync``: ``syncfs``, then the marker says ``synced``), for the
+tree and for the layer blobs streamed with it (committed without fsync); a tree
+not synced before a reboot is distrusted and removed at start, and so are blobs
+no remaining tree lists. At start also
+``.tmp-`` dirs and trees without their marker are removed (a held one is adopted).
+
+Private images: a tree pulled with credentials that anonymous access cannot read
+is served to another pod only after its own credentials pass a manifest check
+(``rukpak.image.grants``); public trees are served at once.
+
+Concurrency: one lock per (reference, platform) makes concurrent requests for
+one image resolve and pull once; one lock per manifest digest covers two tags
+naming the same content; the state lock guards the metadata. Order is always
+reference → digest → state, so they cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+
+from rukpak.common import errors
+from rukpak.common.fsio import write_json_atomic
+from rukpak.image import cachesync, eviction, extract, grants, layerstream, seams, tree
+from rukpak.image.cachestate import CacheState, Holder
+from rukpak.image.leases import Leases
+from rukpak.image.locks import KeyedLocks
+from rukpak.image.seams import Observer, Puller, PullerFactory, PullPolicy, StreamingPuller
+from rukpak.image.store import ContentStore, Fetch
+from rukpak.oci import digest as digests
+from rukpak.oci import mediatypes
+from rukpak.oci.auth import Credentials
+from rukpak.oci.manifest import Descriptor, Manifest, Platform
+from rukpak.oci.reference import Reference
+
+__all__ = ["Holder", "ImageCache", "KeyedLocks", "PullPolicy", "Puller", "Unpacked"]
+
+log = logging.getLogger(__name__)
+
+SEALED = ".sealed"
+"""Suffix of a committed tree's marker, ``unpacked/<hex>.sealed``, written last."""
+
+
+@dataclass(frozen=True)
+class Unpacked:
+    """A ready tree: ``path`` is read-only and stays until no target uses it."""
+
+    digest: str
+    path: Path
+    cache_hit: bool
+
+
+class ImageCache:
+    """Pulls, unpacks, shares and evicts image trees on one node."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        puller_factory: PullerFactory,
+        limits: extract.Limits | None = None,
+        budget_bytes: int = 10 * 1024**3,
+        observer: Observer | None = None,
+        auth_ttl: float = grants.DEFAULT_TTL,
+        durable: bool = True,
+    ) -> None:
+        self.root = root
+        self.unpacked_dir = root / "unpacked"
+        self.store = ContentStore(root / "content")
+        self.unpacked_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.unpacked_dir, 0o711)  # bind-mount sources must be reachable
+        self._puller_factory = puller_factory
+        self.grants = grants.Grants(puller_factory, ttl=auth_ttl)
+        self._limits = limits or extract.Limits()
+        self.budget_bytes = budget_bytes
+        self.durable = durable
+        self._observer: Observer = observer or seams.NoObserver()
+        self._ref_locks = KeyedLocks()
+        self._digest_locks = KeyedLocks()
+        self._blob_locks = KeyedLocks()
+        self.leases = Leases()
+        self.state = CacheState(root / "state.json")
+        self._state_lock = self.state.lock
+        self.evictor = eviction.Evictor(
+            state=self.state,
+            store=self.store,
+            leases=self.leases,
+            unpacked_dir=self.unpacked_dir,
+            marker=self._marker,
+            budget=lambda: self.budget_bytes,
+        )
+        self.syncer = cachesync.TreeSyncer(self.unpacked_dir, self._marker)
+        self._remove_unfinished_trees()
+
+    @property
+    def state_path(self) -> Path:
+        return self.state.path
+
+    @property
+    def limits(self) -> extract.Limits:
+        """The unpack budgets (also applied to git and http trees, ``rukpak.sources.cache``)."""
+        return self._limits
+
+    def _remove_unfinished_trees(self) -> None:
+        """Delete what a crash left behind, whatever it holds; never fails start.
+
+        Staging trees (``.tmp-``) go, and so do trees without their sealed marker
+        (renamed into place but the marker never written: not known to be on
+        disk). A tree without a marker that a target holds (written by an older
+        plugin) is adopted: a marker is written for it. Blobs no remaining tree
+        lists go too.
+        """
+        held = self.state.held_trees()
+        names = {e.name for e in self.unpacked_dir.iterdir()}
+        for name in sorted(names):
+            entry = self.unpacked_dir / name
+            if ".tmp-" in name:
+                log.info("msg=%r path=%s", "removing unfinished tree", entry)
+                eviction.remove_tree(entry)
+            elif name.endswith(SEALED):
+                tree_name = name[: -len(SEALED)]
+                if tree_name not in names:
+                    entry.unlink(missing_ok=True)
+                    continue
+                marker = _read_marker(entry)
+                if cachesync.lost_in_reboot(marker):
+                    log.warning(
+                        "msg=%r path=%s",
+                        "removing a tree that was not yet on disk when the node went down",
+                        self.unpacked_dir / tree_name,
+                    )
+                    entry.unlink(missing_ok=True)
+                    eviction.remove_tree(self.unpacked_dir / tree_name)
+                    self.state.forget_tree(tree_name)
+                elif marker.get("boot_id") and not marker.get("synced"):
+                    self.syncer.request(f"sha256:{tree_name}")
+            elif name + SEALED not in names and digests.is_valid(f"sha256:{name}"):
+                if name in held:
+                    log.info("msg=%r path=%s", "adopting a held tree without marker", entry)
+                    write_json_atomic(entry.with_name(name + SEALED), {"digest": f"sha256:{name}"})
+                    continue
+                log.warning("msg=%r path=%s", "removing a tree that was never sealed", entry)
+                eviction.remove_tree(entry)
+                self.state.forget_tree(name)
+        # Streamed blobs are committed without fsync and made durable with their tree:
+        # a blob no kept tree lists may predate a power loss (or belong to a pull that
+        # failed); it is only a cache, so it goes.
+        in_use = self.state.blobs_in_use()
+        for blob in list(self.store.blobs()):
+            if blob.digest not in in_use:
+                log.info("msg=%r digest=%s", "removing a blob no tree lists", blob.digest)
+                self.store.delete(blob.digest)
+
+    def tree_path(self, digest: str) -> Path:
+        return self.unpacked_dir / digests.hex_of(digest)
+
+    def has_tree(self, digest: str) -> bool:
+        return self.tree_path(digest).is_dir()
+
+    def holders(self) -> dict[str, Holder]:
+        return self.state.holders()
+
+    def holder_digest(self, target: str) -> str | None:
+        return self.state.holder_digest(target)
+
+    def hold(self, digest: str, holder: Holder) -> None:
+        """Record that ``holder`` uses the tree of ``digest`` (protects it from eviction)."""
+        self.state.hold(digest, holder)
+
+    def release(self, target: str) -> None:
+        """Forget the holder at ``target``; idempotent."""
+        self.state.release(target)
+
+    # --- ensure -------------------------------------------------------------------
+
+    def ensure(
+        self,
+        image: str,
+        *,
+        platform: Platform,
+        pull_policy: PullPolicy,
+        credentials: Credentials | None = None,
+        holder: Holder | None = None,
+    ) -> Unpacked:
+        """Return the unpacked tree of ``image`` for ``platform``, pulling as the policy says.
+
+        Idempotent; concurrent calls for one image pull it once. With ``holder``,
+        the tree is recorded as used by it before this returns, so eviction
+        cannot remove it in between.
+        """
+        ref = Reference.parse(image)
+        key = f"{ref}|{platform}"
+        with self._ref_locks.hold(key):
+            cached = self._cached_digest(key)
+            if cached is not None and pull_policy is not PullPolicy.ALWAYS:
+                if self._is_private(cached):
+                    self.grants.authorize(
+                        ref, cached, credentials, platform=platform, policy=pull_policy
+                    )
+                return self._done(cached, holder, hit=True)
+            if pull_policy is PullPolicy.NEVER:
+                raise grants.not_present(ref, platform)
+            puller = self._puller_factory(credentials)
+            try:
+                digest, manifest = self.grants.resolve(puller, ref, platform, credentials)
+                with self._digest_locks.hold(digest), self.leases.lease([digest]):
+                    hit = self.has_tree(digest)
+                    if not hit:
+                        private = self.grants.pulled_privately(ref, digest, platform, credentials)
+                        self._pull(puller, ref, digest, manifest, private=private)
+            finally:
+                seams.close(puller)
+            self.state.set_tag(key, digest)
+            return self._done(digest, holder, hit=hit)
+
+    def _is_private(self, digest: str) -> bool:
+        """Trees pulled with credentials that anonymous access could not read; a tree
+        without a record (state lost) counts as private until a check proves otherwise."""
+        record = self.state.tree(digest)
+        return record is None or record.get("private", True) is not False
+
+    def _cached_digest(self, key: str) -> str | None:
+        digest = self.state.tag(key)
+        return digest if digest is not None and self.has_tree(digest) else None
+
+    def _done(self, digest: str, holder: Holder | None, *, hit: bool) -> Unpacked:
+        with self._state_lock:
+            if not self.has_tree(digest):  # evicted between the lookup and now
+                raise errors.Aborted(f"image {digest} was evicted while in use; retry")
+            self.state.touch(digest)
+            if holder is not None:
+                self.state.hold(digest, holder)
+            else:
+                self.state.save()
+        self._observer.cache_result(hit=hit)
+        if not hit:
+            self._request_eviction()
+        return Unpacked(digest=digest, path=self.tree_path(digest), cache_hit=hit)
+
+    def _pull(
+        self, puller: Puller, ref: Reference, digest: str, manifest: Manifest, *, private: bool
+    ) -> None:
+        started = time.monotonic()
+        for layer in manifest.layers:
+            if layer.media_type not in mediatypes.LAYER_TYPES:
+                raise errors.InvalidArgument(
+                    f"image {ref}: layer {layer.digest} has media type {layer.media_type!r}, "
+                    "which is not a filesystem layer; bundle images must use tar layers"
+                )
+        blobs = [manifest.config, *manifest.layers]
+        with self.leases.lease(d.digest for d in blobs):  # eviction keeps its hands off
+            distinct = {d.digest: d for d in blobs}.values()
+            fetched = sum(d.size for d in distinct if not self.store.has(d.digest))
+            self._put(puller, ref, manifest.config)
+            streaming = seams.streaming(puller)
+            try:
+                stats = self._unpack(puller, ref, digest, manifest, streaming=streaming)
+            except errors.Unavailable as exc:
+                if streaming is None:
+                    raise
+                log.warning(
+                    "msg=%r image=%s error=%r",
+                    "streaming pull failed; downloading the blobs first",
+                    ref,
+                    exc.message,
+                )
+                stats = self._unpack(puller, ref, digest, manifest, streaming=None)
+        self.state.record_tree(
+            digest,
+            {
+                "digest": digest,
+                "image": str(ref),
+                "blobs": [d.digest for d in blobs],
+                "size": stats.bytes,
+                "private": private,
+            },
+        )
+        seconds = time.monotonic() - started
+        self._observer.pulled(seconds=seconds, nbytes=fetched)
+        log.info(
+            "msg=%r image=%s digest=%s seconds=%.3f fetched_bytes=%d files=%d bytes=%d",
+            "image unpacked",
+            ref,
+            digest,
+            seconds,
+            fetched,
+            stats.entries,
+            stats.bytes,
+        )
+
+    def _unpack(
+        self,
+        puller: Puller,
+        ref: Reference,
+        digest: str,
+        manifest: Manifest,
+        *,
+        streaming: StreamingPuller | None,
+    ) -> extract.ExtractStats:
+        """Extract every layer into a staging dir, seal it and rename it into place."""
+        layers = []
+        for d in manifest.layers:
+            source = None
+            if streaming is not None:
+                source = layerstream.layer_source(
+                    self.store, streaming, ref, d, locks=self._blob_locks
+                )
+            else:
+                self._put(puller, ref, d)
+            layers.append(extract.Layer(self.store.path(d.digest), d.media_type, d.digest, source))
+        staging = self.unpacked_dir / f"{digests.hex_of(digest)}.tmp-{secrets.token_hex(4)}"
+        staging.mkdir(mode=0o755)
+        try:
+            stats = extract.extract_layers(staging, layers, image=str(ref), limits=self._limits)
+            for warning in stats.warnings:
+                log.warning("msg=%r image=%s detail=%r", "layer entry refused", ref, warning)
+            tree.seal_dirs(staging)  # the extractor created the files read-only
+            os.replace(staging, self.tree_path(digest))
+        except BaseException:
+            eviction.remove_tree(staging)
+            raise
+        # Written last: a tree without its marker was never committed (see start-up).
+        if self.durable:  # synced in the background; distrusted after a reboot until then
+            marker = self.syncer.commit_marker(digest, files=stats.entries, bytes=stats.bytes)
+            write_json_atomic(self._marker(digest), marker, durable=False)
+            self.syncer.request(digest)
+        else:
+            write_json_atomic(
+                self._marker(digest),
+                {"digest": digest, "files": stats.entries, "bytes": stats.bytes},
+            )
+        return stats
+
+    def _marker(self, digest: str) -> Path:
+        return self.unpacked_dir / f"{digests.hex_of(digest)}{SEALED}"
+
+    def _put(self, puller: Puller, ref: Reference, desc: Descriptor) -> None:
+        """Download ``desc`` into the store unless present; one download per blob at a time
+        (concurrent pulls of images sharing it wait, then find it present)."""
+        with self._blob_locks.hold(desc.digest):
+            self.store.put(desc.digest, desc.size, _fetcher(puller, ref, desc))
+
+    # --- eviction (rukpak.image.eviction) -----------------------------------------------
+
+    def usage(self) -> int:
+        """Bytes held: blobs plus unpacked trees (as recorded)."""
+        return self.evictor.usage()
+
+    def _request_eviction(self) -> None:
+        self.evictor.request()
+
+    def evict(self, *, keep: Collection[str] = ()) -> list[str]:
+        """Evict until under budget, now (:meth:`rukpak.image.eviction.Evictor.evict`)."""
+        return self.evictor.evict(keep=keep)
+
+
+def _fetcher(puller: Puller, ref: Reference, desc: Descriptor) -> Fetch:
+    def fetch(dest: Path) -> None:
+        puller.fetch_blob(ref, desc, dest)
+
+    return fetch
+
+
+def _read_marker(path: Path) -> dict[str, object]:
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}

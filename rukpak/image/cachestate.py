@@ -1,0 +1,187 @@
+"""The image cache's metadata: tag → digest, tree records, and which targets hold which tree.
+
+Where it sits: inside the image cache (``rukpak.image.cache``), which owns one
+:class:`CacheState` and asks it under one lock. Persisted in ``state.json``,
+rewritten atomically (``rukpak.common.fsio``): durably, at once, when tags or tree
+records change; soon, by a writer thread, when only holders change (every
+publish and unpublish), so a publish does not wait for the disk. A holder
+record lost in a crash within that moment costs nothing that matters: the
+publisher adopts every mount of a cached tree at start
+(``csi.node.publish.Publisher.reconcile``), and a power loss unmounts them all.
+The file is advisory for trees (a sealed tree on disk without a record is
+still used) but not for holders, so a file that cannot be read is kept aside,
+never overwritten. Pending holder changes are written at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rukpak.common.background import Chore
+from rukpak.common.fsio import read_json_or_set_aside, write_bytes_atomic, write_json_atomic
+from rukpak.oci import digest as digests
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who uses a tree: one published target path and its volume."""
+
+    target: str
+    volume_id: str
+    image: str
+
+
+class CacheState:
+    """The records in ``state.json``; every method is thread-safe."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lock = threading.RLock()
+        self._dirty = False
+        self._writer = Chore("state", self.flush, failure="cannot write state")
+        self._exit_flush = False
+        self._write_lock = threading.Lock()  # held while writing; its holder never waits for lock
+        self._version = 0
+        self._written = 0
+        self.data: dict[str, Any] = {"tags": {}, "trees": {}, "holders": {}}
+        loaded = read_json_or_set_aside(path)
+        if isinstance(loaded, dict):
+            for key in self.data:
+                if isinstance(loaded.get(key), dict):
+                    self.data[key] = loaded[key]
+
+    def save(self) -> None:
+        """Write the records atomically and durably, now."""
+        with self.lock, self._write_lock:
+            self._dirty = False
+            self._version += 1
+            write_json_atomic(self.path, self.data)
+            self._written = self._version
+
+    def save_soon(self) -> None:
+        """Have the writer thread write the records (not durably) shortly; see above."""
+        with self.lock:
+            self._dirty = True
+            if not self._exit_flush:
+                self._exit_flush = True
+                atexit.register(self.flush)
+        self._writer.wake()  # a failed write is tried again at the next change
+
+    def flush(self) -> None:
+        """Write pending holder changes now (not durably).
+
+        The records are serialised under the lock but written outside it, so
+        publishes never wait for the disk; versions keep an older snapshot from
+        replacing a newer one.
+        """
+        with self.lock:
+            if not self._dirty:
+                return
+            self._dirty = False
+            self._version += 1
+            version = self._version
+            payload = json.dumps(self.data, sort_keys=True).encode()
+        with self._write_lock:
+            if version > self._written:
+                write_bytes_atomic(self.path, payload, durable=False)
+                self._written = version
+
+    # --- tags -------------------------------------------------------------------
+
+    def tag(self, key: str) -> str | None:
+        with self.lock:
+            digest = self.data["tags"].get(key)
+        return digest if isinstance(digest, str) and digests.is_valid(digest) else None
+
+    def set_tag(self, key: str, digest: str) -> None:
+        with self.lock:
+            self.data["tags"][key] = digest
+
+    # --- trees ------------------------------------------------------------------
+
+    def tree(self, digest: str) -> dict[str, Any] | None:
+        with self.lock:
+            record = self.data["trees"].get(digests.hex_of(digest))
+            return dict(record) if isinstance(record, dict) else None
+
+    def record_tree(self, digest: str, record: dict[str, Any]) -> None:
+        with self.lock:
+            self.data["trees"][digests.hex_of(digest)] = {**record, "last_used": time.time()}
+            self.save()
+
+    def touch(self, digest: str) -> None:
+        with self.lock:
+            tree = self.data["trees"].setdefault(digests.hex_of(digest), {})
+            tree["last_used"] = time.time()
+
+    def tree_bytes(self) -> int:
+        with self.lock:
+            return sum(int(t.get("size", 0)) for t in self.data["trees"].values())
+
+    def forget_tree(self, hex_: str) -> dict[str, Any]:
+        """Drop a tree's record and the tags naming it; returns the record."""
+        with self.lock:
+            record: dict[str, Any] = self.data["trees"].pop(hex_, {})
+            self.data["tags"] = {
+                k: v for k, v in self.data["tags"].items() if not str(v).endswith(hex_)
+            }
+            return record
+
+    def blobs_in_use(self) -> set[str]:
+        with self.lock:
+            return {b for t in self.data["trees"].values() for b in t.get("blobs", [])}
+
+    def lru_trees(self) -> list[str]:
+        """Hex digests of recorded trees, least recently used first."""
+        with self.lock:
+            trees = self.data["trees"]
+            return sorted(trees, key=lambda h: float(trees[h].get("last_used", 0)))
+
+    # --- holders ----------------------------------------------------------------
+
+    def holders(self) -> dict[str, Holder]:
+        with self.lock:
+            return {
+                target: Holder(target, str(h.get("volume_id", "")), str(h.get("image", "")))
+                for target, h in self.data["holders"].items()
+                if isinstance(h, dict)
+            }
+
+    def holder_digest(self, target: str) -> str | None:
+        with self.lock:
+            entry = self.data["holders"].get(target)
+            digest = entry.get("digest") if isinstance(entry, dict) else None
+            return digest if isinstance(digest, str) and digests.is_valid(digest) else None
+
+    def held_trees(self) -> set[str]:
+        """Hex digests of trees some target holds."""
+        with self.lock:
+            return {
+                digests.hex_of(h["digest"])
+                for h in self.data["holders"].values()
+                if isinstance(h, dict) and digests.is_valid(str(h.get("digest", "")))
+            }
+
+    def hold(self, digest: str, holder: Holder) -> None:
+        with self.lock:
+            self.data["holders"][holder.target] = {
+                "digest": digest,
+                "volume_id": holder.volume_id,
+                "image": holder.image,
+            }
+            self.touch(digest)
+            self.save_soon()
+
+    def release(self, target: str) -> None:
+        with self.lock:
+            if self.data["holders"].pop(target, None) is not None:
+                self.save_soon()

@@ -1,0 +1,137 @@
+"""Verified content streams: every byte counted and hashed against its descriptor.
+
+Used by ``rukpak.oci.client`` for blob downloads (and usable by the node's
+content store for its own ingests): :func:`write_atomically` streams chunks
+into a temp file beside the destination and renames it into place only after
+size and digest match, so a failure never leaves a partial file behind;
+:class:`VerifyingReader` wraps a raw stream and raises DataLoss at end of
+stream when the content is not what the descriptor promised.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Protocol
+
+from rukpak.common import errors
+from rukpak.common.fsio import atomic_writer
+from rukpak.oci import digest as digests
+
+Progress = Callable[[int, int], None]  # (bytes done, bytes total)
+
+
+class Readable(Protocol):
+    """A source of bytes: a file, ``urllib3`` response, or an adapter around one."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
+CORRUPT_HINT = "the registry's copy is corrupt or was tampered with"
+
+
+def mismatch(
+    subject: str, expected: str, size: int, got_digest: str, got_size: int
+) -> errors.DataLoss:
+    """The DataLoss error for content that does not match its descriptor."""
+    if got_size != size:
+        what = f"{got_size} bytes arrived where the descriptor says {size}"
+    else:
+        what = f"its content hashes to {got_digest}"
+    return errors.DataLoss(
+        f"{subject}: digest {expected} does not match: {what}; {CORRUPT_HINT} (nothing was stored)"
+    )
+
+
+def write_atomically(
+    chunks: Iterable[bytes],
+    dest: Path,
+    *,
+    digest: str,
+    size: int,
+    subject: str,
+    progress: Progress | None = None,
+) -> None:
+    """Write ``chunks`` to ``dest`` only if they are exactly ``size`` bytes hashing to ``digest``.
+
+    The temp file, fsync and rename are ``rukpak.common.fsio.atomic_writer``'s: on
+    any failure the temp file is removed and ``dest`` is left as it was.
+    """
+    digester = digests.Digester.for_digest(digest)
+    try:
+        with atomic_writer(dest) as out:
+            for chunk in chunks:
+                if not chunk:
+                    continue
+                digester.update(chunk)
+                if digester.size > size:
+                    raise mismatch(subject, digest, size, "", digester.size)
+                out.write(chunk)
+                if progress is not None:
+                    progress(digester.size, size)
+            if digester.size != size or digester.digest() != digest:
+                raise mismatch(subject, digest, size, digester.digest(), digester.size)
+    except OSError as exc:
+        raise disk_error(exc, dest, subject) from exc
+
+
+def disk_error(exc: OSError, dest: Path, subject: str) -> errors.RukpakError:
+    """A coded error for a local filesystem failure while storing ``subject``."""
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    message = f"cannot store {subject} at {dest}: {reason}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return errors.ResourceExhausted(f"{message}; free space or raise the cache budget")
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.EROFS):
+        return errors.FailedPrecondition(f"{message}; check the directory exists and is writable")
+    return errors.Internal(message)
+
+
+class VerifyingReader(io.RawIOBase):
+    """A read-only raw stream that checks size and digest of what passes through.
+
+    Raises DataLoss as soon as more than ``size`` bytes arrive, and at end of
+    stream when the size or digest is wrong. :meth:`verify_rest` drains what is
+    left unread and checks it (used when a consumer stops early, e.g. a tar
+    reader at the end-of-archive marker).
+    """
+
+    def __init__(self, raw: Readable, *, digest: str, size: int, subject: str) -> None:
+        super().__init__()
+        self._raw = raw
+        self._digester = digests.Digester.for_digest(digest)
+        self._digest = digest
+        self._size = size
+        self._subject = subject
+        self.verified = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
+        view = memoryview(buffer).cast("B")
+        data = self._raw.read(len(view))
+        if not data:
+            self._finish()
+            return 0
+        self._digester.update(data)
+        if self._digester.size > self._size:
+            raise mismatch(self._subject, self._digest, self._size, "", self._digester.size)
+        view[: len(data)] = data
+        return len(data)
+
+    def _finish(self) -> None:
+        if self.verified:
+            return
+        got = self._digester.digest()
+        if self._digester.size != self._size or got != self._digest:
+            raise mismatch(self._subject, self._digest, self._size, got, self._digester.size)
+        self.verified = True
+
+    def verify_rest(self) -> None:
+        """Read to the end (discarding) and verify."""
+        while self.read(1 << 20):
+            pass
+        self._finish()

@@ -1,0 +1,365 @@
+"""The registry client: resolve, pull and push images over the distribution API.
+
+The entry point of ``rukpak.oci`` for the node plugin (pull a bundle image by
+digest, verified) and for the provisioner (resolve a tag to a digest once).
+Each method is one API operation built on ``rukpak.oci.transport`` (timeouts,
+retries, auth, error codes); content checks come from ``rukpak.oci.blobio`` and
+shapes from ``rukpak.oci.manifest``. Errors are ``rukpak.common.errors`` values:
+NotFound, Unauthenticated, PermissionDenied, Unavailable, InvalidArgument
+(malformed manifests, unknown media types) and DataLoss (content that does not
+match its digest).
+
+One client may be shared by threads; it keeps one connection pool and one
+token cache per process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO, Final, cast
+
+import requests
+import urllib3
+
+from rukpak.common import backoff, errors
+from rukpak.oci import auth, blobio, mediatypes, transport, upload
+from rukpak.oci import digest as digests
+from rukpak.oci.manifest import (
+    Descriptor,
+    Index,
+    Manifest,
+    Platform,
+    parse_manifest,
+    select_platform,
+)
+from rukpak.oci.reference import Reference
+
+MANIFEST_MAX: Final[int] = 4 << 20  # bytes; distribution itself refuses larger ones
+CHUNK: Final[int] = 1 << 20  # streaming read size
+
+_MANIFEST_ACCEPT = ", ".join(mediatypes.MANIFEST_ACCEPT)
+
+
+class RegistryClient:
+    """Talks to OCI/Docker registries. See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        credentials: auth.Credentials | None = None,
+        insecure: Iterable[str] = (),
+        timeout: float = 30.0,
+        retries: int = 3,
+        user_agent: str = transport.USER_AGENT,
+        connect_timeout: float | None = None,
+        backoff: float = 0.2,
+        ca_bundle: str | None = None,
+        proxies_from_env: bool = True,
+        sleep: Callable[[float], object] = time.sleep,
+    ) -> None:
+        """``insecure`` hosts (``host`` or ``host:port``) are spoken to over plain
+        HTTP, as are loopback hosts; everything else over HTTPS, verified against
+        the system trust store or ``ca_bundle``. ``timeout`` bounds each read,
+        ``connect_timeout`` (default min(timeout, 5)) each connect; failed
+        connections, 429 and 5xx are retried ``retries`` times with exponential
+        backoff from ``backoff`` seconds (capped at 4 s), waiting with ``sleep``."""
+        self.transport = transport.Transport(
+            credentials=credentials,
+            insecure=insecure,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            retries=retries,
+            backoff=backoff,
+            user_agent=user_agent,
+            ca_bundle=ca_bundle,
+            proxies_from_env=proxies_from_env,
+            sleep=sleep,
+        )
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self) -> RegistryClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def base_url(self, ref: Reference) -> str:
+        """``http(s)://host`` this client would use for ``ref``'s registry."""
+        return self.transport.base_url(ref.api_host)
+
+    # -- manifests -------------------------------------------------------
+
+    def resolve(self, ref: Reference) -> Descriptor:
+        """The descriptor (media type, digest, size) ``ref`` points at now.
+
+        Uses HEAD; falls back to GET (and hashing) when the registry sends no
+        ``Docker-Content-Digest``. A digest reference is checked, not trusted.
+        """
+        target = transport.image_target(ref)
+        response = self.transport.request(
+            "HEAD", target, _manifest_path(ref), headers={"Accept": _MANIFEST_ACCEPT}
+        )
+        self.transport.check(response, target, ok=(200,))
+        response.close()
+        sent = response.headers.get("Docker-Content-Digest", "")
+        length = response.headers.get("Content-Length", "")
+        media_type = _base_type(response.headers.get("Content-Type", ""))
+        if (
+            not digests.is_valid(sent)
+            or not length.isdigit()
+            or media_type not in mediatypes.INDEX_TYPES | mediatypes.MANIFEST_TYPES
+            or (ref.digest is not None and sent != ref.digest)
+        ):
+            return self.get_manifest(ref)[0]
+        return Descriptor(media_type=media_type, digest=sent, size=int(length))
+
+    def check_manifest_access(self, ref: Reference, digest: str) -> None:
+        """Raise unless this client's credentials may read manifest ``digest`` of ``ref``'s
+        repository (one HEAD by digest): Unauthenticated, PermissionDenied or NotFound
+        as the registry answers. The image cache asks this before it serves a private
+        image it already holds to another pod."""
+        pinned = ref.with_digest(digests.check(digest, what=str(ref)))
+        target = transport.image_target(pinned)
+        response = self.transport.request(
+            "HEAD", target, _manifest_path(pinned), headers={"Accept": _MANIFEST_ACCEPT}
+        )
+        self.transport.check(response, target, ok=(200,))
+        response.close()
+
+    def get_manifest(self, ref: Reference) -> tuple[Descriptor, bytes]:
+        """Fetch the manifest or index ``ref`` names, verified, at most 4 MiB.
+
+        The digest is checked against ``ref.digest`` when there is one, and
+        against the registry's ``Docker-Content-Digest`` header when it sends
+        one; a mismatch is DataLoss.
+        """
+        target = transport.image_target(ref)
+        response = self.transport.request(
+            "GET", target, _manifest_path(ref), headers={"Accept": _MANIFEST_ACCEPT}, stream=True
+        )
+        self.transport.check(response, target, ok=(200,))
+        with response:
+            body = _read_capped(response, MANIFEST_MAX, f"manifest of {ref}")
+            sent = response.headers.get("Docker-Content-Digest", "")
+            content_type = _base_type(response.headers.get("Content-Type", ""))
+        expected = ref.digest or (sent if digests.is_valid(sent) else "")
+        actual = digests.of(body, expected.partition(":")[0] if expected else "sha256")
+        if expected and actual != expected:
+            raise errors.DataLoss(
+                f"manifest of {ref}: digest {expected} does not match: its content hashes to "
+                f"{actual}; {blobio.CORRUPT_HINT}"
+            )
+        if (
+            sent
+            and digests.is_valid(sent)
+            and sent != expected
+            and digests.of(body, sent.partition(":")[0]) != sent
+        ):
+            raise errors.DataLoss(
+                f"manifest of {ref}: the registry's Docker-Content-Digest {sent} does not "
+                f"match the content; {blobio.CORRUPT_HINT}"
+            )
+        media_type = _media_type_of(content_type, body)
+        return Descriptor(media_type=media_type, digest=actual, size=len(body)), body
+
+    def get_parsed(self, ref: Reference) -> tuple[Descriptor, Manifest | Index]:
+        """:meth:`get_manifest`, parsed and shape-checked."""
+        desc, body = self.get_manifest(ref)
+        return desc, parse_manifest(desc.media_type, body, what=f"manifest of {ref}")
+
+    def resolve_image(
+        self, ref: Reference, platform: Platform | None = None
+    ) -> tuple[Descriptor, Manifest]:
+        """The image manifest for ``platform`` (default: this machine's).
+
+        An index or manifest list is resolved to its entry for the platform;
+        the returned descriptor is that of the image manifest (with its
+        platform set when it came from an index).
+        """
+        desc, parsed = self.get_parsed(ref)
+        if isinstance(parsed, Manifest):
+            return desc, parsed
+        wanted = platform or Platform.current()
+        entry = select_platform(parsed, wanted, what=f"image {ref}")
+        child_ref = ref.with_digest(entry.digest)
+        child_desc, child = self.get_parsed(child_ref)
+        if isinstance(child, Index):
+            raise errors.InvalidArgument(
+                f"image {ref}: the index entry for {wanted} is itself an index; nested indexes "
+                "are not supported"
+            )
+        if child_desc.size != entry.size:
+            raise errors.DataLoss(
+                f"manifest of {child_ref}: {child_desc.size} bytes where the index says "
+                f"{entry.size}; {blobio.CORRUPT_HINT}"
+            )
+        child_desc.platform = entry.platform
+        return child_desc, child
+
+    def push_manifest(self, ref: Reference, body: bytes, media_type: str) -> str:
+        """PUT a manifest or index under ``ref``'s tag (or its digest); return its digest."""
+        return upload.push_manifest(self.transport, ref, body, media_type)
+
+    # -- blobs -----------------------------------------------------------
+
+    def blob_exists(self, ref: Reference, digest: str) -> bool:
+        """True when the repository of ``ref`` holds blob ``digest``."""
+        return upload.blob_exists(self.transport, ref, digest)
+
+    def push_blob(
+        self,
+        ref: Reference,
+        source: bytes | Path,
+        *,
+        digest: str | None = None,
+        media_type: str = "application/octet-stream",
+        progress: blobio.Progress | None = None,
+    ) -> Descriptor:
+        """Upload a blob unless the repository has it (:func:`rukpak.oci.upload.push_blob`)."""
+        return upload.push_blob(
+            self.transport,
+            ref,
+            source,
+            digest=digest,
+            media_type=media_type,
+            progress=progress,
+        )
+
+    def fetch_blob(
+        self,
+        ref: Reference,
+        desc: Descriptor,
+        dest: Path,
+        *,
+        progress: blobio.Progress | None = None,
+    ) -> None:
+        """Download blob ``desc`` to ``dest``, verified, atomically.
+
+        Streams into a temp file in ``dest``'s directory while hashing; on a
+        size or digest mismatch raises DataLoss, removes the temp file and
+        leaves ``dest`` untouched. Success is fsync + rename. A connection
+        that breaks mid-stream is retried from the start (bounded, like every
+        request); a registry that keeps breaking it is Unavailable.
+        """
+        digests.check(desc.digest, what=f"blob of {ref.name}")
+        target = transport.blob_target(ref, desc.digest)
+
+        def download() -> None:
+            response = self.transport.request(
+                "GET", target, f"/v2/{ref.repository}/blobs/{desc.digest}", stream=True
+            )
+            self.transport.check(response, target, ok=(200,))
+            with response:
+                blobio.write_atomically(
+                    _chunks(response, target),
+                    dest,
+                    digest=desc.digest,
+                    size=desc.size,
+                    subject=f"blob {desc.digest} of {ref.name}",
+                    progress=progress,
+                )
+
+        backoff.retry(
+            download,
+            attempts=1 + self.transport.retries,
+            backoff=self.transport.backoff,
+            retryable=lambda err: isinstance(err, _StreamBroken),
+            sleep=self.transport.sleep,
+        )
+
+    @contextlib.contextmanager
+    def open_blob(self, ref: Reference, desc: Descriptor) -> Iterator[BinaryIO]:
+        """A binary stream of blob ``desc`` that verifies as it is read.
+
+        DataLoss is raised when the stream ends with the wrong size or digest;
+        leaving the ``with`` block normally reads and checks what was left
+        unread, so corrupt content never passes silently.
+        """
+        digests.check(desc.digest, what=f"blob of {ref.name}")
+        target = transport.blob_target(ref, desc.digest)
+        response = self.transport.request(
+            "GET", target, f"/v2/{ref.repository}/blobs/{desc.digest}", stream=True
+        )
+        self.transport.check(response, target, ok=(200,))
+        with response:
+            reader = blobio.VerifyingReader(
+                _NetworkReader(response, target),
+                digest=desc.digest,
+                size=desc.size,
+                subject=f"blob {desc.digest} of {ref.name}",
+            )
+            yield cast(BinaryIO, io.BufferedReader(reader, buffer_size=CHUNK))
+            reader.verify_rest()
+
+
+def _manifest_path(ref: Reference) -> str:
+    return f"/v2/{ref.repository}/manifests/{ref.identifier}"
+
+
+def _base_type(content_type: str) -> str:
+    return content_type.split(";", 1)[0].strip()
+
+
+def _media_type_of(content_type: str, body: bytes) -> str:
+    """The manifest's media type: the Content-Type, or the body's own when that is generic."""
+    if content_type in mediatypes.INDEX_TYPES | mediatypes.MANIFEST_TYPES:
+        return content_type
+    try:
+        declared = json.loads(body).get("mediaType")
+    except (ValueError, AttributeError):
+        declared = None
+    return declared if isinstance(declared, str) and declared else content_type
+
+
+def _read_capped(response: requests.Response, limit: int, subject: str) -> bytes:
+    length = response.headers.get("Content-Length", "")
+    if length.isdigit() and int(length) > limit:
+        raise errors.InvalidArgument(f"{subject} is {length} bytes; the limit is {limit}")
+    data = bytearray()
+    try:
+        for chunk in response.iter_content(64 << 10):
+            data += chunk
+            if len(data) > limit:
+                raise errors.InvalidArgument(f"{subject} is larger than the {limit}-byte limit")
+    except requests.RequestException as exc:
+        raise errors.Unavailable(f"{subject}: the connection broke while reading: {exc}") from None
+    return bytes(data)
+
+
+class _StreamBroken(errors.Unavailable):
+    """The connection broke while content was streaming (worth retrying)."""
+
+
+def _chunks(response: requests.Response, target: transport.Target) -> Iterator[bytes]:
+    try:
+        yield from response.raw.stream(CHUNK, decode_content=False)
+    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+        raise _broken(target, exc) from None
+
+
+class _NetworkReader:
+    """``response.raw`` whose network failures become :class:`_StreamBroken`."""
+
+    def __init__(self, response: requests.Response, target: transport.Target) -> None:
+        self._raw = response.raw
+        self._target = target
+
+    def read(self, size: int = -1, /) -> bytes:
+        try:
+            return cast(bytes, self._raw.read(size, decode_content=False))
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise _broken(self._target, exc) from None
+
+
+def _broken(target: transport.Target, exc: BaseException) -> _StreamBroken:
+    return _StreamBroken(
+        f"{target.subject}: the connection to registry {target.host} broke during the "
+        f"download ({type(exc).__name__}); retry later"
+    )

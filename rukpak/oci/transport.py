@@ -1,0 +1,354 @@
+"""HTTP to registries: URL scheme, timeouts, bounded retries, auth, error codes.
+
+The one seam of ``rukpak.oci`` that touches the network. ``rukpak.oci.client``
+builds API operations on :class:`Transport.request`, which
+
+- picks ``http`` only for loopback hosts and hosts listed as insecure,
+  ``https`` for everything else (:func:`scheme_for`);
+- sets connect/read timeouts on every request and retries connection errors,
+  429 and 5xx a bounded number of times with short exponential backoff, so a
+  dead registry fails in seconds;
+- authenticates: basic credentials, or bearer tokens fetched per scope and
+  cached (``rukpak.oci.auth``), answering a 401 challenge once;
+- never logs headers, credentials or tokens.
+
+``rukpak.oci.answers.raise_for_status`` maps registry answers to ``rukpak.common.errors`` codes with
+messages that name the reference and say what to do.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable
+from typing import Final, Protocol
+
+import requests
+
+from rukpak.common import backoff, errors
+from rukpak.common.backoff import Backoff
+from rukpak.oci import auth
+from rukpak.oci.answers import (
+    RETRY_STATUS,
+    Target,
+    blob_target,
+    image_target,
+    raise_for_status,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "RETRY_STATUS",
+    "Target",
+    "Transport",
+    "blob_target",
+    "image_target",
+    "raise_for_status",
+    "scheme_for",
+]
+
+USER_AGENT: Final[str] = "rukpak-python/0.1 (rukpak.oci)"
+MAX_BACKOFF: Final[float] = 4.0
+
+
+class Readable(Protocol):
+    """A request body stream: a file, or anything with ``read`` and ``close``."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+# A request body: bytes, or a factory opening a fresh stream for each attempt
+# (a retried or re-authenticated upload must send the whole body again).
+Body = bytes | Callable[[], Readable] | None
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost``, ``127.0.0.0/8`` and ``[::1]``, with or without a port."""
+    name = host.lower()
+    if name.startswith("["):
+        name = name[1 : name.find("]")] if "]" in name else name[1:]
+    elif name.count(":") == 1:
+        name = name.split(":", 1)[0]
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def scheme_for(host: str, insecure: Iterable[str] = ()) -> str:
+    """``http`` for loopback or explicitly insecure hosts, else ``https``."""
+    allowed = {h.lower() for h in insecure}
+    bare = host.lower().rsplit(":", 1)[0] if not host.endswith("]") else host.lower()
+    if is_loopback(host) or host.lower() in allowed or bare in allowed:
+        return "http"
+    return "https"
+
+
+class _Retry(Exception):
+    """A failed attempt worth retrying: no answer (``reason``), or a 429/5xx ``response``."""
+
+    def __init__(self, reason: str, response: requests.Response | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.response = response
+
+
+class Transport:
+    """A ``requests.Session`` with the policies above; safe to share between threads."""
+
+    def __init__(
+        self,
+        *,
+        credentials: auth.Credentials | None = None,
+        insecure: Iterable[str] = (),
+        timeout: float = 30.0,
+        connect_timeout: float | None = None,
+        retries: int = 3,
+        backoff: float = 0.2,
+        user_agent: str = USER_AGENT,
+        ca_bundle: str | None = None,
+        proxies_from_env: bool = True,
+        sleep: Callable[[float], object] = time.sleep,
+    ) -> None:
+        self.ca_bundle = ca_bundle
+        self.proxies_from_env = proxies_from_env
+        self.credentials = credentials or auth.Credentials()
+        self.insecure = frozenset(h.lower() for h in insecure)
+        self.timeout = (min(timeout, 5.0) if connect_timeout is None else connect_timeout, timeout)
+        self.retries = max(0, retries)
+        self.backoff = Backoff(base=backoff, cap=MAX_BACKOFF)
+        self.sleep = sleep
+        self.session = requests.Session()
+        self.session.headers["User-Agent"] = user_agent
+        # No ~/.netrc (it would replace our Authorization header); proxies are
+        # taken from the environment per request instead (see _send).
+        self.session.trust_env = False
+        self.tokens = auth.TokenCache()
+        self._challenges: dict[str, auth.Challenge] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self.session.close()
+
+    def check(self, response: requests.Response, target: Target, *, ok: Iterable[int]) -> None:
+        """:func:`raise_for_status`, knowing whether we hold credentials for the host."""
+        raise_for_status(
+            response,
+            target,
+            ok=ok,
+            has_credentials=self.credentials.for_host(target.host) is not None,
+        )
+
+    def base_url(self, host: str) -> str:
+        return f"{scheme_for(host, self.insecure)}://{host}"
+
+    def request(
+        self,
+        method: str,
+        target: Target,
+        path_or_url: str,
+        *,
+        headers: dict[str, str] | None = None,
+        params: dict[str, str] | None = None,
+        body: Body = None,
+        stream: bool = False,
+        retry: bool = True,
+    ) -> requests.Response:
+        """Send one API request with retries and auth; return the final response.
+
+        The response may have any status; callers pass it to
+        :func:`raise_for_status`. Connection failures that outlast the retries
+        raise Unavailable.
+        """
+        url = path_or_url if "://" in path_or_url else self.base_url(target.host) + path_or_url
+        authorization = self._cached_authorization(target)
+        response = self._send(
+            method, url, target, headers, params, body, stream, authorization, retry
+        )
+        if response.status_code != 401:
+            return response
+        challenges = auth.parse_challenges(response.headers.get("WWW-Authenticate", ""))
+        fresh = self._authorize(target, challenges, stale=authorization)
+        if fresh is None:
+            return response
+        response.close()
+        return self._send(method, url, target, headers, params, body, stream, fresh, retry)
+
+    def _send(
+        self,
+        method: str,
+        url: str,
+        target: Target,
+        headers: dict[str, str] | None,
+        params: dict[str, str] | None,
+        body: Body,
+        stream: bool,
+        authorization: str | None,
+        retry: bool,
+    ) -> requests.Response:
+        all_headers = dict(headers or {})
+        if authorization:
+            all_headers["Authorization"] = authorization
+        attempts = 1 + (self.retries if retry else 0)
+        retry_after = [0.0]
+
+        def attempt() -> requests.Response:
+            data = body() if callable(body) else body
+            try:
+                response = self.session.request(
+                    method,
+                    url,
+                    headers=all_headers,
+                    params=params,
+                    data=data,
+                    stream=stream,
+                    timeout=self.timeout,
+                    allow_redirects=True,
+                    proxies=self._proxies(url),
+                    verify=self.ca_bundle or True,
+                )
+            except requests.RequestException as exc:
+                raise _Retry(_describe(exc)) from exc
+            finally:
+                if callable(body) and data is not None and not isinstance(data, bytes):
+                    data.close()
+            log.debug("registry request method=%s url=%s status=%d",
+                      method, _strip_query(url), response.status_code)  # fmt: skip
+            if response.status_code in RETRY_STATUS:
+                raise _Retry(f"HTTP {response.status_code}", response)
+            return response
+
+        def on_retry(n: int, err: BaseException, _delay: float) -> None:
+            assert isinstance(err, _Retry)
+            log.info("registry request failed method=%s url=%s error=%r attempt=%d",
+                     method, _strip_query(url), err.reason, n)  # fmt: skip
+            retry_after[0] = 0.0
+            if err.response is not None:
+                retry_after[0] = _retry_after(err.response)
+                err.response.close()
+
+        def pause(delay: float) -> None:
+            # The backoff, or the registry's Retry-After when longer (capped).
+            self.sleep(max(delay, retry_after[0]))
+
+        try:
+            return backoff.retry(
+                attempt,
+                attempts=attempts,
+                backoff=self.backoff,
+                retryable=lambda err: isinstance(err, _Retry),
+                sleep=pause,
+                on_retry=on_retry,
+            )
+        except _Retry as final:
+            if final.response is not None:
+                return final.response  # a 5xx or 429 after the last retry: the caller maps it
+            last_error = final.reason
+        raise errors.Unavailable(
+            f"registry {target.host} at {self.base_url(target.host)} is unreachable: {last_error} "
+            f"(after {attempts} attempt{'s' if attempts > 1 else ''}); {target.subject} could not "
+            "be fetched: check the registry address and network, or retry later"
+        )
+
+    def _proxies(self, url: str) -> dict[str, str]:
+        """HTTP(S)_PROXY / NO_PROXY from the environment, as the kubelet honours them."""
+        if not self.proxies_from_env:
+            return {}
+        return dict(requests.utils.get_environ_proxies(url))
+
+    def _cached_authorization(self, target: Target) -> str | None:
+        with self._lock:
+            challenge = self._challenges.get(target.host)
+        if challenge is None:
+            return None
+        if challenge.scheme == "basic":
+            credential = self.credentials.for_host(target.host)
+            return credential.basic_header() if credential and credential.has_basic else None
+        token = self.tokens.get((challenge.realm, challenge.service, target.scope))
+        if token is None:
+            # The registry uses tokens: get one for this scope before asking.
+            return self._bearer(target, challenge)
+        return f"Bearer {token.value}"
+
+    def _authorize(
+        self, target: Target, challenges: list[auth.Challenge], *, stale: str | None
+    ) -> str | None:
+        """The Authorization value answering ``challenges``, or None if we have none."""
+        credential = self.credentials.for_host(target.host)
+        for challenge in challenges:
+            if challenge.scheme == "bearer":
+                with self._lock:
+                    self._challenges[target.host] = challenge
+                self.tokens.drop((challenge.realm, challenge.service, target.scope))
+                fresh = self._bearer(target, challenge)
+                return None if fresh == stale else fresh
+            if challenge.scheme == "basic" and credential is not None and credential.has_basic:
+                with self._lock:
+                    self._challenges[target.host] = challenge
+                fresh = credential.basic_header()
+                return None if fresh == stale else fresh
+        return None
+
+    def _bearer(self, target: Target, challenge: auth.Challenge) -> str:
+        credential = self.credentials.for_host(target.host)
+        if credential is not None and credential.registry_token:
+            return f"Bearer {credential.registry_token}"
+        realm_host = urllib.parse.urlsplit(challenge.realm).netloc
+        if (
+            challenge.realm.startswith("http://")
+            and credential is not None
+            and scheme_for(realm_host, self.insecure) != "http"
+        ):
+            raise errors.Unauthenticated(
+                f"registry {target.host} asks for credentials to be sent to {challenge.realm} "
+                "over plain HTTP; refusing. List that host as insecure only on a trusted network"
+            )
+        token = auth.fetch_token(
+            self.session,
+            challenge,
+            target.scope,
+            credential,
+            timeout=self.timeout,
+            host=target.host,
+            proxies=self._proxies(challenge.realm),
+            verify=self.ca_bundle or True,
+        )
+        self.tokens.put((challenge.realm, challenge.service, target.scope), token)
+        return f"Bearer {token.value}"
+
+
+def _retry_after(response: requests.Response) -> float:
+    value = response.headers.get("Retry-After", "")
+    try:
+        return min(max(float(value), 0.0), MAX_BACKOFF)
+    except ValueError:
+        return 0.0
+
+
+def _describe(exc: requests.RequestException) -> str:
+    if isinstance(exc, requests.ConnectTimeout):
+        return "connection timed out"
+    if isinstance(exc, requests.ReadTimeout):
+        return "no answer within the read timeout"
+    if isinstance(exc, requests.exceptions.SSLError):
+        return "TLS handshake failed (certificate not trusted, or the registry speaks plain HTTP)"
+    if isinstance(exc, requests.ConnectionError):
+        text = str(exc)
+        if "Connection refused" in text:
+            return "connection refused"
+        if "Name or service not known" in text or "Temporary failure in name resolution" in text:
+            return "host name does not resolve"
+        return "connection failed"
+    return type(exc).__name__
+
+
+def _strip_query(url: str) -> str:
+    return url.split("?", 1)[0]

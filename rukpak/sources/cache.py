@@ -1,0 +1,191 @@
+"""The node's trees of git and http sources, kept beside the image trees.
+
+Where it sits: the publish core (``csi.node.publish``) asks :class:`SourceCache` for
+the tree of a pinned ``FetchSource`` (``rukpak.sources.volume``); below it are the
+fetchers (``rukpak.sources.git``, ``rukpak.sources.http``) and the image extractor
+(``rukpak.image.extract``), so a repository or tarball meets exactly the rules and
+budgets of an image layer. Trees live in the image cache's ``unpacked/`` directory
+under a key digest, committed the same way (staging ``.tmp-`` dir removed at start,
+directories sealed, ``syncfs``, rename, ``.sealed`` marker last) and recorded in its
+state, so holders, eviction and the start-up reconcile treat them like image trees.
+
+The key is the sha256 of (kind, location, pin, directory, credential fingerprint):
+content fetched with a credential is only ever served to a volume presenting the
+same credential (``rukpak.sources.auth.fingerprint``); a request without it fetches
+on its own, and the server refuses it. Concurrent requests for one key fetch once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+import time
+from pathlib import Path
+
+from rukpak.common import errors
+from rukpak.common.fsio import fsync_dir, syncfs, write_json_atomic
+from rukpak.image import extract, tree
+from rukpak.image.cache import SEALED, ImageCache, Unpacked
+from rukpak.image.cachestate import Holder
+from rukpak.image.layerio import GZIP_MAGIC, ZSTD_MAGIC
+from rukpak.image.locks import KeyedLocks
+from rukpak.image.members import Limits
+from rukpak.sources import auth as sourceauth
+from rukpak.sources import git, http
+from rukpak.sources.volume import FetchSource
+
+log = logging.getLogger(__name__)
+
+TAR = "application/vnd.oci.image.layer.v1.tar"
+TAR_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
+TAR_ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"
+
+
+def key_digest(source: FetchSource) -> str:
+    """The tree's key: one per content and credential."""
+    material = "\0".join(
+        (
+            source.kind,
+            source.location,
+            source.pin,
+            source.directory,
+            sourceauth.fingerprint(source.auth),
+        )
+    )
+    return "sha256:" + hashlib.sha256(material.encode()).hexdigest()
+
+
+class SourceCache:
+    """Fetches, extracts and shares git and http trees in ``images``' tree store."""
+
+    def __init__(
+        self,
+        images: ImageCache,
+        *,
+        limits: Limits | None = None,
+        read_timeout: float = git.READ_TIMEOUT,
+    ) -> None:
+        self.images = images
+        self.limits = limits or images.limits  # the plugin's --max-unpacked-* budgets
+        self.read_timeout = read_timeout
+        self._locks = KeyedLocks()
+
+    def ensure(self, source: FetchSource, *, holder: Holder | None = None) -> Unpacked:
+        """The tree of ``source``, fetched unless present; held by ``holder``. Idempotent."""
+        digest = key_digest(source)
+        with self._locks.hold(digest):
+            hit = self.images.has_tree(digest)
+            if not hit:
+                self._fetch(source, digest)
+            with self.images.state.lock:
+                if not self.images.has_tree(digest):
+                    raise errors.Aborted(f"{source.label()} was evicted while in use; retry")
+                self.images.state.touch(digest)
+                if holder is not None:
+                    self.images.state.hold(digest, holder)
+                else:
+                    self.images.state.save()
+        return Unpacked(digest=digest, path=self.images.tree_path(digest), cache_hit=hit)
+
+    def _fetch(self, source: FetchSource, digest: str) -> None:
+        started = time.monotonic()
+        hex_ = digest.removeprefix("sha256:")
+        unpacked = self.images.unpacked_dir
+        work = unpacked / f"{hex_}.tmp-fetch-{secrets.token_hex(4)}"
+        staging = unpacked / f"{hex_}.tmp-{secrets.token_hex(4)}"
+        work.mkdir(mode=0o700)
+        try:
+            archive, media_type, warnings = self._archive(source, work)
+            staging.mkdir(mode=0o755)
+            stats = extract.extract_layers(
+                staging,
+                [extract.Layer(archive, media_type, "")],
+                image=source.label(),
+                limits=self.limits,
+            )
+            for warning in [*warnings, *stats.warnings]:
+                log.warning("msg=%r source=%s detail=%r", "entry refused", source.label(), warning)
+            tree.seal_dirs(staging)
+            if self.images.durable:
+                syncfs(staging)
+            os.replace(staging, self.images.tree_path(digest))
+            fsync_dir(unpacked)
+        except BaseException:
+            _remove(staging)
+            raise
+        finally:
+            _remove(work)
+        write_json_atomic(
+            unpacked / f"{hex_}{SEALED}",
+            {"digest": digest, "files": stats.entries, "bytes": stats.bytes},
+        )
+        self.images.state.record_tree(
+            digest,
+            {
+                "digest": digest,
+                "image": source.label(),
+                "blobs": [],
+                "size": stats.bytes,
+                "private": source.auth is not None,
+            },
+        )
+        log.info(
+            "msg=%r source=%s digest=%s seconds=%.3f files=%d bytes=%d",
+            "source unpacked",
+            source.label(),
+            digest,
+            time.monotonic() - started,
+            stats.entries,
+            stats.bytes,
+        )
+
+    def _archive(self, source: FetchSource, work: Path) -> tuple[Path, str, list[str]]:
+        """Fetch ``source`` into a tar archive in ``work``: (path, media type, warnings)."""
+        archive = work / "content.tar"
+        if source.kind == "git":
+            repo = git.fetch_commit(
+                source.location,
+                source.pin,
+                work / "repo",
+                auth=source.auth,
+                insecure=source.insecure,
+                read_timeout=self.read_timeout,
+            )
+            try:
+                directory = git.check_directory(source.directory, source.location)
+                warnings = git.write_tar(
+                    repo,
+                    source.pin,
+                    directory,
+                    archive,
+                    repository=source.location,
+                    max_bytes=self.limits.max_bytes,
+                    max_entries=self.limits.max_entries,
+                )
+            finally:
+                repo.close()
+            return archive, TAR, warnings
+        http.fetch(
+            source.location,
+            archive,
+            auth=source.auth,
+            insecure=source.insecure,
+            expect=source.pin,
+            read_timeout=self.read_timeout,
+        )
+        with open(archive, "rb") as f:
+            head = f.read(4)
+        if head.startswith(GZIP_MAGIC):
+            return archive, TAR_GZIP, []
+        if head.startswith(ZSTD_MAGIC):
+            return archive, TAR_ZSTD, []
+        return archive, TAR, []
+
+
+def _remove(path: Path) -> None:
+    try:
+        tree.remove(path)
+    except OSError as exc:
+        log.error("msg=%r path=%s error=%r", "cannot remove", path, str(exc)[:300])

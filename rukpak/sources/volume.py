@@ -1,0 +1,189 @@
+"""A bundle volume's source: the volume attributes (inline ``volumeAttributes``,
+StorageClass parameters or PV ``volumeAttributes``) parsed into a ``VolumeSource``,
+and pull credentials from the publish secret.
+
+A volume holds an image (``image``), a git commit (``git`` = repository, ``commit``,
+optional ``directory``) or an http tarball (``url`` plus its pinned ``digest``);
+git and http volumes carry a ``FetchSource`` and their publish secret holds the
+source's auth Secret data (``rukpak.sources.auth``), not a dockerconfigjson.
+
+Where it sits: the Node service parses publish requests with it and the
+Controller service checks CreateVolume parameters with it; both then hand the
+plain dataclass on (to ``csi.node.publish`` or the volume records).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from rukpak.common import errors
+from rukpak.image.seams import PullPolicy
+from rukpak.oci.auth import Credentials
+from rukpak.oci.manifest import Platform
+from rukpak.oci.reference import Reference
+from rukpak.sources.auth import SourceAuth
+
+ATTR_IMAGE = "image"
+ATTR_PULL_POLICY = "pullPolicy"
+ATTR_PLATFORM = "platform"
+ATTR_PUBLISH_MODE = "publishMode"
+PUBLISH_MODES = ("bind", "fuse")
+ATTR_GIT = "git"
+ATTR_COMMIT = "commit"
+ATTR_DIRECTORY = "directory"
+ATTR_URL = "url"
+ATTR_DIGEST = "digest"
+ATTR_INSECURE = "insecureSkipVerify"
+FETCH_ATTRIBUTES = (ATTR_GIT, ATTR_COMMIT, ATTR_DIRECTORY, ATTR_URL, ATTR_DIGEST, ATTR_INSECURE)
+KNOWN_ATTRIBUTES = (
+    ATTR_IMAGE,
+    ATTR_PULL_POLICY,
+    ATTR_PLATFORM,
+    ATTR_PUBLISH_MODE,
+    *FETCH_ATTRIBUTES,
+)
+# Added by Kubernetes (podInfoOnMount, ephemeral flag, provisioner metadata).
+K8S_ATTRIBUTE_PREFIX = "csi.storage.k8s.io/"
+SECRET_KEYS = (".dockerconfigjson", ".dockercfg")
+
+
+@dataclass(frozen=True)
+class FetchSource:
+    """A pinned git commit (``location`` = repository, ``pin`` = commit, ``directory``)
+    or http tarball (``location`` = URL, ``pin`` = ``sha256:`` digest of its bytes)."""
+
+    kind: str  # git | http
+    location: str
+    pin: str
+    directory: str = ""
+    insecure: bool = False
+    auth: SourceAuth | None = field(default=None, repr=False, compare=False)
+
+    def label(self) -> str:
+        """The content in one line (holders, logs): never holds credentials."""
+        if self.kind == "git":
+            where = f":{self.directory}" if self.directory else ""
+            return f"git+{self.location}@{self.pin}{where}"
+        return f"{self.location}@{self.pin}"
+
+    @classmethod
+    def from_attributes(cls, attributes: Mapping[str, str]) -> FetchSource:
+        from rukpak.sources import git, http  # the node and the controller both parse here
+
+        insecure = attributes.get(ATTR_INSECURE, "").strip().lower() == "true"
+        if attributes.get(ATTR_GIT, "").strip():
+            repository = attributes[ATTR_GIT].strip()
+            commit = attributes.get(ATTR_COMMIT, "").strip().lower()
+            if not git.COMMIT_RE.match(commit):
+                raise errors.InvalidArgument(
+                    "volume attribute 'commit' must be the full 40-character commit hash a "
+                    f"git volume is pinned to (got {commit[:80]!r})"
+                )
+            directory = attributes.get(ATTR_DIRECTORY, "").strip()
+            git.check_directory(directory, repository)
+            return cls("git", repository, commit, directory=directory, insecure=insecure)
+        url = attributes.get(ATTR_URL, "").strip()
+        http.check_url(url)
+        bare, pinned = http.split_pinned(url)
+        digest = attributes.get(ATTR_DIGEST, "").strip() or pinned or ""
+        if not (digest.startswith("sha256:") and len(digest) == 71):
+            raise errors.InvalidArgument(
+                "volume attribute 'digest' must be the sha256:<hex> digest an http volume is "
+                f"pinned to (got {digest[:80]!r})"
+            )
+        return cls("http", bare, digest, insecure=insecure)
+
+    def attributes(self) -> dict[str, str]:
+        if self.kind == "git":
+            out = {ATTR_GIT: self.location, ATTR_COMMIT: self.pin}
+            if self.directory:
+                out[ATTR_DIRECTORY] = self.directory
+        else:
+            out = {ATTR_URL: self.location, ATTR_DIGEST: self.pin}
+        if self.insecure:
+            out[ATTR_INSECURE] = "true"
+        return out
+
+
+@dataclass(frozen=True)
+class VolumeSource:
+    """What a volume holds: an image, how to pull it, and for which platform; or, for
+    git and http volumes, ``fetch`` (and ``image`` is its label)."""
+
+    image: str
+    pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
+    platform: Platform | None = None
+    publish_mode: str | None = None  # bind | fuse; None: the plugin's --publish-mode
+    fetch: FetchSource | None = None
+
+    def with_secrets(self, secrets: Mapping[str, str]) -> VolumeSource:
+        """For a git or http volume: the publish secret's data as the fetch's auth."""
+        if self.fetch is None or not secrets:
+            return self
+        return replace(self, fetch=replace(self.fetch, auth=SourceAuth.from_data(secrets)))
+
+    @classmethod
+    def from_attributes(cls, attributes: Mapping[str, str]) -> VolumeSource:
+        """Parse volume attributes (or StorageClass parameters); InvalidArgument if wrong."""
+        unknown = sorted(
+            k
+            for k in attributes
+            if k not in KNOWN_ATTRIBUTES and not k.startswith(K8S_ATTRIBUTE_PREFIX)
+        )
+        if unknown:
+            raise errors.InvalidArgument(
+                f"unknown volume attribute(s) {', '.join(unknown)}; "
+                f"supported: {', '.join(KNOWN_ATTRIBUTES)}"
+            )
+        kinds = [k for k in (ATTR_IMAGE, ATTR_GIT, ATTR_URL) if attributes.get(k, "").strip()]
+        if len(kinds) > 1:
+            raise errors.InvalidArgument(
+                f"volume attributes {' and '.join(kinds)} are exclusive: set exactly one"
+            )
+        if kinds and kinds[0] != ATTR_IMAGE:
+            fetch = FetchSource.from_attributes(attributes)
+            return cls(image=fetch.label(), fetch=fetch)
+        image = attributes.get(ATTR_IMAGE, "").strip()
+        if not image:
+            raise errors.InvalidArgument(
+                "volume attribute 'image' is required: set it to the bundle image reference, "
+                "e.g. quay.io/org/bundle:v1"
+            )
+        Reference.parse(image)
+        policy = PullPolicy.parse(attributes.get(ATTR_PULL_POLICY) or "IfNotPresent")
+        platform_text = attributes.get(ATTR_PLATFORM, "").strip()
+        platform = Platform.parse(platform_text) if platform_text else None
+        mode = attributes.get(ATTR_PUBLISH_MODE, "").strip() or None
+        if mode is not None and mode not in PUBLISH_MODES:
+            raise errors.InvalidArgument(
+                f"publishMode {mode!r} is invalid: use bind or fuse (or leave it unset for the "
+                "plugin's default)"
+            )
+        return cls(image=image, pull_policy=policy, platform=platform, publish_mode=mode)
+
+    def attributes(self) -> dict[str, str]:
+        if self.fetch is not None:
+            return self.fetch.attributes()
+        out = {ATTR_IMAGE: self.image, ATTR_PULL_POLICY: self.pull_policy.value}
+        if self.platform is not None:
+            out[ATTR_PLATFORM] = str(self.platform)
+        if self.publish_mode is not None:
+            out[ATTR_PUBLISH_MODE] = self.publish_mode
+        return out
+
+
+def credentials_from_secrets(
+    secrets: Mapping[str, str], source: VolumeSource | None = None
+) -> Credentials | None:
+    """Pull credentials from a dockerconfigjson Secret's data; None when there is none
+    (or when ``source`` is a git or http volume, whose secret is its fetch's auth)."""
+    if not secrets or (source is not None and source.fetch is not None):
+        return None
+    for key in SECRET_KEYS:
+        if key in secrets:
+            return Credentials.from_dockerconfigjson(secrets[key])
+    raise errors.InvalidArgument(
+        "the publish secret has no '.dockerconfigjson' key: use a Secret of type "
+        "kubernetes.io/dockerconfigjson (kubectl create secret docker-registry)"
+    )
