@@ -22,6 +22,7 @@ proto-check: setup
 lint: setup
 	$(VENV)/bin/ruff check rukpak csi provisioner tests contrib
 	$(VENV)/bin/ruff format --check rukpak csi provisioner tests contrib
+	PYTHONPATH=contrib/helm-provisioner $(VENV)/bin/lint-imports --no-cache
 
 typecheck: setup
 	$(VENV)/bin/mypy rukpak csi provisioner tests contrib/helm-provisioner/rukpak_helm

@@ -46,8 +46,6 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from provisioner.cli.service import Election, serve
-from provisioner.cli.signals import stop_on_signals
 from provisioner.engine.apply import Applied, DeletionPolicy, Options, Result, install
 from provisioner.engine.diff import Change
 from provisioner.engine.diff import plan as diff
@@ -71,13 +69,15 @@ from provisioner.engine.kube import Kube
 from provisioner.engine.lifecycle import ObjectStatus, status, uninstall
 from provisioner.engine.listwatch import Informer
 from provisioner.engine.objects import FIELD_MANAGER, OWNER_LABEL, Obj, ObjectRef
-from provisioner.instance.leader import lead
-from provisioner.instance.lease import LeaseLock
 from provisioner.manager import actions
 from provisioner.manager.events import record as record_event
 from provisioner.manager.generate import desired_bundle
-from provisioner.manager.queue import WorkQueue
-from provisioner.manager.workers import Reconciler, Workers
+from provisioner.runtime.leader import lead
+from provisioner.runtime.lease import LeaseLock
+from provisioner.runtime.queue import WorkQueue
+from provisioner.runtime.service import Election, serve
+from provisioner.runtime.signals import stop_on_signals
+from provisioner.runtime.workers import Reconciler, Workers
 from rukpak.common.errors import RukpakError
 
 GROUP = "core.rukpak.io"

@@ -27,7 +27,7 @@ import grpc
 import pytest
 import zstandard
 
-from csi.node import mounter
+from csi import mounter
 from csi.proto import csi_pb2, csi_pb2_grpc
 from rukpak.oci import mediatypes
 from rukpak.oci.auth import Credentials

@@ -1,4 +1,4 @@
-"""The flags every command shares (``provisioner.cli.flags``, ``rukpak.common.flags``) mean
+"""The flags every command shares (``provisioner.runtime.flags``, ``rukpak.common.flags``) mean
 the same everywhere.
 
 Pure: the parsers of ``rukpak``, ``rukpak-provisioner`` and ``rukpak-csi-plugin`` are
@@ -16,9 +16,9 @@ import pytest
 
 from csi.plugin import main as plugin_main
 from provisioner import __main__ as provisioner_main
-from provisioner.cli import flags, termination
 from provisioner.cli import main as cli
 from provisioner.engine import inventory
+from provisioner.runtime import flags, termination
 from rukpak.common import errors
 from rukpak.oci.reference import Reference
 

@@ -1,4 +1,4 @@
-"""The lifecycle of the long-running provisioner processes (``provisioner.cli.service``).
+"""The lifecycle of the long-running provisioner processes (``provisioner.runtime.service``).
 
 Pure: leader election off, so no API server is asked; the work is a recorder. The
 manager and the PV provisioner run it for real with a Lease in
@@ -14,8 +14,8 @@ from typing import cast
 
 import pytest
 
-from provisioner.cli import service
 from provisioner.engine.kube import Kube
+from provisioner.runtime import service
 from rukpak.common import errors
 
 NO_KUBE = cast(Kube, object())  # never used: leader election is off

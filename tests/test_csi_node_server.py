@@ -18,7 +18,7 @@ import grpc
 import pytest
 import requests
 
-from csi.node import mounter
+from csi import mounter
 from csi.proto import csi_pb2, csi_pb2_grpc
 from tests.csi_helpers import (
     PluginProcess,

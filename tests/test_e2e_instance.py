@@ -29,7 +29,7 @@ import pytest
 from provisioner.engine import inventory, lifecycle
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, ObjectRef
-from provisioner.instance import lease
+from provisioner.runtime import lease
 from rukpak.common import errors
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.instance import lease
 from provisioner.manager import actuate, model
+from provisioner.runtime import lease
 from tests import bundles
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst

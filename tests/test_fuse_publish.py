@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from csi.node import mounter
+from csi import mounter
 from csi.node.publish import Publisher, PublishRequest
 from rukpak.common import errors
 from rukpak.image.cache import ImageCache

@@ -26,8 +26,8 @@ from provisioner import __main__ as provisioner_main
 from provisioner.engine import appliedrecord, inventory
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, ObjectRef
-from provisioner.instance import lease
 from provisioner.instance import process as instance
+from provisioner.runtime import lease
 from tests.bundles import configmap, namespace, write_bundle
 from tests.polling import eventually
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from provisioner.manager.queue import WorkQueue
+from provisioner.runtime.queue import WorkQueue
 
 
 def test_a_key_added_twice_is_queued_once() -> None:

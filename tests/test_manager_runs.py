@@ -15,8 +15,8 @@ import pytest
 
 from provisioner.engine import appliedrecord
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef
-from provisioner.instance import lease
 from provisioner.manager import generate, model, plan, runs, sources
+from provisioner.runtime import lease
 from tests.test_manager_plan import DIGEST, B, bundle, cond, kinds
 
 SETTINGS = model.Settings(image="registry.example/rukpak:v1")

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from provisioner.manager.queue import WorkQueue
-from provisioner.manager.workers import Workers
+from provisioner.runtime.queue import WorkQueue
+from provisioner.runtime.workers import Workers
 from rukpak.common import errors
 
 log = logging.getLogger("test.workers")

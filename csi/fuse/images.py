@@ -26,12 +26,11 @@ requests for one image pull it once.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -49,11 +48,11 @@ from rukpak.common.fsio import (
 from rukpak.image import cachesync, extract, grants, layerio, layerstream, seams
 from rukpak.image.grants import Grants
 from rukpak.image.locks import KeyedLocks
-from rukpak.image.seams import PullerFactory, PullPolicy, StreamingPuller
+from rukpak.image.seams import PullerFactory, PullPolicy
 from rukpak.oci import digest as digests
 from rukpak.oci import mediatypes
 from rukpak.oci.auth import Credentials
-from rukpak.oci.manifest import Descriptor, Manifest, Platform
+from rukpak.oci.manifest import Manifest, Platform
 from rukpak.oci.reference import Reference
 
 log = logging.getLogger(__name__)
@@ -198,7 +197,9 @@ class FuseImages:
         if streaming is None:
             raise errors.FailedPrecondition("FUSE mode needs a registry client that can stream")
         layers = [
-            layerio.Layer(Path(d.digest), d.media_type, d.digest, _source(streaming, ref, d))
+            layerio.Layer(
+                Path(d.digest), d.media_type, d.digest, layerstream.streamed(streaming, ref, d)
+            )
             for d in m.layers
         ]
         root, stats = unpack.build(self.files, layers, image=str(ref), limits=self._limits)
@@ -380,17 +381,6 @@ class FuseImages:
 
     def tree_names(self) -> list[str]:
         return sorted(p.stem for p in self.trees_dir.glob("*.json"))
-
-
-def _source(puller: StreamingPuller, ref: Reference, desc: Descriptor) -> layerio.Source:
-    @contextlib.contextmanager
-    def open_layer() -> Iterator[io.BufferedReader]:
-        # Leaving open_blob normally reads what the walker left (tar padding) and
-        # checks size and digest: DataLoss fails the pull before the index is saved.
-        with puller.open_blob(ref, desc) as stream:
-            yield io.BufferedReader(layerstream.Tee(stream), layerstream.Tee.CHUNK)
-
-    return open_layer
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from csi.fuse import index, unpack
 from csi.fuse.filestore import FileStore
 from rukpak.common import errors
 from rukpak.common.fsio import write_bytes_atomic
-from rukpak.image import layerio
+from rukpak.image import layerio, layerstream, seams
 from rukpak.image.seams import Puller
 from rukpak.oci import digest as digests
 from rukpak.oci import transport
@@ -311,10 +311,7 @@ def _inflate_prefix(data: bytes, size: int) -> bytes:
 
 
 def _stream(puller: Puller, ref: Reference, desc: Descriptor) -> layerio.Source:
-    from csi.fuse.images import _source
-    from rukpak.image import seams
-
     streaming = seams.streaming(puller)
     if streaming is None:
         raise errors.FailedPrecondition("completing a lazy tree needs a streaming client")
-    return _source(streaming, ref, desc)
+    return layerstream.streamed(streaming, ref, desc)

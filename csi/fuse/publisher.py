@@ -22,8 +22,8 @@ import threading
 from pathlib import Path
 from typing import Protocol
 
+from csi import mounter as mounts
 from csi.fuse.images import FuseImages
-from csi.node import mounter as mounts
 from rukpak.common import errors
 from rukpak.common.fsio import read_json_or_set_aside, write_json_atomic
 from rukpak.oci.auth import Credentials

@@ -2,7 +2,7 @@
 
 Where it sits: between the Node servicer (``csi.node.server``), which turns
 gRPC requests into the plain dataclasses here, and the image cache
-(``rukpak.image.cache``) plus the mount seam (``csi.node.mounter``).
+(``rukpak.image.cache``) plus the mount seam (``csi.mounter``).
 
 Idempotency, as CSI demands:
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from csi.node import mounter as mounts
+from csi import mounter as mounts
 from rukpak.common import errors
 from rukpak.image.cache import ImageCache
 from rukpak.image.cachestate import Holder

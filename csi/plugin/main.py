@@ -33,8 +33,8 @@ import grpc
 from csi.controller.resolve import RegistryResolver
 from csi.controller.server import ControllerServicer
 from csi.controller.volumes import VolumeRegistry
+from csi.mounter import Mounter
 from csi.node.identity import IdentityServicer
-from csi.node.mounter import Mounter
 from csi.node.publish import Publisher
 from csi.node.registration import RegistrationServicer
 from csi.node.server import NodeServicer

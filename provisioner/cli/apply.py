@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.bundle import source
-from provisioner.cli import flags
 from provisioner.engine import apply, diff, drift, formats, lifecycle
 from provisioner.engine.kube import Kube
+from provisioner.runtime import flags
 from rukpak.common import errors
 from rukpak.oci.reference import Reference
 

@@ -24,7 +24,7 @@ from provisioner.bundle import build as bundle_build
 from provisioner.bundle import inspect as bundle_inspect
 from provisioner.bundle import push as bundle_push
 from provisioner.bundle.layout import OciLayout
-from provisioner.cli import flags
+from provisioner.runtime import flags
 from rukpak.common import errors
 from rukpak.oci import client as oci_client
 from rukpak.oci.manifest import Descriptor, Platform

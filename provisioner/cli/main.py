@@ -5,7 +5,7 @@ This is the console script's edge. Each command module exposes
 their parsers (a function of the parsed arguments returning an exit code).
 These are ``provisioner.cli.bundle`` (``rukpak bundle build|push|inspect``) and
 ``provisioner.cli.apply`` (``rukpak apply|diff|status|uninstall``); flags they
-share are defined once in ``provisioner.cli.flags``.
+share are defined once in ``provisioner.runtime.flags``.
 
 Exit codes: 0 success; 1 an error with a code (``rukpak.common.errors``) or a local
 file error, printed as ``error: <message>`` on stderr; 2 a usage error
@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from provisioner.cli import flags
+from provisioner.runtime import flags
 from rukpak.common import errors
 
 # Modules that contribute subcommands; a missing optional one is skipped.

@@ -2,7 +2,7 @@
 
 The pod mounts its Bundle's content read-only at ``/bundle`` (a CSI volume)
 and runs this: load the bundle, take the deployment's Lease
-(``provisioner.instance.lease``), install it with the apply engine, then correct drift
+(``provisioner.runtime.lease``), install it with the apply engine, then correct drift
 until told to stop. One function per step, wired together by ``run``; the
 edge (arguments, signals, logging) is ``main``.
 
@@ -34,19 +34,16 @@ import json
 import logging
 import os
 import signal
-import socket
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from provisioner.cli import flags, termination
 from provisioner.engine import appliedrecord, apply, drift, formats, inventory, optional
 from provisioner.engine.kube import Kube
-from provisioner.instance import lease
+from provisioner.runtime import flags, leader, lease, termination
 from rukpak.common import errors
 
 log = logging.getLogger("rukpak.instance")
@@ -72,11 +69,6 @@ class Config:
     """The Bundle being installed, recorded on the Lease (``--bundle``)."""
 
 
-def default_identity() -> str:
-    """``$POD_NAME``, else ``hostname_random`` (unique even for two processes on one host)."""
-    return os.environ.get("POD_NAME") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-
-
 def kv(msg: str, **fields: object) -> str:
     """``msg='...' key=value ...``: the log line format of every rukpak process."""
     parts = [f"msg={msg!r}"]
@@ -94,7 +86,7 @@ class Instance:
     def __init__(self, kube: Kube, config: Config) -> None:
         self.kube = kube
         self.config = config
-        self.identity = config.identity or default_identity()
+        self.identity = config.identity or leader.default_identity()
         self.stopping = threading.Event()
         self.lock = lease.LeaseLock(
             kube,

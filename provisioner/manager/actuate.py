@@ -22,8 +22,8 @@ from datetime import UTC, datetime
 from provisioner.engine import lifecycle
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.instance import lease
 from provisioner.manager import bundleplan, events, model, plan, resolution
+from provisioner.runtime import lease
 from rukpak.common import errors
 from rukpak.oci import client as oci_client
 from rukpak.oci import reference

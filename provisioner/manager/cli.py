@@ -3,7 +3,7 @@
 Parses flags into ``model.Settings``; serves the CRD validating webhook
 (``webhook``, with the certificate ``certs`` manages) on every replica;
 optionally takes the ``rukpak-manager``
-Lease (``provisioner.instance.lease.LeaseLock``) before reconciling, runs the
+Lease (``provisioner.runtime.lease.LeaseLock``) before reconciling, runs the
 ``controller`` until SIGTERM/SIGINT or the Lease is lost, then stops the
 workers and releases the Lease. Exit 0 when stopped by a signal, 1 on a
 fatal error or a lost Lease.
@@ -17,9 +17,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from provisioner.cli import flags, service, signals
 from provisioner.engine.kube import Kube
 from provisioner.manager import actuate, certs, controller, model, webhook
+from provisioner.runtime import flags, service, signals
 from rukpak.common import errors
 
 log = logging.getLogger("rukpak.manager")

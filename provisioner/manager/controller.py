@@ -30,11 +30,11 @@ from datetime import UTC, datetime
 from provisioner.engine import listwatch
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj
-from provisioner.instance import lease
 from provisioner.manager import actuate, bundleplan, healthwatch, model, plan, runs, runwatch
 from provisioner.manager.model import Settings
-from provisioner.manager.queue import WorkQueue
-from provisioner.manager.workers import Reconciler
+from provisioner.runtime import lease
+from provisioner.runtime.queue import WorkQueue
+from provisioner.runtime.workers import Reconciler
 
 log = logging.getLogger("rukpak.manager")
 

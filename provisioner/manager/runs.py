@@ -19,10 +19,10 @@ from typing import Any
 
 from provisioner.engine import appliedrecord
 from provisioner.engine.objects import Obj
-from provisioner.instance import lease
 from provisioner.manager import actions, model
 from provisioner.manager.generate import instance_run_pod
 from provisioner.manager.model import Settings
+from provisioner.runtime import lease
 
 ACTIVE_PHASES = frozenset({"", "Pending", "Running"})
 RETRY_SECONDS = 15.0

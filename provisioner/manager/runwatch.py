@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from provisioner.engine import appliedrecord, listwatch
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.instance import lease
 from provisioner.manager import healthwatch, model, runs
+from provisioner.runtime import lease
 from rukpak.common import errors
 
 log = logging.getLogger("rukpak.manager")

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.cli import flags, termination
 from provisioner.engine import formats, formats_plain
 from provisioner.engine.errors import BundleInvalid
+from provisioner.runtime import flags, termination
 
 log = logging.getLogger("rukpak.unpack")
 

@@ -17,7 +17,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from provisioner.cli import flags, service, signals
+from provisioner.runtime import flags, service, signals
 from provisioner.storage import controller
 from provisioner.storage.csiclient import CsiClient
 from provisioner.storage.events import Recorder

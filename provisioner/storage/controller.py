@@ -31,8 +31,8 @@ from typing import Any
 
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import ObjectRef
-from provisioner.manager.queue import WorkQueue
-from provisioner.manager.workers import Reconciler
+from provisioner.runtime.queue import WorkQueue
+from provisioner.runtime.workers import Reconciler
 from provisioner.storage import plan
 from provisioner.storage.csiclient import CsiClient
 from provisioner.storage.events import Recorder

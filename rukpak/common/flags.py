@@ -5,7 +5,7 @@ Where it sits: beside ``logsetup`` in the shared corner. The node plugin
 take ``--log-level`` for ``logsetup.configure_logging``; the plugin and the PV
 provisioner (``provisioner.storage.cli``) name the CSI driver with ``--driver-name``.
 Both fall back to environment variables so a Deployment or DaemonSet can set either.
-The provisioner's own shared flags are ``provisioner.cli.flags``.
+The provisioner's own shared flags are ``provisioner.runtime.flags``.
 """
 
 from __future__ import annotations

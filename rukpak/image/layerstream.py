@@ -90,3 +90,17 @@ def layer_source(
                 tee.drain()
 
     return open_layer
+
+
+def streamed(puller: StreamingPuller, ref: Reference, desc: Descriptor) -> Source:
+    """A source that streams ``desc`` from the registry without keeping it (FUSE mode's
+    file store keeps the members it needs instead of the compressed blob)."""
+
+    @contextlib.contextmanager
+    def open_layer() -> Iterator[io.BufferedReader]:
+        # Leaving open_blob normally reads what the walker left (tar padding) and
+        # checks size and digest: DataLoss fails the pull before anything is committed.
+        with puller.open_blob(ref, desc) as stream:
+            yield io.BufferedReader(Tee(stream), Tee.CHUNK)
+
+    return open_layer

@@ -4,7 +4,7 @@ Where it sits: the edge of ``rukpak-provisioner manager`` (``provisioner.manager
 and ``rukpak-provisioner volumes`` (``provisioner.storage.cli``), after each has parsed
 its flags and made its API adapter. ``serve`` takes the process's Lease when
 ``--leader-elect`` asks for it (an ``Election``, through
-``provisioner.instance.leader.leading``), starts the work, waits for SIGTERM/SIGINT
+``provisioner.runtime.leader.leading``), starts the work, waits for SIGTERM/SIGINT
 (``signals.stop_on_signals``) or a lost Lease, stops the work before the Lease goes, and
 turns the way it ended into the exit code.
 """
@@ -17,8 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from provisioner.engine.kube import Kube
-from provisioner.instance.leader import leading
-from provisioner.instance.process import default_identity
+from provisioner.runtime.leader import default_identity, leading
 from rukpak.common import errors
 
 EXIT_OK = 0

@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 from provisioner.engine.informers import InformerSet
 from provisioner.engine.kube import Kube
-from provisioner.manager.queue import WorkQueue
+from provisioner.runtime.queue import WorkQueue
 from rukpak.common import errors
 
 Reconcile = Callable[[str], float | None]

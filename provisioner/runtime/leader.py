@@ -2,7 +2,7 @@
 
 Where it sits: above ``lease`` (the lock itself) and under the long-running
 processes that must have one active replica: the manager and the PV provisioner
-(``provisioner.cli.service``, Leases ``rukpak-manager`` and
+(``provisioner.runtime.service``, Leases ``rukpak-manager`` and
 ``rukpak-csi-provisioner``) and, through ``provisioner.api``, the helm provisioner.
 ``lead`` takes the Lease (waiting while another replica holds it) and keeps it
 renewed; losing it sets ``lost`` and ``stop``, so the process stops working before
@@ -14,14 +14,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import socket
 import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from provisioner.engine.kube import Kube
-from provisioner.instance.lease import LeaseLock
+from provisioner.runtime.lease import LeaseLock
 
 log = logging.getLogger(__name__)
+
+
+def default_identity() -> str:
+    """``$POD_NAME``, else ``hostname_random`` (unique even for two processes on one host)."""
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
 
 def lead(
