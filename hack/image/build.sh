@@ -174,7 +174,7 @@ fi
 # The files that make the project's wheel, as git sees them (tracked or new, not ignored).
 sources() {
     git -C "$REPO" ls-files -z -co --exclude-standard -- pyproject.toml README.md LICENSE \
-        csi provisioner | while IFS= read -r -d '' f; do [[ -f $REPO/$f ]] && printf '%s\0' "$f"; done
+        rukpak csi provisioner | while IFS= read -r -d '' f; do [[ -f $REPO/$f ]] && printf '%s\0' "$f"; done
 }
 app_key=$(sources | sort -z | (cd "$REPO" && xargs -0 sha256sum) | sha256sum | cut -c1-16)
 app=$CACHE/app-$app_key.tar.gz
