@@ -172,7 +172,7 @@ class Damper:
         recent = self._recent(key, now)
         if not recent:
             return 0.0
-        delay = min(self.cap, self.base * 2 ** (len(recent) - 1))
+        delay = min(self.cap, self.base * float(2 ** (len(recent) - 1)))
         return max(0.0, recent[-1] + delay - now)
 
     def record(self, key: str, now: float) -> int:
