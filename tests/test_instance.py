@@ -8,7 +8,6 @@ from the CSI volume (a directory stands in for the mounted bundle).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -25,8 +24,9 @@ import pytest
 from provisioner import __main__ as provisioner_main
 from provisioner.engine import appliedrecord, inventory
 from provisioner.engine.kube import Kube
-from provisioner.engine.objects import OWNER_LABEL, ObjectRef
+from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef
 from provisioner.instance import process as instance
+from provisioner.manager import runs
 from provisioner.runtime import lease
 from tests.bundles import configmap, namespace, write_bundle
 from tests.polling import eventually
@@ -271,49 +271,50 @@ def bundle_dir(root: Path, name: str, **data: str) -> Path:
     return root
 
 
+def inventory_cm(kube: Kube, name: str) -> Obj | None:
+    ref = ObjectRef("", "v1", "ConfigMap", SYSTEM_NAMESPACE, inventory.configmap_name(name))
+    return kube.get(ref)
+
+
 def holder(kube: Kube, name: str) -> str:
     return str(live_lease(kube, name)["spec"].get("holderIdentity") or "")
 
 
 @pytest.mark.cluster
 class TestTheInstanceProcess:
-    def test_it_applies_the_bundle_holds_the_lease_and_on_sigterm_releases_it_and_exits_0(
+    def test_it_applies_the_bundle_under_the_lease_records_it_releases_and_exits_0(
         self, kube: Kube, name: str, tmp_path: Path, run_instance: Any
     ) -> None:
         root = bundle_dir(tmp_path / "bundle", name, k="1")
-        proc = run_instance("--bundle-dir", str(root), "--name", name, "--identity", "pod-1")
-        proc.wait_for("msg='watching for drift'")
+        proc = run_instance(
+            "--bundle-dir", str(root), "--name", name, "--identity", "pod-1", "--bundle", "b-1"
+        )
+        assert proc.process.wait(60) == 0, proc.log()
         cm = kube.get(ObjectRef("", "v1", "ConfigMap", name, "a"))
         assert cm is not None and cm["data"] == {"k": "1"}
         assert cm["metadata"]["labels"][OWNER_LABEL] == name
-        inv = ObjectRef("", "v1", "ConfigMap", SYSTEM_NAMESPACE, inventory.configmap_name(name))
-        assert kube.get(inv) is not None
-        assert holder(kube, name) == "pod-1"
-
-        assert proc.term() == 0, proc.log()
-        log = proc.log()
-        assert "msg='stopping' reason=SIGTERM" in log
-        assert "msg='lease released'" in log and "msg='stopped'" in log
+        record = runs.InstallRecord.of_inventory(inventory_cm(kube, name))
+        assert record is not None and (record.by, record.bundle) == ("pod-1", "b-1")
         assert holder(kube, name) == ""
-        for step in ("loading bundle", "lease acquired", "installed"):
+        log = proc.log()
+        for step in ("loading bundle", "lease acquired", "installed", "install recorded; exiting"):
             assert f"msg='{step}'" in log, log
+        assert "msg='lease released'" in log
 
-    def test_a_second_instance_waits_for_the_lease_and_takes_over_when_the_first_stops(
+    def test_a_second_run_waits_for_the_lease_held_by_another(
         self, kube: Kube, name: str, tmp_path: Path, run_instance: Any
     ) -> None:
         root = bundle_dir(tmp_path / "bundle", name, k="1")
-        args = ("--bundle-dir", str(root), "--name", name)
-        first = run_instance(*args, "--identity", "pod-1", log_name="first.log")
-        first.wait_for("msg='watching for drift'")
-        second = run_instance(*args, "--identity", "pod-2", log_name="second.log")
-        second.wait_for("msg='waiting for lease'")
-        assert "holder=pod-1" in second.log()
-        assert "msg='installed'" not in second.log()
-
-        assert first.term() == 0, first.log()
-        second.wait_for("msg='watching for drift'", timeout=20)
-        assert holder(kube, name) == "pod-2"
-        assert second.term() == 0, second.log()
+        squatter = lock(kube, name, "run-0", duration=60)
+        assert squatter.acquire(timeout=10)
+        proc = run_instance("--bundle-dir", str(root), "--name", name, "--identity", "run-1")
+        proc.wait_for("msg='waiting for lease'")
+        assert "holder=run-0" in proc.log()
+        assert "msg='installed'" not in proc.log()
+        assert kube.get(ObjectRef("", "v1", "ConfigMap", name, "a")) is None
+        assert squatter.release()
+        assert proc.process.wait(60) == 0, proc.log()
+        assert kube.get(ObjectRef("", "v1", "ConfigMap", name, "a")) is not None
         assert holder(kube, name) == ""
 
     def test_sigterm_while_waiting_for_the_lease_exits_0_without_applying(
@@ -368,44 +369,7 @@ class TestTheInstanceProcess:
         assert f"ConfigMap {name}/a" in termination.read_text()
         assert holder(kube, name) == ""  # released on the way out
 
-    def test_drift_is_corrected_while_it_runs(
-        self, kube: Kube, name: str, tmp_path: Path, run_instance: Any
-    ) -> None:
-        root = bundle_dir(tmp_path / "bundle", name, k="1")
-        proc = run_instance("--bundle-dir", str(root), "--name", name)
-        proc.wait_for("msg='watching for drift'")
-        ref = ObjectRef("", "v1", "ConfigMap", name, "a")
-        kube.delete(ref)
-        eventually(lambda: kube.get(ref), timeout=15, what="the deleted ConfigMap to come back")
-        kube.merge_patch(ref, {"data": {"k": "changed"}})
-        eventually(
-            lambda: (kube.get(ref) or {}).get("data") == {"k": "1"},
-            timeout=15,
-            what="the changed ConfigMap to be restored",
-        )
-        proc.wait_for("msg='drift' detail='corrected ConfigMap")  # logged just after the fix
-        assert proc.term() == 0, proc.log()
-
-    def test_losing_the_lease_stops_the_instance_with_exit_1(
-        self, kube: Kube, name: str, tmp_path: Path, run_instance: Any
-    ) -> None:
-        root = bundle_dir(tmp_path / "bundle", name)
-        termination = tmp_path / "termination-log"
-        proc = run_instance(
-            "--bundle-dir", str(root), "--name", name, "--lease-duration", "3",
-            "--termination-log", str(termination),
-        )  # fmt: skip
-        proc.wait_for("msg='watching for drift'")
-        ref = ObjectRef(
-            "coordination.k8s.io", "v1", "Lease", SYSTEM_NAMESPACE, lease.lease_name(name)
-        )
-        kube.merge_patch(ref, {"spec": {"holderIdentity": "intruder"}})
-        assert proc.process.wait(15) == 1, proc.log()
-        assert "msg='lease lost'" in proc.log()
-        assert "lost; stopped applying" in termination.read_text()
-        assert holder(kube, name) == "intruder"
-
-    def test_once_installs_records_the_install_on_the_lease_releases_it_and_exits_0(
+    def test_the_record_on_the_inventory_says_what_was_applied_and_survives_the_next_run(
         self, kube: Kube, name: str, tmp_path: Path, run_instance: Any
     ) -> None:
         monitor = {
@@ -427,13 +391,12 @@ class TestTheInstanceProcess:
         assert "optional objects set aside" in proc.log()
         live = live_lease(kube, name)
         assert live["spec"].get("holderIdentity") in ("", None)
-        marks = live["metadata"]["annotations"]
-        assert marks[lease.INSTALLED_BY_ANNOTATION] == "run-1"
-        assert marks[lease.INSTALLED_BUNDLE_ANNOTATION] == "b-1"
-        assert json.loads(marks[lease.OPTIONAL_SKIPPED_ANNOTATION]) == [
-            ["monitoring.example.com", "v1", "Monitor"]
-        ]
-        applied = appliedrecord.decode(marks[lease.APPLIED_RECORD_ANNOTATION])
+        assert not (live["metadata"].get("annotations") or {}), "the Lease is a lock only"
+        record = runs.InstallRecord.of_inventory(inventory_cm(kube, name))
+        assert record is not None and record.applied is not None
+        assert (record.by, record.bundle) == ("run-1", "b-1")
+        assert record.awaiting == {("monitoring.example.com", "v1", "Monitor")}
+        applied = record.applied
         cm = kube.get(ObjectRef("", "v1", "ConfigMap", name, "a"))
         assert cm is not None
         assert applied[appliedrecord.key_of(ObjectRef.of(cm))] == appliedrecord.fields_hash(cm)
@@ -447,3 +410,14 @@ class TestTheInstanceProcess:
             applied[appliedrecord.key_of(ObjectRef.of(cm))], changed, name
         )
         assert reason == "fields we apply were changed by another writer"
+
+        # the next run rewrites the inventory (manager rukpak) and the record (rukpak-record):
+        # neither apply removes the other's key
+        write_bundle(root, {"01_all.yaml": [namespace(name), configmap("b", name, k="1")]})
+        proc = run_instance("--bundle-dir", str(root), "--name", name, "--identity", "run-2")
+        assert proc.process.wait(60) == 0, proc.log()
+        cm_now = inventory_cm(kube, name)
+        assert cm_now is not None
+        assert {r.name for r in inventory.from_configmap(cm_now).refs} == {name, "b"}
+        again = runs.InstallRecord.of_inventory(cm_now)
+        assert again is not None and again.by == "run-2" and not again.awaiting

@@ -6,12 +6,12 @@ pushed. The API server has no kubelet or controller-manager, so pods never
 run here: the tests play the kubelet's part for unpack pods (they write the
 pod's status with the termination message ``rukpak-provisioner unpack``
 writes) and check what the manager writes (Bundles and their status, unpack
-pods, the instance Deployment's pod template, BD status, events, the
-finalizer's uninstall). The in-process controller runs ``--instance-mode
-deployment`` (long-running instance Deployments); the default, run-to-completion
-instances, needs a kubelet and is proven in tests/test_e2e_runs.py and the other
-e2e tests. The process itself (``rukpak-provisioner manager``) runs as a
-subprocess in the last tests, with leader election and the default mode.
+pods, the instance run pods, BD status, events, the finalizer's uninstall, the
+restore of drift from the install record). Runs that install need a kubelet and
+are proven in tests/test_e2e_runs.py and the other e2e tests; here a test plays
+the run's part where one is needed (it installs with the apply engine and leaves
+the record the run would). The process itself (``rukpak-provisioner manager``)
+runs as a subprocess in the last tests, with leader election.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine import apply, inventorystore
+from provisioner.engine import appliedrecord, apply, inventory, inventorystore
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
-from provisioner.manager import actuate, controller, healthwatch, model, unpack
+from provisioner.manager import actuate, controller, healthwatch, model, runs, unpack
 from rukpak.oci import client as oci_client
 from tests import e2e_helpers as e2e
 from tests.bundles import bundle_deployment, bundle_doc, configmap, namespace, write_bundle
@@ -119,7 +119,6 @@ def running(kube: Kube, images: dict[str, str]) -> Iterator[controller.Controlle
         image=IMAGE,
         system_namespace=SYSTEM_NS,
         host_network=True,
-        instance_mode=model.DEPLOYMENT_MODE,
     )
     ctl = controller.Controller(
         kube,
@@ -145,7 +144,12 @@ def bundles_of(kube: Kube, name: str) -> list[Obj]:
 
 
 def instance_of(kube: Kube, name: str) -> Obj | None:
-    return kube.get(ObjectRef("apps", "v1", "Deployment", SYSTEM_NS, model.instance_name(name)))
+    """The BD's live instance run pod (not being deleted), if any."""
+    items, _ = kube.list(
+        "v1", "Pod", namespace=SYSTEM_NS, label_selector=f"{model.BD_LABEL}={name}"
+    )
+    live = [p for p in items if not p["metadata"].get("deletionTimestamp")]
+    return live[0] if live else None
 
 
 def cond_of(kube: Kube, name: str, kind: str) -> tuple[str, str] | None:
@@ -157,14 +161,14 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:5]}"
 
 
-def test_a_bundledeployment_becomes_a_resolved_bundle_and_an_instance_deployment(
+def test_a_bundledeployment_becomes_a_resolved_bundle_and_an_instance_run(
     kube: Kube, running: controller.Controller, images: dict[str, str]
 ) -> None:
     name = unique("hello")
     kube.create(bundle_deployment(name, images["v1"], installNamespace="team-a"))
     generated = eventually(lambda: bundles_of(kube, name), timeout=30, what="the Bundle")
     unpack_pod = finish_unpack(kube, generated[0]["metadata"]["name"])
-    dep = eventually(lambda: instance_of(kube, name), timeout=30, what="the instance Deployment")
+    run = eventually(lambda: instance_of(kube, name), timeout=30, what="the instance run pod")
     (bundle,) = bundles_of(kube, name)
     assert bundle["status"]["phase"] == "Unpacked"
     assert (
@@ -180,16 +184,14 @@ def test_a_bundledeployment_becomes_a_resolved_bundle_and_an_instance_deployment
     pinned = bundle["status"]["resolvedSource"]["image"]["ref"]
     assert pinned.startswith(images["v1"].rsplit(":", 1)[0] + "@sha256:")
 
-    template = dep["spec"]["template"]
-    assert dep["spec"]["strategy"]["type"] == "Recreate"
-    assert (
-        template["metadata"]["annotations"][model.BUNDLE_ANNOTATION] == bundle["metadata"]["name"]
-    )
-    (volume,) = template["spec"]["volumes"]
+    assert run["spec"]["restartPolicy"] == "Never"
+    assert run["metadata"]["annotations"][model.BUNDLE_ANNOTATION] == bundle["metadata"]["name"]
+    (volume,) = run["spec"]["volumes"]
     assert volume["csi"]["volumeAttributes"] == {"image": pinned, "pullPolicy": "IfNotPresent"}
-    (container,) = template["spec"]["containers"]
+    (container,) = run["spec"]["containers"]
     assert container["image"] == IMAGE
-    assert container["command"][-6:] == [
+    at = container["command"].index("--name")
+    assert container["command"][at : at + 6] == [
         "--name",
         name,
         "--namespace",
@@ -197,7 +199,7 @@ def test_a_bundledeployment_becomes_a_resolved_bundle_and_an_instance_deployment
         "--system-namespace",
         SYSTEM_NS,
     ]
-    assert template["spec"]["hostNetwork"] is True
+    assert run["spec"]["hostNetwork"] is True
 
     eventually(
         lambda: cond_of(kube, name, "HasValidBundle") == ("True", "UnpackSuccessful"),
@@ -244,14 +246,14 @@ def test_a_template_change_pivots_to_a_new_bundle_and_deletes_the_old_one(
     finish_unpack(kube, new_bundle)
 
     def pivoted() -> bool:
-        dep = instance_of(kube, name) or {}
-        points = (dep.get("metadata") or {}).get("annotations", {}).get(model.BUNDLE_ANNOTATION)
+        run = instance_of(kube, name) or {}
+        points = (run.get("metadata") or {}).get("annotations", {}).get(model.BUNDLE_ANNOTATION)
         names = [b["metadata"]["name"] for b in bundles_of(kube, name)]
         return points == new_bundle and names == [new_bundle]
 
     # the old Bundle was never installed (no kubelet here), so it is neither deployed nor
-    # active once the instance points at the new one: it goes at once
-    eventually(pivoted, timeout=30, what="the instance on the new Bundle, the old one deleted")
+    # active once a run of the new one starts: its obsolete run is stopped, and it goes
+    eventually(pivoted, timeout=30, what="a run of the new Bundle, the old one deleted")
 
 
 CreateAndReconcile = Callable[[str, Obj], None]
@@ -338,7 +340,7 @@ def test_deleting_a_bundledeployment_uninstalls_through_its_finalizer(
     )
     kube.create(bundle_deployment(name, images["v1"], deletionPolicy=policy))
     finish_unpack(kube, model.bundle_name(eventually(lambda: kube.get(actuate.bd_ref(name)))))
-    eventually(lambda: instance_of(kube, name), timeout=30, what="the instance Deployment")
+    eventually(lambda: instance_of(kube, name), timeout=30, what="the instance run pod")
     greeting = ObjectRef("", "v1", "ConfigMap", target, "greeting")
     assert kube.get(greeting) is not None
 
@@ -352,6 +354,107 @@ def test_deleting_a_bundledeployment_uninstalls_through_its_finalizer(
         assert live is None or live["metadata"].get("deletionTimestamp")
     else:
         assert live is not None and not live["metadata"].get("deletionTimestamp")
+
+
+# -- drift restored from the record, and a fight ----------------------------------------------
+
+
+def play_the_run(kube: Kube, name: str, tmp_path: Path, target: str) -> Obj:
+    """Do what the BD's first run would on a kubelet: install, record, succeed."""
+    run = eventually(lambda: instance_of(kube, name), timeout=30, what="the instance run pod")
+    bundle = write_bundle(
+        tmp_path, {"00.yaml": [namespace(target), configmap("greeting", target, hello="x")]}
+    )
+    options = apply.Options(name=name, namespace=target, system_namespace=SYSTEM_NS)
+    result = apply.install(kube, bundle, options)
+    record = runs.InstallRecord(
+        run["metadata"]["name"],
+        run["metadata"]["annotations"][model.BUNDLE_ANNOTATION],
+        appliedrecord.of(result.applied),
+    )
+    body = inventory.record_configmap(name, record.document(), system_namespace=SYSTEM_NS)
+    kube.apply(body, manager=inventory.RECORD_MANAGER)
+    pod_ref = ObjectRef("", "v1", "Pod", SYSTEM_NS, run["metadata"]["name"])
+    kube.merge_patch_status(pod_ref, {"status": {"phase": "Succeeded"}})
+    return run
+
+
+def intrude(kube: Kube, target: str, value: str) -> None:
+    """Another writer takes ``data.hello`` of the installed ConfigMap."""
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "greeting", "namespace": target},
+            "data": {"hello": value},
+        },
+        manager="intruder",
+    )
+
+
+def test_drift_is_restored_by_the_manager_as_the_instance_and_a_fight_is_damped(
+    kube: Kube, running: controller.Controller, images: dict[str, str], tmp_path: Path
+) -> None:
+    name = unique("drift")
+    target = unique("target")
+    kube.apply(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": f"{SYSTEM_NS}-instance"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "cluster-admin",
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": "rukpak-instance", "namespace": SYSTEM_NS}
+            ],
+        }
+    )
+    kube.create(bundle_deployment(name, images["v1"], installNamespace=target))
+    finish_unpack(kube, model.bundle_name(eventually(lambda: kube.get(actuate.bd_ref(name)))))
+    run = play_the_run(kube, name, tmp_path, target)
+    eventually(
+        lambda: cond_of(kube, name, "Healthy") == ("True", "Healthy"),
+        timeout=30,
+        what="Installed and Healthy from the record",
+    )
+    greeting = ObjectRef("", "v1", "ConfigMap", target, "greeting")
+
+    def restored() -> bool:
+        live = kube.get(greeting) or {}
+        owners = {m["manager"] for m in live["metadata"].get("managedFields") or []}
+        return live.get("data") == {"hello": "x"} and "intruder" not in owners
+
+    def events(reason: str) -> list[Obj]:
+        items, _ = kube.list("v1", "Event", namespace="default")
+        return [
+            e for e in items if e["involvedObject"].get("name") == name and e["reason"] == reason
+        ]
+
+    for value in ("a", "b", "c"):  # the first restore is at once, then 1 s, then 2 s apart
+        intrude(kube, target, value)
+        eventually(restored, timeout=30, what=f"data.hello restored after {value!r}")
+    restores = events("DriftRestored")
+    assert sum(int(e.get("count") or 1) for e in restores) == 3
+    assert all("greeting" in e["message"] for e in restores)
+    assert instance_of(kube, name) is None, "restored without a run"
+    assert kube.get(ObjectRef("", "v1", "Pod", SYSTEM_NS, run["metadata"]["name"])) is None
+
+    intrude(kube, target, "d")
+    message: str = eventually(
+        lambda: (
+            (c or {}).get("message")
+            if (c := condition(get_bd(kube, name), "FieldConflict")) and c["status"] == "True"
+            else None
+        ),
+        timeout=30,
+        what="FieldConflict=True",
+    )
+    assert "data.hello" in message and "(by intruder)" in message
+    assert events("AnotherWriter")
+    eventually(restored, timeout=30, what="the fourth restore, after the backoff")
 
 
 # -- standalone Bundles -------------------------------------------------------------------
@@ -502,8 +605,8 @@ def test_the_manager_process_takes_its_lease_reconciles_and_releases_on_sigterm(
         return [p for p in items if p["metadata"]["labels"][model.BD_LABEL] == name]
 
     pods = eventually(run_pods, timeout=30, what="the first instance run made by the process")
-    assert pods[0]["spec"]["restartPolicy"] == "Never"  # the default: runs to completion
-    assert "--once" in pods[0]["spec"]["containers"][0]["command"]
+    assert pods[0]["spec"]["restartPolicy"] == "Never"  # runs to completion
+    assert "--bundle" in pods[0]["spec"]["containers"][0]["command"]
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out.decode(errors="replace")

@@ -1,4 +1,8 @@
-"""The pure BundleDeployment planner: observed state in, actions out (no API)."""
+"""The pure BundleDeployment planner: observed state in, actions out (no API).
+
+Run-pod details (revisions, retries, slots) are pinned down in test_manager_runs.py;
+here the flow of a BundleDeployment: Bundles, runs, records, repairs, conditions.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +13,9 @@ import pytest
 
 from provisioner.engine.objects import Obj
 from provisioner.manager import generate as build
-from provisioner.manager import model, plan, sources
+from provisioner.manager import model, plan, runs, sources
 
-SETTINGS = model.Settings(
-    image="registry.example/rukpak:v1", host_network=True, instance_mode=model.DEPLOYMENT_MODE
-)
+SETTINGS = model.Settings(image="registry.example/rukpak:v1", host_network=True)
 DIGEST = "registry.example/hello@sha256:" + "a" * 64
 NOW = "2026-01-01T00:00:00Z"
 
@@ -64,26 +66,30 @@ def bundle(of: Obj, *, resolved: str = "", failing: str = "", phase: str = "Unpa
     return b
 
 
-def instance(of: Obj, resolved: str = DIGEST) -> Obj:
-    pinned = sources.pinned_image(resolved)
-    return build.instance_deployment(of, model.bundle_name(of), pinned, SETTINGS)
+PINNED = sources.pinned_image(DIGEST)
 
 
-def pod(
-    of: Obj, name: str = "inst-1", *, running: bool = True, failed: str = "", waiting: str = ""
+def run_pod(
+    of: Obj, number: int = 0, *, phase: str = "Running", failed: str = "", waiting: str = ""
 ) -> Obj:
-    state: Obj = {"running": {}} if running else {"waiting": {"reason": "X", "message": waiting}}
-    cs: Obj = {"name": "instance", "state": state}
+    """Run ``number`` of ``of``'s instance, in ``phase`` (a failure carries its message)."""
+    pod = build.instance_run_pod(of, model.bundle_name(of), PINNED, SETTINGS, number)
+    state: Obj = {"running": {}} if phase == "Running" and not waiting else {}
+    if waiting:
+        state = {"waiting": {"reason": "ContainerCreating", "message": waiting}}
     if failed:
-        cs["state"] = {"waiting": {"reason": "CrashLoopBackOff"}}
-        cs["lastState"] = {"terminated": {"exitCode": 1, "message": failed}}
-    return {
-        "metadata": {
-            "name": name,
-            "annotations": {model.BUNDLE_ANNOTATION: model.bundle_name(of)},
-        },
-        "status": {"phase": "Running" if running else "Pending", "containerStatuses": [cs]},
+        phase = "Failed"
+        state = {"terminated": {"exitCode": 1, "message": failed, "finishedAt": NOW}}
+    pod["status"] = {
+        "phase": "Pending" if waiting else phase,
+        "containerStatuses": [{"name": "instance", "state": state}],
     }
+    return pod
+
+
+def record(of: Obj, number: int = 0) -> runs.InstallRecord:
+    """The record run ``number`` of ``of`` left on the inventory."""
+    return runs.InstallRecord(model.name_of(run_pod(of, number)), model.bundle_name(of), {})
 
 
 def kinds(actions: list[plan.Action]) -> list[str]:
@@ -123,31 +129,32 @@ B2 = with_ref(B, "registry.example/hello:v2")
         (
             B,
             plan.Observed(bundles=(bundle(B, resolved=DIGEST),)),
-            ["ApplyInstance", "WriteStatus"],
+            ["CreateRun", "WriteStatus"],
         ),
         (
             B,
-            plan.Observed(bundles=(bundle(B, resolved=DIGEST),), instance=instance(B)),
+            plan.Observed(bundles=(bundle(B, resolved=DIGEST),), record=record(B)),
             ["WriteStatus"],
         ),
         (
             B2,
-            plan.Observed(bundles=(bundle(B, resolved=DIGEST),), instance=instance(B)),
+            plan.Observed(bundles=(bundle(B, resolved=DIGEST),), record=record(B)),
             ["CreateBundle", "WriteStatus"],
         ),
         (
             B2,
             plan.Observed(
                 bundles=(bundle(B, resolved=DIGEST), bundle(B2, resolved=DIGEST)),
-                instance=instance(B),
+                record=record(B),
             ),
-            ["ApplyInstance", "WriteStatus"],
+            ["CreateRun", "WriteStatus"],
         ),
         (
             {**B2, "status": {"activeBundle": model.bundle_name(B)}},
             plan.Observed(
                 bundles=(bundle(B, resolved=DIGEST), bundle(B2, resolved=DIGEST)),
-                instance=instance(B2),
+                record=record(B),
+                pods=(run_pod(B2),),
             ),
             ["WriteStatus"],
         ),
@@ -155,10 +162,7 @@ B2 = with_ref(B, "registry.example/hello:v2")
             {**B2, "status": {"activeBundle": model.bundle_name(B)}},
             plan.Observed(
                 bundles=(bundle(B, resolved=DIGEST), bundle(B2, resolved=DIGEST)),
-                instance=instance(B2),
-                pods=(pod(B2),),
-                lease_holder="inst-1",
-                installed_by="inst-1",
+                record=record(B2),
             ),
             ["DeleteBundle", "WriteStatus"],
         ),
@@ -170,10 +174,10 @@ B2 = with_ref(B, "registry.example/hello:v2")
         "the finalizer comes first",
         "a new Bundle waits for the Bundle controller",
         "an unpacking Bundle is waited for",
-        "a resolved Bundle gets an instance",
+        "a resolved Bundle gets an instance run",
         "a converged BD only reports status",
-        "a template change creates a new Bundle and keeps the old instance",
-        "the new Bundle resolved: the instance pivots to it",
+        "a template change creates a new Bundle and keeps the old install",
+        "the new Bundle resolved: a run pivots to it",
         "the old Bundle stays until the new one is installed",
         "once the new Bundle is installed the old one is deleted",
         "a Bundle that failed to unpack gets no instance",
@@ -199,11 +203,10 @@ def test_the_generated_bundle_is_named_by_the_template_hash_and_owned_by_the_bd(
     assert b["spec"] == B["spec"]["template"]["spec"]
 
 
-def test_the_instance_deployment_mounts_the_resolved_digest_and_runs_the_instance() -> None:
-    dep = instance(bd(installNamespace="team-a", serviceAccountName="installer"))
-    assert dep["spec"]["replicas"] == 1
-    assert dep["spec"]["strategy"] == {"type": "Recreate"}
-    pod_spec = dep["spec"]["template"]["spec"]
+def test_the_instance_run_mounts_the_resolved_digest_and_runs_the_instance() -> None:
+    the_pod = run_pod(bd(installNamespace="team-a", serviceAccountName="installer"))
+    pod_spec = the_pod["spec"]
+    assert pod_spec["restartPolicy"] == "Never"
     assert pod_spec["hostNetwork"] is True
     assert pod_spec["serviceAccountName"] == "installer"
     (volume,) = pod_spec["volumes"]
@@ -224,6 +227,10 @@ def test_the_instance_deployment_mounts_the_resolved_digest_and_runs_the_instanc
         "team-a",
         "--system-namespace",
         "rukpak-system",
+        "--bundle",
+        model.bundle_name(B),
+        "--lease-timeout",
+        str(build.RUN_LEASE_TIMEOUT),
     ]
     assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in (
         container["env"]
@@ -251,8 +258,8 @@ def test_a_registry_bundle_is_installed_by_an_instance_loading_registry_v1(bd_cl
     of = registry_bd(bd_class=bd_class)
     observed = plan.Observed(bundles=(bundle(of, resolved=DIGEST),), now=NOW)
     actions = plan.plan(of, observed, settings=SETTINGS)
-    (apply,) = [a for a in actions if isinstance(a, plan.ApplyInstance)]
-    (container,) = apply.deployment["spec"]["template"]["spec"]["containers"]
+    (run,) = [a for a in actions if isinstance(a, plan.CreateRun)]
+    (container,) = run.pod["spec"]["containers"]
     at = container["command"].index("--format")
     assert container["command"][at + 1] == "registry+v1"
     assert cond(actions, plan.HAS_VALID_BUNDLE) == ("True", "UnpackSuccessful")
@@ -268,73 +275,56 @@ def test_a_template_of_another_provisioner_class_is_refused() -> None:
 
 def test_without_host_network_the_instance_uses_the_pod_network() -> None:
     settings = model.Settings(image="x")
-    dep = build.instance_deployment(B, "b", sources.pinned_image(DIGEST), settings)
-    assert "hostNetwork" not in dep["spec"]["template"]["spec"]
+    the_pod = build.instance_run_pod(B, "b", sources.pinned_image(DIGEST), settings, 0)
+    assert "hostNetwork" not in the_pod["spec"]
 
 
 def _ready(of: Obj, **kw: Any) -> plan.Observed:
-    base: dict[str, Any] = {
-        "bundles": (bundle(of, resolved=DIGEST),),
-        "instance": instance(of),
-        "now": NOW,
-    }
+    base: dict[str, Any] = {"bundles": (bundle(of, resolved=DIGEST),), "now": NOW}
     base.update(kw)
     return plan.Observed(**base)
-
-
-def _held(of: Obj, **kw: Any) -> plan.Observed:
-    """Ready, and the instance pod runs and holds the Lease as ``inst-1``."""
-    return _ready(of, pods=(pod(of),), lease_holder="inst-1", **kw)
 
 
 @pytest.mark.parametrize(
     ("observed", "installed", "healthy"),
     [
-        (_ready(B), ("False", "InstallPending"), ("Unknown", "NotInstalled")),
         (
-            _ready(B, pods=(pod(B, running=False, waiting="MountVolume failed"),)),
+            _ready(B, pods=(run_pod(B, waiting="MountVolume failed"),)),
             ("False", "InstallPending"),
             ("Unknown", "NotInstalled"),
         ),
-        (_ready(B, pods=(pod(B),)), ("False", "InstallPending"), ("Unknown", "NotInstalled")),
-        (  # holds the Lease but still applying: its install mark is missing
-            _held(B, health=plan.Health(True, "ok")),
-            ("False", "InstallPending"),
-            ("Unknown", "NotInstalled"),
-        ),
-        (  # the mark left by a previous holder does not count for this one
-            _held(B, installed_by="inst-0"),
+        (_ready(B, pods=(run_pod(B),)), ("False", "InstallPending"), ("Unknown", "NotInstalled")),
+        (  # finished, but its record is not in the cache yet
+            _ready(B, pods=(run_pod(B, phase="Succeeded"),)),
             ("False", "InstallPending"),
             ("Unknown", "NotInstalled"),
         ),
         (
-            _held(B, installed_by="inst-1", health=plan.Health(True, "ok")),
+            _ready(B, record=record(B), health=plan.Health(True, "ok")),
             ("True", "InstallationSucceeded"),
             ("True", "Healthy"),
         ),
         (
-            _held(B, installed_by="inst-1", health=plan.Health(False, "cm gone")),
+            _ready(B, record=record(B), health=plan.Health(False, "cm gone")),
             ("True", "InstallationSucceeded"),
             ("False", "Unhealthy"),
         ),
         (
-            _ready(B, pods=(pod(B, failed="phase 'crds': 1 object(s) failed"),)),
+            _ready(B, pods=(run_pod(B, failed="phase 'crds': 1 object(s) failed"),)),
             ("False", "InstallFailed"),
             ("Unknown", "NotInstalled"),
         ),
     ],
     ids=[
-        "no pod yet",
-        "pod cannot mount",
-        "pod running, lease not yet held",
-        "pod holds the lease, still applying",
-        "pod holds the lease, install mark from an old holder",
-        "pod holds the lease and installed, objects ready",
-        "pod holds the lease and installed, an object unhealthy",
-        "pod crashed",
+        "run pod cannot mount",
+        "run pod installing",
+        "run pod finished, record not seen yet",
+        "recorded, objects ready",
+        "recorded, an object unhealthy",
+        "run pod failed",
     ],
 )
-def test_conditions_follow_the_instance_pod(
+def test_conditions_follow_the_runs_and_the_record(
     observed: plan.Observed, installed: tuple[str, str], healthy: tuple[str, str]
 ) -> None:
     actions = plan.plan(B, observed, settings=SETTINGS)
@@ -344,7 +334,7 @@ def test_conditions_follow_the_instance_pod(
 
 
 def test_a_failed_install_carries_the_termination_message() -> None:
-    observed = _ready(B, pods=(pod(B, failed="bundle invalid: manifests/x.yaml"),))
+    observed = _ready(B, pods=(run_pod(B, failed="bundle invalid: manifests/x.yaml"),))
     actions = plan.plan(B, observed, settings=SETTINGS)
     installed = next(c for c in status_of(actions)["conditions"] if c["type"] == "Installed")
     assert "bundle invalid: manifests/x.yaml" in installed["message"]
@@ -353,13 +343,7 @@ def test_a_failed_install_carries_the_termination_message() -> None:
 
 
 def test_unchanged_status_is_not_written_again_and_raises_no_events() -> None:
-    observed = _ready(
-        B,
-        pods=(pod(B),),
-        lease_holder="inst-1",
-        installed_by="inst-1",
-        health=plan.Health(True, "ok"),
-    )
+    observed = _ready(B, record=record(B), health=plan.Health(True, "ok"))
     first = plan.plan(B, observed, settings=SETTINGS)
     assert any(isinstance(a, plan.RecordEvent) for a in first)
     converged = {**B, "status": status_of(first)}
@@ -368,16 +352,9 @@ def test_unchanged_status_is_not_written_again_and_raises_no_events() -> None:
 
 
 def test_a_transition_keeps_the_time_of_unchanged_conditions() -> None:
-    observed = _ready(B, pods=(pod(B),))
+    observed = _ready(B, pods=(run_pod(B),))
     first = status_of(plan.plan(B, observed, settings=SETTINGS))
-    later = _ready(
-        B,
-        pods=(pod(B),),
-        lease_holder="inst-1",
-        installed_by="inst-1",
-        health=plan.Health(True, ""),
-        now="T2",
-    )
+    later = _ready(B, record=record(B), health=plan.Health(True, ""), now="T2")
     second = status_of(plan.plan({**B, "status": first}, later, settings=SETTINGS))
     times = {c["type"]: c["lastTransitionTime"] for c in second["conditions"]}
     assert times == {"HasValidBundle": NOW, "Installed": "T2", "Healthy": "T2"}
@@ -423,15 +400,9 @@ def deleting(of: Obj, **spec: Any) -> Obj:
     [
         pytest.param(
             deleting(B),
-            plan.Observed(instance=instance(B), pods=(pod(B),)),
-            ["DeleteInstance", "Requeue"],
-            id="the instance stops first",
-        ),
-        pytest.param(
-            deleting(B),
-            plan.Observed(pods=(pod(B),)),
+            plan.Observed(pods=(run_pod(B),)),
             ["DeletePod", "Requeue"],
-            id="then its pods must go (stopped if still running)",
+            id="the runs stop first",
         ),
         pytest.param(
             deleting(B),
@@ -483,31 +454,24 @@ def test_has_valid_bundle_follows_the_unpack_result_in_upstreams_words() -> None
     assert valid["message"] == f"Successfully unpacked the {wanted} Bundle"
 
 
-def test_a_failed_new_bundle_keeps_the_active_one_and_its_instance() -> None:
+def test_a_failed_new_bundle_keeps_the_active_one_installed() -> None:
     active = model.bundle_name(B)
     observed = plan.Observed(
         bundles=(bundle(B, resolved=DIGEST), bundle(B2, failing="found zero objects")),
-        instance=instance(B),
-        pods=(pod(B),),
-        lease_holder="inst-1",
-        installed_by="inst-1",
+        record=record(B),
         health=plan.Health(True, "ok"),
     )
     actions = plan.plan({**B2, "status": {"activeBundle": active}}, observed, settings=SETTINGS)
-    assert kinds(actions) == ["WriteStatus"]  # no DeleteBundle, no ApplyInstance
+    assert kinds(actions) == ["WriteStatus"]  # no DeleteBundle, no CreateRun
     assert status_of(actions)["activeBundle"] == active
     assert cond(actions, plan.HAS_VALID_BUNDLE) == ("False", "UnpackFailed")
     assert cond(actions, plan.INSTALLED) == ("True", "InstallationSucceeded")
 
 
 def test_active_bundle_is_named_only_once_installed() -> None:
-    actions = plan.plan(B, _ready(B, pods=(pod(B),)), settings=SETTINGS)
+    actions = plan.plan(B, _ready(B, pods=(run_pod(B),)), settings=SETTINGS)
     assert "activeBundle" not in status_of(actions)
-    installed = plan.plan(
-        B,
-        _ready(B, pods=(pod(B),), lease_holder="inst-1", installed_by="inst-1"),
-        settings=SETTINGS,
-    )
+    installed = plan.plan(B, _ready(B, record=record(B)), settings=SETTINGS)
     status = status_of(installed)
     assert status["activeBundle"] == model.bundle_name(B)
     message = next(c["message"] for c in status["conditions"] if c["type"] == "Installed")
@@ -521,3 +485,70 @@ def test_a_bundledeployment_of_another_class_is_left_to_its_provisioner() -> Non
     assert plan.plan(theirs, plan.Observed(now=NOW), settings=SETTINGS) == []
     theirs["metadata"]["deletionTimestamp"] = NOW
     assert plan.plan(theirs, plan.Observed(now=NOW), settings=SETTINGS) == []
+
+
+# -- drift restored by the manager, and fights ---------------------------------------------
+
+BODY: Obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {}}
+
+
+def test_restorable_drift_is_re_applied_as_the_instance_not_by_a_run() -> None:
+    repair = plan.Repair((BODY,), ("v1/ConfigMap default/c: data.k changed",))
+    the_bd = bd(serviceAccountName="installer")
+    actions = plan.plan(
+        the_bd, _ready(the_bd, record=record(the_bd), repair=repair), settings=SETTINGS
+    )
+    (restore,) = [a for a in actions if isinstance(a, plan.RestoreDrift)]
+    assert restore.bodies == (BODY,)
+    assert restore.user == "system:serviceaccount:rukpak-system:installer"
+    assert not [a for a in actions if isinstance(a, plan.CreateRun)]
+    (event,) = [
+        a for a in actions if isinstance(a, plan.RecordEvent) and a.reason == "DriftRestored"
+    ]
+    assert "data.k changed" in event.message
+
+
+def test_drift_that_cannot_be_restored_starts_a_run_beside_the_restore() -> None:
+    repair = plan.Repair((BODY,), ("c: changed",))
+    observed = _ready(B, record=record(B), repair=repair, drift=("v1/Secret x: gone",))
+    actions = plan.plan(B, observed, settings=SETTINGS)
+    assert kinds(actions)[:2] == ["RestoreDrift", "CreateRun"]
+
+
+def test_a_damped_repair_waits_and_a_fight_becomes_a_condition_naming_the_writer() -> None:
+    repair = plan.Repair((BODY,), ("c: changed",), wait=4.0)
+    observed = _ready(
+        B,
+        record=record(B),
+        repair=repair,
+        fights=plan.FIGHT_THRESHOLD,
+        conflict="another writer took spec.replicas of apps/v1/Deployment default/web (by hpa)",
+    )
+    actions = plan.plan(B, observed, settings=SETTINGS)
+    assert not [a for a in actions if isinstance(a, plan.RestoreDrift)]
+    (wait,) = [a for a in actions if isinstance(a, plan.Requeue)]
+    assert wait.after == 4.0
+    status = status_of(actions)
+    (conflict,) = [c for c in status["conditions"] if c["type"] == plan.FIELD_CONFLICT]
+    assert (conflict["status"], conflict["reason"]) == ("True", "AnotherWriter")
+    assert "spec.replicas" in conflict["message"] and "(by hpa)" in conflict["message"]
+    warnings = [a for a in actions if isinstance(a, plan.RecordEvent) and a.type == "Warning"]
+    assert [w.reason for w in warnings] == ["AnotherWriter"]
+    # the fight ends: the condition turns False, and is not there for a BD that never fought
+    calm = plan.plan({**B, "status": status}, _ready(B, record=record(B)), settings=SETTINGS)
+    assert cond(calm, plan.FIELD_CONFLICT) == ("False", "NoConflict")
+    never = plan.plan(B, _ready(B, record=record(B)), settings=SETTINGS)
+    assert plan.FIELD_CONFLICT not in [c["type"] for c in status_of(never)["conditions"]]
+
+
+def test_a_repair_of_an_old_install_waits_for_the_pivot() -> None:
+    repair = plan.Repair((BODY,), ("c: changed",))
+    observed = plan.Observed(
+        bundles=(bundle(B, resolved=DIGEST), bundle(B2, resolved=DIGEST)),
+        record=record(B),
+        repair=repair,
+        now=NOW,
+    )
+    actions = plan.plan(B2, observed, settings=SETTINGS)
+    assert not [a for a in actions if isinstance(a, plan.RestoreDrift)]
+    assert "CreateRun" in kinds(actions)

@@ -13,10 +13,9 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine import appliedrecord
+from provisioner.engine import appliedrecord, inventory
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef
 from provisioner.manager import generate, model, plan, runs, sources
-from provisioner.runtime import lease
 from tests.test_manager_plan import DIGEST, B, bundle, cond, kinds
 
 SETTINGS = model.Settings(image="registry.example/rukpak:v1")
@@ -36,19 +35,16 @@ def revision_of(of: Obj) -> str:
 
 
 def record(
-    of: Obj, number: int = 0, *, bundle_name: str = "", extra: dict[str, str] | None = None
+    of: Obj, number: int = 0, *, bundle_name: str = "", extra: dict[str, Any] | None = None
 ) -> runs.InstallRecord:
-    name = model.run_pod_name("hello", revision_of(of), number)
-    lease_obj = {
-        "metadata": {
-            "annotations": {
-                lease.INSTALLED_BY_ANNOTATION: name,
-                lease.INSTALLED_BUNDLE_ANNOTATION: bundle_name or model.bundle_name(of),
-                **(extra or {}),
-            }
-        }
+    """The record run ``number`` of ``of`` leaves, read back from its inventory ConfigMap."""
+    doc = {
+        "by": model.run_pod_name("hello", revision_of(of), number),
+        "bundle": bundle_name or model.bundle_name(of),
+        **(extra or {}),
     }
-    got = runs.InstallRecord.of_lease(lease_obj)
+    cm = inventory.record_configmap("hello", doc, system_namespace="rukpak-system")
+    got = runs.InstallRecord.of_inventory(cm)
     assert got is not None
     return got
 
@@ -85,19 +81,41 @@ def test_the_same_inputs_make_the_same_run_pod_and_a_new_image_a_new_revision() 
     assert other["metadata"]["annotations"][model.SPEC_HASH_ANNOTATION] != revision_of(B)
     spec = run_pod(B, 0)["spec"]
     assert spec["restartPolicy"] == "Never"
-    assert "--once" in spec["containers"][0]["command"]
+    assert "--bundle" in spec["containers"][0]["command"]
     assert spec["volumes"] == [sources.volume(PINNED)]
 
 
-def test_a_lease_without_both_marks_is_no_record_and_a_broken_applied_record_is_ignored() -> None:
-    assert runs.InstallRecord.of_lease(None) is None
-    only_by = {"metadata": {"annotations": {lease.INSTALLED_BY_ANNOTATION: "x"}}}
-    assert runs.InstallRecord.of_lease(only_by) is None
-    got = record(B, extra={lease.APPLIED_RECORD_ANNOTATION: "gz:not-base64!"})
+def test_a_record_without_its_writer_is_none_and_a_broken_applied_record_is_ignored() -> None:
+    assert runs.InstallRecord.of_inventory(None) is None
+    cm = inventory.record_configmap("hello", {"by": "x"}, system_namespace="s")
+    assert runs.InstallRecord.of_inventory(cm) is None
+    broken = {"data": {inventory.RECORD_KEY: "{not json"}}
+    assert runs.InstallRecord.of_inventory(broken) is None
+    got = record(B, extra={"applied": "gz:not-base64!"})
     assert got.applied is None
-    skipped = json.dumps([["monitoring.coreos.com", "v1", "ServiceMonitor"], "junk"])
-    got = record(B, extra={lease.OPTIONAL_SKIPPED_ANNOTATION: skipped})
+    got = record(B, extra={"awaiting": [["monitoring.coreos.com", "v1", "ServiceMonitor"], "junk"]})
     assert got.awaiting == {("monitoring.coreos.com", "v1", "ServiceMonitor")}
+
+
+def test_a_large_record_is_compressed_on_the_configmap_and_round_trips() -> None:
+    applied = {f"v1|ConfigMap|demo|cm-{i}": f"{i:016x}" for i in range(10_000)}
+    rec = runs.InstallRecord("rukpak-instance-hello-abc-0", "hello-b", applied)
+    cm = inventory.record_configmap("hello", rec.document(), system_namespace="s")
+    assert inventory.RECORD_BINARY_KEY in cm["binaryData"] and "data" not in cm
+    assert len(json.dumps(cm)) < 1024 * 1024  # fits in one object with room to spare
+    assert runs.InstallRecord.of_inventory(cm) == rec
+
+
+def test_a_run_waits_for_a_free_slot_when_others_fill_them() -> None:
+    full = model.Settings(image="registry.example/rukpak:v1", max_concurrent_runs=2)
+    actions = plan.plan(B, observe(B, other_runs=2), settings=full)
+    assert not of_kind(actions, plan.CreateRun)
+    (wait,) = of_kind(actions, plan.Requeue)
+    assert wait.after == runs.RUN_SLOT_WAIT
+    message = of_kind(actions, plan.WriteStatus)[0].status["conditions"][1]["message"]
+    assert "free run slot" in message and "--max-concurrent-runs 2" in message
+    actions = plan.plan(B, observe(B, other_runs=1), settings=full)
+    assert len(of_kind(actions, plan.CreateRun)) == 1
 
 
 def live_object(name: str, fields: Obj, owner: str = "hello") -> Obj:

@@ -35,6 +35,7 @@ class Handlers(TypedDict, total=False):
     on_add: Callable[[Obj], object] | None
     on_update: Callable[[Obj, Obj], object] | None
     on_delete: Callable[[Obj], object] | None
+    on_gone: Callable[[Obj, Obj], object] | None
     on_sync: Callable[[], object]
 
 

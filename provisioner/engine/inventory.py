@@ -32,6 +32,11 @@ DATA_KEY = "inventory"
 BINARY_KEY = "inventory.gz"
 DEFAULT_SYSTEM_NAMESPACE = "rukpak-system"
 INVENTORY_LABEL = "core.rukpak.io/inventory"
+RECORD_KEY = "install-record"
+RECORD_BINARY_KEY = "install-record.gz"
+RECORD_MANAGER = "rukpak-record"
+"""Field manager of the install record: the inventory's own apply (manager ``rukpak``)
+then never removes it, and the record's apply never removes the inventory."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,44 @@ def from_configmap(cm: Obj) -> Inventory:
         raise BundleInvalid(f"inventory ConfigMap {cm['metadata']['name']} is empty")
     result: Inventory = decode(json.loads(text))
     return result
+
+
+def record_configmap(name: str, doc: dict[str, Any], *, system_namespace: str) -> Obj:
+    """The apply body that puts install record ``doc`` on deployment ``name``'s inventory
+    ConfigMap (apply it with field manager ``RECORD_MANAGER``); compressed when large."""
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    body: Obj = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": configmap_name(name),
+            "namespace": system_namespace,
+            "labels": {INVENTORY_LABEL: "true", OWNER_LABEL: name},
+        },
+    }
+    if len(text) > COMPRESS_ABOVE:
+        packed = gzip.compress(text.encode(), compresslevel=6, mtime=0)
+        body["binaryData"] = {RECORD_BINARY_KEY: base64.b64encode(packed).decode()}
+    else:
+        body["data"] = {RECORD_KEY: text}
+    return body
+
+
+def record_of(cm: Obj | None) -> dict[str, Any] | None:
+    """The install record document on an inventory ConfigMap; None when absent or
+    unreadable (then nothing is judged from it)."""
+    if cm is None:
+        return None
+    try:
+        packed = (cm.get("binaryData") or {}).get(RECORD_BINARY_KEY)
+        if packed:
+            text = gzip.decompress(base64.b64decode(packed, validate=True)).decode()
+        else:
+            text = (cm.get("data") or {}).get(RECORD_KEY) or ""
+        doc = json.loads(text) if text else None
+    except (OSError, EOFError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def plan_prune(previous: Iterable[ObjectRef], current: Iterable[ObjectRef]) -> list[ObjectRef]:

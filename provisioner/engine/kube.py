@@ -26,6 +26,7 @@ the figure behind "a no-op re-apply sends no writes" (tests, ``make bench``).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import threading
@@ -96,6 +97,7 @@ class Kube:
         self._lock = threading.Lock()
         self._discovery = discovery.Discovery(self._get_discovery)
         self._requests: Counter[str] = Counter()
+        self._as: dict[str, str] = {}
 
     @property
     def requests(self) -> dict[str, int]:
@@ -135,6 +137,14 @@ class Kube:
         cfg.connection_pool_maxsize = max(pool_size, cfg.connection_pool_maxsize or 0)
         return cls(k8s_client.ApiClient(cfg))
 
+    def impersonating(self, user: str) -> Kube:
+        """The same client acting as ``user`` (``Impersonate-User``): its requests are
+        allowed what ``user`` is allowed, given the caller may impersonate it. Shares the
+        connection pool, discovery and request counts; ``close`` the original only."""
+        other = copy.copy(self)
+        other._as = {**self._as, "Impersonate-User": user}
+        return other
+
     def close(self) -> None:
         self._api.close()  # type: ignore[no-untyped-call]
 
@@ -155,7 +165,7 @@ class Kube:
         timeout: float | tuple[float, float] | None = None,
     ) -> Any:
         api = self._api
-        headers = {**api.default_headers, "Accept": "application/json"}
+        headers = {**api.default_headers, **self._as, "Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
         params = list((query or {}).items())
@@ -215,11 +225,14 @@ class Kube:
             return None
         return result
 
-    def apply(self, obj: Obj, *, force: bool = True, dry_run: bool = False) -> Obj:
-        """Server-side apply of ``obj`` under the ``rukpak`` field manager; the live result."""
+    def apply(
+        self, obj: Obj, *, force: bool = True, dry_run: bool = False, manager: str = FIELD_MANAGER
+    ) -> Obj:
+        """Server-side apply of ``obj`` under field manager ``manager`` (``rukpak``); the
+        live result."""
         ref = ObjectRef.of(obj)
         res = self._locate(ref)
-        query = {"fieldManager": FIELD_MANAGER, "force": "true" if force else "false"}
+        query = {"fieldManager": manager, "force": "true" if force else "false"}
         if dry_run:
             query["dryRun"] = "All"
         result: Obj = self._send(

@@ -196,7 +196,9 @@ class Informer:
     the cache holds the change; ``on_sync()`` after each (re-)list has been applied.
     ``on_change(obj)`` is the common case of one handler for all three: it gets the
     added object, the new one of an update, the last known one of a delete, wherever
-    ``on_add``, ``on_update`` or ``on_delete`` is not given.
+    ``on_add``, ``on_update`` or ``on_delete`` is not given. ``on_gone(cached, last)``
+    also runs on a delete, with the version the cache held before it (``last`` is the
+    delete's own, which may differ: an object dropping out of a label selector).
     ``wait`` blocks until a predicate holds after some change, bookmark or list: tests
     and callers use it to know the informer has seen a given write (the proof that a
     handler had its chance to react).
@@ -212,9 +214,11 @@ class Informer:
         on_add: Callable[[Obj], object] | None = None,
         on_update: Callable[[Obj, Obj], object] | None = None,
         on_delete: Callable[[Obj], object] | None = None,
+        on_gone: Callable[[Obj, Obj], object] | None = None,
         on_sync: Callable[[], object] = lambda: None,
         **options: Unpack[Options],
     ) -> None:
+        self.on_gone = on_gone or (lambda cached, last: None)
         self.on_add = on_add or on_change
         self.on_update = on_update or (lambda old, new: on_change(new))
         self.on_delete = on_delete or on_change
@@ -309,6 +313,7 @@ class Informer:
                 self.on_update(before, obj)
         for key, gone in old.items():
             if key not in fresh:
+                self.on_gone(gone, gone)
                 self.on_delete(gone)
         self._synced.set()
         self.on_sync()
@@ -323,6 +328,7 @@ class Informer:
             else:
                 self._cache[key] = obj
         if type_ == "DELETED":
+            self.on_gone(before if before is not None else obj, obj)
             self.on_delete(obj)
         elif before is None:
             self.on_add(obj)

@@ -1,21 +1,19 @@
 """``rukpak-provisioner instance``: the process of the instance pod (DESIGN.md "Instance pod").
 
 The pod mounts its Bundle's content read-only at ``/bundle`` (a CSI volume)
-and runs this: load the bundle, take the deployment's Lease
-(``provisioner.runtime.lease``), install it with the apply engine, then correct drift
-until told to stop. One function per step, wired together by ``run``; the
-edge (arguments, signals, logging) is ``main``.
-
-With ``--once`` (run to completion, the manager's default) it stops after the
-install instead: it records what it applied on the Lease (the Bundle, an
+and runs this to completion: load the bundle, take the deployment's Lease
+(``provisioner.runtime.lease``, so two runs never apply at once), install it with
+the apply engine, record the install on the inventory ConfigMap (the Bundle, an
 ``engine.appliedrecord`` of the fields it owns, the optional objects it set
-aside), releases the Lease and exits 0; the manager watches the applied
-objects and starts a new run when they drift.
+aside: ``runs.InstallRecord``), release the Lease and exit. The manager watches
+the applied objects: it restores drift itself from what it saw last, and starts
+a new run when it cannot. One function per step, wired together by ``run``; the
+edge (arguments, signals, logging) is ``run_instance``.
 
-Exit status, which the Deployment's restart policy acts on:
+Exit status:
 
-* 0: stopped by SIGTERM/SIGINT (watcher stopped, Lease released), also when
-  the signal came while still waiting for the Lease;
+* 0: installed and recorded; or stopped by SIGTERM/SIGINT (Lease released), also
+  when the signal came while still waiting for the Lease;
 * 1: the bundle is invalid, applying it failed, the Lease was lost, or the
   Lease could not be taken within ``--lease-timeout``. The message goes to
   stderr and to the termination log (``--termination-log``, by default
@@ -30,7 +28,6 @@ once, even while the previous revision's pod still holds the Lease.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -41,7 +38,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from provisioner.engine import appliedrecord, apply, drift, formats, inventory, optional
+from provisioner.engine import appliedrecord, apply, formats, inventory, optional
 from provisioner.engine.kube import Kube
 from provisioner.runtime import flags, leader, lease, termination
 from rukpak.common import errors
@@ -63,10 +60,8 @@ class Config:
     lease_timeout: float | None = None
     bundle_format: str = formats.DEFAULT_FORMAT
     termination_log: Path | None = None
-    once: bool = False
-    """Run to completion: install, record it on the Lease, release, exit."""
     bundle_name: str = ""
-    """The Bundle being installed, recorded on the Lease (``--bundle``)."""
+    """The Bundle being installed, recorded with the install (``--bundle``)."""
 
 
 def kv(msg: str, **fields: object) -> str:
@@ -96,7 +91,6 @@ class Instance:
             duration=config.lease_duration,
             on_lost=self._lease_lost,
         )
-        self.watcher: drift.DriftWatcher | None = None
 
     def stop(self, why: str) -> None:
         if not self.stopping.is_set():
@@ -167,34 +161,20 @@ class Instance:
         return result
 
     def record(self, result: apply.Result) -> None:
-        """Tell the manager the install finished: Installed=True waits for this mark; in
-        ``--once`` mode the record also says what was applied, for drift detection."""
-        marks = {lease.INSTALLED_BY_ANNOTATION: self.identity}
-        if self.config.once:
-            skipped = sorted(optional.awaited(result.optional))
-            marks[lease.INSTALLED_BUNDLE_ANNOTATION] = self.config.bundle_name
-            marks[lease.APPLIED_RECORD_ANNOTATION] = appliedrecord.encode(
-                appliedrecord.of(result.applied)
-            )
-            marks[lease.OPTIONAL_SKIPPED_ANNOTATION] = json.dumps(
-                [list(pair) for pair in skipped], separators=(",", ":")
-            )
-        if not self.lock.annotate(marks):
+        """The one install record, on the inventory ConfigMap (its own field manager, so
+        the inventory's apply and the record's never remove each other's keys): what was
+        applied, for the manager's drift detection and restore; ``Installed`` waits for it."""
+        if not self.lock.held:
             raise errors.Aborted(f"lease {self.lock} lost before the install was recorded")
-
-    def watch(self, result: apply.Result) -> None:
-        """Correct drift until ``stopping`` is set (a signal, or the Lease lost)."""
-        self.watcher = drift.DriftWatcher(
-            self.kube,
-            self.config.name,
-            result.applied,
-            report=lambda m: log.info(kv("drift", detail=m)),
-        )
-        self.watcher.start()
-        log.info(kv("watching for drift", objects=len(result.applied)))
-        self.stopping.wait()
-        self.watcher.stop()
-        log.info(kv("drift watcher stopped", corrections=self.watcher.corrections))
+        cfg = self.config
+        doc = {
+            "by": self.identity,
+            "bundle": cfg.bundle_name,
+            "applied": appliedrecord.encode(appliedrecord.of(result.applied)),
+            "awaiting": [list(api) for api in sorted(optional.awaited(result.optional))],
+        }
+        body = inventory.record_configmap(cfg.name, doc, system_namespace=cfg.system_namespace)
+        self.kube.apply(body, manager=inventory.RECORD_MANAGER)
 
     def run(self) -> int:
         """Every step in order; the exit status (see the module doc)."""
@@ -206,10 +186,7 @@ class Instance:
             if not self.stopping.is_set():
                 result = self.install(bundle)
                 self.record(result)
-                if self.config.once:
-                    log.info(kv("install recorded; exiting", lease=self.lock))
-                elif not self.lock.lost.is_set() and not self.stopping.is_set():
-                    self.watch(result)
+                log.info(kv("install recorded; exiting", lease=self.lock))
             if self.lock.lost.is_set():
                 return self._fail(f"lease {self.lock} lost; stopped applying")
         except errors.RukpakError as err:
@@ -236,11 +213,11 @@ def register(subparsers: Any) -> None:
     """Add ``instance`` to the ``rukpak-provisioner`` parser."""
     p = subparsers.add_parser(
         "instance",
-        help="the instance pod's process: apply a mounted bundle and keep it applied",
-        description="Take the deployment's Lease, apply the bundle at --bundle-dir, then "
-        "correct drift until SIGTERM (then release the Lease and exit 0).",
-        epilog="exit status: 0 stopped by a signal; 1 bundle or apply error, or the Lease "
-        "lost (the message also goes to the termination log)",
+        help="the instance pod's process: apply a mounted bundle once and record it",
+        description="Take the deployment's Lease, apply the bundle at --bundle-dir, record "
+        "the install on the inventory ConfigMap, release the Lease and exit.",
+        epilog="exit status: 0 installed (or stopped by a signal); 1 bundle or apply error, "
+        "or the Lease lost (the message also goes to the termination log)",
     )
     flags.add_bundle_dir(p)
     flags.add_deployment(p, name_is="owner label, inventory, Lease")
@@ -266,13 +243,12 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--once",
         action="store_true",
-        help="run to completion: install, record the install on the Lease, release it and "
-        "exit 0 (no drift watch; the manager re-runs the instance on drift)",
+        help="accepted for compatibility: every run is to completion",
     )
     p.add_argument(
         "--bundle",
         default="",
-        help="name of the Bundle being installed, recorded on the Lease with --once",
+        help="name of the Bundle being installed, recorded with the install",
     )
     termination.add_flag(p, what="a fatal error")
     flags.add_cluster(p)
@@ -290,7 +266,6 @@ def run_instance(args: argparse.Namespace) -> int:
         lease_timeout=args.lease_timeout,
         bundle_format=args.format,
         termination_log=termination.where(args.termination_log),
-        once=args.once,
         bundle_name=args.bundle,
     )
     try:

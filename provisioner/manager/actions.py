@@ -29,19 +29,17 @@ class CreateBundle:
 
 
 @dataclass(frozen=True)
-class ApplyInstance:
-    deployment: Obj
-
-
-@dataclass(frozen=True)
-class DeleteInstance:
-    namespace: str
-    name: str
-
-
-@dataclass(frozen=True)
 class CreateRun:
     pod: Obj
+
+
+@dataclass(frozen=True)
+class RestoreDrift:
+    """Re-apply our fields of drifted objects (``engine.restore``), acting as ``user``: the
+    instance's ServiceAccount, so the manager writes no more than the instance could."""
+
+    bodies: tuple[Obj, ...]
+    user: str
 
 
 @dataclass(frozen=True)
@@ -89,9 +87,8 @@ Action = (
     AddFinalizer
     | RemoveFinalizer
     | CreateBundle
-    | ApplyInstance
-    | DeleteInstance
     | CreateRun
+    | RestoreDrift
     | DeletePod
     | DeleteLease
     | DeleteBundle

@@ -219,11 +219,10 @@ def perform(
             case plan.CreateBundle(bundle=bundle):
                 with contextlib.suppress(errors.AlreadyExists):
                     kube.create(bundle)
-            case plan.ApplyInstance(deployment=deployment):
-                _ensure_namespace(kube, system_namespace)
-                kube.apply(deployment)
-            case plan.DeleteInstance(namespace=ns, name=inst):
-                kube.delete(ObjectRef("apps", "v1", "Deployment", ns, inst))
+            case plan.RestoreDrift(bodies=bodies, user=user):
+                as_instance = kube.impersonating(user)
+                for body in bodies:
+                    as_instance.apply(body)
             case plan.CreateRun(pod=pod):
                 _ensure_namespace(kube, system_namespace)
                 with contextlib.suppress(errors.AlreadyExists):  # the same run, made already

@@ -31,9 +31,9 @@ def register(subparsers: Any) -> None:
         "manager",
         help="the Bundle and BundleDeployment controllers and the CRD validating webhook",
         description="Reconcile Bundles (resolve image tags to digests, validate the content "
-        "in an unpack pod) and BundleDeployments (generate their Bundles, run one instance "
-        "Deployment per BundleDeployment, report conditions); serve the CRD upgrade-safety "
-        "validating webhook.",
+        "in an unpack pod) and BundleDeployments (generate their Bundles, install them with "
+        "run-to-completion instance pods, restore drift, report conditions); serve the CRD "
+        "upgrade-safety validating webhook.",
     )
     flags.add_cluster(p)
     p.add_argument(
@@ -41,7 +41,7 @@ def register(subparsers: Any) -> None:
         default="",
         help="image of the instance pods (must hold /opt/rukpak/bin/rukpak-provisioner)",
     )
-    flags.add_system_namespace(p, holds="instance Deployments, inventories and Leases")
+    flags.add_system_namespace(p, holds="instance run pods, inventories and Leases")
     p.add_argument(
         "--instance-service-account",
         default="rukpak-instance",
@@ -58,13 +58,11 @@ def register(subparsers: Any) -> None:
         help="run instance pods on the host network (clusters without a service proxy)",
     )
     p.add_argument(
-        "--instance-mode",
-        choices=model.INSTANCE_MODES,
-        default=model.RUN_MODE,
-        help="run: a pod per install that runs to completion, re-run when the installed "
-        "objects drift (no process per BundleDeployment at rest); deployment: a long-running "
-        "instance Deployment per BundleDeployment that corrects drift itself "
-        "(default: %(default)s)",
+        "--max-concurrent-runs",
+        type=int,
+        default=8,
+        help="instance run pods active at once across all BundleDeployments; more wait their "
+        "turn (default: %(default)s)",
     )
     p.add_argument(
         "--instance-env",
@@ -112,6 +110,10 @@ def settings_from(args: argparse.Namespace) -> model.Settings:
         env.append((key, value))
     if not args.image:
         raise errors.InvalidArgument("--image is required: the instance pods' image")
+    if args.max_concurrent_runs < 1:
+        raise errors.InvalidArgument(
+            f"--max-concurrent-runs must be at least 1, not {args.max_concurrent_runs}"
+        )
     return model.Settings(
         image=args.image,
         system_namespace=args.system_namespace,
@@ -119,7 +121,7 @@ def settings_from(args: argparse.Namespace) -> model.Settings:
         unpack_service_account=args.unpack_service_account,
         host_network=args.instance_host_network,
         env=tuple(env),
-        instance_mode=args.instance_mode,
+        max_concurrent_runs=args.max_concurrent_runs,
     )
 
 

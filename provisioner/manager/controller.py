@@ -2,9 +2,10 @@
 
 Sits at the top of the manager. Informers (``engine.listwatch.Informer``: list
 once, then watch) keep a local cache of everything the manager reads:
-BundleDeployments, Bundles, and in the system namespace the instance
-Deployments and pods, the unpack pods, the Leases and the Events (for an
-unpack pod's FailedMount messages). At rest the manager makes watch requests
+BundleDeployments, Bundles, and in the system namespace the instance run
+pods, the unpack pods and the Events (for an unpack pod's FailedMount
+messages); ``healthwatch`` the inventory ConfigMaps (with the install records)
+and the installed objects. At rest the manager makes watch requests
 only; a reconcile reads the caches, asks a pure planner what to do (``plan``
 for a BundleDeployment, ``bundleplan`` for a Bundle) and hands the actions to
 ``actuate``, the only writer.
@@ -16,7 +17,11 @@ list (by the owner label), so ``Healthy`` changes with them, from the caches.
 A periodic resync re-queues every BundleDeployment (cache reads only).
 ``workers`` drain the queue (the frame, ``workers.Reconciler``, is shared with the
 PV provisioner); failures requeue with exponential backoff. ``runwatch`` judges
-drift of run-to-completion installs from the same caches and follows CRDs: a CRD
+drift of run-to-completion installs from the same caches; what it can restore
+from a last good version is re-applied at once (``RestoreDrift``), through a
+per-BundleDeployment ``engine.restore.Damper`` so a writer that keeps taking our
+fields back meets exponential backoff and a ``FieldConflict`` condition, not a
+loop; a restore that fails falls back to a run. It also follows CRDs: a CRD
 that becomes established restarts failed instances (a BundleDeployment whose
 custom resources needed it installs at once) and wakes installs that set aside
 optional objects of its API.
@@ -25,16 +30,18 @@ optional objects of its API.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from datetime import UTC, datetime
 
-from provisioner.engine import listwatch
+from provisioner.engine import listwatch, restore
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj
 from provisioner.manager import actuate, bundleplan, healthwatch, model, plan, runs, runwatch
 from provisioner.manager.model import Settings
-from provisioner.runtime import lease
 from provisioner.runtime.queue import WorkQueue
 from provisioner.runtime.workers import Reconciler
+from rukpak.common import errors
 
 log = logging.getLogger("rukpak.manager")
 
@@ -79,13 +86,6 @@ class Controller(Reconciler):
             model.API_VERSION, model.BUNDLE_DEPLOYMENT, on_change=self._bd_changed
         )
         self.bundles = caches.add(model.API_VERSION, model.BUNDLE, on_change=self._bundle_changed)
-        self.deployments = caches.add(
-            "apps/v1",
-            "Deployment",
-            namespace=ns,
-            label_selector=model.BD_LABEL,
-            on_change=self._owned,
-        )
         self.pods = caches.add(
             "v1", "Pod", namespace=ns, label_selector=model.BD_LABEL, on_change=self._owned
         )
@@ -95,13 +95,6 @@ class Controller(Reconciler):
             namespace=ns,
             label_selector=f"{model.OWNER_KIND_LABEL}={model.BUNDLE}",
             on_change=self._unpack_pod_changed,
-        )
-        self.leases = caches.add(
-            "coordination.k8s.io/v1",
-            "Lease",
-            namespace=ns,
-            on_change=self._lease_changed,
-            on_update=self._lease_updated,  # renewals alone change nothing here
         )
         self.events = caches.add("v1", "Event", namespace=ns, on_change=self._event_seen)
         self.health = healthwatch.HealthWatch(
@@ -115,10 +108,14 @@ class Controller(Reconciler):
             kube=kube,
             system_namespace=ns,
             health=self.health,
-            leases=self.leases,
             pods=self.pods,
             wake=lambda name: self.queue.add(BD_KEY + name),
         )
+        self.damper = restore.Damper()
+        self._repairs = threading.Lock()
+        self._restore_failed: dict[str, str] = {}
+        """BD -> the record (its writer) whose restore failed: that record gets a run."""
+        self._conflicts: dict[str, str] = {}
         # CRDs are followed for what they serve; no cache (their schemas are large)
         self.crds = listwatch.ListWatch(
             kube,
@@ -152,23 +149,6 @@ class Controller(Reconciler):
         if owner:
             self.queue.add(BUNDLE_KEY + owner)
 
-    def _lease_changed(self, obj: Obj) -> None:
-        name = model.name_of(obj)
-        prefix = lease.lease_name("")
-        if name.startswith(prefix):
-            self.queue.add(BD_KEY + name[len(prefix) :])
-
-    def _lease_updated(self, old: Obj, new: Obj) -> None:
-        def holder(obj: Obj) -> str:
-            return str((obj.get("spec") or {}).get("holderIdentity") or "")
-
-        def installed_by(obj: Obj) -> str:
-            marks = (obj.get("metadata") or {}).get("annotations") or {}
-            return str(marks.get(lease.INSTALLED_BY_ANNOTATION) or "")
-
-        if holder(old) != holder(new) or installed_by(old) != installed_by(new):
-            self._lease_changed(new)
-
     def _event_seen(self, obj: Obj) -> None:
         involved = obj.get("involvedObject") or {}
         if obj.get("reason") == "FailedMount" and involved.get("kind") == "Pod":
@@ -183,35 +163,52 @@ class Controller(Reconciler):
         bd = self.bds.get("", name)
         if bd is None:
             return None
-        sys_ns = self.settings.system_namespace
         bundles = tuple(
             b
             for b in self.bundles.items()
             if _labels(b).get(model.OWNER_NAME_LABEL) == name
             and _labels(b).get(model.OWNER_KIND_LABEL) == model.BUNDLE_DEPLOYMENT
         )
-        instance = self.deployments.get(sys_ns, model.instance_name(name))
-        pods = tuple(p for p in self.pods.items() if _by_label(p) == name)
-        lease_obj = self.leases.get(sys_ns, lease.lease_name(name))
-        holder = str(((lease_obj or {}).get("spec") or {}).get("holderIdentity") or "")
-        marks = ((lease_obj or {}).get("metadata") or {}).get("annotations") or {}
-        installed_by = str(marks.get(lease.INSTALLED_BY_ANNOTATION) or "")
-        record: runs.InstallRecord | None = None
+        pods: list[Obj] = []
+        other_runs = 0
+        for pod in self.pods.items():
+            if _by_label(pod) == name:
+                pods.append(pod)
+            elif runs.is_active(pod):
+                other_runs += 1
+        record = self.runwatch.record(name)
         drift: tuple[str, ...] = ()
-        if self.settings.instance_mode == model.RUN_MODE:
-            record = runs.InstallRecord.of_lease(lease_obj)
-            if record is not None and not any(runs.is_active(p) for p in pods):
-                drift = self.runwatch.drift(name, record)
-        readable = instance is not None or record is not None
+        repair: plan.Repair | None = None
+        clock = time.monotonic()
+        if record is not None and not any(runs.is_active(p) for p in pods):
+            with self._repairs:
+                failed = self._restore_failed.get(name) == record.by
+            found = self.runwatch.drift(name, record, restorable=not failed)
+            drift = found.reasons
+            if found.restore:
+                repair = plan.Repair(
+                    found.restore, found.restored, wait=self.damper.wait(name, clock)
+                )
+                if found.taken:
+                    with self._repairs:
+                        more = len(found.taken) - 2
+                        self._conflicts[name] = (
+                            "another writer took "
+                            + ", ".join(found.taken[:2])
+                            + (f" and {more} more" if more > 0 else "")
+                        )
+        with self._repairs:
+            conflict = self._conflicts.get(name, "")
         return bd, plan.Observed(
             bundles=bundles,
-            instance=instance,
-            pods=pods,
-            lease_holder=holder,
-            installed_by=installed_by,
+            pods=tuple(pods),
             record=record,
             drift=drift,
-            health=self._health(name) if readable and self.read_health else None,
+            repair=repair,
+            fights=self.damper.fights(name, clock),
+            conflict=conflict,
+            other_runs=other_runs,
+            health=self._health(name) if record is not None and self.read_health else None,
             now=now_text(),
         )
 
@@ -228,14 +225,29 @@ class Controller(Reconciler):
         actions = plan.plan(bd, observed, settings=self.settings)
         if actions:
             log.info("msg='plan' bd=%s actions=%s", name, plan.Summary.of(actions).counts)
-        return actuate.perform(
-            self.kube,
-            bd,
-            actions,
-            resolve=self.resolve,
-            system_namespace=self.settings.system_namespace,
-            now=observed.now,
-        )
+        restoring = any(isinstance(a, plan.RestoreDrift) for a in actions)
+        try:
+            requeue = actuate.perform(
+                self.kube,
+                bd,
+                actions,
+                resolve=self.resolve,
+                system_namespace=self.settings.system_namespace,
+                now=observed.now,
+            )
+        except errors.RukpakError as err:
+            if restoring and observed.record is not None:
+                log.warning("msg='restore failed; a run will' bd=%s error=%r", name, err.message)
+                with self._repairs:
+                    self._restore_failed[name] = observed.record.by
+                return 0.0
+            raise
+        if restoring:
+            self.damper.record(name, time.monotonic())
+        elif not observed.fights:
+            with self._repairs:
+                self._conflicts.pop(name, None)
+        return requeue
 
     # -- observe, plan, perform: Bundles ------------------------------------------------------
 

@@ -4,12 +4,9 @@ Sits under ``plan``: pure functions from a BundleDeployment (and the
 manager's ``Settings``) to the exact bodies ``actuate`` creates or applies.
 The instance runs ``rukpak-provisioner instance`` over the Bundle's pinned
 content, mounted read-only at ``/bundle`` (``sources.volume``), with the
-``--format`` of the Bundle's provisioner class (``model.CLASS_FORMATS``). By
-default it runs to completion: one pod per run (``instance_run_pod``, restart
-policy Never, ``--once``), named after a hash of its body so the same inputs
-never start two. With ``--instance-mode deployment`` it is a long-running
-one-replica, Recreate Deployment (``instance_deployment``) with a hash of its
-body as an annotation so an unchanged Deployment is never re-applied. The
+``--format`` of the Bundle's provisioner class (``model.CLASS_FORMATS``). It runs
+to completion: one pod per run (``instance_run_pod``, restart policy Never),
+named after a hash of its body so the same inputs never start two. The
 unpack pod (``unpack_pod``) mounts a Bundle's pinned source the same way and
 runs ``rukpak-provisioner unpack``.
 """
@@ -99,7 +96,7 @@ def desired_bundle(bd: Obj) -> Obj:
 
 
 def _instance_meta(bd: Obj, bundle: str, settings: Settings) -> Obj:
-    """Metadata of the instance Deployment or run pod (the name is the caller's)."""
+    """Metadata of an instance run pod (the name is the caller's)."""
     name = model.name_of(bd)
     labels = {
         "app.kubernetes.io/name": "rukpak-instance",
@@ -116,9 +113,7 @@ def _instance_meta(bd: Obj, bundle: str, settings: Settings) -> Obj:
     }
 
 
-def _instance_pod_spec(
-    bd: Obj, bundle: str, resolved: Obj, settings: Settings, *, once: bool
-) -> dict[str, Any]:
+def _instance_pod_spec(bd: Obj, bundle: str, resolved: Obj, settings: Settings) -> dict[str, Any]:
     """The instance pod: ``rukpak-provisioner instance`` over the pinned content at /bundle."""
     name = model.name_of(bd)
     spec = bd.get("spec") or {}
@@ -131,8 +126,7 @@ def _instance_pod_spec(
     command += ["--format", bundle_format]
     command += ["--name", name, "--namespace", install_ns]
     command += ["--system-namespace", settings.system_namespace]
-    if once:
-        command += ["--once", "--bundle", bundle, "--lease-timeout", str(RUN_LEASE_TIMEOUT)]
+    command += ["--bundle", bundle, "--lease-timeout", str(RUN_LEASE_TIMEOUT)]
     env: list[Obj] = [{"name": k, "value": v} for k, v in settings.env]
     env.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     pod_spec: dict[str, Any] = {
@@ -153,41 +147,16 @@ def _instance_pod_spec(
         ],
         "volumes": [sources.volume(resolved)],
     }
-    if once:
-        pod_spec["restartPolicy"] = "Never"
-        pod_spec["activeDeadlineSeconds"] = RUN_DEADLINE
+    pod_spec["restartPolicy"] = "Never"
+    pod_spec["activeDeadlineSeconds"] = RUN_DEADLINE
     if settings.host_network:
         pod_spec["hostNetwork"] = True
         pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
     return pod_spec
 
 
-def instance_deployment(bd: Obj, bundle: str, resolved: Obj, settings: Settings) -> Obj:
-    """The one-replica, Recreate Deployment whose pod mounts the pinned ``resolved`` source
-    (``sources.volume``) at /bundle (``--instance-mode deployment``)."""
-    name = model.name_of(bd)
-    meta = _instance_meta(bd, bundle, settings)
-    labels = meta["labels"]
-    body: Obj = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": model.instance_name(name), **meta},
-        "spec": {
-            "replicas": 1,
-            "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": {model.BD_LABEL: name}},
-            "template": {
-                "metadata": {"labels": labels, "annotations": {model.BUNDLE_ANNOTATION: bundle}},
-                "spec": _instance_pod_spec(bd, bundle, resolved, settings, once=False),
-            },
-        },
-    }
-    body["metadata"]["annotations"][model.SPEC_HASH_ANNOTATION] = model.stable_hash(body, 16)
-    return body
-
-
 def instance_run_pod(bd: Obj, bundle: str, resolved: Obj, settings: Settings, run: int) -> Obj:
-    """Run ``run`` of the run-to-completion instance (``--instance-mode run``, the default).
+    """Run ``run`` of the run-to-completion instance of ``bd``.
 
     Named ``rukpak-instance-<bd>-<revision>-<run>``: the revision is a hash of the pod's
     body, so the same inputs give the same name (a repeated create is a no-op) and a new
@@ -198,7 +167,7 @@ def instance_run_pod(bd: Obj, bundle: str, resolved: Obj, settings: Settings, ru
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _instance_meta(bd, bundle, settings),
-        "spec": _instance_pod_spec(bd, bundle, resolved, settings, once=True),
+        "spec": _instance_pod_spec(bd, bundle, resolved, settings),
     }
     revision = model.stable_hash(body, 8)
     body["metadata"]["name"] = model.run_pod_name(model.name_of(bd), revision, run)

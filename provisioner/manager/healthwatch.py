@@ -8,7 +8,12 @@ is cached. ``health(name)`` then judges a deployment's inventoried objects
 with ``engine.health`` from the caches (no request), and every change of an
 inventory or an owned object calls ``on_change(owner)`` so the controller
 looks at that BundleDeployment at once, instead of on a timer. ``lookup``
-serves the same caches to drift detection of run-to-completion instances.
+serves the same caches to drift detection of run-to-completion instances, and
+``last_good`` the version of an object seen just before its field set changed
+or it went away (keyed by the hash of our fields then, so the install record
+says which one is good): the manager restores drift from it without a run
+(``engine.restore``). At most ``LAST_GOOD_LIMIT`` such versions are kept, the
+oldest dropped first.
 
 An object whose owner label was removed drops out of the label-selected
 cache and is reported "not found"; a kind whose first list has not arrived
@@ -19,18 +24,21 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 
 from provisioner.engine import appliedrecord, health, inventory, listwatch
 from provisioner.engine.informers import InformerSet
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, owner_of
+from provisioner.engine.ownership import applied_fields
 from rukpak.common import errors
 
 log = logging.getLogger("rukpak.manager")
 
 Verdict = tuple[bool, str]
 """(healthy, message)."""
+LAST_GOOD_LIMIT = 4096
 
 
 class HealthWatch:
@@ -48,6 +56,7 @@ class HealthWatch:
         self._caches = InformerSet(kube, stop=stop, watch_timeout=watch_timeout)
         self._lock = threading.Lock()
         self._kinds: dict[tuple[str, str], listwatch.Informer] = {}
+        self._last_good: OrderedDict[tuple[str, str], Obj] = OrderedDict()
         self.inventories = self._caches.add(
             "v1",
             "ConfigMap",
@@ -77,7 +86,12 @@ class HealthWatch:
             if (api_version, kind) in self._kinds:
                 return
             informer = self._caches.add(
-                api_version, kind, label_selector=OWNER_LABEL, on_change=self._owned
+                api_version,
+                kind,
+                label_selector=OWNER_LABEL,
+                on_change=self._owned,
+                on_update=self._updated,
+                on_gone=self._gone,
             )
             self._kinds[(api_version, kind)] = informer
         self._caches.start()
@@ -86,6 +100,38 @@ class HealthWatch:
         owner = owner_of(obj)
         if owner:
             self.on_change(owner)
+
+    def _updated(self, old: Obj, new: Obj) -> None:
+        if applied_fields(old) != applied_fields(new) or owner_of(old) != owner_of(new):
+            self._keep(old)
+        self._owned(new)
+
+    def _gone(self, cached: Obj, _last: Obj) -> None:
+        self._keep(cached)
+
+    def _keep(self, obj: Obj) -> None:
+        """Remember ``obj`` as it was before a change of our fields (or its removal)."""
+        fields = appliedrecord.fields_hash(obj)
+        if not fields:
+            return
+        key = (appliedrecord.key_of(ObjectRef.of(obj)), fields)
+        with self._lock:
+            self._last_good[key] = obj
+            self._last_good.move_to_end(key)
+            while len(self._last_good) > LAST_GOOD_LIMIT:
+                self._last_good.popitem(last=False)
+
+    def last_good(self, key: str, fields: str) -> Obj | None:
+        """The latest version of object ``key`` seen with our fields hashing to ``fields``
+        (the cached one when it still does); None when none was seen."""
+        with self._lock:
+            kept = self._last_good.get((key, fields))
+        if kept is not None:
+            return kept
+        live = self.lookup(appliedrecord.ref_of(key))
+        if isinstance(live, dict) and appliedrecord.fields_hash(live) == fields:
+            return live
+        return None
 
     def lookup(self, ref: ObjectRef) -> Obj | appliedrecord.Unknown | None:
         """The cached owned object ``ref`` (None: not there); UNKNOWN before its kind syncs."""

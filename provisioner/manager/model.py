@@ -2,7 +2,7 @@
 
 Sits under ``plan`` (pure) and ``actuate`` (the API side): the generated
 Bundle's name (``<bd>-<hash of the template spec>``), the labels that tie
-Bundles, instance Deployments and their pods back to their BundleDeployment,
+Bundles and instance run pods back to their BundleDeployment,
 and where the CRDs live. Nothing here talks to the API.
 """
 
@@ -25,7 +25,7 @@ BUNDLE_DEPLOYMENT = "BundleDeployment"
 
 FINALIZER = "core.rukpak.io/uninstall"
 BD_LABEL = "core.rukpak.io/bundle-deployment"
-"""On generated Bundles, instance Deployments and their pods: the owning BundleDeployment."""
+"""On generated Bundles and instance run pods: the owning BundleDeployment."""
 OWNER_KIND_LABEL = "core.rukpak.io/owner-kind"
 OWNER_NAME_LABEL = "core.rukpak.io/owner-name"
 TEMPLATE_HASH_LABEL = "core.rukpak.io/bundle-template-hash"
@@ -35,9 +35,9 @@ MAX_BUNDLE_NAME = 52
 MAX_BUNDLE_DEPLOYMENT_NAME = 45
 """Upstream's CRD limits (metadata.name maxLength), which leave room for generated names."""
 BUNDLE_ANNOTATION = "core.rukpak.io/bundle"
-"""On the instance Deployment and its pod template: the Bundle it mounts."""
+"""On an instance run pod: the Bundle it mounts."""
 SPEC_HASH_ANNOTATION = "core.rukpak.io/instance-hash"
-"""On the instance Deployment: hash of the body the manager last applied."""
+"""On an instance run pod: its revision (a hash of its body)."""
 
 PLAIN_CLASS = "core-rukpak-io-plain"
 REGISTRY_CLASS = "core-rukpak-io-registry"
@@ -48,9 +48,6 @@ CLASS_FORMATS: dict[str, str] = {
 """Our provisioner classes and the bundle format each one's content is in (the one place
 that says so): Bundles of these classes get an unpack pod, BundleDeployments of these
 classes an instance; both run the loader of this format. Other classes are left alone."""
-RUN_MODE = "run"
-DEPLOYMENT_MODE = "deployment"
-INSTANCE_MODES = (RUN_MODE, DEPLOYMENT_MODE)
 CRDS_DIR = Path(__file__).resolve().parent.parent / "crds"
 INSTANCE_BINARY = "/opt/rukpak/bin/rukpak-provisioner"
 
@@ -83,7 +80,7 @@ def bundle_name(bd: Obj) -> str:
 
 
 def instance_name(bd_name: str) -> str:
-    """The instance Deployment (and its pods' prefix) of a BundleDeployment."""
+    """The prefix of a BundleDeployment's instance run pods."""
     return f"rukpak-instance-{bd_name}"
 
 
@@ -118,7 +115,7 @@ def is_digest_ref(ref: str) -> bool:
 
 @dataclass(frozen=True)
 class Settings:
-    """How instance Deployments are built (the manager's flags)."""
+    """How instance run pods and unpack pods are built (the manager's flags)."""
 
     image: str
     system_namespace: str = inventory.DEFAULT_SYSTEM_NAMESPACE
@@ -129,6 +126,5 @@ class Settings:
     default_install_namespace: str = "default"
     env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     """Extra environment of the instance container (e.g. how to reach the API server)."""
-    instance_mode: str = RUN_MODE
-    """``run``: a pod per run, to completion, re-run on drift; ``deployment``: a
-    long-running instance Deployment that corrects drift itself."""
+    max_concurrent_runs: int = 8
+    """Instance run pods active at once across all BundleDeployments (``--max-concurrent-runs``)."""

@@ -1,8 +1,8 @@
 """The BundleDeployment planner: ``plan(bd, observed) -> actions``, pure.
 
 Sits between the controller (which observes: the BD, the Bundles it owns,
-its instance Deployment and pods, the instance Lease's holder, the health of
-what its inventory lists) and ``actuate`` (which performs the actions). It
+its instance run pods, its install record, drift and the health of what its
+inventory lists) and ``actuate`` (which performs the actions). It
 never talks to the API and never reads the clock: ``Observed.now`` is the
 time to stamp on condition transitions.
 
@@ -18,18 +18,22 @@ uses the registry class for both; either works here). The flow for a live BD
 3. wait for the Bundle controller (``bundleplan``) to resolve and unpack it:
    ``HasValidBundle`` follows its ``Unpacked`` condition in upstream's words
    (UnpackPending, UnpackFailed with the unpack message, UnpackSuccessful);
-4. point the instance Deployment at the Unpacked Bundle. Until then the
-   instance keeps running the previous Bundle, so the cluster stays as it was;
-5. delete owned Bundles that are neither wanted, deployed nor active:
-   ``status.activeBundle`` names a Bundle only once it is installed (its
-   instance pod runs and holds the Lease), so the old Bundle goes once the
-   new one is installed;
-6. write the status (``activeBundle``, conditions ``HasValidBundle``,
-   ``Installed``, ``Healthy``) when it changed, with an event per transition.
+4. install the Unpacked Bundle with a run-to-completion instance pod
+   (``runs``); until it is recorded the previous install stays as it was;
+5. undo drift of the recorded install: re-apply our fields of drifted objects
+   from their last good version (``Repair``, ``RestoreDrift``), damped when
+   another writer keeps taking them back (``FieldConflict`` names the field and
+   the writer); drift that cannot be restored so starts a run;
+6. delete owned Bundles that are neither wanted, deployed nor active:
+   ``status.activeBundle`` names a Bundle only once its install is recorded,
+   so the old Bundle goes once the new one is installed;
+7. write the status (``activeBundle``, conditions ``HasValidBundle``,
+   ``Installed``, ``Healthy``, and ``FieldConflict`` once a fight happened)
+   when it changed, with an event per transition.
 
 ``spec.paused`` plans nothing. Deletion (a ``deletionTimestamp`` with our
-finalizer) stops the instance first (so it cannot re-apply), waits for its
-pods to go, uninstalls with the BD's ``deletionPolicy``, deletes the
+finalizer) stops the instance runs first (so they cannot re-apply), waits for
+its pods to go, uninstalls with the BD's ``deletionPolicy``, deletes the
 Bundles, then removes the finalizer; deletion runs even when paused, or the
 BD could never go away.
 """
@@ -44,26 +48,29 @@ from provisioner.engine.objects import Obj
 from provisioner.manager import model, runs, sources
 from provisioner.manager.actions import Action as Action
 from provisioner.manager.actions import AddFinalizer as AddFinalizer
-from provisioner.manager.actions import ApplyInstance as ApplyInstance
 from provisioner.manager.actions import CreateBundle as CreateBundle
 from provisioner.manager.actions import CreateRun as CreateRun
 from provisioner.manager.actions import DeleteBundle as DeleteBundle
-from provisioner.manager.actions import DeleteInstance as DeleteInstance
 from provisioner.manager.actions import DeleteLease as DeleteLease
 from provisioner.manager.actions import DeletePod as DeletePod
 from provisioner.manager.actions import RecordEvent as RecordEvent
 from provisioner.manager.actions import RemoveFinalizer as RemoveFinalizer
 from provisioner.manager.actions import Requeue as Requeue
+from provisioner.manager.actions import RestoreDrift as RestoreDrift
 from provisioner.manager.actions import Uninstall as Uninstall
 from provisioner.manager.actions import WriteStatus as WriteStatus
-from provisioner.manager.generate import desired_bundle, instance_deployment
+from provisioner.manager.generate import desired_bundle
 from provisioner.manager.model import Settings
 
 HAS_VALID_BUNDLE = "HasValidBundle"
 INSTALLED = "Installed"
 HEALTHY = "Healthy"
+FIELD_CONFLICT = "FieldConflict"
+FIGHT_THRESHOLD = 3
+"""Re-applies of one BundleDeployment's drift inside the damper's window that make a fight."""
 WARNING_REASONS = frozenset(
     {
+        "AnotherWriter",
         "UnsupportedSource",
         "UnsupportedProvisionerClass",
         "ResolveFailed",
@@ -79,22 +86,36 @@ POLL_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
+class Repair:
+    """Drift the manager undoes itself (``runwatch.Drift``), and the damper's say on it."""
+
+    bodies: tuple[Obj, ...]
+    reasons: tuple[str, ...]
+    wait: float = 0.0
+    """Seconds until the damper lets the next re-apply happen (0: now)."""
+
+
+@dataclass(frozen=True)
 class Observed:
     bundles: tuple[Obj, ...] = ()
     """Bundles labelled with the BD's name."""
-    instance: Obj | None = None
-    """The instance Deployment."""
     pods: tuple[Obj, ...] = ()
-    """The instance Deployment's pods."""
-    lease_holder: str = ""
-    """Who holds the instance Lease ("" when nobody)."""
-    installed_by: str = ""
-    """Which holder marked the instance Lease as installed ("" when none did)."""
+    """The BD's instance run pods."""
     record: runs.InstallRecord | None = None
-    """Run mode: the last finished install, from the instance Lease."""
+    """The last finished install, from the inventory ConfigMap."""
     drift: tuple[str, ...] = ()
-    """Run mode: why the recorded install no longer holds (drifted objects, optional APIs
-    that became served), confirmed by a fresh read; empty when it holds."""
+    """Why the recorded install no longer holds in a way only a run fixes (drifted objects
+    with no good version kept, optional APIs that became served), confirmed by a fresh
+    read; empty when it holds."""
+    repair: Repair | None = None
+    """Drifted objects the manager restores from their last good version."""
+    fights: int = 0
+    """Re-applies of this BD's drift inside the damper's window (a fight at
+    ``FIGHT_THRESHOLD``)."""
+    conflict: str = ""
+    """Which fields another writer took, and who (for ``FieldConflict``)."""
+    other_runs: int = 0
+    """Instance runs of other BundleDeployments active now (``--max-concurrent-runs``)."""
     health: Health | None = None
     """Of the objects the inventory lists, as one ``Health``: ``ready`` when all are, else
     the ``reason`` names some that are not. None when nothing is installed (no inventory)
@@ -108,16 +129,6 @@ def _meta(obj: Obj) -> dict[str, Any]:
 
 
 # -- judging what was observed -----------------------------------------------------------
-
-
-def _annotation(obj: Obj | None, key: str) -> str:
-    if obj is None:
-        return ""
-    return str((_meta(obj).get("annotations") or {}).get(key) or "")
-
-
-def _pod_annotation(pod: Obj) -> str:
-    return _annotation(pod, model.BUNDLE_ANNOTATION)
 
 
 def _unpacked_message(bundle: Obj) -> str:
@@ -139,47 +150,6 @@ def _failure(bundle: Obj) -> str | None:
 
 Verdict = tuple[str, str, str]
 """(status, reason, message) of one condition."""
-
-
-def installed(observed: Observed, active: str) -> Verdict:
-    """Installed: the active Bundle's instance pod runs, holds the instance Lease and marked
-    it as installed (its apply finished)."""
-    if not active:
-        return "False", "InstallPending", "no Bundle is active yet"
-    pods = [
-        p
-        for p in observed.pods
-        if _pod_annotation(p) == active and not _meta(p).get("deletionTimestamp")
-    ]
-    if not pods:
-        return "False", "InstallPending", f"waiting for the instance pod of Bundle {active}"
-    for pod in pods:
-        name = model.name_of(pod)
-        statuses = (pod.get("status") or {}).get("containerStatuses") or []
-        for cs in statuses:
-            state = cs.get("state") or {}
-            for terminated in (
-                state.get("terminated"),
-                (cs.get("lastState") or {}).get("terminated"),
-            ):
-                if (
-                    terminated
-                    and int(terminated.get("exitCode") or 0) != 0
-                    and "running" not in state
-                ):
-                    message = str(terminated.get("message") or terminated.get("reason") or "")
-                    return (
-                        "False",
-                        "InstallFailed",
-                        f"instance pod {name} failed: {message.strip()}",
-                    )
-            if "running" in state and observed.lease_holder == observed.installed_by == name:
-                return "True", "InstallationSucceeded", f"Instantiated bundle {active} successfully"
-            waiting = state.get("waiting") or {}
-            if waiting.get("message"):
-                return "False", "InstallPending", f"instance pod {name}: {waiting['message']}"
-    phase = (pods[0].get("status") or {}).get("phase") or "Pending"
-    return "False", "InstallPending", f"instance pod {model.name_of(pods[0])} is {phase}"
 
 
 def healthy(observed: Observed, installed_status: str) -> Verdict:
@@ -302,37 +272,36 @@ def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
     else:
         valid = ("True", "UnpackSuccessful", f"Successfully unpacked the {wanted} Bundle")
         target = runs.Target(wanted, resolved)
-        if settings.instance_mode == model.DEPLOYMENT_MODE:  # run mode: ``runs`` makes pods
-            want = instance_deployment(bd, wanted, resolved, settings)
-            hash_of = model.SPEC_HASH_ANNOTATION
-            if _annotation(observed.instance, hash_of) != _annotation(want, hash_of):
-                actions.append(ApplyInstance(want))
 
     previous = str((bd.get("status") or {}).get("activeBundle") or "")
-    if settings.instance_mode == model.RUN_MODE:
-        if target is None and observed.record is not None:
-            # the wanted Bundle is not ready: keep the installed one applied
-            old = bundles.get(observed.record.bundle)
-            pinned = sources.pinned(old) if old is not None else None
-            if pinned is not None:
-                target = runs.Target(observed.record.bundle, pinned)
-        decision = runs.decide(
-            bd,
-            target,
-            observed.pods,
-            observed.record,
-            observed.drift,
-            settings=settings,
-            now=observed.now,
-        )
-        actions += decision.actions
-        deployed = target.bundle if target is not None else ""
-        installed_verdict = decision.installed
-        active = decision.active or previous
-    else:
-        deployed = _annotation(observed.instance, model.BUNDLE_ANNOTATION)
-        installed_verdict = installed(observed, deployed)
-        active = deployed if installed_verdict[0] == "True" else previous
+    if target is None and observed.record is not None:
+        # the wanted Bundle is not ready: keep the installed one applied
+        old = bundles.get(observed.record.bundle)
+        pinned = sources.pinned(old) if old is not None else None
+        if pinned is not None:
+            target = runs.Target(observed.record.bundle, pinned)
+    record = observed.record
+    if (
+        observed.repair is not None
+        and target is not None
+        and record is not None
+        and record.bundle == target.bundle
+    ):
+        actions += _repair(bd, observed.repair, settings)
+    decision = runs.decide(
+        bd,
+        target,
+        observed.pods,
+        record,
+        observed.drift,
+        settings=settings,
+        now=observed.now,
+        other_runs=observed.other_runs,
+    )
+    actions += decision.actions
+    deployed = target.bundle if target is not None else ""
+    installed_verdict = decision.installed
+    active = decision.active or previous
     for name in sorted(bundles):
         if name not in (wanted, deployed, active):
             actions.append(DeleteBundle(name))
@@ -342,20 +311,58 @@ def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
         INSTALLED: installed_verdict,
         HEALTHY: healthy(observed, installed_verdict[0]),
     }
+    conflict = field_conflict(bd, observed)
+    if conflict is not None:
+        verdicts[FIELD_CONFLICT] = conflict
     _, status_actions = _status(bd, active, verdicts, observed.now)
     return actions + status_actions
+
+
+def instance_user(bd: Obj, settings: Settings) -> str:
+    """The user the BD's instance runs as: its ServiceAccount in the system namespace."""
+    account = (bd.get("spec") or {}).get("serviceAccountName") or settings.service_account
+    return f"system:serviceaccount:{settings.system_namespace}:{account}"
+
+
+def _repair(bd: Obj, repair: Repair, settings: Settings) -> list[Action]:
+    if repair.wait > 0:
+        return [Requeue(repair.wait, "damping a fight over drifted fields")]
+    more = f" (and {len(repair.reasons) - 3} more)" if len(repair.reasons) > 3 else ""
+    return [
+        RestoreDrift(repair.bodies, instance_user(bd, settings)),
+        RecordEvent(
+            "Normal",
+            "DriftRestored",
+            f"restored {len(repair.bodies)} drifted object(s) from their last applied "
+            f"state: {'; '.join(repair.reasons[:3])}{more}",
+        ),
+    ]
+
+
+def field_conflict(bd: Obj, observed: Observed) -> Verdict | None:
+    """``FieldConflict``: True while drift of this BD keeps being re-applied (another writer
+    takes our fields back); False once it stopped; None when no fight ever happened."""
+    if observed.fights >= FIGHT_THRESHOLD:
+        who = observed.conflict or "another writer keeps changing fields this bundle applies"
+        return (
+            "True",
+            "AnotherWriter",
+            f"{who}; re-applied {observed.fights} times in the last 10 minutes, backing off "
+            "(remove the field from the bundle, or stop the other writer)",
+        )
+    had = any(
+        c.get("type") == FIELD_CONFLICT
+        for c in (bd.get("status") or {}).get("conditions") or []
+        if isinstance(c, dict)
+    )
+    if not had:
+        return None
+    return "False", "NoConflict", "no other writer keeps changing fields this bundle applies"
 
 
 def _plan_deletion(bd: Obj, observed: Observed) -> list[Action]:
     if model.FINALIZER not in (_meta(bd).get("finalizers") or []):
         return []
-    if observed.instance is not None:
-        inst = _meta(observed.instance)
-        return [
-            RecordEvent("Normal", "Uninstalling", "stopping the instance before uninstalling"),
-            DeleteInstance(str(inst.get("namespace") or ""), str(inst.get("name") or "")),
-            Requeue(POLL_SECONDS, "waiting for the instance to stop"),
-        ]
     if observed.pods:
         doomed = [p for p in observed.pods if not _meta(p).get("deletionTimestamp")]
         stop: list[Action] = [

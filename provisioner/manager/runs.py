@@ -1,30 +1,31 @@
 """Run-to-completion instances: what the runs of a BundleDeployment say, pure.
 
-Sits under ``plan`` (``--instance-mode run``, the default). Each run is a pod
-(``generate.instance_run_pod``) named ``rukpak-instance-<bd>-<revision>-<run>``
-that installs once and exits. A finished install leaves its record on the
-instance Lease (``InstallRecord``: which pod, which Bundle, the
-``engine.appliedrecord`` of the fields it applied, the optional APIs it set
-aside); the record, not the pods, is what is installed, so pods can go once
-their run is recorded. This module reads that record and the pods; the
-planner decides.
+Sits under ``plan``. Each run is a pod (``generate.instance_run_pod``) named
+``rukpak-instance-<bd>-<revision>-<run>`` that installs once and exits. A
+finished install leaves its record on the deployment's inventory ConfigMap
+(``InstallRecord``: which pod, which Bundle, the ``engine.appliedrecord`` of the
+fields it applied, the optional APIs it set aside), the one install record; the
+record, not the pods, is what is installed, so pods can go once their run is
+recorded. Runs are bounded across BundleDeployments (``Settings.max_concurrent_runs``):
+a run that finds no free slot waits. This module reads that record and the pods;
+the planner decides.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from provisioner.engine import appliedrecord
+from provisioner.engine import appliedrecord, inventory
 from provisioner.engine.objects import Obj
 from provisioner.manager import actions, model
 from provisioner.manager.generate import instance_run_pod
 from provisioner.manager.model import Settings
-from provisioner.runtime import lease
 
 ACTIVE_PHASES = frozenset({"", "Pending", "Running"})
+RUN_SLOT_WAIT = 2.0
+"""How soon a run that found no free slot looks again."""
 RETRY_SECONDS = 15.0
 """A failed run is retried this long after it ended (at once when a CRD appears)."""
 
@@ -36,7 +37,7 @@ Api = tuple[str, str, str]
 
 @dataclass(frozen=True)
 class InstallRecord:
-    """The last finished install, as its run recorded it on the instance Lease."""
+    """The last finished install, as its run recorded it on the inventory ConfigMap."""
 
     by: str
     """The run pod that wrote it."""
@@ -45,27 +46,36 @@ class InstallRecord:
     """None when absent or unreadable: drift is then not judged from it."""
     awaiting: frozenset[Api] = field(default_factory=frozenset)
 
+    def document(self) -> dict[str, Any]:
+        """The record as the instance writes it (``inventory.record_configmap``)."""
+        return {
+            "by": self.by,
+            "bundle": self.bundle,
+            "applied": appliedrecord.encode(self.applied or {}),
+            "awaiting": [list(api) for api in sorted(self.awaiting)],
+        }
+
     @classmethod
-    def of_lease(cls, obj: Obj | None) -> InstallRecord | None:
-        marks: dict[str, Any] = ((obj or {}).get("metadata") or {}).get("annotations") or {}
-        by = str(marks.get(lease.INSTALLED_BY_ANNOTATION) or "")
-        bundle = str(marks.get(lease.INSTALLED_BUNDLE_ANNOTATION) or "")
+    def of_inventory(cls, cm: Obj | None) -> InstallRecord | None:
+        """The record on an inventory ConfigMap; None when there is none (no install
+        finished yet) or it is not one."""
+        doc = inventory.record_of(cm)
+        if doc is None:
+            return None
+        by, bundle = str(doc.get("by") or ""), str(doc.get("bundle") or "")
         if not by or not bundle:
             return None
-        applied: appliedrecord.Record | None = None
+        applied: appliedrecord.Record | None
         try:
-            applied = appliedrecord.decode(str(marks.get(lease.APPLIED_RECORD_ANNOTATION) or ""))
+            applied = appliedrecord.decode(str(doc.get("applied") or ""))
         except ValueError:
             applied = None
-        awaiting: set[Api] = set()
-        try:
-            doc = json.loads(str(marks.get(lease.OPTIONAL_SKIPPED_ANNOTATION) or "[]"))
-            for item in doc if isinstance(doc, list) else []:
-                if isinstance(item, list) and len(item) == 3:
-                    awaiting.add((str(item[0]), str(item[1]), str(item[2])))
-        except ValueError:
-            pass
-        return cls(by, bundle, applied, frozenset(awaiting))
+        awaiting = frozenset(
+            (str(item[0]), str(item[1]), str(item[2]))
+            for item in doc.get("awaiting") or []
+            if isinstance(item, list) and len(item) == 3
+        )
+        return cls(by, bundle, applied, awaiting)
 
     def run_of(self, bd_name: str) -> tuple[str, int] | None:
         """(revision, run) of the pod that wrote the record."""
@@ -156,6 +166,7 @@ def decide(
     *,
     settings: Settings,
     now: str,
+    other_runs: int = 0,
 ) -> Decision:
     """What the runs of ``bd`` need: start one, wait, retry, or clean up; and ``Installed``.
 
@@ -163,7 +174,9 @@ def decide(
     record names, so drift of the installed content is still corrected while a new
     Bundle fails to unpack). A run starts when the record is of another revision, or
     when ``drift`` says the recorded install no longer holds. Active runs of another
-    revision are obsolete and stopped; finished runs go once recorded.
+    revision are obsolete and stopped; finished runs go once recorded. A new run starts
+    only while fewer than ``settings.max_concurrent_runs`` runs of other BundleDeployments
+    (``other_runs``) are active.
     """
     name = model.name_of(bd)
     ns = settings.system_namespace
@@ -202,6 +215,13 @@ def decide(
         return Decision(out, verdict or _installed(target.bundle, record), target.bundle)
     found = mine.get(keep)
     if found is None:
+        if other_runs >= settings.max_concurrent_runs:
+            out.append(actions.Requeue(RUN_SLOT_WAIT, "waiting for a free run slot"))
+            pending = (
+                f"waiting for a free run slot: {other_runs} instance runs are active "
+                f"(--max-concurrent-runs {settings.max_concurrent_runs})"
+            )
+            return Decision(out, verdict or ("False", "InstallPending", pending), installed_bundle)
         if not any(is_active(p) for p in pods):
             run = instance_run_pod(bd, target.bundle, target.resolved, settings, keep)
             out.append(actions.CreateRun(run))

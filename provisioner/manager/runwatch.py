@@ -1,12 +1,17 @@
-"""What tells the manager to run an instance again: drift and newly served APIs.
+"""What the manager does about an install that no longer holds: restore, or run again.
 
 Sits beside ``controller`` (which owns the informers and the queue) for
 run-to-completion instances (``runs``). ``drift(name, record)`` judges a
 BundleDeployment's recorded install against the health watch's caches of the
 installed objects (``appliedrecord.drifted``: gone, relabelled, or a field we
 apply taken by another writer) and confirms a suspicion with fresh reads of the
-Lease and the suspected objects, so a cache that lags behind the run that wrote
-the record never starts a run. The CRD handlers keep the set of (group,
+inventory ConfigMap (the record) and the suspected objects, so a cache that lags
+behind the run that wrote the record never acts. A confirmed object whose good
+version the health watch still holds (``last_good``: our fields as the record
+hashed them) is restored by re-applying exactly those fields
+(``engine.restore.ours``), no run needed; the fields another writer took and who
+took them come along for the fight's message. Anything else needs a run. The CRD
+handlers keep the set of (group,
 version, kind) that established CRDs serve: a recorded install that set aside
 optional objects of a now-served API has drifted too; a CRD that becomes
 established also restarts failed instances (they may have waited for it).
@@ -19,17 +24,31 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from provisioner.engine import appliedrecord, listwatch
+from provisioner.engine import appliedrecord, inventory, listwatch, restore
 from provisioner.engine.kube import Kube
-from provisioner.engine.objects import Obj, ObjectRef
+from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef
+from provisioner.engine.ownership import applied_fields
 from provisioner.manager import healthwatch, model, runs
-from provisioner.runtime import lease
 from rukpak.common import errors
 
 log = logging.getLogger("rukpak.manager")
 
-CONFIRM_LIMIT = 20
-"""Suspected drifted objects read afresh per reconcile (one is enough to start a run)."""
+CONFIRM_LIMIT = 200
+"""Suspected drifted objects read afresh per reconcile (the rest wait for the next one)."""
+
+
+@dataclass(frozen=True)
+class Drift:
+    """A recorded install that no longer holds: what to restore, what needs a run."""
+
+    reasons: tuple[str, ...] = ()
+    """Why a run is needed (objects with no good version kept, newly served APIs)."""
+    restore: tuple[Obj, ...] = ()
+    """Apply bodies of our fields, one per drifted object kept in a good version."""
+    restored: tuple[str, ...] = ()
+    """Why each of ``restore`` drifted, for the event."""
+    taken: tuple[str, ...] = ()
+    """``field of ref (by manager)`` for each field another writer owns now."""
 
 
 def served_by(crd: Obj) -> frozenset[runs.Api]:
@@ -56,7 +75,6 @@ class RunWatch:
     kube: Kube
     system_namespace: str
     health: healthwatch.HealthWatch
-    leases: listwatch.Informer
     pods: listwatch.Informer
     wake: Callable[[str], None]
     """Queue a BundleDeployment by name."""
@@ -100,11 +118,11 @@ class RunWatch:
         """Queue every BD whose last install set aside an optional object whose API a CRD
         now serves (its next run creates the object)."""
         served = self.served_apis()
-        prefix = lease.lease_name("")
-        for obj in self.leases.items():
-            record = runs.InstallRecord.of_lease(obj)
-            if record is not None and record.awaiting & served:
-                self.wake(model.name_of(obj)[len(prefix) :])
+        for cm in self.health.inventories.items():
+            record = runs.InstallRecord.of_inventory(cm)
+            owner = str(((cm.get("metadata") or {}).get("labels") or {}).get(OWNER_LABEL) or "")
+            if record is not None and owner and record.awaiting & served:
+                self.wake(owner)
 
     def _restart(self, pod: Obj) -> None:
         meta = pod.get("metadata") or {}
@@ -118,27 +136,60 @@ class RunWatch:
 
     # -- drift -----------------------------------------------------------------------------
 
-    def drift(self, name: str, record: runs.InstallRecord) -> tuple[str, ...]:
+    def record(self, name: str) -> runs.InstallRecord | None:
+        """The install record of ``name`` from the inventory cache."""
+        cm = self.health.inventories.get(self.system_namespace, inventory.configmap_name(name))
+        return runs.InstallRecord.of_inventory(cm)
+
+    def drift(self, name: str, record: runs.InstallRecord, *, restorable: bool = True) -> Drift:
         """Why the recorded install no longer holds, confirmed by fresh reads (the caches
-        may lag behind the run that wrote the record); () when it holds or is unknown."""
+        may lag behind the run that wrote the record), and what can be restored without a
+        run (none when not ``restorable``); an empty ``Drift`` when it holds or is unknown."""
         served = self.served_apis()
         reasons = [f"{'/'.join(api)} is served now" for api in sorted(record.awaiting & served)]
         if record.applied is None:
-            return tuple(reasons)
+            return Drift(tuple(reasons))
         suspects = appliedrecord.drifted(record.applied, name, self.health.lookup)
         if not suspects:
-            return tuple(reasons)
-        lease_ref = ObjectRef(
-            "coordination.k8s.io", "v1", "Lease", self.system_namespace, lease.lease_name(name)
+            return Drift(tuple(reasons))
+        cm_ref = ObjectRef(
+            "", "v1", "ConfigMap", self.system_namespace, inventory.configmap_name(name)
         )
-        fresh = runs.InstallRecord.of_lease(self.kube.get(lease_ref))
+        fresh = runs.InstallRecord.of_inventory(self.kube.get(cm_ref))
         if fresh is None or fresh.applied is None or fresh.by != record.by:
-            return tuple(reasons)  # a newer record is on its way: judge that one
+            return Drift(tuple(reasons))  # a newer record is on its way: judge that one
+        bodies: list[Obj] = []
+        restored: list[str] = []
+        taken: list[str] = []
         for key in sorted(suspects)[:CONFIRM_LIMIT]:
-            live = self.kube.get(appliedrecord.ref_of(key))
-            why = appliedrecord.drift_of(fresh.applied.get(key, ""), live, name)
-            if why is not None:
-                reasons.append(f"{appliedrecord.ref_of(key)}: {why}")
-        if reasons:
-            log.info("msg='drift' bd=%s reasons=%s", name, reasons[:5])
-        return tuple(reasons)
+            ref = appliedrecord.ref_of(key)
+            recorded = fresh.applied.get(key, "")
+            live = self.kube.get(ref)
+            why = appliedrecord.drift_of(recorded, live, name)
+            if why is None:
+                continue
+            kept = self.health.last_good(key, recorded) if restorable else None
+            body = _restore_body(kept)
+            if body is None:
+                reasons.append(f"{ref}: {why}")
+                continue
+            bodies.append(body)
+            restored.append(f"{ref}: {why}")
+            fields = frozenset(restore.fields_of(applied_fields(kept or {})))
+            taken += [
+                f"{path} of {ref} (by {who})" for who, path in restore.others_owning(live, fields)
+            ]
+        if reasons or bodies:
+            log.info("msg='drift' bd=%s run=%s restore=%s", name, reasons[:5], restored[:5])
+        return Drift(tuple(reasons), tuple(bodies), tuple(restored), tuple(taken))
+
+
+def _restore_body(kept: Obj | None) -> Obj | None:
+    """The apply body that restores our fields from ``kept``; None when it cannot."""
+    if kept is None:
+        return None
+    try:
+        return restore.ours(kept, applied_fields(kept))
+    except restore.Unprojectable as err:
+        log.info("msg='cannot restore from the last good version' error=%r", str(err))
+        return None

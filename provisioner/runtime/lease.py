@@ -1,9 +1,9 @@
 """A Lease lock (``coordination.k8s.io/v1``) so two instance pods never apply at once.
 
 Where it sits: ``provisioner.instance.process`` takes the per-deployment Lease
-``rukpak-instance-NAME`` before applying and keeps it renewed while it
-corrects drift; a Deployment rollout (or a stray second replica) then waits
-instead of fighting over the same objects. The ``kubernetes`` client's
+``rukpak-instance-NAME`` before applying and keeps it renewed until its run
+ends; a second run of the same deployment (a retry racing a slow one) then
+waits instead of fighting over the same objects. The ``kubernetes`` client's
 ``leaderelection`` module is unusable here (it blocks forever, exits the
 process on errors and never releases), hence this small one.
 
@@ -45,17 +45,6 @@ log = logging.getLogger(__name__)
 API_VERSION = "coordination.k8s.io/v1"
 KIND = "Lease"
 _MICROTIME = "%Y-%m-%dT%H:%M:%S.%fZ"
-
-
-INSTALLED_BY_ANNOTATION = "core.rukpak.io/installed-by"
-"""On an instance Lease: the identity (pod name) of the holder that finished installing."""
-INSTALLED_BUNDLE_ANNOTATION = "core.rukpak.io/installed-bundle"
-"""On an instance Lease: the Bundle the last finished install applied."""
-APPLIED_RECORD_ANNOTATION = "core.rukpak.io/applied-record"
-"""On an instance Lease: ``engine.appliedrecord`` of the last finished install."""
-OPTIONAL_SKIPPED_ANNOTATION = "core.rukpak.io/optional-skipped"
-"""On an instance Lease: JSON list of ``[group, kind]`` of optional objects the last install
-set aside because their API was not served (a CRD for one of them calls for a new run)."""
 
 
 def lease_name(deployment: str) -> str:
@@ -300,32 +289,6 @@ class LeaseLock:
             except errors.NotFound:
                 self._lose("deleted")
                 return False
-            self._took(live)
-            return True
-
-    def annotate(self, annotations: dict[str, str]) -> bool:
-        """Record ``annotations`` on the Lease while we hold it; False when we don't.
-
-        The instance marks the Lease once its install finished
-        (``INSTALLED_BY_ANNOTATION``), so the manager can tell a pod that holds the
-        Lease but is still applying from one that has applied.
-        """
-        with self._mutex:
-            if not self._held or self.lost.is_set():
-                return False
-            patch: dict[str, Any] = {"annotations": annotations}
-            try:
-                live = self._kube.merge_patch(
-                    self.ref, {"metadata": {**patch, "resourceVersion": self._rv}}
-                )
-            except errors.Aborted:  # renewed or taken since: patch what is there if ours
-                current = self._read()
-                if current is None or current.holder != self.identity:
-                    return False
-                live = self._kube.merge_patch(
-                    self.ref,
-                    {"metadata": {**patch, "resourceVersion": current.resource_version}},
-                )
             self._took(live)
             return True
 
