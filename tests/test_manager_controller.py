@@ -186,7 +186,8 @@ def test_a_bundledeployment_becomes_a_resolved_bundle_and_an_instance_run(
 
     assert run["spec"]["restartPolicy"] == "Never"
     assert run["metadata"]["annotations"][model.BUNDLE_ANNOTATION] == bundle["metadata"]["name"]
-    (volume,) = run["spec"]["volumes"]
+    # (the API server adds the ServiceAccount token's projected volume)
+    (volume,) = [v for v in run["spec"]["volumes"] if "csi" in v]
     assert volume["csi"]["volumeAttributes"] == {"image": pinned, "pullPolicy": "IfNotPresent"}
     (container,) = run["spec"]["containers"]
     assert container["image"] == IMAGE

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from provisioner.engine import schema
-from provisioner.engine.objects import Obj
+from provisioner.engine.objects import Obj, meta_of
 
 OPT_OUT_ANNOTATION = "core.rukpak.io/crd-upgrade-safety"
 OPT_OUT_VALUE = "disabled"
@@ -30,7 +30,7 @@ MAX_REASONS_PER_VERSION = 10
 
 
 def opted_out(crd: Obj) -> bool:
-    annotations = (crd.get("metadata") or {}).get("annotations") or {}
+    annotations = meta_of(crd).get("annotations") or {}
     return annotations.get(OPT_OUT_ANNOTATION) == OPT_OUT_VALUE
 
 
@@ -69,7 +69,7 @@ def check(live: Obj, new: Obj, existing: Mapping[str, Sequence[Obj]]) -> list[st
     """
     if opted_out(new):
         return []
-    name = (new.get("metadata") or {}).get("name", "?")
+    name = meta_of(new).get("name", "?")
     reasons: list[str] = []
     stored = list((live.get("status") or {}).get("storedVersions") or [])
     new_versions = _versions(new)

@@ -16,7 +16,13 @@ from typing import Literal
 from provisioner.engine import ordering, pool
 from provisioner.engine.errors import ApplyFailed
 from provisioner.engine.kube import Kube
-from provisioner.engine.objects import DELETION_POLICY_ANNOTATION, OWNER_LABEL, ObjectRef, owner_of
+from provisioner.engine.objects import (
+    DELETION_POLICY_ANNOTATION,
+    OWNER_LABEL,
+    ObjectRef,
+    meta_of,
+    owner_of,
+)
 from rukpak.common import errors
 
 DeletionPolicy = Literal["Delete", "Orphan"]
@@ -37,7 +43,7 @@ def _delete_one(kube: Kube, ref: ObjectRef, owner: str, policy: DeletionPolicy) 
     actual = owner_of(live)
     if actual != owner:
         return f"skipped: owned by {actual!r}" if actual else "skipped: no longer labelled as ours"
-    annotations = (live.get("metadata") or {}).get("annotations") or {}
+    annotations = meta_of(live).get("annotations") or {}
     if policy == "Orphan" or annotations.get(DELETION_POLICY_ANNOTATION) == "Orphan":
         kube.merge_patch(ref, {"metadata": {"labels": {OWNER_LABEL: None}}})
         return "orphaned"

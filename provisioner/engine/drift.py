@@ -32,7 +32,7 @@ from provisioner.engine import listwatch
 from provisioner.engine.apply import Applied
 from provisioner.engine.informers import InformerSet
 from provisioner.engine.kube import Kube
-from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef
+from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, meta_of
 from provisioner.engine.ownership import applied_fields, lost_reason
 from rukpak.common import errors
 
@@ -196,7 +196,7 @@ class DriftWatcher:
         reason = drift_reason(tracked.fields, live, self._owner)
         if reason is None:
             return
-        if live is not None and (live.get("metadata") or {}).get("deletionTimestamp"):
+        if live is not None and meta_of(live).get("deletionTimestamp"):
             return  # being deleted: its DELETED event brings it back here
         result = self._kube.apply(tracked.desired, force=True)
         self.corrections += 1

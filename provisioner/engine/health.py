@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from provisioner.engine.objects import Obj, ObjectRef, condition
+from provisioner.engine.objects import Obj, ObjectRef, condition, meta_of
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ READY = Health(True)
 
 
 def _generation_seen(obj: Obj) -> Health | None:
-    meta_gen = (obj.get("metadata") or {}).get("generation")
+    meta_gen = meta_of(obj).get("generation")
     seen = (obj.get("status") or {}).get("observedGeneration")
     if meta_gen is not None and (seen is None or seen < meta_gen):
         return Health(False, f"controller has not observed generation {meta_gen} yet")

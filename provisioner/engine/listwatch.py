@@ -50,7 +50,7 @@ from typing import TypedDict, TypeVar, Unpack
 
 from provisioner.engine.errors import Gone
 from provisioner.engine.kube import Kube
-from provisioner.engine.objects import Obj
+from provisioner.engine.objects import Obj, meta_of
 from rukpak.common import errors
 from rukpak.common.backoff import Backoff
 
@@ -70,7 +70,7 @@ def key_of(obj: Obj) -> Key:
 
 
 def resource_version_of(obj: Obj) -> str:
-    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return str(meta_of(obj).get("resourceVersion") or "")
 
 
 class Options(TypedDict, total=False):

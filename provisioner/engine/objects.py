@@ -19,6 +19,26 @@ DELETION_POLICY_ANNOTATION = "core.rukpak.io/deletion-policy"
 """Per-object override: ``Orphan`` keeps the object when it is pruned or uninstalled."""
 
 
+def meta_of(obj: Obj) -> dict[str, Any]:
+    """``metadata`` of ``obj`` ({} when absent): the one accessor every module uses."""
+    found: dict[str, Any] = obj.get("metadata") or {}
+    return found
+
+
+def name_of(obj: Obj) -> str:
+    return str(meta_of(obj).get("name") or "")
+
+
+def labels_of(obj: Obj) -> dict[str, str]:
+    found: dict[str, str] = meta_of(obj).get("labels") or {}
+    return found
+
+
+def annotations_of(obj: Obj) -> dict[str, str]:
+    found: dict[str, str] = meta_of(obj).get("annotations") or {}
+    return found
+
+
 def split_api_version(api_version: str) -> tuple[str, str]:
     """``apps/v1`` -> ``("apps", "v1")``; ``v1`` -> ``("", "v1")``."""
     group, _, version = api_version.rpartition("/")

@@ -25,7 +25,7 @@ import hashlib
 import json
 from typing import Any
 
-from provisioner.engine.objects import FIELD_MANAGER, Obj, owner_of
+from provisioner.engine.objects import FIELD_MANAGER, Obj, meta_of, owner_of
 
 DIGEST_ANNOTATION = "core.rukpak.io/applied-digest"
 """sha256 of the prepared manifest (without this annotation), applied along with it."""
@@ -36,7 +36,7 @@ _IDENTITY_METADATA = ("name", "namespace", "generateName")
 
 def applied_fields(live: Obj) -> Any:
     """``fieldsV1`` of our Apply entry in ``live``'s managedFields, or None."""
-    for entry in (live.get("metadata") or {}).get("managedFields") or []:
+    for entry in meta_of(live).get("managedFields") or []:
         if (
             entry.get("manager") == FIELD_MANAGER
             and entry.get("operation") == "Apply"
@@ -48,7 +48,7 @@ def applied_fields(live: Obj) -> Any:
 
 def lost_reason(live: Obj | None, owner: str) -> str | None:
     """Why ``live`` is no longer an object ``owner`` holds (gone, deleting, relabelled)."""
-    if live is None or (live.get("metadata") or {}).get("deletionTimestamp"):
+    if live is None or meta_of(live).get("deletionTimestamp"):
         return "deleted"
     if owner_of(live) != owner:
         return "owner label removed or changed"
@@ -59,12 +59,12 @@ def lost_reason(live: Obj | None, owner: str) -> str | None:
 
 
 def _annotations(obj: Obj) -> dict[str, Any]:
-    return (obj.get("metadata") or {}).get("annotations") or {}
+    return meta_of(obj).get("annotations") or {}
 
 
 def digest(obj: Obj) -> str:
     """sha256 over ``obj``'s canonical JSON, its own digest annotation left out."""
-    meta = dict(obj.get("metadata") or {})
+    meta = dict(meta_of(obj))
     annotations = {k: v for k, v in _annotations(obj).items() if k != DIGEST_ANNOTATION}
     if annotations:
         meta["annotations"] = annotations
@@ -76,7 +76,7 @@ def digest(obj: Obj) -> str:
 
 def with_digest(obj: Obj) -> Obj:
     """A copy of ``obj`` (top-level and metadata copied) annotated with its ``digest``."""
-    meta = dict(obj.get("metadata") or {})
+    meta = dict(meta_of(obj))
     meta["annotations"] = {**_annotations(obj), DIGEST_ANNOTATION: digest(obj)}
     return {**obj, "metadata": meta}
 
@@ -96,7 +96,7 @@ def covers(fields: Any, desired: Obj) -> bool:
     if not isinstance(fields, dict):
         return False
     body = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind", "status")}
-    meta = {k: v for k, v in (desired.get("metadata") or {}).items()}
+    meta = {k: v for k, v in meta_of(desired).items()}
     for key in _IDENTITY_METADATA:
         meta.pop(key, None)
     if meta:

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from provisioner.engine.objects import FIELD_MANAGER, Obj
+from provisioner.engine.objects import FIELD_MANAGER, Obj, meta_of
 
 _IDENTITY = ("apiVersion", "kind")
 
@@ -45,7 +45,7 @@ def ours(last_good: Obj, fields_v1: Any) -> Obj:
         raise Unprojectable("the object is not a map")
     for key in _IDENTITY:
         body[key] = last_good.get(key)
-    meta = dict(body.get("metadata") or {})
+    meta = dict(meta_of(body))
     src = last_good.get("metadata") or {}
     for key in ("name", "namespace"):
         if src.get(key):
@@ -140,7 +140,7 @@ def others_owning(live: Obj | None, taken: frozenset[str]) -> list[tuple[str, st
     if live is None:
         return []
     out: list[tuple[str, str]] = []
-    for entry in (live.get("metadata") or {}).get("managedFields") or []:
+    for entry in meta_of(live).get("managedFields") or []:
         manager = str(entry.get("manager") or "?")
         if manager == FIELD_MANAGER and entry.get("operation") == "Apply":
             continue

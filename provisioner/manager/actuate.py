@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 
 from provisioner.engine import lifecycle
 from provisioner.engine.kube import Kube
-from provisioner.engine.objects import Obj, ObjectRef
+from provisioner.engine.objects import Obj, ObjectRef, meta_of
 from provisioner.manager import bundleplan, events, model, plan, resolution
 from provisioner.runtime import lease
 from rukpak.common import errors
@@ -211,10 +211,10 @@ def perform(
         log.info("msg='action' bd=%s action=%s", name, type(action).__name__)
         match action:
             case plan.AddFinalizer():
-                finalizers = list((bd.get("metadata") or {}).get("finalizers") or [])
+                finalizers = list(meta_of(bd).get("finalizers") or [])
                 bd = _set_finalizers(kube, bd, [*finalizers, model.FINALIZER])
             case plan.RemoveFinalizer():
-                finalizers = list((bd.get("metadata") or {}).get("finalizers") or [])
+                finalizers = list(meta_of(bd).get("finalizers") or [])
                 _set_finalizers(kube, bd, [f for f in finalizers if f != model.FINALIZER])
             case plan.CreateBundle(bundle=bundle):
                 with contextlib.suppress(errors.AlreadyExists):

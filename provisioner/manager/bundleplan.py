@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from provisioner.engine.objects import Obj
+from provisioner.engine.objects import Obj, meta_of
 from provisioner.manager import model, sources
 from provisioner.manager.actions import DeletePod as DeletePod
 from provisioner.manager.actions import RecordEvent as RecordEvent
@@ -111,11 +111,6 @@ def unpacked_condition(bundle: Obj) -> Obj | None:
     return None
 
 
-def _meta(obj: Obj) -> Obj:
-    meta: Obj = obj.get("metadata") or {}
-    return meta
-
-
 def status_for(
     bundle: Obj, phase: str, reason: str, message: str, now: str, *, resolved: Obj | None = None
 ) -> Obj:
@@ -123,7 +118,7 @@ def status_for(
     old = unpacked_condition(bundle) or {}
     cond_status = "True" if phase == PHASE_UNPACKED else "False"
     same = old.get("status") == cond_status
-    generation = int(_meta(bundle).get("generation") or 0)
+    generation = int(meta_of(bundle).get("generation") or 0)
     status: Obj = {
         "phase": phase,
         "observedGeneration": generation,
@@ -213,7 +208,7 @@ def _refused_mount(resolved: Obj, mount_failures: tuple[str, ...]) -> str:
 
 def plan(bundle: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
     """Everything to do, in order, for one Bundle of our class (see the module doc)."""
-    meta = _meta(bundle)
+    meta = meta_of(bundle)
     name = model.name_of(bundle)
     pod = observed.pod
     status = bundle.get("status") or {}
@@ -244,7 +239,7 @@ def plan(bundle: Obj, observed: Observed, *, settings: Settings) -> list[Action]
     if pod is None:
         actions: list[Action] = [CreatePod(unpack_pod(bundle, pinned, settings))]
         return actions + write(PHASE_PENDING, REASON_PENDING, "")
-    if _meta(pod).get("deletionTimestamp"):
+    if meta_of(pod).get("deletionTimestamp"):
         return write(PHASE_PENDING, REASON_PENDING, "")
     phase = (pod.get("status") or {}).get("phase") or "Pending"
     if phase == "Pending":

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from provisioner.engine.kube import Kube
-from provisioner.engine.objects import ObjectRef
+from provisioner.engine.objects import ObjectRef, meta_of
 from rukpak.common import errors
 
 log = logging.getLogger("rukpak.manager")
@@ -185,7 +185,7 @@ def ensure(kube: Kube, namespace: str, hosts: list[str]) -> Bundle:
             if live is None:
                 kube.create(_secret_body(namespace, fresh))
             else:
-                rv = str((live.get("metadata") or {}).get("resourceVersion") or "")
+                rv = str(meta_of(live).get("resourceVersion") or "")
                 kube.merge_patch(ref, _secret_body(namespace, fresh, rv))
         except (errors.AlreadyExists, errors.Aborted):
             continue  # another replica stored one first: use it
@@ -210,7 +210,7 @@ def publish_ca(kube: Kube, configuration: str, ca: bytes) -> bool:
         return True
     for hook in hooks:
         hook.setdefault("clientConfig", {})["caBundle"] = encoded
-    rv = (live.get("metadata") or {}).get("resourceVersion")
+    rv = meta_of(live).get("resourceVersion")
     kube.merge_patch(ref, {"metadata": {"resourceVersion": rv}, "webhooks": hooks})
     log.info("msg='webhook caBundle published' configuration=%s", configuration)
     return True

@@ -36,7 +36,8 @@ from datetime import UTC, datetime
 
 from provisioner.engine import listwatch, restore
 from provisioner.engine.kube import Kube
-from provisioner.engine.objects import Obj
+from provisioner.engine.objects import Obj, meta_of
+from provisioner.engine.objects import labels_of as _labels
 from provisioner.manager import actuate, bundleplan, healthwatch, model, plan, runs, runwatch
 from provisioner.manager.model import Settings
 from provisioner.runtime.queue import WorkQueue
@@ -47,11 +48,6 @@ log = logging.getLogger("rukpak.manager")
 
 BD_KEY = "bd:"
 BUNDLE_KEY = "bundle:"
-
-
-def _labels(obj: Obj) -> dict[str, str]:
-    labels: dict[str, str] = (obj.get("metadata") or {}).get("labels") or {}
-    return labels
 
 
 def _by_label(obj: Obj) -> str:
@@ -259,7 +255,7 @@ class Controller(Reconciler):
         pod = self.unpack_pods.get(sys_ns, name)
         failures: list[tuple[str, str]] = []
         if pod is not None:
-            uid = str((pod.get("metadata") or {}).get("uid") or "")
+            uid = str(meta_of(pod).get("uid") or "")
             for event in self.events.items():
                 involved = event.get("involvedObject") or {}
                 if (

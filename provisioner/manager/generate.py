@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from provisioner.engine.objects import Obj
+from provisioner.engine.objects import Obj, meta_of
 from provisioner.manager import model, sources
 from provisioner.manager.model import Settings
 
@@ -46,11 +46,6 @@ INSTANCE_RESOURCES: Obj = {
 }
 
 
-def _meta(obj: Obj) -> dict[str, Any]:
-    meta: dict[str, Any] = obj.get("metadata") or {}
-    return meta
-
-
 def _format_of(provisioner_class: object) -> str:
     """The loader format for a class; the planners hand only our classes here."""
     bundle_format = model.bundle_format(provisioner_class)
@@ -64,7 +59,7 @@ def owner_reference(bd: Obj) -> Obj:
         "apiVersion": model.API_VERSION,
         "kind": model.BUNDLE_DEPLOYMENT,
         "name": model.name_of(bd),
-        "uid": str(_meta(bd).get("uid") or ""),
+        "uid": str(meta_of(bd).get("uid") or ""),
         "controller": True,
     }
 
@@ -203,7 +198,7 @@ def unpack_pod(bundle: Obj, resolved: Obj, settings: Settings) -> Obj:
                     "apiVersion": model.API_VERSION,
                     "kind": model.BUNDLE,
                     "name": name,
-                    "uid": str(_meta(bundle).get("uid") or ""),
+                    "uid": str(meta_of(bundle).get("uid") or ""),
                     "controller": True,
                     "blockOwnerDeletion": True,
                 }

@@ -16,6 +16,7 @@ from typing import Any
 
 from provisioner.engine import formats_plain, formats_registry, inventory
 from provisioner.engine.objects import Obj
+from provisioner.engine.objects import name_of as name_of
 
 GROUP = "core.rukpak.io"
 VERSION = "v1alpha1"
@@ -98,10 +99,6 @@ def parse_run_pod_name(bd_name: str, pod_name: str) -> tuple[str, int] | None:
     if not sep or not revision or "-" in revision or not run.isdigit():
         return None
     return revision, int(run)
-
-
-def name_of(obj: Obj) -> str:
-    return str((obj.get("metadata") or {}).get("name") or "")
 
 
 def bundle_format(provisioner_class: object) -> str | None:

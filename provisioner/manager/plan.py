@@ -41,10 +41,10 @@ BD could never go away.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from provisioner.engine.health import Health as Health
-from provisioner.engine.objects import Obj
+from provisioner.engine.objects import Obj, meta_of
 from provisioner.manager import model, runs, sources
 from provisioner.manager.actions import Action as Action
 from provisioner.manager.actions import AddFinalizer as AddFinalizer
@@ -123,11 +123,6 @@ class Observed:
     now: str = "1970-01-01T00:00:00Z"
 
 
-def _meta(obj: Obj) -> dict[str, Any]:
-    meta: dict[str, Any] = obj.get("metadata") or {}
-    return meta
-
-
 # -- judging what was observed -----------------------------------------------------------
 
 
@@ -181,7 +176,7 @@ def _status(
 ) -> tuple[Obj, list[Action]]:
     old_status = bd.get("status") or {}
     old = {c.get("type"): c for c in old_status.get("conditions") or [] if isinstance(c, dict)}
-    generation = int(_meta(bd).get("generation") or 0)
+    generation = int(meta_of(bd).get("generation") or 0)
     conditions = [
         _condition(kind, verdict, old.get(kind), now, generation)
         for kind, verdict in verdicts.items()
@@ -217,7 +212,7 @@ def _status(
 
 def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
     """Everything to do, in order, to move ``bd`` towards its spec (see the module doc)."""
-    meta = _meta(bd)
+    meta = meta_of(bd)
     spec = bd.get("spec") or {}
     claimed = model.FINALIZER in (meta.get("finalizers") or [])
     if model.bundle_format(spec.get("provisionerClassName")) is None and not claimed:
@@ -361,12 +356,12 @@ def field_conflict(bd: Obj, observed: Observed) -> Verdict | None:
 
 
 def _plan_deletion(bd: Obj, observed: Observed) -> list[Action]:
-    if model.FINALIZER not in (_meta(bd).get("finalizers") or []):
+    if model.FINALIZER not in (meta_of(bd).get("finalizers") or []):
         return []
     if observed.pods:
-        doomed = [p for p in observed.pods if not _meta(p).get("deletionTimestamp")]
+        doomed = [p for p in observed.pods if not meta_of(p).get("deletionTimestamp")]
         stop: list[Action] = [
-            DeletePod(str(_meta(p).get("namespace") or ""), model.name_of(p)) for p in doomed
+            DeletePod(str(meta_of(p).get("namespace") or ""), model.name_of(p)) for p in doomed
         ]
         return [*stop, Requeue(POLL_SECONDS, "waiting for the instance pods to stop")]
     policy: Literal["Delete", "Orphan"] = (

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from provisioner.engine import appliedrecord, inventory
-from provisioner.engine.objects import Obj
+from provisioner.engine.objects import Obj, meta_of
 from provisioner.manager import actions, model
 from provisioner.manager.generate import instance_run_pod
 from provisioner.manager.model import Settings
@@ -87,7 +87,7 @@ def phase(pod: Obj) -> str:
 
 
 def deleting(pod: Obj) -> bool:
-    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+    return bool(meta_of(pod).get("deletionTimestamp"))
 
 
 def is_active(pod: Obj) -> bool:

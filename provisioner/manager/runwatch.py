@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from provisioner.engine import appliedrecord, inventory, listwatch, restore
 from provisioner.engine.kube import Kube
-from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef
+from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, meta_of
 from provisioner.engine.ownership import applied_fields
 from provisioner.manager import healthwatch, model, runs
 from rukpak.common import errors
@@ -120,7 +120,7 @@ class RunWatch:
         served = self.served_apis()
         for cm in self.health.inventories.items():
             record = runs.InstallRecord.of_inventory(cm)
-            owner = str(((cm.get("metadata") or {}).get("labels") or {}).get(OWNER_LABEL) or "")
+            owner = str((meta_of(cm).get("labels") or {}).get(OWNER_LABEL) or "")
             if record is not None and owner and record.awaiting & served:
                 self.wake(owner)
 

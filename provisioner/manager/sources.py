@@ -35,7 +35,7 @@ import posixpath
 import re
 from typing import Any
 
-from provisioner.engine.objects import Obj
+from provisioner.engine.objects import Obj, meta_of
 from rukpak.sources import http as httpsource
 
 VOLUME_NAME = "bundle"
@@ -76,7 +76,7 @@ def pinned(bundle: Obj) -> Obj | None:
         _url, digest = httpsource.split_pinned(str(_section(resolved, "http").get("url") or ""))
         return resolved if digest is not None else None
     if kind == "configMaps" and isinstance(resolved.get("configMaps"), list):
-        annotations = (bundle.get("metadata") or {}).get("annotations") or {}
+        annotations = meta_of(bundle).get("annotations") or {}
         items = _items(annotations.get(ITEMS_ANNOTATION))
         return {**resolved, ITEMS_KEY: items} if items is not None else None
     return None

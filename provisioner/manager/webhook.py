@@ -31,7 +31,7 @@ from typing import Any
 
 from provisioner.engine import crdsafety
 from provisioner.engine.kube import Kube
-from provisioner.engine.objects import OWNER_LABEL, Obj
+from provisioner.engine.objects import OWNER_LABEL, Obj, meta_of
 from provisioner.manager import certs
 from rukpak.common import errors
 
@@ -53,7 +53,7 @@ def owned(crd: Obj | None) -> bool:
 
 
 def opted_out(crd: Obj) -> bool:
-    annotations = (crd.get("metadata") or {}).get("annotations") or {}
+    annotations = meta_of(crd).get("annotations") or {}
     return crdsafety.opted_out(crd) or annotations.get(UPSTREAM_OPT_OUT) == "false"
 
 
@@ -63,7 +63,7 @@ def decide(operation: str, old: Obj | None, new: Obj | None, existing: Existing)
         return ""
     if not (owned(old) or owned(new)) or opted_out(new):
         return ""
-    name = str((new.get("metadata") or {}).get("name") or "")
+    name = str(meta_of(new).get("name") or "")
     try:
         reasons = crdsafety.check(old, new, existing(old, new))
     except errors.RukpakError as err:

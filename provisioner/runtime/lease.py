@@ -37,7 +37,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from provisioner.engine.kube import Kube
-from provisioner.engine.objects import Obj, ObjectRef
+from provisioner.engine.objects import Obj, ObjectRef, meta_of
 from rukpak.common import errors
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class LeaseRecord:
             duration=float(spec.get("leaseDurationSeconds") or 0),
             renewed=parse_time(spec.get("renewTime") or spec.get("acquireTime")),
             transitions=int(spec.get("leaseTransitions") or 0),
-            resource_version=str((obj.get("metadata") or {}).get("resourceVersion") or ""),
+            resource_version=str(meta_of(obj).get("resourceVersion") or ""),
         )
 
     def expires(self) -> datetime | None:
@@ -195,7 +195,7 @@ class LeaseLock:
         )
 
     def _took(self, live: Obj) -> None:
-        self._rv = str((live.get("metadata") or {}).get("resourceVersion") or "")
+        self._rv = str(meta_of(live).get("resourceVersion") or "")
         self._renewed_at = time.monotonic()
 
     # -- acquire ------------------------------------------------------------------

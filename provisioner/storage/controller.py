@@ -27,10 +27,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
-from typing import Any
 
 from provisioner.engine.kube import Kube
-from provisioner.engine.objects import ObjectRef
+from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.runtime.queue import WorkQueue
 from provisioner.runtime.workers import Reconciler
 from provisioner.storage import plan
@@ -41,7 +40,6 @@ from rukpak.common.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 RETRY = Backoff(base=1.0, cap=300.0, jitter=0.1)
 
 

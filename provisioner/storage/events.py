@@ -18,14 +18,13 @@ import threading
 import time
 from collections import OrderedDict
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Protocol
 
-from provisioner.engine.objects import ObjectRef
+from provisioner.engine.objects import Obj, ObjectRef
 from rukpak.common import errors
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 MAX_REMEMBERED = 4096
 MAX_MESSAGE = 1024  # the API server refuses longer Event messages
 

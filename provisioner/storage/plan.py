@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
+from provisioner.engine.objects import Obj
 from provisioner.storage import quantity
 from rukpak.common import errors
-
-Obj = dict[str, Any]
 
 ANN_STORAGE_PROVISIONER = "volume.kubernetes.io/storage-provisioner"
 ANN_BETA_STORAGE_PROVISIONER = "volume.beta.kubernetes.io/storage-provisioner"
