@@ -192,8 +192,14 @@ def index_layers(
     spans: dict[str, list[int]] = {}
     for number, desc in enumerate(layers):
         entries, toc_offset = read_toc(puller, ref, desc)
-        starts = sorted({int(e.get("offset", 0)) for e in entries if e.get("offset")})
-        following = dict(zip(starts, [*starts[1:], toc_offset], strict=True))
+        try:
+            starts = sorted({int(e["offset"]) for e in entries if e.get("offset")})
+        except (AttributeError, ValueError, TypeError) as exc:
+            raise errors.InvalidArgument(
+                f"layer {desc.digest}: TOC entries are malformed ({exc!r})"
+            ) from None
+        # Each member ends where the next begins; the last one where the TOC does.
+        following = dict(zip(starts, [*starts[1:], toc_offset], strict=False))
         builder.begin_layer()
         last_file: dict[str, Any] | None = None
         for entry in entries:
