@@ -20,7 +20,7 @@ import pytest
 from rukpak.common import errors
 from rukpak.image.members import Limits
 from rukpak.sources import http
-from tests.csi_helpers import Entry, push_image
+from tests.csi_helpers import Entry, PushedImage, push_image
 from tests.registry import RegistryServer
 from tests.source_servers import SourceServer, serving, tarball
 from tests.spine_helpers import MODES, Node, fast_import_repo, push_estargz, push_estargz_dirs
@@ -70,7 +70,7 @@ def publish(
     return node.publish_source({"url": http.pin_url(f"{server.url}/files/t{n}.tgz", digest)})
 
 
-def _push_plain(host: str, repo: str, entries: list[Entry]) -> object:
+def _push_plain(host: str, repo: str, entries: list[Entry]) -> PushedImage:
     return push_image(host, repo, "v1", [entries])
 
 
