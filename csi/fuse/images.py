@@ -118,7 +118,9 @@ class FuseImages:
         loaded = read_json_or_set_aside(self.tags_path)
         self._tags: dict[str, str] = dict(loaded) if isinstance(loaded, dict) else {}
         # Bind mode's rule (``--private-image-auth-ttl``); with ``shared_grants``, its table too.
-        self.grants = shared_grants or Grants(puller_factory, ttl=auth_ttl)
+        self.grants = (
+            shared_grants if shared_grants is not None else Grants(puller_factory, ttl=auth_ttl)
+        )
         # Lazy trees fetch with the credentials they were published with (memory only).
         self._pullers: dict[str, seams.Puller] = {}
         self._restored: dict[str, Credentials] = {}  # from the keeper, after a restart
