@@ -4,18 +4,22 @@ Where it sits: the FUSE image cache (``csi.fuse.images``) calls :func:`index_lay
 instead of streaming whole layers when every layer of an image carries the
 eStargz TOC annotation (written by ``rukpak bundle build --estargz``, format in
 ``provisioner.bundle.estargz``). It fetches each layer's 51-byte footer and
-its TOC member (two range requests), checks the TOC against the annotated
-digest, and applies the TOC's entries to the tree index under bind mode's
-rules (``csi.fuse.index.Builder``) — so NodePublishVolume can answer before
-any file content moved. Where each file's gzip members lie is saved beside the
-index (``lazy/<tree>.json``).
+its TOC member (two range requests; a member above :data:`MAX_TOC_BYTES`, or one
+inflating past :data:`MAX_TOC_JSON_BYTES`, is FailedPrecondition before it is
+parsed), checks the TOC against the annotated digest, and applies the TOC's
+entries to the tree index under bind mode's rules (``csi.fuse.index.Builder``) —
+so NodePublishVolume can answer before any file content moved. Where each file's
+gzip members lie is saved beside the index (``lazy/<tree>.json``).
 
 The filesystem (``csi.fuse.fs``) calls :meth:`LazyFetcher.fetch` when a file
 is opened and its content is not in the file store: one range request for the
 file's members, inflated, checked against the TOC's digest and size as it
 enters the store (DataLoss otherwise: the reader gets EIO). After indexing,
 :meth:`LazyFetcher.complete` streams every layer in full in the background,
-verifying the layer digest, and stores the files not fetched yet.
+verifying the layer digest, and stores the files not fetched yet: only files
+the TOC lists, with every member counted against the unpack budgets (``Limits``).
+A failure is never kept as content: the next read or publish asks the registry
+again.
 """
 
 from __future__ import annotations
