@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +37,7 @@ from tests.csi_helpers import (
     tree,
     unpublish,
 )
+from tests.fuse_helpers import start_holder
 from tests.polling import logged
 from tests.registry import RegistryServer
 
@@ -48,18 +48,6 @@ pytestmark = [pytest.mark.registry]
 def _dev_fuse() -> None:
     if not os.path.exists("/dev/fuse"):
         pytest.fail("no /dev/fuse: FUSE mode needs the fuse kernel module (modprobe fuse)")
-
-
-def start_holder(mountpoint: Path, sock: Path) -> subprocess.Popen[bytes]:
-    """A /dev/fuse holder process, once it says it is ready."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "csi.fuse.holder", "--mountpoint", str(mountpoint),
-         "--socket", str(sock)],
-        stdout=subprocess.PIPE,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == b"ready"
-    return proc
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ import hashlib
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rukpak.common import errors
@@ -81,15 +81,21 @@ class FileStore:
 
     @contextlib.contextmanager
     def ingest(
-        self, *, expect: str | None = None, size: int | None = None, durable: bool = True
+        self,
+        *,
+        expect: str | None = None,
+        size: int | None = None,
+        durable: bool = True,
+        accept: Callable[[str], bool] | None = None,
     ) -> Iterator[FileIngest]:
         """Stream one file in; leaving the block normally commits it under its digest.
 
         With ``expect`` (and ``size``) the content must match, else DataLoss and
-        nothing is kept. Leaving with an error discards the ingest. Idempotent:
-        content already present is success (the new copy is dropped). With
-        ``durable=False`` nothing is fsynced: bulk writers call :meth:`sync` once
-        before they commit what refers to the files (an index).
+        nothing is kept. With ``accept``, content whose digest it refuses is dropped
+        (``digest`` stays empty): nobody asked for it. Leaving with an error discards
+        the ingest. Idempotent: content already present is success (the new copy is
+        dropped). With ``durable=False`` nothing is fsynced: bulk writers call
+        :meth:`sync` once before they commit what refers to the files (an index).
         """
         tmp = self.ingest_dir / secrets.token_hex(8)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -107,6 +113,9 @@ class FileStore:
                     raise errors.DataLoss(
                         f"file {digest}: got {sink.size} bytes, the table of contents says {size}"
                     )
+                if accept is not None and not accept(digest):
+                    tmp.unlink()
+                    return
                 final = self.path(digest)
                 if not final.is_file():
                     if durable:

@@ -10,6 +10,10 @@ walker (``csi.fuse.unpack``) and the file store. Layout under ``root``::
     tags.json            reference|platform → manifest digest (for IfNotPresent)
     boot_id              the boot of the last start (after a reboot, torn lazy indexes go)
 
+Private trees are served from the cache only to pods whose own credentials the
+registry accepts now: bind mode's rule (``rukpak.image.grants``, re-checked after
+``--private-image-auth-ttl``), the same call as ``rukpak.image.cache``.
+
 A lazy tree fetches its files with the credentials it was published with.
 They stay in memory, plus a copy handed to the /dev/fuse holder (``keeper``,
 memory only too), from which a restarted plugin takes them back
@@ -98,6 +102,8 @@ class FuseImages:
         puller_factory: PullerFactory,
         limits: extract.Limits | None = None,
         budget_bytes: int = 10 * 1024**3,
+        auth_ttl: float = grants.DEFAULT_TTL,
+        shared_grants: Grants | None = None,
     ) -> None:
         self.root = root
         self.files = FileStore(root)
@@ -111,13 +117,18 @@ class FuseImages:
         self._tags_lock = threading.Lock()
         loaded = read_json_or_set_aside(self.tags_path)
         self._tags: dict[str, str] = dict(loaded) if isinstance(loaded, dict) else {}
-        self.grants = Grants(puller_factory)
+        # Bind mode's rule (``--private-image-auth-ttl``); with ``shared_grants``, its table too.
+        self.grants = (
+            shared_grants if shared_grants is not None else Grants(puller_factory, ttl=auth_ttl)
+        )
         # Lazy trees fetch with the credentials they were published with (memory only).
         self._pullers: dict[str, seams.Puller] = {}
         self._restored: dict[str, Credentials] = {}  # from the keeper, after a restart
         self._incomplete: set[str] = set()  # lazy trees whose background fetch waits
         self.keeper: CredentialKeeper | None = None
-        self.lazy = lazy.LazyFetcher(self.files, root / "lazy", self._puller_for)
+        self.lazy = lazy.LazyFetcher(
+            self.files, root / "lazy", self._puller_for, limits=self._limits
+        )
         self.on_forget: list[Callable[[str], None]] = []  # more to drop with an evicted tree
         self.on_indexed: list[Callable[[str, index.Index], None]] = []  # a tree is ready
         self.collector = Collector(
@@ -150,8 +161,12 @@ class FuseImages:
                     self.grants.authorize(
                         ref, cached, credentials, platform=platform, policy=pull_policy
                     )
-                self.collector.touch(digests.hex_of(cached))
-                return Ready(cached, digests.hex_of(cached), cache_hit=True)
+                name = digests.hex_of(cached)
+                self.collector.touch(name)
+                if name in self.lazy.broken:  # its last completion failed: try again
+                    with self._tags_lock:
+                        self._incomplete.add(name)
+                return Ready(cached, name, cache_hit=True)
             if pull_policy is PullPolicy.NEVER:
                 raise grants.not_present(ref, platform)
             puller = self._puller_factory(credentials)

@@ -5,13 +5,14 @@ manifest while it walks the layers' tar members (regular files' bytes go to
 the file store, ``csi.fuse.filestore``); the FUSE filesystem (``csi.fuse.fs``)
 loads the saved index and serves it. Nothing is written to a directory tree,
 so the extraction rules of bind mode are applied here to an in-memory tree,
-with the same helpers (``rukpak.image.extract``): names with ``..`` refused,
-leading ``/`` stripped, symlink targets rewritten or refused, symlinked or
-non-directory parents refused, hard links only to regular files already in the
-tree, device nodes and fifos skipped, setuid/setgid/sticky dropped (files
-0444, or 0555 when executable; directories 0555), OCI whiteouts applied, the
-same byte and entry budgets, and a final pass that drops symlinks whose chain
-climbs out of the tree.
+with the same helpers (``rukpak.image.members``): one check of every entry's
+path (``members.check_entry``: ``..`` refused, depth and length within the
+limits, leading ``/`` stripped and reported), symlink targets rewritten or
+refused, symlinked or non-directory parents refused, hard links only to regular
+files already in the tree, device nodes and fifos skipped, setuid/setgid/sticky
+dropped (files 0444, or 0555 when executable; directories 0555), OCI whiteouts
+applied, the same byte and entry budgets, and a final pass that drops symlinks
+whose chain climbs out of the tree.
 
 The saved form is one JSON document of flat rows in depth-first, name-sorted
 order (row 0 is the root); a row's position is its stable local inode number,
@@ -98,7 +99,7 @@ class Builder:
         ``kind`` is one of DIR, FILE, LINK, "hardlink", "whiteout", or anything
         else for an unsupported type. Raises :data:`Refused` for skipped entries.
         """
-        parts = members.split_name(name)
+        parts = members.check_entry(name, limits=self.limits, image=self.image, stats=self.stats)
         if not parts:
             return None
         if parts[-1].startswith(members.WHITEOUT_PREFIX):

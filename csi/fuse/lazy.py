@@ -4,23 +4,28 @@ Where it sits: the FUSE image cache (``csi.fuse.images``) calls :func:`index_lay
 instead of streaming whole layers when every layer of an image carries the
 eStargz TOC annotation (written by ``rukpak bundle build --estargz``, format in
 ``provisioner.bundle.estargz``). It fetches each layer's 51-byte footer and
-its TOC member (two range requests), checks the TOC against the annotated
-digest, and applies the TOC's entries to the tree index under bind mode's
-rules (``csi.fuse.index.Builder``) — so NodePublishVolume can answer before
-any file content moved. Where each file's gzip members lie is saved beside the
-index (``lazy/<tree>.json``).
+its TOC member (two range requests; a member above :data:`MAX_TOC_BYTES`, or one
+inflating past :data:`MAX_TOC_JSON_BYTES`, is FailedPrecondition before it is
+parsed), checks the TOC against the annotated digest, and applies the TOC's
+entries to the tree index under bind mode's rules (``csi.fuse.index.Builder``) —
+so NodePublishVolume can answer before any file content moved. Where each file's
+gzip members lie is saved beside the index (``lazy/<tree>.json``).
 
 The filesystem (``csi.fuse.fs``) calls :meth:`LazyFetcher.fetch` when a file
 is opened and its content is not in the file store: one range request for the
 file's members, inflated, checked against the TOC's digest and size as it
 enters the store (DataLoss otherwise: the reader gets EIO). After indexing,
 :meth:`LazyFetcher.complete` streams every layer in full in the background,
-verifying the layer digest, and stores the files not fetched yet.
+verifying the layer digest, and stores the files not fetched yet: only files
+the TOC lists, with every member counted against the unpack budgets (``Limits``).
+A failure is never kept as content: the next read or publish asks the registry
+again.
 """
 
 from __future__ import annotations
 
 import calendar
+import contextlib
 import functools
 import io
 import json
@@ -38,7 +43,7 @@ from csi.fuse import index, unpack
 from csi.fuse.filestore import FileStore
 from rukpak.common import errors
 from rukpak.common.fsio import write_bytes_atomic
-from rukpak.image import layerio, layerstream, seams
+from rukpak.image import layerio, layerstream, members, seams
 from rukpak.image.seams import Puller
 from rukpak.oci import digest as digests
 from rukpak.oci import transport
@@ -51,7 +56,13 @@ TOC_NAME = "stargz.index.json"
 TOC_DIGEST_ANNOTATION = "containerd.io/snapshot/stargz/toc.digest"
 LANDMARKS = frozenset({".prefetch.landmark", ".no.prefetch.landmark"})
 FOOTER_SIZE = 51
-MAX_TOC_BYTES = 64 << 20
+MAX_TOC_BYTES = 16 << 20
+"""Largest compressed TOC member read from a layer (its size is known from the footer,
+so a larger one is refused before it is fetched)."""
+MAX_TOC_JSON_BYTES = 16 << 20
+"""Largest TOC document inflated and parsed (about 60,000 entries): parsing JSON costs
+about ten times its size in memory, so a larger TOC is refused while it inflates,
+before ``json`` sees it."""
 _KINDS = {
     "reg": index.FILE,
     "dir": index.DIR,
@@ -113,20 +124,11 @@ def read_toc(puller: Puller, ref: Reference, desc: Descriptor) -> tuple[list[dic
     toc_offset = parse_footer(footer)
     if not 0 <= toc_offset < desc.size - FOOTER_SIZE:
         raise errors.InvalidArgument(f"layer {desc.digest}: TOC offset out of range")
-    if desc.size - FOOTER_SIZE - toc_offset > MAX_TOC_BYTES:
-        raise errors.ResourceExhausted(f"layer {desc.digest}: TOC larger than {MAX_TOC_BYTES}")
+    compressed = desc.size - FOOTER_SIZE - toc_offset
+    if compressed > MAX_TOC_BYTES:
+        raise too_large_toc(desc, f"{compressed} bytes compressed", MAX_TOC_BYTES)
     member = fetch_range(puller, ref, desc.digest, toc_offset, desc.size - FOOTER_SIZE)
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    plain = inflater.decompress(member, MAX_TOC_BYTES + 4096)
-    if inflater.unconsumed_tail:
-        raise errors.ResourceExhausted(f"layer {desc.digest}: TOC inflates past the budget")
-    with tarfile.open(fileobj=io.BytesIO(plain), mode="r:") as tar:
-        info = tar.next()
-        if info is None or info.name != TOC_NAME:
-            raise errors.InvalidArgument(f"layer {desc.digest}: no {TOC_NAME} at the TOC offset")
-        handle = tar.extractfile(info)
-        assert handle is not None
-        toc = handle.read()
+    toc = _toc_document(desc, member)
     expected = desc.annotations[TOC_DIGEST_ANNOTATION]
     actual = digests.Digester.for_digest(digests.check(expected, what="TOC digest"))
     actual.update(toc)
@@ -135,11 +137,56 @@ def read_toc(puller: Puller, ref: Reference, desc: Descriptor) -> tuple[list[dic
             f"layer {desc.digest}: its TOC hashes to {actual.digest()}, the manifest says "
             f"{expected}; re-push the image"
         )
-    doc = json.loads(toc)
+    try:
+        doc = json.loads(toc)
+    except (ValueError, RecursionError) as exc:
+        raise errors.InvalidArgument(
+            f"layer {desc.digest}: its TOC is not a JSON document ({type(exc).__name__}); "
+            "rebuild the image"
+        ) from None
     entries = doc.get("entries") if isinstance(doc, dict) else None
     if not isinstance(entries, list):
         raise errors.InvalidArgument(f"layer {desc.digest}: TOC has no entries list")
     return entries, toc_offset
+
+
+def too_large_toc(desc: Descriptor, size: str, cap: int) -> errors.FailedPrecondition:
+    return errors.FailedPrecondition(
+        f"layer {desc.digest}: its eStargz table of contents is {size}, more than the "
+        f"{cap >> 20} MiB this plugin reads for lazy fetching; rebuild the image without "
+        "--estargz, or with fewer files per layer"
+    )
+
+
+def _toc_document(desc: Descriptor, member: bytes) -> bytes:
+    """The TOC's bytes from its gzip member (a tar holding one file), inflated within
+    :data:`MAX_TOC_JSON_BYTES` plus room for tar headers; refused before it is parsed."""
+    room = MAX_TOC_JSON_BYTES + 3 * tarfile.BLOCKSIZE
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        plain = inflater.decompress(member, room)
+    except zlib.error as exc:
+        raise errors.InvalidArgument(
+            f"layer {desc.digest}: the TOC member is not gzip data ({exc})"
+        ) from None
+    if inflater.unconsumed_tail:
+        raise too_large_toc(desc, f"more than {room} bytes inflated", MAX_TOC_JSON_BYTES)
+    try:
+        with tarfile.open(fileobj=io.BytesIO(plain), mode="r:") as tar:
+            info = tar.next()
+            if info is None or info.name != TOC_NAME or not info.isreg():
+                raise errors.InvalidArgument(
+                    f"layer {desc.digest}: no {TOC_NAME} at the TOC offset"
+                )
+            if info.size > MAX_TOC_JSON_BYTES:
+                raise too_large_toc(desc, f"{info.size} bytes", MAX_TOC_JSON_BYTES)
+            handle = tar.extractfile(info)
+            assert handle is not None
+            return handle.read()
+    except tarfile.TarError as exc:
+        raise errors.InvalidArgument(
+            f"layer {desc.digest}: the TOC member is not a tar archive ({exc})"
+        ) from None
 
 
 def index_layers(
@@ -149,8 +196,14 @@ def index_layers(
     spans: dict[str, list[int]] = {}
     for number, desc in enumerate(layers):
         entries, toc_offset = read_toc(puller, ref, desc)
-        starts = sorted({int(e.get("offset", 0)) for e in entries if e.get("offset")})
-        following = dict(zip(starts, [*starts[1:], toc_offset], strict=True))
+        try:
+            starts = sorted({int(e["offset"]) for e in entries if e.get("offset")})
+        except (AttributeError, ValueError, TypeError) as exc:
+            raise errors.InvalidArgument(
+                f"layer {desc.digest}: TOC entries are malformed ({exc!r})"
+            ) from None
+        # Each member ends where the next begins; the last one where the TOC does.
+        following = dict(zip(starts, [*starts[1:], toc_offset], strict=False))
         builder.begin_layer()
         last_file: dict[str, Any] | None = None
         for entry in entries:
@@ -195,16 +248,31 @@ def index_layers(
 
 
 class LazyFetcher:
-    """Delivers files of lazily indexed trees into the file store (``fs.Fetcher``)."""
+    """Delivers files of lazily indexed trees into the file store (``fs.Fetcher``).
 
-    def __init__(self, files: FileStore, lazy_dir: Path, puller: Callable[[str], Puller]) -> None:
+    A failure is never remembered as content: a fetch that fails stores nothing and
+    the next read asks the registry again; a completion that fails marks the tree in
+    :attr:`broken` (for the log and the image cache, which starts it again on the
+    next publish) and leaves every file it could not verify out of the store.
+    """
+
+    def __init__(
+        self,
+        files: FileStore,
+        lazy_dir: Path,
+        puller: Callable[[str], Puller],
+        *,
+        limits: members.Limits | None = None,
+    ) -> None:
         self.files = files
         self.lazy_dir = lazy_dir
         self.lazy_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._puller = puller  # tree name → a puller with the credentials it was published with
+        self.limits = limits or members.Limits()
         self._plans: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
-        self.broken: set[str] = set()
+        self._running: set[str] = set()
+        self.broken: set[str] = set()  # trees whose last completion failed
 
     def plan_path(self, tree: str) -> Path:
         return self.lazy_dir / f"{tree}.json"
@@ -239,8 +307,11 @@ class LazyFetcher:
             return plan
 
     def fetch(self, tree: str, row: index.Row) -> None:
-        if tree in self.broken:
-            raise errors.DataLoss(f"tree {tree}: a layer did not match its digest")
+        """Store ``row``'s content, checked against its TOC digest and size as it enters."""
+        if row.size == 0:  # no bytes in any layer: the TOC's digest of nothing
+            with self.files.ingest(expect=row.digest, size=0):
+                pass
+            return
         plan = self._plan(tree)
         span = plan["files"].get(row.digest)
         if span is None:
@@ -253,38 +324,67 @@ class LazyFetcher:
             sink.write(_inflate_prefix(data, size))
 
     def complete(self, tree: str) -> None:
-        """Stream every layer in full (digest-checked) and store the files still missing."""
+        """Stream every layer in full (digest-checked) and store the files still missing.
+
+        Only files the TOC lists are stored; every member counts against the unpack
+        budgets (bytes, files, depth), as in bind mode. One completion per tree at a
+        time; on failure the tree is marked :attr:`broken` until one succeeds.
+        """
+        with self._lock:
+            if tree in self._running:
+                return
+            self._running.add(tree)
+        try:
+            failure = self._complete(tree)
+        finally:
+            with self._lock:
+                self._running.discard(tree)
+        with self._lock:
+            if failure is None:
+                self.broken.discard(tree)
+            else:
+                self.broken.add(tree)
+        if failure is not None:
+            log.error("msg=%r tree=%s error=%r", "completing a lazy tree failed", tree, failure)
+
+    def _complete(self, tree: str) -> str | None:
         plan = self._plan(tree)
         ref = Reference.parse(plan["image"])
         puller = self._puller(tree)
-        wanted = set(plan["files"])
+        listed: dict[str, int] = {digest: span[3] for digest, span in plan["files"].items()}
+        sizes = set(listed.values())
+        wanted = {d for d in listed if not self.files.has(d)}
+        stats = members.ExtractStats()
+        image = str(ref)
         try:
             for layer in plan["layers"]:
                 desc = Descriptor(layer["mediaType"], layer["digest"], layer["size"])
                 source = _stream(puller, ref, desc)
                 with layerio.open_tar_stream(
                     layerio.Layer(Path(desc.digest), desc.media_type, desc.digest, source),
-                    limit=1 << 40,
-                    image=str(ref),
+                    limit=self.limits.stream_bytes,
+                    image=image,
                 ) as tar:
                     for member in tar:
-                        if not member.isreg():
-                            continue
-                        with self.files.ingest(durable=False) as sink:
+                        stats.charge(member.size if member.isreg() else 0, self.limits, image)
+                        with contextlib.suppress(members.Refused):
+                            members.check_entry(
+                                member.name, limits=self.limits, image=image, stats=stats
+                            )
+                        if not member.isreg() or member.size not in sizes:
+                            continue  # not a file the TOC lists: never stored
+                        with self.files.ingest(durable=False, accept=listed.__contains__) as sink:
                             unpack._copy_data(tar, member, sink)
                         wanted.discard(sink.digest)
-        except errors.DataLoss as exc:
-            self.broken.add(tree)
-            log.error("msg=%r tree=%s error=%r", "layer does not match its digest", tree, exc)
-            return
+        except errors.RukpakError as exc:
+            return exc.message
+        except Exception as exc:  # an unreadable layer: the tree stays as fetched so far
+            return repr(exc)
         self.files.sync()
         if wanted:
-            log.error(
-                "msg=%r tree=%s missing=%d", "layers lack files the TOC lists", tree, len(wanted)
-            )
-            self.broken.add(tree)
-            return
+            return f"the layers lack {len(wanted)} files the TOC lists"
         log.info("msg=%r tree=%s image=%s", "lazy tree complete, layers verified", tree, ref)
+        return None
 
 
 @functools.lru_cache(maxsize=256)  # a layer's entries mostly share one modtime

@@ -30,7 +30,7 @@ from csi.fuse.images import FuseImages
 from csi.fuse.publisher import FusePublisher
 from csi.fuse.session import HolderClient, Session, spawn_holder, wait_for_socket
 from rukpak.common import errors
-from rukpak.image import extract
+from rukpak.image import extract, grants
 from rukpak.image.seams import PullerFactory
 
 log = logging.getLogger(__name__)
@@ -50,11 +50,18 @@ class FuseService:
         holder_socket: Path | None = None,
         mountpoint: Path | None = None,
         budget_bytes: int = 10 * 1024**3,
+        auth_ttl: float = grants.DEFAULT_TTL,
+        shared_grants: grants.Grants | None = None,
     ) -> None:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.root = root
         self.images = FuseImages(
-            root / "store", puller_factory=puller_factory, limits=limits, budget_bytes=budget_bytes
+            root / "store",
+            puller_factory=puller_factory,
+            limits=limits,
+            budget_bytes=budget_bytes,
+            auth_ttl=auth_ttl,
+            shared_grants=shared_grants,
         )
         self.trees = fs.Trees(self.images.trees_dir, root / "slots.json")
         self.images.on_forget.append(self.trees.forget)

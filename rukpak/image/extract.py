@@ -46,9 +46,8 @@ import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from rukpak.common import errors
 from rukpak.image import members, tree
-from rukpak.image.layerio import Layer, compression_of, shown
+from rukpak.image.layerio import Layer, compression_of
 from rukpak.image.members import (
     OPAQUE_MARKER,
     WHITEOUT_PREFIX,
@@ -199,12 +198,11 @@ class _Tree:
     def apply_member(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
         # Every header counts against the entry budget, even refused ones and whiteouts.
         self.stats.charge(member.size if member.isreg() else 0, self.limits, self.image)
-        parts = split_name(member.name)
+        parts = members.check_entry(
+            member.name, limits=self.limits, image=self.image, stats=self.stats
+        )
         if not parts:
             return  # the root itself ("./"): keep our own root
-        self.check_shape(member.name, parts)
-        if member.name.startswith("/"):
-            self.stats.warn(f"{shown(member.name)!r}: leading '/' removed (absolute path)")
         if parts[-1].startswith(WHITEOUT_PREFIX):
             self.whiteout(parts)
             return
@@ -231,16 +229,6 @@ class _Tree:
             if exc.errno in (errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EEXIST):
                 raise Refused(os.strerror(exc.errno)) from None
             raise
-
-    def check_shape(self, name: str, parts: tuple[str, ...]) -> None:
-        """Refuse (the whole layer) a path deeper or longer than the limits allow."""
-        limits = self.limits
-        if len(parts) > limits.max_depth or len(name.encode()) > limits.max_path_bytes:
-            raise errors.InvalidArgument(
-                f"image {self.image}: entry {shown(name)!r} has {len(parts)} components and "
-                f"{len(name.encode())} bytes; at most {limits.max_depth} and "
-                f"{limits.max_path_bytes} are allowed: rebuild the image with shallower paths"
-            )
 
     def make_dir(self, base: str, dir_fd: int) -> None:
         try:

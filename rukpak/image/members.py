@@ -3,9 +3,11 @@
 Where it sits: under ``rukpak.image.extract`` (bind mode: members become files of a
 staging tree) and ``csi.fuse.index`` (FUSE mode: members become entries of an
 index), so both apply the same budgets (``Limits``), the same path rules
-(``split_name`` refuses ``..``), the same symlink rewriting (``safe_symlink_target``)
-and the same read-only modes (``final_mode``). ``Refused`` marks an entry that
-is skipped and reported, not a failure of the layer.
+(``split_name`` refuses ``..``), the same symlink rewriting (``safe_symlink_target``),
+the same read-only modes (``final_mode``) and one check of every entry's path
+(``check_entry``: ``..`` refused, depth and length within ``Limits``, a leading
+``/`` stripped and reported). ``Refused`` marks an entry that is skipped and
+reported, not a failure of the layer.
 """
 
 from __future__ import annotations
@@ -88,6 +90,27 @@ def split_name(name: str) -> tuple[str, ...]:
     if ".." in split:
         raise Refused("path contains '..'")
     return tuple(split)
+
+
+def check_entry(name: str, *, limits: Limits, image: str, stats: ExtractStats) -> tuple[str, ...]:
+    """The one check of an entry's path, for every extractor: its components.
+
+    ``..`` is :class:`Refused` (the entry is skipped); a path deeper or longer than
+    ``limits`` refuses the whole layer (InvalidArgument naming the entry), before any
+    work proportional to its depth; a leading ``/`` is stripped (as GNU tar does) and
+    reported in ``stats``. An empty result is the root itself (``./``).
+    """
+    parts = split_name(name)
+    size = len(name.encode(errors="surrogateescape"))
+    if len(parts) > limits.max_depth or size > limits.max_path_bytes:
+        raise errors.InvalidArgument(
+            f"image {image}: entry {shown(name)!r} has {len(parts)} components and "
+            f"{size} bytes; at most {limits.max_depth} and {limits.max_path_bytes} are "
+            "allowed: rebuild the image with shallower paths"
+        )
+    if parts and name.startswith("/"):
+        stats.warn(f"{shown(name)!r}: leading '/' removed (absolute path)")
+    return parts
 
 
 def safe_symlink_target(parts: tuple[str, ...], target: str) -> str:
