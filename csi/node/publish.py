@@ -59,7 +59,8 @@ PUBLISH_DEADLINE = 90.0
 PUBLISH_SLOTS = 8
 """Publishes that fetch at once; others wait for a slot, within their deadline."""
 CLIENT_MARGIN = 5.0
-"""Seconds kept for the answer to reach a client whose own deadline comes first."""
+"""Seconds (at most a tenth of its own) kept for the answer to reach a client whose own
+deadline comes first."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,8 @@ class Publisher:
         client (kubelet: 2 minutes) will stop waiting before that."""
         seconds = self.deadline_seconds
         if client_seconds is not None:
-            seconds = max(0.0, min(seconds, client_seconds - CLIENT_MARGIN))
+            margin = min(CLIENT_MARGIN, client_seconds / 10)
+            seconds = max(0.0, min(seconds, client_seconds - margin))
         return Deadline.after(seconds, what="the publish deadline (--publish-deadline)")
 
     @contextlib.contextmanager
