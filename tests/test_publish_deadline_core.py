@@ -6,6 +6,8 @@ Elapsed times are asserted only as upper bounds derived from the deadline given.
 
 from __future__ import annotations
 
+import subprocess
+import tarfile
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +26,8 @@ from rukpak.oci.client import RegistryClient
 from rukpak.oci.reference import Reference
 from rukpak.sources import git, http
 from rukpak.sources.volume import FetchSource, VolumeSource
+from tests.csi_helpers import free_port, terminate
+from tests.source_servers import make_repo
 from tests.test_publish_deadline import COMMIT, MARGIN, PIN, SilentServer, silent_server
 
 
@@ -232,3 +236,42 @@ def test_fetch_sources_get_the_publish_deadline(silent: SilentServer, tmp_path: 
     )
     with pytest.raises(errors.DeadlineExceeded, match="publish deadline"):
         publisher.publish(request)
+
+
+# --- git:// with timeouts still speaks git -------------------------------------------------
+
+
+@pytest.fixture
+def git_daemon(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """``git daemon`` on a free loopback port serving one repository: (URL, commit)."""
+    root = tmp_path / "served"
+    head = make_repo(root / "bundle", {"manifests/cm.yaml": "kind: ConfigMap\n"})
+    port = free_port()
+    proc = subprocess.Popen(
+        ["git", "daemon", "--verbose", "--export-all", "--reuseaddr", f"--base-path={root}",
+         "--listen=127.0.0.1", f"--port={port}", str(root)],
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        assert b"Ready to rumble" in proc.stderr.readline()
+        yield f"git://127.0.0.1:{port}/bundle", head
+    finally:
+        terminate(proc)
+
+
+def test_a_git_protocol_fetch_under_a_deadline_gets_the_commit(
+    git_daemon: tuple[str, str], tmp_path: Path
+) -> None:
+    url, head = git_daemon
+    deadline = Deadline.after(60)
+    assert git.resolve(url, {"branch": "main"}, deadline=deadline) == head
+    repo = git.fetch_commit(url, head, tmp_path / "repo", deadline=deadline)
+    try:
+        git.write_tar(
+            repo, head, (), tmp_path / "b.tar", repository=url, max_bytes=1 << 20, max_entries=10
+        )
+    finally:
+        repo.close()
+    with tarfile.open(tmp_path / "b.tar") as tar:
+        assert "manifests/cm.yaml" in tar.getnames()

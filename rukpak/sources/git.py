@@ -227,7 +227,9 @@ def _client(
             repository, pool_manager=pool, username=username, password=password, quiet=True
         )
         return client, parts.path
-    if parts.scheme == "git" and parts.hostname:
+    if parts.scheme == "git":
+        if not parts.hostname:
+            raise errors.InvalidArgument(f"git repository {display(repository)!r} names no host")
         tcp = _TimedTCPGitClient(
             parts.hostname, parts.port, deadline=deadline, read_timeout=read_timeout
         )
@@ -283,13 +285,15 @@ def _unanswered(
 ) -> errors.RukpakError:
     """A remote that failed to answer: out of time, silent, or broken."""
     text = str(exc)[:300]
+    timed_out = isinstance(exc, urllib3.exceptions.TimeoutError | TimeoutError) or (
+        "timed out" in text.lower() or "timeout" in text.lower()
+    )
     if deadline is not None and deadline.expired():
-        return deadline.exceeded(
-            f"{what} git repository {display(repository)}", detail=text or type(exc).__name__
-        )
+        detail = "no answer" if timed_out else (text or type(exc).__name__)
+        return deadline.exceeded(f"{what} git repository {display(repository)}", detail=detail)
     if isinstance(exc, urllib3.exceptions.TimeoutError | TimeoutError):
         return _NoAnswer(f"{what} {repository}: no answer in time")
-    if "timed out" in text.lower() or "timeout" in text.lower():
+    if timed_out:
         return _NoAnswer(f"{what} {repository}: no answer in time: {text}")
     return errors.Unavailable(f"{what} {repository}: {text or type(exc).__name__}")
 
