@@ -48,4 +48,7 @@ class IdentityServicer(csi_pb2_grpc.IdentityServicer):
     def Probe(
         self, request: csi_pb2.ProbeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.ProbeResponse:
+        """Answers from memory: no lock, no I/O. It runs on a thread of its own
+        (``csi.plugin.main.RPC_THREADS``), so publishes waiting on silent servers never
+        hold it up, nor kubelet's liveness probe (``/healthz``) behind it."""
         return csi_pb2.ProbeResponse(ready=wrappers_pb2.BoolValue(value=self.ready()))

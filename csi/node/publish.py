@@ -14,6 +14,16 @@ Idempotency, as CSI demands:
 Safety: targets must lie strictly inside the configured kubelet directory
 (after resolving symlinks in their parent) and must not themselves be symlinks;
 nothing is mounted or removed anywhere else.
+
+Time: every publish has one deadline (``--publish-deadline``, at most what the
+client's own deadline leaves), for every source and both modes, retries included.
+It bounds the wait for a publish slot (at most ``PUBLISH_SLOTS`` publishes fetch at
+once), is handed to the source fetchers and is in force
+(``rukpak.common.backoff.within``) for the registry client the image cache and the
+FUSE publisher create, which derive their timeouts and backoff from what remains of
+it. When it passes, the publish answers DEADLINE_EXCEEDED naming the server: kubelet
+(which gives up on its own after 2 minutes) shows that message in the pod's events,
+treats the volume as possibly in progress and calls again later.
 """
 
 from __future__ import annotations
@@ -22,12 +32,15 @@ import contextlib
 import errno
 import logging
 import os
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from csi import mounter as mounts
-from rukpak.common import errors
+from rukpak.common import backoff, errors
+from rukpak.common.backoff import Deadline
 from rukpak.image.cache import ImageCache
 from rukpak.image.cachestate import Holder
 from rukpak.image.locks import KeyedLocks
@@ -40,6 +53,14 @@ if TYPE_CHECKING:
     from csi.fuse.publisher import FusePublisher
 
 log = logging.getLogger(__name__)
+
+PUBLISH_DEADLINE = 90.0
+"""Seconds a publish may take by default, retries included (kubelet waits 2 minutes)."""
+PUBLISH_SLOTS = 8
+"""Publishes that fetch at once; others wait for a slot, within their deadline."""
+CLIENT_MARGIN = 5.0
+"""Seconds (at most a tenth of its own) kept for the answer to reach a client whose own
+deadline comes first."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +84,8 @@ class Publisher:
         fuse: FusePublisher | None = None,
         default_mode: str = "bind",
         sources: SourceCache | None = None,
+        deadline: float = PUBLISH_DEADLINE,
+        slots: int = PUBLISH_SLOTS,
     ) -> None:
         self.images = images
         self.sources = sources or SourceCache(images)  # git and http volumes
@@ -71,7 +94,33 @@ class Publisher:
         self.platform = platform or Platform.current()
         self.fuse = fuse  # publishMode fuse (csi.fuse.publisher); None: FUSE mode is off
         self.default_mode = default_mode
+        self.deadline_seconds = deadline
+        self.slots = slots
+        self._slots = threading.BoundedSemaphore(slots)
         self._locks = KeyedLocks()
+
+    def deadline(self, client_seconds: float | None = None) -> Deadline:
+        """A new publish's deadline: ``--publish-deadline`` from now, or sooner when the
+        client (kubelet: 2 minutes) will stop waiting before that."""
+        seconds = self.deadline_seconds
+        if client_seconds is not None:
+            margin = min(CLIENT_MARGIN, client_seconds / 10)
+            seconds = max(0.0, min(seconds, client_seconds - margin))
+        return Deadline.after(seconds, what="the publish deadline (--publish-deadline)")
+
+    @contextlib.contextmanager
+    def _slot(self, deadline: Deadline, what: str) -> Iterator[None]:
+        """One of the ``slots`` publishes that may fetch at once, waited for until the
+        deadline."""
+        if not self._slots.acquire(timeout=deadline.remaining()):
+            raise deadline.exceeded(
+                f"publishing {what}",
+                detail=f"waiting for one of the {self.slots} publishes in progress to finish",
+            )
+        try:
+            yield
+        finally:
+            self._slots.release()
 
     def check_target(self, target_path: str) -> Path:
         """The real path to mount on; InvalidArgument unless strictly inside the kubelet dir."""
@@ -96,27 +145,37 @@ class Publisher:
             raise errors.InvalidArgument(f"target_path {target_path!r} is a symlink")
         return real
 
-    def publish(self, req: PublishRequest) -> Path:
-        """Bind-mount the image tree read-only on the target; returns the tree. Idempotent."""
+    def publish(self, req: PublishRequest, *, deadline: Deadline | None = None) -> Path:
+        """Bind-mount the image tree read-only on the target; returns the tree. Idempotent.
+
+        DeadlineExceeded, naming the server, when ``deadline`` (default: :meth:`deadline`)
+        passes first.
+        """
+        deadline = deadline or self.deadline()
         target = self.check_target(req.target_path)
+        with backoff.within(deadline):
+            return self._publish(req, target, deadline)
+
+    def _publish(self, req: PublishRequest, target: Path, deadline: Deadline) -> Path:
         key = str(target)
         with self._locks.hold(key):
             if req.source.fetch is not None:
-                return self._publish_fetched(req, target)
+                return self._publish_fetched(req, target, deadline)
             if (req.source.publish_mode or self.default_mode) == "fuse":
                 if self.fuse is None:
                     raise errors.FailedPrecondition(
                         "publishMode fuse is not enabled on this node: start the plugin with "
                         "--fuse, or use publishMode bind"
                     )
-                return self.fuse.publish(
-                    target=target,
-                    volume_id=req.volume_id,
-                    source=req.source,
-                    platform=self.platform,
-                    credentials=req.credentials,
-                    mounter=self.mounter,
-                )
+                with self._slot(deadline, req.source.image):
+                    return self.fuse.publish(
+                        target=target,
+                        volume_id=req.volume_id,
+                        source=req.source,
+                        platform=self.platform,
+                        credentials=req.credentials,
+                        mounter=self.mounter,
+                    )
             current = mounts.find_on(self.mounter, target)
             if current is not None:
                 known = self.images.holders().get(key)
@@ -139,13 +198,14 @@ class Publisher:
                         f"{known.image}; unpublish it first"
                     )
             holder = Holder(target=key, volume_id=req.volume_id, image=req.source.image)
-            unpacked = self.images.ensure(
-                req.source.image,
-                platform=req.source.platform or self.platform,
-                pull_policy=req.source.pull_policy,
-                credentials=req.credentials,
-                holder=holder,
-            )
+            with self._slot(deadline, req.source.image):
+                unpacked = self.images.ensure(
+                    req.source.image,
+                    platform=req.source.platform or self.platform,
+                    pull_policy=req.source.pull_policy,
+                    credentials=req.credentials,
+                    holder=holder,
+                )
             if current is not None:
                 # Mounted, but its volume was not recorded (state lost): same tree → OK.
                 if current.root.rstrip("/").endswith("/" + unpacked.path.name):
@@ -178,7 +238,7 @@ class Publisher:
             self.images.release(str(target))
             raise
 
-    def _publish_fetched(self, req: PublishRequest, target: Path) -> Path:
+    def _publish_fetched(self, req: PublishRequest, target: Path, deadline: Deadline) -> Path:
         """Publish a git or http volume (always a bind mount of its tree). Idempotent."""
         assert req.source.fetch is not None
         key = str(target)
@@ -191,7 +251,8 @@ class Publisher:
             raise errors.AlreadyExists(
                 f"target {key} already holds other content; unpublish it first"
             )
-        unpacked = self.sources.ensure(req.source.fetch, holder=holder)
+        with self._slot(deadline, req.source.fetch.label()):
+            unpacked = self.sources.ensure(req.source.fetch, holder=holder, deadline=deadline)
         self._bind(unpacked.path, target)
         log.info(
             "msg=%r target=%s volume_id=%s source=%s cache_hit=%s",

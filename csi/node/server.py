@@ -5,6 +5,9 @@ Each RPC validates its request, calls the publish core with plain dataclasses
 and builds the response; errors are ``rukpak.common.errors`` values turned into gRPC
 statuses by ``csi.rpc.errors.rpc``. NodeStage/NodeUnstage are not advertised
 and answer UNIMPLEMENTED (inherited from the generated base class).
+
+NodePublishVolume's deadline starts when the request arrives: ``--publish-deadline``,
+or less when the client's own gRPC deadline (kubelet's 2 minutes) comes sooner.
 """
 
 from __future__ import annotations
@@ -48,13 +51,15 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         access.check(request.volume_capability)
         secrets = dict(request.secrets)
         source = VolumeSource.from_attributes(dict(request.volume_context)).with_secrets(secrets)
+        deadline = self.publisher.deadline(context.time_remaining())
         self.publisher.publish(
             PublishRequest(
                 volume_id=request.volume_id,
                 target_path=request.target_path,
                 source=source,
                 credentials=credentials_from_secrets(secrets, source),
-            )
+            ),
+            deadline=deadline,
         )
         return csi_pb2.NodePublishVolumeResponse()
 

@@ -11,6 +11,12 @@ SIGINT it stops the gRPC servers with a grace period.
 
 Flags fall back to environment variables (``CSI_ENDPOINT``, ``NODE_ID`` or
 ``KUBE_NODE_NAME``, ...) so a DaemonSet can set either.
+
+Each gRPC server runs an RPC on a thread of its own (``RPC_THREADS`` at most, started
+as needed): a publish waiting on a silent server must never keep Identity.Probe, and
+with it kubelet's liveness probe, queued behind it. How many publishes fetch at once is
+the publish core's business (``csi.node.publish.PUBLISH_SLOTS``), within each
+publish's deadline (``--publish-deadline``).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from csi.controller.server import ControllerServicer
 from csi.controller.volumes import VolumeRegistry
 from csi.mounter import Mounter
 from csi.node.identity import IdentityServicer
-from csi.node.publish import Publisher
+from csi.node.publish import PUBLISH_DEADLINE, Publisher
 from csi.node.registration import RegistrationServicer
 from csi.node.server import NodeServicer
 from csi.plugin import health, metrics
@@ -52,11 +58,23 @@ from rukpak.oci.client import RegistryClient
 log = logging.getLogger("csi.plugin")
 
 GRACE_SECONDS = 10.0
+RPC_THREADS = 256  # far above the calls kubelet has in flight: one per volume operation
 _SIZE = re.compile(r"^(\d+)([KMGT]i?)?$")
 _UNITS = {
     None: 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
 }  # fmt: skip
+
+
+def parse_seconds(text: str) -> float:
+    """A positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
 
 
 def parse_size(text: str) -> int:
@@ -129,6 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a registry read may stall before failing (connects: at most 5)",
     )
     p.add_argument(
+        "--publish-deadline",
+        type=parse_seconds,
+        default=parse_seconds(env("PUBLISH_DEADLINE", str(PUBLISH_DEADLINE))),
+        help="seconds a NodePublishVolume may take, retries included, before it answers "
+        "DEADLINE_EXCEEDED naming the server; keep it under kubelet's 2 minutes "
+        "(env PUBLISH_DEADLINE)",
+    )
+    p.add_argument(
         "--durable-commit",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -187,7 +213,9 @@ def remove_stale_socket(path: Path) -> None:
 def serve_unix(path: Path, servicers: Sequence[tuple[object, object]]) -> grpc.Server:
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_socket(path)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="rpc"))
+    # A thread per RPC in flight (an idle one is reused): see the module docstring.
+    threads = futures.ThreadPoolExecutor(max_workers=RPC_THREADS, thread_name_prefix="rpc")
+    server = grpc.server(threads)
     for add, servicer in servicers:
         add(servicer, server)  # type: ignore[operator]
     server.add_insecure_port(f"unix://{path}")
@@ -236,6 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             kubelet_dir=args.kubelet_dir,
             fuse=fuse.publisher if fuse else None,
             default_mode=args.publish_mode,
+            deadline=args.publish_deadline,
         )
         publisher.reconcile()
     except errors.RukpakError as exc:

@@ -10,7 +10,10 @@ NotFound, Unauthenticated, PermissionDenied, Unavailable, InvalidArgument
 match its digest).
 
 One client may be shared by threads; it keeps one connection pool and one
-token cache per process.
+token cache per process. Under a deadline (``rukpak.common.backoff.within``) every
+request, every retry of a broken download and every read of a streaming blob stops
+when it passes (DeadlineExceeded naming the registry); the deadline in force when a
+download or stream starts goes with it, even into the threads that read it.
 """
 
 from __future__ import annotations
@@ -141,12 +144,19 @@ class RegistryClient:
         one; a mismatch is DataLoss.
         """
         target = transport.image_target(ref)
+        deadline = backoff.current()
         response = self.transport.request(
             "GET", target, _manifest_path(ref), headers={"Accept": _MANIFEST_ACCEPT}, stream=True
         )
         self.transport.check(response, target, ok=(200,))
         with response:
-            body = _read_capped(response, MANIFEST_MAX, f"manifest of {ref}")
+            body = _read_capped(
+                response,
+                MANIFEST_MAX,
+                f"manifest of {ref}",
+                deadline=deadline,
+                doing=self.transport.doing(target),
+            )
             sent = response.headers.get("Docker-Content-Digest", "")
             content_type = _base_type(response.headers.get("Content-Type", ""))
         expected = ref.digest or (sent if digests.is_valid(sent) else "")
@@ -250,6 +260,8 @@ class RegistryClient:
         """
         digests.check(desc.digest, what=f"blob of {ref.name}")
         target = transport.blob_target(ref, desc.digest)
+        deadline = backoff.current()
+        doing = self.transport.doing(target)
 
         def download() -> None:
             response = self.transport.request(
@@ -258,7 +270,7 @@ class RegistryClient:
             self.transport.check(response, target, ok=(200,))
             with response:
                 blobio.write_atomically(
-                    _chunks(response, target),
+                    _chunks(response, target, deadline, doing),
                     dest,
                     digest=desc.digest,
                     size=desc.size,
@@ -272,6 +284,7 @@ class RegistryClient:
             backoff=self.transport.backoff,
             retryable=lambda err: isinstance(err, _StreamBroken),
             sleep=self.transport.sleep,
+            deadline=deadline,
         )
 
     @contextlib.contextmanager
@@ -284,13 +297,14 @@ class RegistryClient:
         """
         digests.check(desc.digest, what=f"blob of {ref.name}")
         target = transport.blob_target(ref, desc.digest)
+        deadline = backoff.current()
         response = self.transport.request(
             "GET", target, f"/v2/{ref.repository}/blobs/{desc.digest}", stream=True
         )
         self.transport.check(response, target, ok=(200,))
         with response:
             reader = blobio.VerifyingReader(
-                _NetworkReader(response, target),
+                _NetworkReader(response, target, deadline, self.transport.doing(target)),
                 digest=desc.digest,
                 size=desc.size,
                 subject=f"blob {desc.digest} of {ref.name}",
@@ -318,17 +332,28 @@ def _media_type_of(content_type: str, body: bytes) -> str:
     return declared if isinstance(declared, str) and declared else content_type
 
 
-def _read_capped(response: requests.Response, limit: int, subject: str) -> bytes:
+def _read_capped(
+    response: requests.Response,
+    limit: int,
+    subject: str,
+    *,
+    deadline: backoff.Deadline | None = None,
+    doing: str = "",
+) -> bytes:
     length = response.headers.get("Content-Length", "")
     if length.isdigit() and int(length) > limit:
         raise errors.InvalidArgument(f"{subject} is {length} bytes; the limit is {limit}")
     data = bytearray()
     try:
         for chunk in response.iter_content(64 << 10):
+            if deadline is not None:
+                deadline.check(doing)
             data += chunk
             if len(data) > limit:
                 raise errors.InvalidArgument(f"{subject} is larger than the {limit}-byte limit")
     except requests.RequestException as exc:
+        if deadline is not None and deadline.expired():
+            raise deadline.exceeded(doing, detail="reading the manifest") from None
         raise errors.Unavailable(f"{subject}: the connection broke while reading: {exc}") from None
     return bytes(data)
 
@@ -337,28 +362,54 @@ class _StreamBroken(errors.Unavailable):
     """The connection broke while content was streaming (worth retrying)."""
 
 
-def _chunks(response: requests.Response, target: transport.Target) -> Iterator[bytes]:
+def _chunks(
+    response: requests.Response,
+    target: transport.Target,
+    deadline: backoff.Deadline | None,
+    doing: str,
+) -> Iterator[bytes]:
     try:
-        yield from response.raw.stream(CHUNK, decode_content=False)
+        for chunk in response.raw.stream(CHUNK, decode_content=False):
+            if deadline is not None:
+                deadline.check(doing)
+            yield chunk
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-        raise _broken(target, exc) from None
+        raise _broken(target, exc, deadline, doing) from None
 
 
 class _NetworkReader:
-    """``response.raw`` whose network failures become :class:`_StreamBroken`."""
+    """``response.raw`` whose network failures become :class:`_StreamBroken`, read until
+    ``deadline`` (captured where the stream opened: the reader may be another thread)."""
 
-    def __init__(self, response: requests.Response, target: transport.Target) -> None:
+    def __init__(
+        self,
+        response: requests.Response,
+        target: transport.Target,
+        deadline: backoff.Deadline | None = None,
+        doing: str = "",
+    ) -> None:
         self._raw = response.raw
         self._target = target
+        self._deadline = deadline
+        self._doing = doing
 
     def read(self, size: int = -1, /) -> bytes:
+        if self._deadline is not None:
+            self._deadline.check(self._doing)
         try:
             return cast(bytes, self._raw.read(size, decode_content=False))
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-            raise _broken(self._target, exc) from None
+            raise _broken(self._target, exc, self._deadline, self._doing) from None
 
 
-def _broken(target: transport.Target, exc: BaseException) -> _StreamBroken:
+def _broken(
+    target: transport.Target,
+    exc: BaseException,
+    deadline: backoff.Deadline | None = None,
+    doing: str = "",
+) -> errors.RukpakError:
+    if deadline is not None and deadline.expired():
+        return deadline.exceeded(doing, detail="the download stalled")
     return _StreamBroken(
         f"{target.subject}: the connection to registry {target.host} broke during the "
         f"download ({type(exc).__name__}); retry later"

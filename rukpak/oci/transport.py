@@ -8,6 +8,9 @@ builds API operations on :class:`Transport.request`, which
 - sets connect/read timeouts on every request and retries connection errors,
   429 and 5xx a bounded number of times with short exponential backoff, so a
   dead registry fails in seconds;
+- under a deadline (``rukpak.common.backoff.within``, one per NodePublishVolume),
+  derives each attempt's timeouts and each backoff delay from what remains of it
+  and answers DeadlineExceeded, naming the registry, once it has passed;
 - authenticates: basic credentials, or bearer tokens fetched per scope and
   cached (``rukpak.oci.auth``), answering a 401 challenge once;
 - never logs headers, credentials or tokens.
@@ -123,6 +126,7 @@ class Transport:
         self.credentials = credentials or auth.Credentials()
         self.insecure = frozenset(h.lower() for h in insecure)
         self.timeout = (min(timeout, 5.0) if connect_timeout is None else connect_timeout, timeout)
+        self.attempts = 1 + max(0, retries)
         self.retries = max(0, retries)
         self.backoff = Backoff(base=backoff, cap=MAX_BACKOFF)
         self.sleep = sleep
@@ -149,6 +153,17 @@ class Transport:
 
     def base_url(self, host: str) -> str:
         return f"{scheme_for(host, self.insecure)}://{host}"
+
+    def timeouts(self, deadline: backoff.Deadline | None) -> tuple[float, float]:
+        """(connect, read) timeouts of the next attempt: ours, cut to what the deadline
+        leaves."""
+        if deadline is None:
+            return self.timeout
+        return deadline.timeout(self.timeout[0]), deadline.timeout(self.timeout[1])
+
+    def doing(self, target: Target) -> str:
+        """What a request for ``target`` is, naming the registry, for deadline messages."""
+        return f"registry {target.host} at {self.base_url(target.host)}, fetching {target.subject}"
 
     def request(
         self,
@@ -199,8 +214,13 @@ class Transport:
             all_headers["Authorization"] = authorization
         attempts = 1 + (self.retries if retry else 0)
         retry_after = [0.0]
+        deadline = backoff.current()
+        made = [0]
+        if deadline is not None:
+            deadline.check(self.doing(target))
 
         def attempt() -> requests.Response:
+            made[0] += 1
             data = body() if callable(body) else body
             try:
                 response = self.session.request(
@@ -210,7 +230,7 @@ class Transport:
                     params=params,
                     data=data,
                     stream=stream,
-                    timeout=self.timeout,
+                    timeout=self.timeouts(deadline),
                     allow_redirects=True,
                     proxies=self._proxies(url),
                     verify=self.ca_bundle or True,
@@ -236,8 +256,9 @@ class Transport:
                 err.response.close()
 
         def pause(delay: float) -> None:
-            # The backoff, or the registry's Retry-After when longer (capped).
-            self.sleep(max(delay, retry_after[0]))
+            # The backoff, or the registry's Retry-After when longer (capped), within the deadline.
+            wait = max(delay, retry_after[0])
+            self.sleep(wait if deadline is None else min(wait, deadline.remaining()))
 
         try:
             return backoff.retry(
@@ -247,11 +268,17 @@ class Transport:
                 retryable=lambda err: isinstance(err, _Retry),
                 sleep=pause,
                 on_retry=on_retry,
+                deadline=deadline,
             )
         except _Retry as final:
             if final.response is not None:
                 return final.response  # a 5xx or 429 after the last retry: the caller maps it
             last_error = final.reason
+        if deadline is not None and (made[0] < attempts or deadline.expired()):
+            raise deadline.exceeded(
+                self.doing(target),
+                detail=f"{last_error}, after {made[0]} attempt{'s' if made[0] > 1 else ''}",
+            )
         raise errors.Unavailable(
             f"registry {target.host} at {self.base_url(target.host)} is unreachable: {last_error} "
             f"(after {attempts} attempt{'s' if attempts > 1 else ''}); {target.subject} could not "
@@ -311,16 +338,26 @@ class Transport:
                 f"registry {target.host} asks for credentials to be sent to {challenge.realm} "
                 "over plain HTTP; refusing. List that host as insecure only on a trusted network"
             )
-        token = auth.fetch_token(
-            self.session,
-            challenge,
-            target.scope,
-            credential,
-            timeout=self.timeout,
-            host=target.host,
-            proxies=self._proxies(challenge.realm),
-            verify=self.ca_bundle or True,
-        )
+        deadline = backoff.current()
+        try:
+            token = auth.fetch_token(
+                self.session,
+                challenge,
+                target.scope,
+                credential,
+                timeout=self.timeouts(deadline),
+                host=target.host,
+                proxies=self._proxies(challenge.realm),
+                verify=self.ca_bundle or True,
+            )
+        except errors.Unavailable as exc:
+            if deadline is not None and deadline.expired():
+                realm = _strip_query(challenge.realm)
+                raise deadline.exceeded(
+                    f"token server {realm} of registry {target.host}, authorizing {target.subject}",
+                    detail=exc.message,
+                ) from None
+            raise
         self.tokens.put((challenge.realm, challenge.service, target.scope), token)
         return f"Bearer {token.value}"
 

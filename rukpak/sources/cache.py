@@ -13,6 +13,8 @@ The key is the sha256 of (kind, location, pin, directory, credential fingerprint
 content fetched with a credential is only ever served to a volume presenting the
 same credential (``rukpak.sources.auth.fingerprint``); a request without it fetches
 on its own, and the server refuses it. Concurrent requests for one key fetch once.
+A ``deadline`` (one per NodePublishVolume) goes down to the fetcher, which derives
+its timeouts from it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 
 from rukpak.common import errors
+from rukpak.common.backoff import Deadline
 from rukpak.common.fsio import fsync_dir, syncfs, write_json_atomic
 from rukpak.image import extract, tree
 from rukpak.image.cache import SEALED, ImageCache, Unpacked
@@ -72,13 +75,22 @@ class SourceCache:
         self.read_timeout = read_timeout
         self._locks = KeyedLocks()
 
-    def ensure(self, source: FetchSource, *, holder: Holder | None = None) -> Unpacked:
-        """The tree of ``source``, fetched unless present; held by ``holder``. Idempotent."""
+    def ensure(
+        self,
+        source: FetchSource,
+        *,
+        holder: Holder | None = None,
+        deadline: Deadline | None = None,
+    ) -> Unpacked:
+        """The tree of ``source``, fetched unless present; held by ``holder``. Idempotent.
+
+        The fetch answers DeadlineExceeded, naming the server, once ``deadline`` has passed.
+        """
         digest = key_digest(source)
         with self._locks.hold(digest):
             hit = self.images.has_tree(digest)
             if not hit:
-                self._fetch(source, digest)
+                self._fetch(source, digest, deadline)
             with self.images.state.lock:
                 if not self.images.has_tree(digest):
                     raise errors.Aborted(f"{source.label()} was evicted while in use; retry")
@@ -89,7 +101,7 @@ class SourceCache:
                     self.images.state.save()
         return Unpacked(digest=digest, path=self.images.tree_path(digest), cache_hit=hit)
 
-    def _fetch(self, source: FetchSource, digest: str) -> None:
+    def _fetch(self, source: FetchSource, digest: str, deadline: Deadline | None) -> None:
         started = time.monotonic()
         hex_ = digest.removeprefix("sha256:")
         unpacked = self.images.unpacked_dir
@@ -97,7 +109,7 @@ class SourceCache:
         staging = unpacked / f"{hex_}.tmp-{secrets.token_hex(4)}"
         work.mkdir(mode=0o700)
         try:
-            archive, media_type, warnings = self._archive(source, work)
+            archive, media_type, warnings = self._archive(source, work, deadline)
             staging.mkdir(mode=0o755)
             stats = extract.extract_layers(
                 staging,
@@ -141,7 +153,9 @@ class SourceCache:
             stats.bytes,
         )
 
-    def _archive(self, source: FetchSource, work: Path) -> tuple[Path, str, list[str]]:
+    def _archive(
+        self, source: FetchSource, work: Path, deadline: Deadline | None
+    ) -> tuple[Path, str, list[str]]:
         """Fetch ``source`` into a tar archive in ``work``: (path, media type, warnings)."""
         archive = work / "content.tar"
         if source.kind == "git":
@@ -152,6 +166,7 @@ class SourceCache:
                 auth=source.auth,
                 insecure=source.insecure,
                 read_timeout=self.read_timeout,
+                deadline=deadline,
             )
             try:
                 directory = git.check_directory(source.directory, source.location)
@@ -174,6 +189,7 @@ class SourceCache:
             insecure=source.insecure,
             expect=source.pin,
             read_timeout=self.read_timeout,
+            deadline=http.DEADLINE if deadline is None else deadline,
         )
         with open(archive, "rb") as f:
             head = f.read(4)

@@ -10,7 +10,10 @@ budgets as image layers (``..`` names refused, symlinks out of the tree removed,
 byte and entry budgets). No ``git`` binary is run.
 
 Hostile remotes: HTTP redirects are followed only on the same scheme, host and
-port; every request has connect and read timeouts; the directory must stay inside
+port; every request (http, git:// and ssh alike) has connect and read timeouts, cut
+to what remains of the caller's deadline (``rukpak.common.backoff.Deadline``, one per
+NodePublishVolume) when there is one, and a remote that does not answer in time is
+not asked a second time; the directory must stay inside
 the repository (upstream's message); blobs count against the byte budget while
 the tar is written; submodules are skipped (reported). SSH repositories go through
 ``rukpak.sources.ssh`` (the Secret's key and known hosts, paramiko).
@@ -18,29 +21,34 @@ the tar is written; submodules are skipped (reported). SSH repositories go throu
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import posixpath
 import re
+import socket
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
-from urllib.parse import urljoin, urlsplit
+from typing import IO, Any
+from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import urllib3
 from dulwich import client as gitclient
+from dulwich import protocol
 from dulwich.errors import GitProtocolError, HangupException, NotGitRepository
 from dulwich.objects import Blob, Commit, Tag, Tree
 from dulwich.repo import Repo
 
 from rukpak.common import errors
+from rukpak.common.backoff import Deadline
 from rukpak.sources.auth import SourceAuth
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 60.0
+CONNECT_RETRIES = 2  # urllib3 retries a failed connect this many times (http remotes)
 MAX_REDIRECTS = 5
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 SCP_LIKE = re.compile(r"^(?:(?P<user>[^@/:]+)@)?(?P<host>[^@/:]+):(?P<path>[^/].*|/.*)$")
@@ -72,8 +80,33 @@ def _quote(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def display(repository: str) -> str:
+    """``repository`` for a message: no user name or password, no query."""
+    parts = urlsplit(repository)
+    if not parts.scheme or not parts.hostname:
+        return repository.rsplit("@", 1)[-1][:300]  # user@host:path
+    netloc = parts.hostname if parts.port is None else f"{parts.hostname}:{parts.port}"
+    if ":" in (parts.hostname or ""):
+        netloc = f"[{parts.hostname}]" + ("" if parts.port is None else f":{parts.port}")
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))[:300]
+
+
 class _SameOriginPool(urllib3.PoolManager):
-    """Follows redirects only to the origin of the first request; refuses others."""
+    """Follows redirects only to the origin of the first request; refuses others. Each
+    request's timeouts are cut to what remains of ``deadline``."""
+
+    def __init__(self, *, deadline: Deadline | None, read_timeout: float, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.deadline = deadline
+        self.read_timeout = read_timeout
+
+    def _timeout(self) -> urllib3.Timeout:
+        if self.deadline is None:
+            return urllib3.Timeout(connect=CONNECT_TIMEOUT, read=self.read_timeout)
+        return urllib3.Timeout(
+            connect=self.deadline.timeout(CONNECT_TIMEOUT, share=1 + CONNECT_RETRIES),
+            read=self.deadline.timeout(self.read_timeout),
+        )
 
     def urlopen(  # type: ignore[override]
         self, method: str, url: str, redirect: bool = True, **kw: Any
@@ -81,6 +114,9 @@ class _SameOriginPool(urllib3.PoolManager):
         origin = _origin(url)
         current = url
         for _ in range(MAX_REDIRECTS + 1):
+            if self.deadline is not None and self.deadline.expired():
+                raise TimeoutError("the deadline passed")  # _call names the deadline
+            kw["timeout"] = self._timeout()
             response = super().urlopen(method, current, redirect=False, **kw)
             location = response.get_redirect_location()
             if not location:
@@ -101,14 +137,88 @@ def _origin(url: str) -> tuple[str, str, int | None]:
     return parts.scheme, (parts.hostname or "").lower(), parts.port
 
 
+class _TimedTCPGitClient(gitclient.TCPGitClient):
+    """dulwich's git:// client, whose sockets have no timeout at all, with ours: the
+    connect and every read time out (cut to what remains of ``deadline``)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int | None,
+        *,
+        deadline: Deadline | None,
+        read_timeout: float,
+    ) -> None:
+        super().__init__(host, port=port, quiet=True)
+        self.deadline = deadline
+        self.read_timeout = read_timeout
+
+    def _connect(
+        self, cmd: bytes, path: str | bytes, protocol_version: int | None = None
+    ) -> tuple[protocol.Protocol, Callable[[], bool], IO[bytes] | None]:
+        if not isinstance(path, bytes):
+            path = path.encode(self._remote_path_encoding)
+        d = self.deadline
+        connect = CONNECT_TIMEOUT if d is None else d.timeout(CONNECT_TIMEOUT)
+        if d is not None and d.expired():
+            raise TimeoutError("the deadline passed")
+        s = socket.create_connection((self._host, self._port), timeout=connect)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.settimeout(self.read_timeout if d is None else d.timeout(self.read_timeout))
+        rfile = s.makefile("rb", -1)
+        wfile = s.makefile("wb", 0)
+
+        def close() -> None:
+            rfile.close()
+            wfile.close()
+            s.close()
+
+        def shutdown_write() -> None:
+            wfile.flush()
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_WR)
+
+        proto = protocol.Protocol(
+            rfile.read,
+            wfile.write,
+            close,
+            report_activity=self._report_activity,
+            shutdown_write=shutdown_write,
+        )
+        if path.startswith(b"/~"):
+            path = path[1:]
+        # From here on as dulwich's own client does it.
+        version = b""
+        if cmd == b"upload-pack":
+            self.protocol_version = (
+                protocol.DEFAULT_GIT_PROTOCOL_VERSION_FETCH
+                if protocol_version is None
+                else protocol_version
+            )
+            if self.protocol_version == 2:
+                version = b"\0\0version=%d\0" % self.protocol_version
+        else:
+            self.protocol_version = protocol.DEFAULT_GIT_PROTOCOL_VERSION_SEND
+        proto.send_cmd(b"git-" + cmd, path, b"host=" + self._host.encode("ascii") + version)
+        return proto, lambda: gitclient._fileno_can_read(s.fileno()), None
+
+
 def _client(
-    repository: str, auth: SourceAuth | None, *, insecure: bool, read_timeout: float
+    repository: str,
+    auth: SourceAuth | None,
+    *,
+    insecure: bool,
+    read_timeout: float,
+    deadline: Deadline | None = None,
 ) -> tuple[gitclient.GitClient, str]:
     parts = urlsplit(repository)
     if parts.scheme in ("http", "https"):
         pool = _SameOriginPool(
-            timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT, read=read_timeout),
-            retries=urllib3.Retry(total=2, connect=2, read=0, redirect=0, status=0),
+            deadline=deadline,
+            read_timeout=read_timeout,
+            retries=urllib3.Retry(
+                total=CONNECT_RETRIES, connect=CONNECT_RETRIES, read=0, redirect=0, status=0
+            ),
             cert_reqs="CERT_NONE" if insecure else "CERT_REQUIRED",
         )
         username = auth.username if auth is not None and auth.username else None
@@ -118,10 +228,16 @@ def _client(
         )
         return client, parts.path
     if parts.scheme == "git":
-        client_, path = gitclient.get_transport_and_path(repository, quiet=True)
-        return client_, path
+        if not parts.hostname:
+            raise errors.InvalidArgument(f"git repository {display(repository)!r} names no host")
+        tcp = _TimedTCPGitClient(
+            parts.hostname, parts.port, deadline=deadline, read_timeout=read_timeout
+        )
+        return tcp, parts.path
     from rukpak.sources import ssh  # paramiko is loaded only for ssh repositories
 
+    if deadline is not None:
+        read_timeout = deadline.timeout(read_timeout)
     vendor = ssh.SecretKeyVendor(auth, insecure=insecure, read_timeout=read_timeout)
     if parts.scheme == "ssh" and parts.hostname:
         ssh_client = gitclient.SSHGitClient(
@@ -140,8 +256,15 @@ def _client(
     )
 
 
-def _call(repository: str, what: str, fn: Any, *args: Any, **kw: Any) -> Any:
-    """Run a dulwich call, turning its failures into our errors with the repository named."""
+class _NoAnswer(errors.Unavailable):
+    """The remote did not answer in time: asking it again (another way) would not help."""
+
+
+def _call(
+    repository: str, what: str, fn: Any, *args: Any, deadline: Deadline | None = None, **kw: Any
+) -> Any:
+    """Run a dulwich call, turning its failures into our errors with the repository named;
+    DeadlineExceeded once ``deadline`` has passed."""
     try:
         return fn(*args, **kw)
     except errors.RukpakError:
@@ -153,13 +276,26 @@ def _call(repository: str, what: str, fn: Any, *args: Any, **kw: Any) -> Any:
         ) from None
     except NotGitRepository:
         raise errors.NotFound(f"{what} {repository}: repository not found") from None
-    except (urllib3.exceptions.TimeoutError, TimeoutError):
-        raise errors.Unavailable(f"{what} {repository}: no answer in time") from None
     except (GitProtocolError, HangupException, OSError, urllib3.exceptions.HTTPError) as exc:
-        text = str(exc)[:300]
-        if "timed out" in text.lower() or "timeout" in text.lower():
-            raise errors.Unavailable(f"{what} {repository}: no answer in time: {text}") from None
-        raise errors.Unavailable(f"{what} {repository}: {text or type(exc).__name__}") from None
+        raise _unanswered(repository, what, exc, deadline) from None
+
+
+def _unanswered(
+    repository: str, what: str, exc: Exception, deadline: Deadline | None
+) -> errors.RukpakError:
+    """A remote that failed to answer: out of time, silent, or broken."""
+    text = str(exc)[:300]
+    timed_out = isinstance(exc, urllib3.exceptions.TimeoutError | TimeoutError) or (
+        "timed out" in text.lower() or "timeout" in text.lower()
+    )
+    if deadline is not None and deadline.expired():
+        detail = "no answer" if timed_out else (text or type(exc).__name__)
+        return deadline.exceeded(f"{what} git repository {display(repository)}", detail=detail)
+    if isinstance(exc, urllib3.exceptions.TimeoutError | TimeoutError):
+        return _NoAnswer(f"{what} {repository}: no answer in time")
+    if timed_out:
+        return _NoAnswer(f"{what} {repository}: no answer in time: {text}")
+    return errors.Unavailable(f"{what} {repository}: {text or type(exc).__name__}")
 
 
 def resolve(
@@ -169,6 +305,7 @@ def resolve(
     auth: SourceAuth | None = None,
     insecure: bool = False,
     read_timeout: float = READ_TIMEOUT,
+    deadline: Deadline | None = None,
 ) -> str:
     """The commit ``ref`` (``branch``, ``tag`` or ``commit``) names in ``repository``."""
     commit = str(ref.get("commit") or "").strip().lower()
@@ -184,8 +321,10 @@ def resolve(
         name = f"refs/tags/{ref['tag']}"
     else:
         raise errors.InvalidArgument("git ref must set one of branch, tag or commit")
-    client, path = _client(repository, auth, insecure=insecure, read_timeout=read_timeout)
-    result = _call(repository, "list refs of", client.get_refs, path)
+    client, path = _client(
+        repository, auth, insecure=insecure, read_timeout=read_timeout, deadline=deadline
+    )
+    result = _call(repository, "list refs of", client.get_refs, path, deadline=deadline)
     refs: dict[bytes, bytes] = dict(getattr(result, "refs", result) or {})
     peeled = refs.get(f"{name}^{{}}".encode()) or refs.get(name.encode())
     if not peeled:
@@ -201,28 +340,40 @@ def fetch_commit(
     auth: SourceAuth | None = None,
     insecure: bool = False,
     read_timeout: float = READ_TIMEOUT,
+    deadline: Deadline | None = None,
 ) -> Repo:
     """Fetch ``commit`` (and what it needs) into a new bare repository at ``workdir``.
 
     Asks for the commit itself first (servers that allow reachable commits in
-    "want"); otherwise fetches every branch and tag and looks for it there.
+    "want"); otherwise, unless the remote did not answer in time, fetches every
+    branch and tag and looks for it there. Both share ``deadline``.
     """
     if not COMMIT_RE.match(commit):
         raise errors.InvalidArgument(f"{commit[:80]!r} is not a full commit hash")
     repo = Repo.init_bare(str(workdir), mkdir=True)
-    client, path = _client(repository, auth, insecure=insecure, read_timeout=read_timeout)
+    client, path = _client(
+        repository, auth, insecure=insecure, read_timeout=read_timeout, deadline=deadline
+    )
     want = commit.encode()
 
     def only_commit(refs: Any, depth: int | None = None) -> list[bytes]:
         return [want]
 
     try:
-        _call(repository, "fetch from", client.fetch, path, repo, determine_wants=only_commit)
-    except errors.PermissionDenied:
+        _call(
+            repository,
+            "fetch from",
+            client.fetch,
+            path,
+            repo,
+            determine_wants=only_commit,
+            deadline=deadline,
+        )
+    except (errors.PermissionDenied, errors.DeadlineExceeded, _NoAnswer):
         raise
     except errors.RukpakError as exc:
         log.info("msg=%r repository=%s error=%r", "fetching all refs", repository, exc.message)
-        _call(repository, "fetch from", client.fetch, path, repo)
+        _call(repository, "fetch from", client.fetch, path, repo, deadline=deadline)
     try:
         obj = repo[want]
     except KeyError:

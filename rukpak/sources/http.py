@@ -10,8 +10,10 @@ the server, so the URL still names the same resource, and upstream's
 
 Hostile servers: redirects are followed only on the same scheme, host and port
 (another host is refused with a message); every read has a timeout and the whole
-download a deadline; the body is capped at ``max_bytes``. A partial file is
-removed on any failure.
+download a deadline (the caller's ``rukpak.common.backoff.Deadline``, one per
+NodePublishVolume on the node, or ``DEADLINE`` seconds), which cuts the timeouts
+of each request to what remains of it; the body is capped at ``max_bytes``. A
+partial file is removed on any failure.
 """
 
 from __future__ import annotations
@@ -19,13 +21,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import time
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import requests
 
 from rukpak.common import errors
+from rukpak.common.backoff import Deadline
 from rukpak.sources.auth import SourceAuth
 
 CONNECT_TIMEOUT = 10.0
@@ -65,6 +67,16 @@ def check_url(url: str) -> None:
         )
 
 
+def display(url: str) -> str:
+    """``url`` for a message: no user name or password, no query (it may hold a token)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))[:300]
+
+
 def _origin(url: str) -> tuple[str, str, int | None]:
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -80,22 +92,30 @@ def fetch(
     expect: str | None = None,
     max_bytes: int = MAX_BYTES,
     read_timeout: float = READ_TIMEOUT,
-    deadline: float = DEADLINE,
+    deadline: Deadline | float = DEADLINE,
 ) -> str:
     """GET ``url`` (into ``dest`` if given); the ``sha256:`` digest of the body.
 
     With ``expect``, a body of another digest is FailedPrecondition (the content
-    changed since it was pinned) and ``dest`` is removed.
+    changed since it was pinned) and ``dest`` is removed. ``deadline`` (a
+    :class:`Deadline`, or seconds from now) bounds the whole fetch, redirects
+    included: DeadlineExceeded naming the URL once it has passed.
     """
     check_url(url)
     action = f"GET {url}"
+    until = (
+        deadline
+        if isinstance(deadline, Deadline)
+        else Deadline.after(deadline, what="the download deadline")
+    )
     session = requests.Session()
     session.trust_env = False  # no proxies or .netrc from the environment
-    started = time.monotonic()
     current = url
     try:
         for _ in range(MAX_REDIRECTS + 1):
-            response = _get(session, current, auth=auth, insecure=insecure, timeout=read_timeout)
+            response = _get(
+                session, current, auth=auth, insecure=insecure, timeout=read_timeout, until=until
+            )
             if response.is_redirect:
                 target = urljoin(current, response.headers.get("location", ""))
                 response.close()
@@ -114,8 +134,7 @@ def fetch(
                     dest,
                     expect=expect,
                     max_bytes=max_bytes,
-                    started=started,
-                    deadline=deadline,
+                    until=until,
                 )
         raise errors.InvalidArgument(f"{action}: more than {MAX_REDIRECTS} redirects")
     finally:
@@ -129,24 +148,29 @@ def _get(
     auth: SourceAuth | None,
     insecure: bool,
     timeout: float,
+    until: Deadline,
 ) -> requests.Response:
     basic = (auth.username, auth.password) if auth is not None and auth.username else None
+    doing = f"GET {display(url)}"
+    until.check(doing)
     try:
         return session.get(
             url,
             auth=basic,
             stream=True,
             allow_redirects=False,
-            timeout=(CONNECT_TIMEOUT, timeout),
+            timeout=(until.timeout(CONNECT_TIMEOUT), until.timeout(timeout)),
             verify=not insecure,
             headers={"Accept-Encoding": "identity"},
         )
-    except requests.Timeout:
+    except requests.RequestException as exc:
+        if until.expired():
+            raise until.exceeded(doing, detail=type(exc).__name__) from None
+        if not isinstance(exc, requests.Timeout):
+            raise errors.Unavailable(f"GET {url}: request failed: {str(exc)[:300]}") from None
         raise errors.Unavailable(
             f"GET {url}: no answer within {timeout:g}s; check the server is up"
         ) from None
-    except requests.RequestException as exc:
-        raise errors.Unavailable(f"GET {url}: request failed: {str(exc)[:300]}") from None
 
 
 def _check_status(action: str, response: requests.Response) -> None:
@@ -172,9 +196,9 @@ def _body(
     *,
     expect: str | None,
     max_bytes: int,
-    started: float,
-    deadline: float,
+    until: Deadline,
 ) -> str:
+    doing = f"GET {display(response.url or '')}, downloading"
     length = response.headers.get("content-length", "")
     if length.isdigit() and int(length) > max_bytes:
         raise errors.ResourceExhausted(
@@ -191,14 +215,16 @@ def _body(
                     raise errors.ResourceExhausted(
                         f"{action}: the body is more than the {max_bytes}-byte limit"
                     )
-                if time.monotonic() - started > deadline:
-                    raise errors.Unavailable(
-                        f"{action}: the download took longer than {deadline:g}s"
-                    )
+                until.check(doing)
                 hasher.update(chunk)
                 if fd >= 0:
                     os.write(fd, chunk)
         except requests.RequestException as exc:
+            if until.expired():
+                raise until.exceeded(
+                    doing,
+                    detail="the download stalled",
+                ) from None
             raise errors.Unavailable(
                 f"{action}: the download broke off or stalled: {str(exc)[:300]}"
             ) from None
