@@ -71,17 +71,7 @@ def node(plugin: PluginProcess) -> Iterator[csi_pb2_grpc.NodeStub]:
 
 @pytest.mark.parametrize(
     "mode",
-    [
-        "bind",
-        pytest.param(
-            "fuse",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="csi/plugin/main.py does not hand --private-image-auth-ttl (or the bind "
-                "cache's Grants: FuseService(shared_grants=images.grants)) to FUSE mode yet",
-            ),
-        ),
-    ],
+    ["bind", "fuse"],
 )
 def test_a_revoked_password_is_refused_after_the_plugins_ttl(
     plugin: PluginProcess,

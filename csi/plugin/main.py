@@ -256,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 limits=extract.Limits(args.max_unpacked_bytes, args.max_unpacked_files),
                 holder_socket=args.fuse_holder_socket,
                 budget_bytes=args.cache_budget,
+                shared_grants=images.grants,  # one credential re-check for both modes
             )
             fuse.start()
         publisher = Publisher(
