@@ -13,6 +13,7 @@ import pytest
 from provisioner.engine import appliedrecord, ownership, restore
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import FIELD_MANAGER, ObjectRef, with_owner
+from rukpak.common.backoff import Backoff
 
 DEPLOYMENT: dict[str, Any] = {
     "apiVersion": "apps/v1",
@@ -133,7 +134,7 @@ def test_fields_of_names_leaf_paths_and_others_owning_names_their_manager() -> N
 
 
 def test_the_damper_backs_off_exponentially_and_forgets_after_a_quiet_window() -> None:
-    damper = restore.Damper(base=1.0, cap=8.0, window=100.0)
+    damper = restore.Damper(Backoff(base=1.0, cap=8.0), window=100.0)
     assert damper.wait("bd/a", 0.0) == 0.0
     waits = []
     now = 0.0

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provisioner.engine.objects import FIELD_MANAGER, Obj, meta_of
+from rukpak.common.backoff import Backoff
 
 _IDENTITY = ("apiVersion", "kind")
 
@@ -162,8 +163,7 @@ class Damper:
     window starts afresh.
     """
 
-    base: float = 1.0
-    cap: float = 300.0
+    backoff: Backoff = field(default_factory=lambda: Backoff(base=1.0, cap=300.0))
     window: float = 600.0
     _history: dict[str, list[float]] = field(default_factory=dict, init=False, repr=False)
 
@@ -172,7 +172,7 @@ class Damper:
         recent = self._recent(key, now)
         if not recent:
             return 0.0
-        delay = min(self.cap, self.base * float(2 ** (len(recent) - 1)))
+        delay = self.backoff.delay(len(recent) - 1)
         return max(0.0, recent[-1] + delay - now)
 
     def record(self, key: str, now: float) -> int:
