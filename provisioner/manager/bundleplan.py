@@ -35,6 +35,7 @@ from provisioner.engine.objects import Obj, meta_of
 from provisioner.manager import model, sources
 from provisioner.manager.actions import DeletePod as DeletePod
 from provisioner.manager.actions import RecordEvent as RecordEvent
+from provisioner.manager.actions import Requeue as Requeue
 from provisioner.manager.generate import UNPACK_CONTAINER, unpack_pod
 from provisioner.manager.model import Settings
 from provisioner.manager.unpack import Result
@@ -83,12 +84,7 @@ class WriteStatus:
     status: Obj
 
 
-@dataclass(frozen=True)
-class Requeue:
-    after: float
-
-
-# RecordEvent (an Event) and DeletePod are the same actions for Bundles as for
+# RecordEvent (an Event), DeletePod and Requeue are the same actions for Bundles as for
 # BundleDeployments (``actions``).
 Action = Resolve | CreatePod | DeletePod | WriteStatus | RecordEvent | Requeue
 
@@ -247,7 +243,10 @@ def plan(bundle: Obj, observed: Observed, *, settings: Settings) -> list[Action]
         refused = _refused_mount(stored, observed.mount_failures)
         if refused:
             return [*write(PHASE_FAILING, REASON_FAILED, refused), delete_pod]
-        return [*write(PHASE_PENDING, REASON_PENDING, message), Requeue(PENDING_POLL)]
+        return [
+            *write(PHASE_PENDING, REASON_PENDING, message),
+            Requeue(PENDING_POLL, "waiting for the unpack pod"),
+        ]
     if phase == "Running":
         return write(PHASE_UNPACKING, REASON_UNPACKING, "")
     terminated = _terminated(pod)
