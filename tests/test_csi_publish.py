@@ -11,28 +11,10 @@ from csi.node.publish import Publisher
 from rukpak.common import errors
 from rukpak.image.cache import ImageCache
 from rukpak.image.cachestate import Holder
-from rukpak.image.seams import Puller, PullPolicy
-from rukpak.oci.auth import Credentials
+from rukpak.image.seams import PullPolicy
 from rukpak.oci.manifest import Platform
 from rukpak.sources.volume import VolumeSource, credentials_from_secrets
-
-
-def no_network(credentials: Credentials | None) -> Puller:
-    raise AssertionError("no registry in these tests")
-
-
-class FakeMounter:
-    def __init__(self) -> None:
-        self.table: list[mounter.MountInfo] = []
-
-    def mounts(self) -> list[mounter.MountInfo]:
-        return list(self.table)
-
-    def bind_read_only(self, source: Path, target: Path) -> None:
-        self.table.append(mounter.MountInfo(str(target), str(source), ("ro",)))
-
-    def unmount(self, target: Path) -> None:
-        self.table = [m for m in self.table if m.mount_point != str(target)]
+from tests.publish_fakes import FakeMounter, no_network
 
 
 @pytest.fixture

@@ -3,11 +3,12 @@
 The ``rukpak_system`` fixture (``tests.install_helpers``) installs the whole system from
 ``deploy/`` with the shipped ``kubelet-root`` component pointing the DaemonSet at this
 node's kubelet root (a temp dir here) and plugin cache dir; nothing is edited by hand.
-Then, in order: the DaemonSet's pod runs and the kubelet lists ``csi.rukpak.io`` on the
+Then, each test on its own (``plugin_running`` applies the DaemonSet before a test and
+again after it): the DaemonSet's pod runs and the kubelet lists ``csi.rukpak.io`` on the
 node's CSINode; a pod reads a bundle manifest from an inline volume and, deleted, leaves
 no mount behind; the volume is read-only on the node too; deleting the DaemonSet stops
 the plugin through its SIGTERM path, removes its sockets and leaves nothing mounted,
-and re-applying it from the same rendered manifests brings the plugin back.
+and re-applying it from the same rendered manifests brings a deleted plugin back.
 """
 
 from __future__ import annotations
@@ -103,6 +104,54 @@ def _bundle(kube_cluster: Any) -> str:
     return f"{kube_cluster.registry_host}/rukpak-e2e/hello-ds:v1"
 
 
+@pytest.fixture(scope="module")
+def bundle_image(kube_cluster: Any) -> str:
+    """The hello bundle, pushed where the node pulls from."""
+    ref = _bundle(kube_cluster)
+    e2e.push_bundle(e2e.HELLO_BUNDLE, ref)
+    return ref
+
+
+def _apply_daemonset(system: inst.RukpakSystem) -> None:
+    """Apply the DaemonSet from the rendered manifests and wait until it has rolled out."""
+    (daemonset,) = [d for d in system.documents() if d["kind"] == "DaemonSet"]
+    system.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(daemonset))
+    inst.rollout(system, [daemonset], timeout=120)
+
+
+@pytest.fixture
+def plugin_running(
+    kube_cluster: Any, api_client: client.ApiClient, core: client.CoreV1Api, deployed: Deployment
+) -> Iterator[Deployment]:
+    """The DaemonSet as installed, its pod ready and the driver on the CSINode; applied
+    again afterwards, so a test that deleted it leaves the install as it found it."""
+    _apply_daemonset(deployed.system)
+    _running_plugin(core)
+    eventually(
+        lambda: _registered(api_client, kube_cluster.node_name),
+        timeout=60,
+        what="csi.rukpak.io on the CSINode",
+    )
+    yield deployed
+    _apply_daemonset(deployed.system)
+
+
+def _delete_daemonset(
+    kube_cluster: Any,
+    api_client: client.ApiClient,
+    core: client.CoreV1Api,
+    system: inst.RukpakSystem,
+) -> None:
+    """Delete the DaemonSet and wait until its pod is gone and the kubelet dropped the driver."""
+    system.kubectl("delete", "daemonset", DAEMONSET, "-n", NAMESPACE, "--ignore-not-found")
+    eventually(lambda: _plugin_pod(core) is None, timeout=90, what="the plugin's pod to go")
+    eventually(
+        lambda: e2e.DRIVER not in e2e.csinode_drivers(api_client, kube_cluster.node_name),
+        timeout=60,
+        what="the kubelet to drop csi.rukpak.io from the CSINode",
+    )
+
+
 def _start_bundle_pod(
     kube_cluster: Any,
     core: client.CoreV1Api,
@@ -138,14 +187,15 @@ def namespace(core: client.CoreV1Api) -> Iterator[str]:
 
 
 class TestTheShippedDaemonSet:
-    """In file order: each test builds on the state the previous one left."""
+    """Each test stands alone: ``plugin_running`` gives it the installed DaemonSet
+    running, and restores it after a test that deleted it."""
 
     def test_its_pod_runs_and_the_kubelet_registers_the_driver_on_the_csinode(
         self,
         kube_cluster: Any,
         api_client: client.ApiClient,
         core: client.CoreV1Api,
-        deployed: Deployment,
+        plugin_running: Deployment,
         plugin_image: str,
     ) -> None:
         pod = _running_plugin(core)
@@ -162,9 +212,13 @@ class TestTheShippedDaemonSet:
         assert "registered with kubelet" in log, log
 
     def test_a_pod_reads_a_bundle_manifest_and_leaves_no_mount_behind(
-        self, kube_cluster: Any, core: client.CoreV1Api, deployed: Deployment, namespace: str
+        self,
+        kube_cluster: Any,
+        core: client.CoreV1Api,
+        plugin_running: Deployment,
+        bundle_image: str,
+        namespace: str,
     ) -> None:
-        e2e.push_bundle(e2e.HELLO_BUNDLE, _bundle(kube_cluster))
         name = _start_bundle_pod(
             kube_cluster,
             core,
@@ -197,7 +251,12 @@ class TestTheShippedDaemonSet:
         assert f"msg='unpublished' target={target}" in _plugin_log(core, plugin)
 
     def test_the_volume_is_read_only_on_the_node_and_for_read_write_mounts(
-        self, kube_cluster: Any, core: client.CoreV1Api, deployed: Deployment, namespace: str
+        self,
+        kube_cluster: Any,
+        core: client.CoreV1Api,
+        plugin_running: Deployment,
+        bundle_image: str,
+        namespace: str,
     ) -> None:
         script = (
             "if touch /bundle/manifests/new.yaml; then echo WROTE; else echo REFUSED; fi; "
@@ -230,8 +289,9 @@ class TestTheShippedDaemonSet:
         kube_cluster: Any,
         api_client: client.ApiClient,
         core: client.CoreV1Api,
-        deployed: Deployment,
+        plugin_running: Deployment,
     ) -> None:
+        deployed = plugin_running
         pod = _running_plugin(core)
         kubectl = inst.kubectl_binary()
         follow_log = deployed.system.workdir / "plugin-follow.log"
@@ -280,12 +340,15 @@ class TestTheShippedDaemonSet:
             raise AssertionError(f"{e}: {sorted(map(str, leftover()))}") from None
 
     def test_reapplying_the_rendered_manifests_brings_the_plugin_back(
-        self, api_client: client.ApiClient, core: client.CoreV1Api, deployed: Deployment
+        self,
+        kube_cluster: Any,
+        api_client: client.ApiClient,
+        core: client.CoreV1Api,
+        plugin_running: Deployment,
     ) -> None:
-        system = deployed.system
-        (daemonset,) = [d for d in system.documents() if d["kind"] == "DaemonSet"]
-        system.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(daemonset))
-        inst.rollout(system, [daemonset], timeout=120)
+        system = plugin_running.system
+        _delete_daemonset(kube_cluster, api_client, core, system)
+        _apply_daemonset(system)
         pod = _running_plugin(core)
         assert pod.spec.containers[0].image == system.image
         eventually(

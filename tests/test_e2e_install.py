@@ -2,12 +2,12 @@
 
 The ``rukpak_system`` fixture (``tests.install_helpers``) builds the project's image,
 renders ``deploy/`` plus the shipped components for this node with ``kubectl kustomize``
-and applies it. Here, in order: every component's pod runs that one image; two manager
-replicas run and exactly one holds the ``rukpak-manager`` Lease; the CRD webhook's
-configuration carries the manager's CA; a BundleDeployment of
-the hello bundle becomes Installed and Healthy and ``kubectl get`` shows the printer
-columns; the leader's pod deleted, the other replica takes the Lease; deleting the
-BundleDeployment removes what it installed. Then the privilege model: a
+and applies it. Here, each test on its own: every component's pod runs that one image;
+two manager replicas run and exactly one holds the ``rukpak-manager`` Lease; the CRD
+webhook's configuration carries the manager's CA; a BundleDeployment of the hello bundle
+becomes Installed and Healthy and ``kubectl get`` shows the printer columns; the
+leader's pod deleted, the other replica takes the Lease; deleting a BundleDeployment
+removes what it installed. Then the privilege model: a
 BundleDeployment naming a narrow ServiceAccount installs what that account may and is
 refused beyond it.
 """
@@ -62,10 +62,10 @@ class Hello:
     image: str
 
 
-@pytest.fixture(scope="module")
-def hello(
-    rukpak_system: inst.RukpakSystem, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Hello]:
+@pytest.fixture
+def hello(rukpak_system: inst.RukpakSystem, tmp_path: Path) -> Iterator[Hello]:
+    """A hello bundle of its own (its namespace, its image tag) for one test's
+    BundleDeployment; the BundleDeployment and the namespace are deleted afterwards."""
     suffix = uuid.uuid4().hex[:6]
     h = Hello(
         name=f"hello-{suffix}",
@@ -73,7 +73,7 @@ def hello(
         image=f"{rukpak_system.registry_host}/rukpak-e2e/hello-install:{suffix}",
     )
     root = inst.hello_bundle(
-        tmp_path_factory.mktemp("hello") / "bundle",
+        tmp_path / "bundle",
         namespace=h.namespace,
         image=rukpak_system.busybox_image,
     )
@@ -86,8 +86,27 @@ def hello(
     system.kubectl("delete", "namespace", h.namespace, "--ignore-not-found", "--wait=false")
 
 
+def install_hello(system: inst.RukpakSystem, hello: Hello) -> dict[str, Any]:
+    """Create ``hello``'s BundleDeployment and wait until it is Installed and Healthy; its
+    conditions by type."""
+    system.kube.create(inst.bundle_deployment(hello.name, hello.image))
+    bd = ObjectRef("core.rukpak.io", "v1alpha1", "BundleDeployment", "", hello.name)
+
+    def settled() -> dict[str, Any] | None:
+        conds = inst.conditions(system.kube.get(bd))
+        ok = all(conds.get(t, {}).get("status") == "True" for t in ("Installed", "Healthy"))
+        return conds if ok else None
+
+    try:
+        return eventually(settled, timeout=240, what=f"{hello.name} Installed and Healthy")
+    except AssertionError as e:
+        detail = system.kubectl("describe", "bundledeployment,bundle", check=False)
+        raise AssertionError(f"{e}\n{detail}\n{system.describe()}") from None
+
+
 class TestTheInstalledSystem:
-    """In file order: each test builds on the state the previous one left."""
+    """Each test stands alone: a BundleDeployment a test needs it creates (``hello``),
+    and the leader's deletion ends with the managers rolled out again."""
 
     def test_every_component_runs_the_one_installed_image(
         self, rukpak_system: inst.RukpakSystem
@@ -150,19 +169,7 @@ class TestTheInstalledSystem:
         self, rukpak_system: inst.RukpakSystem, hello: Hello
     ) -> None:
         system = rukpak_system
-        system.kube.create(inst.bundle_deployment(hello.name, hello.image))
-        bd = ObjectRef("core.rukpak.io", "v1alpha1", "BundleDeployment", "", hello.name)
-
-        def settled() -> dict[str, Any] | None:
-            conds = inst.conditions(system.kube.get(bd))
-            ok = all(conds.get(t, {}).get("status") == "True" for t in ("Installed", "Healthy"))
-            return conds if ok else None
-
-        try:
-            conds = eventually(settled, timeout=240, what=f"{hello.name} Installed and Healthy")
-        except AssertionError as e:
-            detail = system.kubectl("describe", "bundledeployment,bundle", check=False)
-            raise AssertionError(f"{e}\n{detail}\n{system.describe()}") from None
+        conds = install_hello(system, hello)
         assert conds["Installed"]["reason"] == "InstallationSucceeded", conds
         greeting = system.kube.get(
             ObjectRef("", "v1", "ConfigMap", hello.namespace, "hello-greeting")
@@ -182,8 +189,7 @@ class TestTheInstalledSystem:
         self, rukpak_system: inst.RukpakSystem
     ) -> None:
         system = rukpak_system
-        old = _holder(system)
-        assert old
+        old = eventually(lambda: _holder(system), timeout=60, what="a rukpak-manager holder")
         system.kubectl("delete", "pod", "-n", inst.NAMESPACE, old, "--wait=false")
         names = {p["metadata"]["name"] for p in _pods(system, MANAGER_SELECTOR)}
 
@@ -204,11 +210,14 @@ class TestTheInstalledSystem:
         self, rukpak_system: inst.RukpakSystem, hello: Hello
     ) -> None:
         system = rukpak_system
-        system.kubectl("delete", "bundledeployment", hello.name, "--timeout=120s", timeout=150)
-        for ref in (
+        install_hello(system, hello)
+        installed = (
             ObjectRef("", "v1", "ConfigMap", hello.namespace, "hello-greeting"),
             ObjectRef("apps", "v1", "Deployment", hello.namespace, "hello"),
-        ):
+        )
+        assert all(system.kube.get(ref) is not None for ref in installed)
+        system.kubectl("delete", "bundledeployment", hello.name, "--timeout=120s", timeout=150)
+        for ref in installed:
             gone = functools.partial(lambda r: system.kube.get(r) is None, ref)
             eventually(gone, timeout=60, what=f"{ref} gone")
         bundles, _ = system.kube.list("core.rukpak.io/v1alpha1", "Bundle")

@@ -7,7 +7,9 @@ in ``tests/test_e2e_csi.py``); the shipped ``storageclass/`` manifests run the
 ``rukpak-provisioner volumes`` sharing a socket) with the project's image, in a
 namespace of its own, changed only where this cluster differs: the image, and
 hostNetwork plus the API server's loopback address (no kube-proxy; what
-``deploy/components/host-network`` does for an install). Then, in order:
+``deploy/components/host-network`` does for an install). Then, each test on claims of
+its own (the controller, the node plugin and the bound ``hello`` claim are module
+fixtures):
 
 - a ReadOnlyMany claim of a class naming a bundle by tag binds to a PV named
   ``pvc-<uid>`` whose ``volumeAttributes.image`` names the pushed digest, with the
@@ -299,23 +301,43 @@ def bound(
         api_client, f"bundles-{names.suffix}", {"image": bundle, "pullPolicy": "IfNotPresent"}
     )
     started = time.monotonic()
-    created = make_claim(core, names.apps, "hello", f"bundles-{names.suffix}")
+    claim = bind_claim(core, names, "hello", f"bundles-{names.suffix}")
+    print(f"\nclaim Bound {time.monotonic() - started:.2f}s after its creation")
+    return Bound(claim="hello", pv=claim.pv, uid=claim.uid, bundle=bundle, digest=digest)
+
+
+@dataclass(frozen=True)
+class Claim:
+    pv: str
+    uid: str
+
+
+def bind_claim(core: client.CoreV1Api, names: Names, claim: str, storage_class: str) -> Claim:
+    """Create ``claim`` of ``storage_class`` in ``names.apps`` and wait until it is Bound."""
+    created = make_claim(core, names.apps, claim, storage_class)
 
     def context() -> str:
         events = [
-            f"{x.type} {x.reason}: {x.message}" for x in claim_events(core, names.apps, "hello")
+            f"{x.type} {x.reason}: {x.message}" for x in claim_events(core, names.apps, claim)
         ]
         return f"events: {events}\n{_logs(core, names)}"
 
-    pvc = _bound(core, names.apps, "hello", timeout=120, context=context)
-    print(f"\nclaim Bound {time.monotonic() - started:.2f}s after its creation")
-    return Bound(
-        claim="hello",
-        pv=pvc.spec.volume_name,
-        uid=created.metadata.uid,
-        bundle=bundle,
-        digest=digest,
-    )
+    pvc = _bound(core, names.apps, claim, timeout=120, context=context)
+    return Claim(pv=pvc.spec.volume_name, uid=created.metadata.uid)
+
+
+def provisioning_failed(core: client.CoreV1Api, names: Names, claim: str) -> Any:
+    """Wait for the claim's first ProvisioningFailed event and return it."""
+
+    def failed() -> Any:
+        events = claim_events(core, names.apps, claim)
+        return [e for e in events if e.reason == "ProvisioningFailed"]
+
+    try:
+        (event, *_) = eventually(failed, timeout=90, what=f"a ProvisioningFailed event of {claim}")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{_logs(core, names)}") from None
+    return event
 
 
 def _log_is(core: client.CoreV1Api, namespace: str, name: str, expected: str) -> bool:
@@ -329,7 +351,8 @@ def bundle_digest(ref: str) -> str:
 
 
 class TestStorageClassVolumes:
-    """In file order: each test builds on the state the previous one left."""
+    """Each test stands alone: what it changes (deleting a claim, fixing a class) it
+    creates itself."""
 
     def test_a_claim_binds_to_a_pv_pinned_to_the_bundle_digest(
         self, core: client.CoreV1Api, bound: Bound, names: Names
@@ -387,20 +410,22 @@ class TestStorageClassVolumes:
     def test_deleting_the_claim_deletes_the_pv(
         self, core: client.CoreV1Api, bound: Bound, names: Names
     ) -> None:
-        core.delete_namespaced_persistent_volume_claim(bound.claim, names.apps)
+        doomed = bind_claim(core, names, "doomed", f"bundles-{names.suffix}")
+        assert _pv_or_none(core, doomed.pv) is not None
+        core.delete_namespaced_persistent_volume_claim("doomed", names.apps)
         try:
             eventually(
-                lambda: _pv_or_none(core, bound.pv) is None,
+                lambda: _pv_or_none(core, doomed.pv) is None,
                 timeout=120,
-                what=f"PV {bound.pv} to be deleted",
+                what=f"PV {doomed.pv} to be deleted",
             )
         except AssertionError as e:
             raise AssertionError(
-                f"{e}: {_pv_or_none(core, bound.pv)}\n{_logs(core, names)}"
+                f"{e}: {_pv_or_none(core, doomed.pv)}\n{_logs(core, names)}"
             ) from None
         logs = _logs(core, names)
         assert "method=DeleteVolume code=OK" in logs, logs
-        assert f"msg='deleted' pv={bound.pv}" in logs, logs
+        assert f"msg='deleted' pv={doomed.pv}" in logs, logs
 
     @pytest.mark.parametrize(
         ("case", "parameters", "mode", "words"),
@@ -428,15 +453,7 @@ class TestStorageClassVolumes:
         cls = f"bad-{case}-{names.suffix}"
         make_class(api_client, cls, params)
         make_claim(core, names.apps, f"bad-{case}", cls, mode=mode)
-
-        def failed() -> Any:
-            events = claim_events(core, names.apps, f"bad-{case}")
-            return [e for e in events if e.reason == "ProvisioningFailed"]
-
-        try:
-            (event, *_) = eventually(failed, timeout=90, what="a ProvisioningFailed event")
-        except AssertionError as e:
-            raise AssertionError(f"{e}\n{_logs(core, names)}") from None
+        event = provisioning_failed(core, names, f"bad-{case}")
         assert event.type == "Warning"
         assert f'failed to provision volume with StorageClass "{cls}"' in event.message
         assert "code = InvalidArgument" in event.message and words in event.message, event.message
@@ -447,8 +464,12 @@ class TestStorageClassVolumes:
     def test_a_claim_binds_once_its_class_is_fixed(
         self, api_client: client.ApiClient, core: client.CoreV1Api, bound: Bound, names: Names
     ) -> None:
+        cls = f"unfixed-{names.suffix}"
+        make_class(api_client, cls, {"pullPolicy": "Always"})  # no image
+        make_claim(core, names.apps, "unfixed", cls)
+        assert "'image' is required" in provisioning_failed(core, names, "unfixed").message
+
         # parameters are immutable: a fix is the class deleted and created again
-        cls = f"bad-no-image-{names.suffix}"
         storage = client.StorageV1Api(api_client)
         storage.delete_storage_class(cls)
 
@@ -462,9 +483,7 @@ class TestStorageClassVolumes:
         eventually(gone, timeout=30, what="the bad class to go")
         make_class(api_client, cls, {"image": bound.bundle})
 
-        pvc = _bound(
-            core, names.apps, "bad-no-image", timeout=90, context=lambda: _logs(core, names)
-        )
+        pvc = _bound(core, names.apps, "unfixed", timeout=90, context=lambda: _logs(core, names))
         pv: Any = core.read_persistent_volume(pvc.spec.volume_name)
         repository = bound.bundle.rsplit(":", 1)[0]
         assert pv.spec.csi.volume_attributes["image"] == f"{repository}@{bound.digest}"

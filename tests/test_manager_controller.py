@@ -36,8 +36,8 @@ from provisioner.manager import actuate, controller, healthwatch, model, runs, u
 from rukpak.oci import client as oci_client
 from tests import e2e_helpers as e2e
 from tests.bundles import bundle_deployment, bundle_doc, configmap, namespace, write_bundle
+from tests.crd_helpers import install_crds
 from tests.polling import eventually
-from tests.test_manager_crds import install_crds
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SUFFIX = uuid.uuid4().hex[:6]

@@ -7,7 +7,6 @@ immutable (CEL ``self == oldSelf``); status is a subresource.
 
 from __future__ import annotations
 
-import functools
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,27 +15,10 @@ import pytest
 import yaml
 
 from provisioner.engine.kube import Kube
-from provisioner.engine.objects import Obj, ObjectRef, condition
+from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import actuate, model
 from rukpak.common import errors
-from tests.polling import eventually
-
-
-def install_crds(kube: Kube) -> None:
-    """Apply both CRDs and wait until they are Established and served."""
-    for path in model.crd_files():
-        for doc in yaml.safe_load_all(path.read_text()):
-            kube.apply(doc)
-            ref = ObjectRef.of(doc)
-
-            def established(ref: ObjectRef = ref) -> bool:
-                live = kube.get(ref)
-                cond = condition(live or {}, "Established")
-                return bool(cond and cond.get("status") == "True")
-
-            eventually(established, timeout=30, what=f"{ref} Established")
-    for kind in (model.BUNDLE, model.BUNDLE_DEPLOYMENT):
-        eventually(functools.partial(kube.resource, model.API_VERSION, kind), timeout=30)
+from tests.crd_helpers import install_crds
 
 
 @pytest.fixture(scope="module", autouse=True)

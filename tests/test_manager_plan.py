@@ -14,56 +14,16 @@ import pytest
 from provisioner.engine.objects import Obj
 from provisioner.manager import generate as build
 from provisioner.manager import model, plan, runs, sources
+from tests.plan_helpers import DIGEST, B, bd, bundle, cond, kinds, status_of
 
 SETTINGS = model.Settings(image="registry.example/rukpak:v1", host_network=True)
-DIGEST = "registry.example/hello@sha256:" + "a" * 64
 NOW = "2026-01-01T00:00:00Z"
-
-
-def bd(**spec: Any) -> Obj:
-    base: Obj = {
-        "apiVersion": model.API_VERSION,
-        "kind": model.BUNDLE_DEPLOYMENT,
-        "metadata": {
-            "name": "hello",
-            "uid": "uid-1",
-            "generation": 1,
-            "finalizers": [model.FINALIZER],
-        },
-        "spec": {
-            "provisionerClassName": model.PLAIN_CLASS,
-            "template": {
-                "metadata": {"labels": {"app": "hello"}},
-                "spec": {
-                    "provisionerClassName": model.PLAIN_CLASS,
-                    "source": {"type": "image", "image": {"ref": "registry.example/hello:v1"}},
-                },
-            },
-        },
-    }
-    base["spec"].update(spec)
-    return base
 
 
 def with_ref(obj: Obj, ref: str) -> Obj:
     out = copy.deepcopy(obj)
     out["spec"]["template"]["spec"]["source"]["image"]["ref"] = ref
     return out
-
-
-def bundle(of: Obj, *, resolved: str = "", failing: str = "", phase: str = "Unpacked") -> Obj:
-    b = build.desired_bundle(of)
-    if resolved:
-        b["status"] = {
-            "phase": phase,
-            "resolvedSource": {"type": "image", "image": {"ref": resolved}},
-        }
-    if failing:
-        b["status"] = {
-            "phase": "Failing",
-            "conditions": [{"type": "Unpacked", "status": "False", "message": failing}],
-        }
-    return b
 
 
 PINNED = sources.pinned_image(DIGEST)
@@ -92,21 +52,6 @@ def record(of: Obj, number: int = 0) -> runs.InstallRecord:
     return runs.InstallRecord(model.name_of(run_pod(of, number)), model.bundle_name(of), {})
 
 
-def kinds(actions: list[plan.Action]) -> list[str]:
-    return [type(a).__name__ for a in actions if not isinstance(a, plan.RecordEvent)]
-
-
-def status_of(actions: list[plan.Action]) -> Obj:
-    (written,) = [a for a in actions if isinstance(a, plan.WriteStatus)]
-    return written.status
-
-
-def cond(actions: list[plan.Action], kind: str) -> tuple[str, str]:
-    c = next(c for c in status_of(actions)["conditions"] if c["type"] == kind)
-    return c["status"], c["reason"]
-
-
-B = bd()
 B2 = with_ref(B, "registry.example/hello:v2")
 
 

@@ -51,12 +51,30 @@ def test_a_delayed_key_becomes_ready_after_its_delay() -> None:
     assert time.monotonic() - started >= 0.19
 
 
+class SignallingCondition(threading.Condition):
+    """A condition variable that tells when a thread starts waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()  # the lock is held: no notify can slip in before the wait
+        return super().wait(timeout)
+
+
 def test_shutdown_wakes_a_waiting_worker() -> None:
     q = WorkQueue()
+    cond = SignallingCondition()
+    q._cond = cond  # before any use: the queue's only lock and wake-up channel
     got: list[str | None] = []
-    worker = threading.Thread(target=lambda: got.append(q.get()))
+    # no timeout: it waits until woken
+    worker = threading.Thread(target=lambda: got.append(q.get()), daemon=True)
     worker.start()
-    time.sleep(0.05)
+    assert cond.waiting.wait(5), "the worker never waited for work"
+    with cond:  # the worker has released the lock: it is inside wait() now
+        assert got == []
     q.shutdown()
-    worker.join(timeout=2)
+    worker.join(timeout=5)
+    assert not worker.is_alive(), "shutdown did not wake the waiting worker"
     assert got == [None]

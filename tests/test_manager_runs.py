@@ -16,7 +16,7 @@ import pytest
 from provisioner.engine import appliedrecord, inventory
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef
 from provisioner.manager import generate, model, plan, runs, sources
-from tests.test_manager_plan import DIGEST, B, bundle, cond, kinds
+from tests.plan_helpers import DIGEST, B, bundle, cond, kinds
 
 SETTINGS = model.Settings(image="registry.example/rukpak:v1")
 NOW = "2026-01-01T00:01:00Z"

@@ -200,8 +200,16 @@ def test_the_opt_out_annotation_is_honoured(
 ) -> None:
     doc = install(kube, crd(unique_plural("optout"), versions=[version("v1")]))
     doc["spec"]["versions"] = [version("v1", "string")]
+    # without the annotation the webhook denies this very update ...
+    with pytest.raises(errors.RukpakError) as caught:
+        kube.apply(doc)
+    assert 'admission webhook "crd-validation.core.rukpak.io" denied' in caught.value.message
+    # ... with it, the update goes through and the new schema is stored
     doc["metadata"]["annotations"] = annotation
-    kube.apply(doc)
+    updated = kube.apply(doc)
+    assert updated["metadata"]["annotations"].items() >= annotation.items()
+    schema = updated["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert schema["properties"]["spec"]["properties"]["size"]["type"] == "string"
 
 
 def test_the_certificate_is_kept_in_a_secret_and_reused(kube: Kube, server: webhook.Server) -> None:

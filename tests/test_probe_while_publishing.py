@@ -20,7 +20,7 @@ import requests
 from csi.node.publish import PUBLISH_SLOTS
 from csi.proto import csi_pb2, csi_pb2_grpc
 from tests.csi_helpers import PluginProcess, publish_request, running_plugin, target
-from tests.test_publish_deadline import PIN, SilentServer, silent_server
+from tests.deadline_helpers import PIN, SilentServer, silent_server
 
 HANGING = PUBLISH_SLOTS + 4  # every fetch slot taken, and publishes waiting for one
 QUICK = 0.1  # seconds

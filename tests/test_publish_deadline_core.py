@@ -27,8 +27,8 @@ from rukpak.oci.reference import Reference
 from rukpak.sources import git, http
 from rukpak.sources.volume import FetchSource, VolumeSource
 from tests.csi_helpers import free_port, terminate
+from tests.deadline_helpers import COMMIT, MARGIN, PIN, SilentServer, silent_server
 from tests.source_servers import make_repo
-from tests.test_publish_deadline import COMMIT, MARGIN, PIN, SilentServer, silent_server
 
 
 class Clock:

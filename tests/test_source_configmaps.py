@@ -23,8 +23,8 @@ from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import actuate, bundleplan, model, resolution, sources
 from provisioner.manager.model import Settings
 from rukpak.common import errors
+from tests.crd_helpers import install_crds
 from tests.source_servers import PASSWORD, USERNAME, SourceServer, make_repo, serving, tarball
-from tests.test_manager_crds import install_crds
 
 pytestmark = pytest.mark.cluster
 

@@ -23,6 +23,7 @@ from rukpak.sources import git
 from rukpak.sources.auth import SourceAuth
 from rukpak.sources.cache import SourceCache, key_digest
 from rukpak.sources.volume import FetchSource, VolumeSource
+from tests.publish_fakes import FakeMounter, no_network
 from tests.source_servers import (
     PASSWORD,
     USERNAME,
@@ -33,7 +34,6 @@ from tests.source_servers import (
     serving,
 )
 from tests.source_servers import git as run_git
-from tests.test_csi_publish import FakeMounter, no_network
 
 AUTH = SourceAuth(username=USERNAME, password=PASSWORD)
 CM = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: a\n"

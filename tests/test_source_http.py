@@ -21,8 +21,8 @@ from rukpak.sources import http
 from rukpak.sources.auth import SourceAuth
 from rukpak.sources.cache import SourceCache
 from rukpak.sources.volume import FetchSource, VolumeSource
+from tests.publish_fakes import no_network
 from tests.source_servers import PASSWORD, USERNAME, SourceServer, serving, tarball
-from tests.test_csi_publish import no_network
 
 AUTH = SourceAuth(username=USERNAME, password=PASSWORD)
 CM = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: a\n"

@@ -35,7 +35,7 @@ from rukpak.oci.auth import Credentials
 from tests.csi_helpers import PluginProcess, mount_capability, push_image, simple_image
 from tests.polling import eventually
 from tests.registry import RegistryServer
-from tests.test_storage_plan import DRIVER, UID, claim, storage_class
+from tests.storage_helpers import DRIVER, UID, claim, storage_class
 
 pytestmark = [pytest.mark.registry]
 

@@ -27,16 +27,19 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import re
 import shutil
 import subprocess
 import tarfile
 import threading
 import time
+import uuid
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import requests
 
 from csi.proto import csi_pb2, csi_pb2_grpc
 from rukpak.oci import mediatypes
@@ -45,6 +48,7 @@ from rukpak.oci.manifest import Manifest
 from rukpak.oci.reference import Reference
 from tests.bench import Result, median, percentile, progress
 from tests.csi_helpers import PluginProcess, mount_capability
+from tests.polling import eventually
 from tests.registry import RegistryServer
 
 LARGE_FILES = 10_000
@@ -398,6 +402,27 @@ def typical_bundle(registry: RegistryServer, workdir: Path, node: Node) -> list[
     ]
 
 
+def logged_requests(registry: RegistryServer, pattern: str, *, at_least: int) -> int:
+    """GETs of paths matching ``pattern`` in the access log, once it holds every request
+    made so far.
+
+    The registry writes an access line just after it answers, so a caller that got its
+    answers may look before the lines are there. Wait for two events instead of sleeping:
+    each uncached blob was fetched at least once (``at_least`` lines), and a marker
+    request sent now, answered after every earlier request, has its line logged.
+    """
+    marker = f"/v2/bench/flush-{uuid.uuid4().hex}/tags/list"
+    requests.get(f"{registry.url}{marker}", timeout=10)
+
+    def settled() -> int | None:
+        if registry.count_requests("GET", f"^{re.escape(marker)}$") < 1:
+            return None
+        count = registry.count_requests("GET", pattern)
+        return count if count >= at_least else None
+
+    return eventually(settled, timeout=30, what=f"{at_least} GETs of {pattern} logged")
+
+
 def concurrent_publishes(registry: RegistryServer, workdir: Path, node: Node) -> list[Result]:
     images = [
         make_image(
@@ -419,9 +444,8 @@ def concurrent_publishes(registry: RegistryServer, workdir: Path, node: Node) ->
     with futures.ThreadPoolExecutor(max_workers=CONCURRENT_PUBLISHES) as pool:
         latencies = list(pool.map(lambda job: node.publish(*job), jobs))
     total = time.perf_counter() - started
-    time.sleep(0.2)  # let the registry flush its access log
-    pulls = registry.count_requests("GET", pattern) - before
     blobs = sum(i.blobs for i in images)
+    pulls = logged_requests(registry, pattern, at_least=before + blobs) - before
     for _image, target in jobs:
         node.unpublish(target)
     return [

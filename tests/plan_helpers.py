@@ -1,0 +1,73 @@
+"""BundleDeployments, Bundles and readers of planned actions for the manager's planner.
+
+Where it sits: the pure planner's tests (``test_manager_plan``) and the run-history tests
+(``test_manager_runs``) build their observed state from these and read the planner's
+actions with ``kinds`` and ``cond``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from provisioner.engine.objects import Obj
+from provisioner.manager import generate as build
+from provisioner.manager import model, plan
+
+DIGEST = "registry.example/hello@sha256:" + "a" * 64
+
+
+def bd(**spec: Any) -> Obj:
+    base: Obj = {
+        "apiVersion": model.API_VERSION,
+        "kind": model.BUNDLE_DEPLOYMENT,
+        "metadata": {
+            "name": "hello",
+            "uid": "uid-1",
+            "generation": 1,
+            "finalizers": [model.FINALIZER],
+        },
+        "spec": {
+            "provisionerClassName": model.PLAIN_CLASS,
+            "template": {
+                "metadata": {"labels": {"app": "hello"}},
+                "spec": {
+                    "provisionerClassName": model.PLAIN_CLASS,
+                    "source": {"type": "image", "image": {"ref": "registry.example/hello:v1"}},
+                },
+            },
+        },
+    }
+    base["spec"].update(spec)
+    return base
+
+
+def bundle(of: Obj, *, resolved: str = "", failing: str = "", phase: str = "Unpacked") -> Obj:
+    b = build.desired_bundle(of)
+    if resolved:
+        b["status"] = {
+            "phase": phase,
+            "resolvedSource": {"type": "image", "image": {"ref": resolved}},
+        }
+    if failing:
+        b["status"] = {
+            "phase": "Failing",
+            "conditions": [{"type": "Unpacked", "status": "False", "message": failing}],
+        }
+    return b
+
+
+def kinds(actions: list[plan.Action]) -> list[str]:
+    return [type(a).__name__ for a in actions if not isinstance(a, plan.RecordEvent)]
+
+
+def status_of(actions: list[plan.Action]) -> Obj:
+    (written,) = [a for a in actions if isinstance(a, plan.WriteStatus)]
+    return written.status
+
+
+def cond(actions: list[plan.Action], kind: str) -> tuple[str, str]:
+    c = next(c for c in status_of(actions)["conditions"] if c["type"] == kind)
+    return c["status"], c["reason"]
+
+
+B = bd()

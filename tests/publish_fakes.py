@@ -1,0 +1,32 @@
+"""Fakes for the publish core: a mount table in memory and a puller that must not be used.
+
+Where it sits: tests of ``csi.node.publish`` and of the bundle sources that publish
+without a registry or real mounts (``test_csi_publish``, ``test_source_git``,
+``test_source_http``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from csi import mounter
+from rukpak.image.seams import Puller
+from rukpak.oci.auth import Credentials
+
+
+def no_network(credentials: Credentials | None) -> Puller:
+    raise AssertionError("no registry in these tests")
+
+
+class FakeMounter:
+    def __init__(self) -> None:
+        self.table: list[mounter.MountInfo] = []
+
+    def mounts(self) -> list[mounter.MountInfo]:
+        return list(self.table)
+
+    def bind_read_only(self, source: Path, target: Path) -> None:
+        self.table.append(mounter.MountInfo(str(target), str(source), ("ro",)))
+
+    def unmount(self, target: Path) -> None:
+        self.table = [m for m in self.table if m.mount_point != str(target)]
