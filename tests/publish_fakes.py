@@ -1,8 +1,8 @@
-"""Fakes for the publish core: a mount table in memory and a puller that must not be used.
+"""Fakes for the publish core: mount tables in memory and a puller that must not be used.
 
 Where it sits: tests of ``csi.node.publish`` and of the bundle sources that publish
-without a registry or real mounts (``test_csi_publish``, ``test_source_git``,
-``test_source_http``).
+without a registry or real mounts (``test_csi_publish``, ``test_fuse_publish``,
+``test_publish_deadline_core``, ``test_source_git``, ``test_source_http``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,19 @@ from rukpak.oci.auth import Credentials
 
 def no_network(credentials: Credentials | None) -> Puller:
     raise AssertionError("no registry in these tests")
+
+
+class NoMounts:
+    """A mount table that stays empty: for tests in which nothing may be mounted."""
+
+    def mounts(self) -> list[mounter.MountInfo]:
+        return []
+
+    def bind_read_only(self, source: Path, target: Path) -> None:
+        raise AssertionError("nothing is mounted in these tests")
+
+    def unmount(self, target: Path) -> None:
+        raise AssertionError("nothing is mounted in these tests")
 
 
 class FakeMounter:

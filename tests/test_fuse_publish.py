@@ -6,28 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from csi import mounter
 from csi.node.publish import Publisher, PublishRequest
 from rukpak.common import errors
 from rukpak.image.cache import ImageCache
-from rukpak.image.seams import Puller
-from rukpak.oci.auth import Credentials
 from rukpak.sources.volume import VolumeSource
-
-
-def no_network(credentials: Credentials | None) -> Puller:
-    raise AssertionError("no registry in these tests")
-
-
-class NoMounts:
-    def mounts(self) -> list[mounter.MountInfo]:
-        return []
-
-    def bind_read_only(self, source: Path, target: Path) -> None:
-        raise AssertionError("nothing is mounted in these tests")
-
-    def unmount(self, target: Path) -> None:
-        raise AssertionError("nothing is mounted in these tests")
+from tests.publish_fakes import NoMounts, no_network
 
 
 def _publisher(tmp_path: Path, default_mode: str) -> Publisher:

@@ -15,19 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from csi import mounter
 from csi.node.publish import CLIENT_MARGIN, Publisher, PublishRequest
 from rukpak.common import backoff, errors
 from rukpak.common.backoff import Backoff, Deadline
 from rukpak.image.cache import ImageCache
-from rukpak.image.seams import Puller
-from rukpak.oci.auth import Credentials
 from rukpak.oci.client import RegistryClient
 from rukpak.oci.reference import Reference
 from rukpak.sources import git, http
 from rukpak.sources.volume import FetchSource, VolumeSource
 from tests.csi_helpers import free_port, terminate
 from tests.deadline_helpers import COMMIT, MARGIN, PIN, SilentServer, silent_server
+from tests.publish_fakes import NoMounts, no_network
 from tests.source_servers import make_repo
 
 
@@ -157,21 +155,6 @@ def test_an_http_fetch_stops_at_the_deadline(silent: SilentServer) -> None:
 
 
 # --- the publish core ----------------------------------------------------------------------
-
-
-def no_network(credentials: Credentials | None) -> Puller:
-    raise AssertionError("no registry in these tests")
-
-
-class NoMounts:
-    def mounts(self) -> list[mounter.MountInfo]:
-        return []
-
-    def bind_read_only(self, source: Path, target: Path) -> None:
-        raise AssertionError("nothing is mounted in these tests")
-
-    def unmount(self, target: Path) -> None:
-        raise AssertionError("nothing is mounted in these tests")
 
 
 def _publisher(tmp_path: Path, *, deadline: float = 90, slots: int = 8) -> Publisher:
