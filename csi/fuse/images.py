@@ -54,7 +54,6 @@ from rukpak.image.grants import Grants
 from rukpak.image.locks import KeyedLocks
 from rukpak.image.seams import PullerFactory, PullPolicy
 from rukpak.oci import digest as digests
-from rukpak.oci import mediatypes
 from rukpak.oci.auth import Credentials
 from rukpak.oci.manifest import Manifest, Platform
 from rukpak.oci.reference import Reference
@@ -199,12 +198,7 @@ class FuseImages:
     def _pull(self, job: _Job) -> None:
         started = time.monotonic()
         ref, m = job.ref, job.manifest
-        for layer in m.layers:
-            if layer.media_type not in mediatypes.LAYER_TYPES:
-                raise errors.InvalidArgument(
-                    f"image {ref}: layer {layer.digest} has media type {layer.media_type!r}, "
-                    "which is not a filesystem layer; bundle images must use tar layers"
-                )
+        layerio.require_tar_layers(ref, m.layers)
         if lazy.is_lazy(m) and getattr(job.puller, "transport", None) is not None:
             self._index_lazily(job)
             return

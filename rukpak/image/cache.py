@@ -49,14 +49,22 @@ from pathlib import Path
 
 from rukpak.common import errors
 from rukpak.common.fsio import write_json_atomic
-from rukpak.image import cachesync, eviction, extract, grants, layerstream, seams, tree
+from rukpak.image import (
+    cachesync,
+    eviction,
+    extract,
+    grants,
+    layerio,
+    layerstream,
+    seams,
+    tree,
+)
 from rukpak.image.cachestate import CacheState, Holder
 from rukpak.image.leases import Leases
 from rukpak.image.locks import KeyedLocks
 from rukpak.image.seams import Observer, Puller, PullerFactory, PullPolicy, StreamingPuller
 from rukpak.image.store import ContentStore, Fetch
 from rukpak.oci import digest as digests
-from rukpak.oci import mediatypes
 from rukpak.oci.auth import Credentials
 from rukpak.oci.manifest import Descriptor, Manifest, Platform
 from rukpak.oci.reference import Reference
@@ -269,12 +277,7 @@ class ImageCache:
         self, puller: Puller, ref: Reference, digest: str, manifest: Manifest, *, private: bool
     ) -> None:
         started = time.monotonic()
-        for layer in manifest.layers:
-            if layer.media_type not in mediatypes.LAYER_TYPES:
-                raise errors.InvalidArgument(
-                    f"image {ref}: layer {layer.digest} has media type {layer.media_type!r}, "
-                    "which is not a filesystem layer; bundle images must use tar layers"
-                )
+        layerio.require_tar_layers(ref, manifest.layers)
         blobs = [manifest.config, *manifest.layers]
         with self.leases.lease(d.digest for d in blobs):  # eviction keeps its hands off
             distinct = {d.digest: d for d in blobs}.values()

@@ -19,7 +19,7 @@ import queue
 import tarfile
 import threading
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +30,8 @@ import zstandard
 from rukpak.common import errors
 from rukpak.image import ustar
 from rukpak.oci import mediatypes
+from rukpak.oci.manifest import Descriptor
+from rukpak.oci.reference import Reference
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -115,6 +117,17 @@ class Layer:
     media_type: str = ""
     digest: str = ""
     source: Source | None = None
+
+
+def require_tar_layers(image: Reference, layers: Iterable[Descriptor]) -> None:
+    """Raise InvalidArgument unless every layer of ``image`` is a filesystem (tar)
+    layer: what both image caches (bind and FUSE) check before they pull."""
+    for layer in layers:
+        if layer.media_type not in mediatypes.LAYER_TYPES:
+            raise errors.InvalidArgument(
+                f"image {image}: layer {layer.digest} has media type {layer.media_type!r}, "
+                "which is not a filesystem layer; bundle images must use tar layers"
+            )
 
 
 def compression_of(media_type: str, head: bytes) -> str:
