@@ -8,8 +8,11 @@ without a registry or real mounts (``test_csi_publish``, ``test_fuse_publish``,
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from csi import mounter
+from csi.node.publish import Publisher
+from rukpak.image.cache import ImageCache
 from rukpak.image.seams import Puller
 from rukpak.oci.auth import Credentials
 
@@ -43,3 +46,11 @@ class FakeMounter:
 
     def unmount(self, target: Path) -> None:
         self.table = [m for m in self.table if m.mount_point != str(target)]
+
+
+def offline_publisher(tmp_path: Path, **options: Any) -> Publisher:
+    """A publisher over an empty image cache in ``tmp_path`` that may neither pull nor
+    mount (``options`` go to ``Publisher``); ``tmp_path / "kubelet"`` is its kubelet dir."""
+    (tmp_path / "kubelet").mkdir(exist_ok=True)
+    images = ImageCache(tmp_path / "state", puller_factory=no_network)
+    return Publisher(images=images, mounter=NoMounts(), kubelet_dir=tmp_path / "kubelet", **options)

@@ -8,20 +8,12 @@ import pytest
 
 from csi.node.publish import Publisher, PublishRequest
 from rukpak.common import errors
-from rukpak.image.cache import ImageCache
 from rukpak.sources.volume import VolumeSource
-from tests.publish_fakes import NoMounts, no_network
+from tests.publish_fakes import offline_publisher
 
 
 def _publisher(tmp_path: Path, default_mode: str) -> Publisher:
-    (tmp_path / "kubelet").mkdir(exist_ok=True)
-    images = ImageCache(tmp_path / "state", puller_factory=no_network)
-    return Publisher(
-        images=images,
-        mounter=NoMounts(),
-        kubelet_dir=tmp_path / "kubelet",
-        default_mode=default_mode,
-    )
+    return offline_publisher(tmp_path, default_mode=default_mode)
 
 
 @pytest.mark.parametrize(

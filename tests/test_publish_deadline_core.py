@@ -18,14 +18,13 @@ import pytest
 from csi.node.publish import CLIENT_MARGIN, Publisher, PublishRequest
 from rukpak.common import backoff, errors
 from rukpak.common.backoff import Backoff, Deadline
-from rukpak.image.cache import ImageCache
 from rukpak.oci.client import RegistryClient
 from rukpak.oci.reference import Reference
 from rukpak.sources import git, http
 from rukpak.sources.volume import FetchSource, VolumeSource
 from tests.csi_helpers import free_port, terminate
 from tests.deadline_helpers import COMMIT, MARGIN, PIN, SilentServer, silent_server
-from tests.publish_fakes import NoMounts, no_network
+from tests.publish_fakes import offline_publisher
 from tests.source_servers import make_repo
 
 
@@ -158,15 +157,7 @@ def test_an_http_fetch_stops_at_the_deadline(silent: SilentServer) -> None:
 
 
 def _publisher(tmp_path: Path, *, deadline: float = 90, slots: int = 8) -> Publisher:
-    (tmp_path / "kubelet").mkdir(exist_ok=True)
-    images = ImageCache(tmp_path / "state", puller_factory=no_network)
-    return Publisher(
-        images=images,
-        mounter=NoMounts(),
-        kubelet_dir=tmp_path / "kubelet",
-        deadline=deadline,
-        slots=slots,
-    )
+    return offline_publisher(tmp_path, deadline=deadline, slots=slots)
 
 
 def _http_request(tmp_path: Path, name: str, url: str) -> PublishRequest:
