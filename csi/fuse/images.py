@@ -154,20 +154,22 @@ class FuseImages:
         key = f"{ref}|{platform}"
         with self._ref_locks.hold(key):
             with self._tags_lock:
-                cached = self._tags.get(key)
-            if cached and pull_policy is not PullPolicy.ALWAYS and self.has_tree(cached):
-                if self._is_private(cached):  # as bind mode: the pod's credentials must read it
-                    self.grants.authorize(
-                        ref, cached, credentials, platform=platform, policy=pull_policy
-                    )
+                tagged = self._tags.get(key)
+            cached = self.grants.reusable(  # as bind mode: the same policy, the same checks
+                ref,
+                tagged if tagged and self.has_tree(tagged) else None,
+                private=self._is_private,
+                credentials=credentials,
+                platform=platform,
+                policy=pull_policy,
+            )
+            if cached is not None:
                 name = digests.hex_of(cached)
                 self.collector.touch(name)
                 if name in self.lazy.broken:  # its last completion failed: try again
                     with self._tags_lock:
                         self._incomplete.add(name)
                 return Ready(cached, name, cache_hit=True)
-            if pull_policy is PullPolicy.NEVER:
-                raise grants.not_present(ref, platform)
             puller = self._puller_factory(credentials)
             try:
                 digest, manifest = self.grants.resolve(puller, ref, platform, credentials)

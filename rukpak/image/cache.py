@@ -227,15 +227,16 @@ class ImageCache:
         ref = Reference.parse(image)
         key = f"{ref}|{platform}"
         with self._ref_locks.hold(key):
-            cached = self._cached_digest(key)
-            if cached is not None and pull_policy is not PullPolicy.ALWAYS:
-                if self._is_private(cached):
-                    self.grants.authorize(
-                        ref, cached, credentials, platform=platform, policy=pull_policy
-                    )
+            cached = self.grants.reusable(
+                ref,
+                self._cached_digest(key),
+                private=self._is_private,
+                credentials=credentials,
+                platform=platform,
+                policy=pull_policy,
+            )
+            if cached is not None:
                 return self._done(cached, holder, hit=True)
-            if pull_policy is PullPolicy.NEVER:
-                raise grants.not_present(ref, platform)
             puller = self._puller_factory(credentials)
             try:
                 digest, manifest = self.grants.resolve(puller, ref, platform, credentials)
