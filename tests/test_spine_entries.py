@@ -133,28 +133,29 @@ def test_a_path_deeper_than_the_budget_is_invalid_argument_naming_it(
 SMALL = Limits(max_bytes=64 * 1024, max_entries=16)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("mode", MODES)
-def test_more_bytes_than_the_budget_is_resource_exhausted(
-    tmp_path: Path, registry: RegistryServer, server: SourceServer, mode: str, kind: str
-) -> None:
-    node = Node(mode, tmp_path, limits=SMALL)
-    big = {"big.txt": "x" * (SMALL.max_bytes + 1)}
-    with pytest.raises(errors.ResourceExhausted) as info:
-        publish(node, kind, big, registry=registry, server=server)
-    assert str(SMALL.max_bytes) in info.value.message
+OVER_BUDGET: dict[str, tuple[dict[str, str], int]] = {
+    "bytes": ({"big.txt": "x" * (SMALL.max_bytes + 1)}, SMALL.max_bytes),
+    "files": ({f"f{n:03}.txt": str(n) for n in range(SMALL.max_entries + 8)}, SMALL.max_entries),
+}
+"""More of each budget than ``SMALL`` allows: the files, and the limit the error names."""
 
 
+@pytest.mark.parametrize("budget", OVER_BUDGET)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("mode", MODES)
-def test_more_files_than_the_budget_is_resource_exhausted(
-    tmp_path: Path, registry: RegistryServer, server: SourceServer, mode: str, kind: str
+def test_more_than_the_budget_is_resource_exhausted(
+    tmp_path: Path,
+    registry: RegistryServer,
+    server: SourceServer,
+    mode: str,
+    kind: str,
+    budget: str,
 ) -> None:
+    files, limit = OVER_BUDGET[budget]
     node = Node(mode, tmp_path, limits=SMALL)
-    many = {f"f{n:03}.txt": str(n) for n in range(SMALL.max_entries + 8)}
     with pytest.raises(errors.ResourceExhausted) as info:
-        publish(node, kind, many, registry=registry, server=server)
-    assert str(SMALL.max_entries) in info.value.message
+        publish(node, kind, files, registry=registry, server=server)
+    assert str(limit) in info.value.message
 
 
 @pytest.mark.parametrize("mode", MODES)
