@@ -82,20 +82,26 @@ def decode(doc: dict[str, Any]) -> Inventory:
 def to_configmap(inv: Inventory, *, system_namespace: str) -> Obj:
     """The ConfigMap that stores ``inv``; compressed when large."""
     text = json.dumps(encode(inv), separators=(",", ":"))
+    return _configmap(inv.name, system_namespace, text, DATA_KEY, BINARY_KEY)
+
+
+def _configmap(name: str, system_namespace: str, text: str, key: str, binary_key: str) -> Obj:
+    """Deployment ``name``'s inventory ConfigMap holding ``text`` under ``key``, or gzipped
+    under ``binary_key`` when it is large (the API carries binaryData as base64)."""
     body: Obj = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
-            "name": configmap_name(inv.name),
+            "name": configmap_name(name),
             "namespace": system_namespace,
-            "labels": {INVENTORY_LABEL: "true", OWNER_LABEL: inv.name},
+            "labels": {INVENTORY_LABEL: "true", OWNER_LABEL: name},
         },
     }
     if len(text) > COMPRESS_ABOVE:
         packed = gzip.compress(text.encode(), compresslevel=6, mtime=0)
-        body["binaryData"] = {BINARY_KEY: base64.b64encode(packed).decode()}
+        body["binaryData"] = {binary_key: base64.b64encode(packed).decode()}
     else:
-        body["data"] = {DATA_KEY: text}
+        body["data"] = {key: text}
     return body
 
 
@@ -114,21 +120,7 @@ def record_configmap(name: str, doc: dict[str, Any], *, system_namespace: str) -
     """The apply body that puts install record ``doc`` on deployment ``name``'s inventory
     ConfigMap (apply it with field manager ``RECORD_MANAGER``); compressed when large."""
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
-    body: Obj = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": configmap_name(name),
-            "namespace": system_namespace,
-            "labels": {INVENTORY_LABEL: "true", OWNER_LABEL: name},
-        },
-    }
-    if len(text) > COMPRESS_ABOVE:
-        packed = gzip.compress(text.encode(), compresslevel=6, mtime=0)
-        body["binaryData"] = {RECORD_BINARY_KEY: base64.b64encode(packed).decode()}
-    else:
-        body["data"] = {RECORD_KEY: text}
-    return body
+    return _configmap(name, system_namespace, text, RECORD_KEY, RECORD_BINARY_KEY)
 
 
 def record_of(cm: Obj | None) -> dict[str, Any] | None:
