@@ -90,20 +90,26 @@ def widget(group: str, version: str, name: str, spec: dict[str, Any]) -> dict[st
     }
 
 
-def deployment(name: str = "web", *, image: str = "example.invalid/web:1") -> dict[str, Any]:
-    """A one-container Deployment (no namespace: the install namespace is used)."""
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{"name": name, "image": image}]},
-            },
-        },
+def deployment(
+    name: str = "web",
+    *,
+    image: str = "example.invalid/web:1",
+    namespace: str | None = None,
+    replicas: int | None = None,
+    containers: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A Deployment labelled ``app: NAME``, one container unless ``containers`` are given;
+    without ``namespace`` the install namespace is used."""
+    meta: dict[str, Any] = {"name": name}
+    if namespace is not None:
+        meta.update(namespace=namespace, labels={"app": name})
+    spec: dict[str, Any] = {} if replicas is None else {"replicas": replicas}
+    spec["selector"] = {"matchLabels": {"app": name}}
+    spec["template"] = {
+        "metadata": {"labels": {"app": name}},
+        "spec": {"containers": containers or [{"name": name, "image": image}]},
     }
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": spec}
 
 
 def bundle_doc(name: str, ref: str, *, cls: str = model.PLAIN_CLASS) -> dict[str, Any]:

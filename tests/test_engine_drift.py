@@ -9,6 +9,7 @@ from provisioner.engine import ownership
 from provisioner.engine.diff import comparable, unified
 from provisioner.engine.drift import drift_reason
 from provisioner.engine.objects import with_owner
+from tests.bundles import deployment
 
 
 def test_drift_is_decided_by_existence_owner_label_and_our_managed_fields() -> None:
@@ -54,28 +55,18 @@ def test_the_diff_ignores_status_and_server_maintained_metadata() -> None:
     assert "-  k: old\n+  k: new\n" in text
 
 
-DEPLOYMENT: dict[str, Any] = {
-    "apiVersion": "apps/v1",
-    "kind": "Deployment",
-    "metadata": {"name": "web", "namespace": "demo", "labels": {"app": "web"}},
-    "spec": {
-        "replicas": 1,
-        "selector": {"matchLabels": {"app": "web"}},
-        "template": {
-            "metadata": {"labels": {"app": "web"}},
-            "spec": {
-                "containers": [
-                    {
-                        "name": "web",
-                        "image": "example.com/web:1",
-                        "args": ["--port", "8080"],
-                        "ports": [{"containerPort": 8080}],
-                    }
-                ],
-            },
-        },
-    },
-}
+DEPLOYMENT: dict[str, Any] = deployment(
+    namespace="demo",
+    replicas=1,
+    containers=[
+        {
+            "name": "web",
+            "image": "example.com/web:1",
+            "args": ["--port", "8080"],
+            "ports": [{"containerPort": 8080}],
+        }
+    ],
+)
 
 # as the API server records it: the selector and args are atomic (leaves), the ports
 # key carries the protocol the server defaulted

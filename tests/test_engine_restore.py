@@ -14,25 +14,12 @@ from provisioner.engine import appliedrecord, ownership, restore
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import FIELD_MANAGER, ObjectRef, with_owner
 from rukpak.common.backoff import Backoff
+from tests.bundles import deployment
 
-DEPLOYMENT: dict[str, Any] = {
-    "apiVersion": "apps/v1",
-    "kind": "Deployment",
-    "metadata": {"name": "web", "namespace": "demo", "labels": {"app": "web"}},
-    "spec": {
-        "replicas": 2,
-        "selector": {"matchLabels": {"app": "web"}},
-        "template": {
-            "metadata": {"labels": {"app": "web"}},
-            "spec": {
-                "containers": [
-                    {"name": "web", "image": "web:1", "ports": [{"containerPort": 80}]},
-                    {"name": "side", "image": "side:1"},
-                ]
-            },
-        },
-    },
-}
+WEB = {"name": "web", "image": "web:1", "ports": [{"containerPort": 80}]}
+DEPLOYMENT: dict[str, Any] = deployment(
+    namespace="demo", replicas=2, containers=[WEB, {"name": "side", "image": "side:1"}]
+)
 
 FIELDS: dict[str, Any] = {
     "f:metadata": {"f:labels": {".": {}, "f:app": {}}},
@@ -72,27 +59,8 @@ def _live() -> dict[str, Any]:
 
 def test_ours_sets_exactly_the_owned_fields_with_their_last_good_values() -> None:
     body = restore.ours(_live(), FIELDS)
-    assert body == {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "web", "namespace": "demo", "labels": {"app": "web"}},
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": {
-                "metadata": {"labels": {"app": "web"}},
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "web",
-                            "image": "web:1",
-                            "ports": [{"containerPort": 80}],
-                        }
-                    ]
-                },
-            },
-        },
-    }
+    # the side container, the status and managedFields are not ours: they are left out
+    assert body == deployment(namespace="demo", replicas=2, containers=[WEB])
 
 
 @pytest.mark.parametrize(

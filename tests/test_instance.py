@@ -414,10 +414,13 @@ class TestTheInstanceProcess:
         # the next run rewrites the inventory (manager rukpak) and the record (rukpak-record):
         # neither apply removes the other's key
         write_bundle(root, {"01_all.yaml": [namespace(name), configmap("b", name, k="1")]})
-        proc = run_instance("--bundle-dir", str(root), "--name", name, "--identity", "run-2")
+        proc = run_instance(
+            "--bundle-dir", str(root), "--name", name, "--identity", "run-2", "--bundle", "b-2"
+        )
         assert proc.process.wait(60) == 0, proc.log()
         cm_now = inventory_cm(kube, name)
         assert cm_now is not None
         assert {r.name for r in inventory.from_configmap(cm_now).refs} == {name, "b"}
         again = runs.InstallRecord.of_inventory(cm_now)
-        assert again is not None and again.by == "run-2" and not again.awaiting
+        assert again is not None and (again.by, again.bundle) == ("run-2", "b-2")
+        assert not again.awaiting
