@@ -387,17 +387,18 @@ YAML
     bd_is hello Healthy True
   show get bd,bundles
   show get all,configmaps -n hello -l app.kubernetes.io/part-of=rukpak-examples
-  echo "The instance ran to completion and recorded the install on its Lease; at rest no"
-  echo "instance pod runs (the manager watches the installed objects instead):"
+  echo "The instance ran to completion and recorded the install on the inventory ConfigMap;"
+  echo "at rest no instance pod runs (the manager watches the installed objects instead):"
   poll 60 "the instance run to finish" "pods" -- no_instance_pods hello
   show get pods -n rukpak-system -l core.rukpak.io/bundle-deployment=hello
-  show get lease rukpak-instance-hello -n rukpak-system \
-    -o jsonpath='installed-bundle={.metadata.annotations.core\.rukpak\.io/installed-bundle}{"\n"}'
+  show get configmap rukpak-inventory-hello -n rukpak-system \
+    -o jsonpath='install-record={.data.install-record}{"\n"}'
   local first_bundle
   first_bundle=$(active_bundle hello)
 
   say "Deleting the managed Deployment hello/hello: it comes back"
-  echo "The manager sees an installed object go and starts a new instance run."
+  echo "The manager sees an installed object go and restores it from the last version it saw"
+  echo "(as the instance's ServiceAccount, no run; a DriftRestored event says so)."
   local uid
   uid=$(deployment_uid)
   show delete deployment hello -n hello --wait=false
