@@ -144,7 +144,17 @@ def test_the_generated_bundle_is_named_by_the_template_hash_and_owned_by_the_bd(
         model.BD_LABEL: "hello",
     }
     assert len(b["metadata"]["name"]) <= 52
-    assert b["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    # as upstream's metav1.NewControllerRef builds it
+    assert b["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": model.API_VERSION,
+            "kind": model.BUNDLE_DEPLOYMENT,
+            "name": "hello",
+            "uid": "uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
     assert b["spec"] == B["spec"]["template"]["spec"]
 
 

@@ -78,8 +78,20 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _POLICY_RULE_FIELDS = ("verbs", "apiGroups", "resources", "resourceNames", "nonResourceURLs")
 
 
+CONVERT_PREFIX = "convert registry+v1 bundle to plain+v0 bundle: "
+"""Upstream's prefix of every conversion failure."""
+
+
 def load(root: Path) -> Bundle:
-    """Read the registry+v1 bundle at ``root`` and convert it to plain objects."""
+    """Read the registry+v1 bundle at ``root`` and convert it to plain objects; a failure
+    carries upstream's prefix (``CONVERT_PREFIX``)."""
+    try:
+        return _load(root)
+    except BundleInvalid as err:
+        raise BundleInvalid(CONVERT_PREFIX + err.message) from None
+
+
+def _load(root: Path) -> Bundle:
     base = root.resolve()
     package = _package_name(base)
     manifests = _read_manifests(base)

@@ -51,14 +51,16 @@ def prepare(kube: Kube, bundle: Bundle, *, name: str, namespace: str) -> list[Ma
     scopes = _bundle_scopes(bundle.manifests)
     out: list[Manifest] = []
     seen: dict[tuple[str, str, str, str], Manifest] = {}
+    unknown: dict[tuple[str, str], str] = {}
     for m in bundle.manifests:
         ref = m.ref
         namespaced = scopes.get((ref.group, ref.kind))
         if namespaced is None:
             try:
                 namespaced = kube.resource(ref.api_version, ref.kind).namespaced
-            except UnknownKind as err:
-                raise BundleInvalid(f"{m.source}: {err}") from None
+            except UnknownKind:
+                unknown.setdefault((ref.api_version, ref.kind), str(m.source))
+                continue
         target = (ref.namespace or namespace) if namespaced else ""
         obj = ownership.with_digest(with_owner(with_namespace(m.obj, target), name))
         prepared = Manifest(obj=obj, source=m.source)
@@ -68,7 +70,19 @@ def prepare(kube: Kube, bundle: Bundle, *, name: str, namespace: str) -> list[Ma
                 f"{m.source}: {prepared.ref} is defined twice (first in {first.source})"
             )
         out.append(prepared)
+    if unknown:
+        raise BundleInvalid(unknown_kinds(unknown))
     return out
+
+
+def unknown_kinds(unknown: dict[tuple[str, str], str]) -> str:
+    """Every kind the API server does not serve, in the API machinery's words (upstream
+    reports ``no matches for kind "X" in version "G/V"``), with where the bundle uses it."""
+    return "; ".join(
+        f'{source}: no matches for kind "{kind}" in version "{api_version}" '
+        "(the API server has no resource for it: is its CRD installed?)"
+        for (api_version, kind), source in sorted(unknown.items())
+    )
 
 
 LIST_THRESHOLD = 20

@@ -61,6 +61,7 @@ def owner_reference(bd: Obj) -> Obj:
         "name": model.name_of(bd),
         "uid": str(meta_of(bd).get("uid") or ""),
         "controller": True,
+        "blockOwnerDeletion": True,  # as metav1.NewControllerRef sets it
     }
 
 
