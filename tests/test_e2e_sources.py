@@ -225,7 +225,8 @@ def test_broken_sources_fail_with_a_message_naming_the_problem(
     assert 'get subdirectory "nothing-here"' in messages["git"]["message"], messages
     assert "redirected to another host" in messages["http"]["message"], messages
     assert messages["cm"]["message"] == (
-        f'get configmap {inst.NAMESPACE}/absent: configmaps "absent" not found'
+        f"source bundle content: get configmap {inst.NAMESPACE}/absent: "
+        'ConfigMap "absent" not found'  # upstream's words
     )
     # the unpack pod of the failed git Bundle goes: nothing left behind
     pod = ObjectRef("", "v1", "Pod", inst.NAMESPACE, f"src-bad-git-{SUFFIX}")

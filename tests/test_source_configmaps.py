@@ -105,8 +105,8 @@ def test_missing_and_mutable_configmaps_fail_naming_them_until_fixed(kube: Kube)
     assert unpacked(live) == (
         "Failing",
         "UnpackFailed",
-        f'get configmap {NS}/missing: configmaps "missing" not found; configmap {NS}/mutable '
-        "is mutable: all bundle configmaps must be immutable",
+        f'source bundle content: get configmap {NS}/missing: ConfigMap "missing" not found; '
+        f"configmap {NS}/mutable is mutable: all bundle configmaps must be immutable",
     )
     assert sources.pinned(live) is None
     configmap(kube, "missing", {"b.yaml": CM, "c.yaml": CM})
@@ -159,9 +159,9 @@ def test_two_configmaps_writing_one_path_and_escaping_paths_are_refused(kube: Ku
     with pytest.raises(errors.FailedPrecondition) as exc:
         resolution.configmap_items(kube, entries, namespace=NS)
     assert exc.value.message == (
-        f'configmap {NS}/two contains path "manifests/a.yaml" which is already referenced by '
-        f"configmap {NS}/one; configmap {NS}/one: path '../up' is outside the bundle: use a "
-        "relative path"
+        f'source bundle content: configmap {NS}/two contains path "manifests/a.yaml" which is '
+        f"already referenced by configmap {NS}/one; configmap {NS}/one: path '../up' is "
+        "outside the bundle: use a relative path"
     )
 
 

@@ -96,6 +96,10 @@ def resolve(kube: Kube, source: Obj, *, namespace: str, resolve_image: ImageReso
     raise errors.InvalidArgument(f'bundle source type "{kind}" not supported')
 
 
+SOURCE_PREFIX = "source bundle content: "
+"""Upstream's prefix of a source whose content cannot be had."""
+
+
 def configmap_items(kube: Kube, entries: list[Obj], *, namespace: str) -> list[list[str]]:
     """``[configMap, key, path in the bundle]`` for every file, after upstream's checks:
     each ConfigMap exists and is immutable; no two put a file at the same path."""
@@ -113,7 +117,7 @@ def configmap_items(kube: Kube, entries: list[Obj], *, namespace: str) -> list[l
             continue
         cm = kube.get(ObjectRef("", "v1", "ConfigMap", namespace, name))
         if cm is None:
-            problems.append(f'get configmap {namespace}/{name}: configmaps "{name}" not found')
+            problems.append(f'get configmap {namespace}/{name}: ConfigMap "{name}" not found')
             continue
         if cm.get("immutable") is not True:
             problems.append(
@@ -131,8 +135,8 @@ def configmap_items(kube: Kube, entries: list[Obj], *, namespace: str) -> list[l
                 continue
             seen[path] = name
             items.append([name, key, path])
-    if problems:
-        raise errors.FailedPrecondition("; ".join(problems))
+    if problems:  # in upstream's words (its unpacker's prefix, the cache client's NotFound)
+        raise errors.FailedPrecondition(SOURCE_PREFIX + "; ".join(problems))
     return items
 
 
