@@ -28,7 +28,8 @@ class KeyedLocks:
     @contextlib.contextmanager
     def hold(self, key: str) -> Iterator[None]:
         with self._guard:
-            lock, users = self._locks.get(key, (threading.Lock(), 0))
+            found = self._locks.get(key)
+            lock, users = found if found is not None else (threading.Lock(), 0)
             self._locks[key] = (lock, users + 1)
         try:
             with lock:
