@@ -156,6 +156,7 @@ def test_more_than_the_budget_is_resource_exhausted(
     with pytest.raises(errors.ResourceExhausted) as info:
         publish(node, kind, files, registry=registry, server=server)
     assert str(limit) in info.value.message
+    assert f"--max-unpacked-{budget}" in info.value.message  # what to do about it
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -430,7 +430,8 @@ def write_tar(
                 if entries > max_entries:
                     raise errors.ResourceExhausted(
                         f"git repository {repository} at {commit}: more than {max_entries} "
-                        "entries in the bundle directory"
+                        "entries in the bundle directory (the node's budget); use a smaller "
+                        "directory or raise --max-unpacked-files"
                     )
                 kind = item.mode & S_IFMT
                 info = tarfile.TarInfo(path)
@@ -453,7 +454,8 @@ def write_tar(
                 if total > max_bytes:
                     raise errors.ResourceExhausted(
                         f"git repository {repository} at {commit}: the bundle directory holds "
-                        f"more than {max_bytes} bytes"
+                        f"more than {max_bytes} bytes (the node's budget); use a smaller "
+                        "directory or raise --max-unpacked-bytes"
                     )
                 if kind == S_IFLNK:
                     info.type = tarfile.SYMTYPE
