@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -526,20 +527,33 @@ def test_the_console_scripts_are_installed_and_answer() -> None:
     assert "a subcommand is required: instance, manager" in manager.stderr
 
 
+RUN_TIMEOUT = 400
+"""Seconds ``make run`` may take here (about 80 on this machine, alone)."""
+
+
 @pytest.mark.registry
 @pytest.mark.slow
 def test_make_run_builds_pushes_inspects_and_stops_its_registry() -> None:
     repo = Path(__file__).resolve().parent.parent
     env = {**os.environ, "VENV": str(Path(sys.executable).parent.parent)}
-    done = subprocess.run(
+    proc = subprocess.Popen(
         ["bash", "hack/run.sh"],
         cwd=repo,
         env=env,
         stdin=subprocess.DEVNULL,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=120,
+        start_new_session=True,
     )
+    try:
+        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        # SIGTERM: run.sh's trap stops the cluster and registry it started, by pid
+        os.killpg(proc.pid, signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+        pytest.fail(f"make run took more than {RUN_TIMEOUT}s:\n{stdout}{stderr}")
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Platforms:  linux/amd64, linux/arm64/v8" in done.stdout
     assert "already present" in done.stderr

@@ -7,6 +7,10 @@ These are ``provisioner.cli.bundle`` (``rukpak bundle build|push|inspect``) and
 ``provisioner.cli.apply`` (``rukpak apply|diff|status|uninstall``); flags they
 share are defined once in ``provisioner.runtime.flags``.
 
+``kubectl-rukpak`` runs the same command line as a kubectl plugin (``kubectl rukpak
+...``), and ``kubectl_complete-rukpak`` completes it for kubectl (``complete``); ``rukpak
+completion bash`` prints a bash completion of ``rukpak`` and ``kubectl-rukpak``.
+
 Exit codes: 0 success; 1 an error with a code (``rukpak.common.errors``) or a local
 file error, printed as ``error: <message>`` on stderr; 2 a usage error
 (argparse); 130 interrupted.
@@ -22,6 +26,7 @@ import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
+from provisioner.cli import complete
 from provisioner.runtime import flags
 from rukpak.common import errors
 
@@ -35,9 +40,9 @@ Handler = Callable[[argparse.Namespace], int]
 log = logging.getLogger("rukpak")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "rukpak") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="rukpak",
+        prog=prog,
         description="Build, push and inspect RukPak bundles; apply them to a cluster.",
     )
     flags.add_verbose(parser)
@@ -47,7 +52,21 @@ def build_parser() -> argparse.ArgumentParser:
         module = _load(name, required=required)
         if module is not None:
             module.register(subparsers)
+    shells = subparsers.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description="Print a bash completion of rukpak and kubectl-rukpak: "
+        "source <(rukpak completion bash). kubectl rukpak completes through kubectl's own "
+        "completion (kubectl_complete-rukpak, kubectl 1.26 and later).",
+    )
+    shells.add_argument("shell", choices=["bash"])
+    shells.set_defaults(func=lambda _args: _print(complete.BASH_SCRIPT))
     return parser
+
+
+def _print(text: str) -> int:
+    sys.stdout.write(text)
+    return 0
 
 
 def _load(name: str, *, required: bool) -> ModuleType | None:
@@ -59,9 +78,23 @@ def _load(name: str, *, required: bool) -> ModuleType | None:
         return None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def kubectl_main(argv: Sequence[str] | None = None) -> int:
+    """``kubectl-rukpak``: the same command line as a kubectl plugin."""
+    return main(argv, prog="kubectl rukpak")
+
+
+def kubectl_complete(argv: Sequence[str] | None = None) -> int:
+    """``kubectl_complete-rukpak``: what kubectl runs to complete ``kubectl rukpak ...``."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    return _print(complete.answer(build_parser("kubectl rukpak"), words))
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "rukpak") -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["__complete"]:  # the bash completion's question (Cobra's protocol)
+        return _print(complete.answer(build_parser(prog), words[1:]))
+    parser = build_parser(prog)
+    args = parser.parse_args(words)
     _configure_logging(verbose=bool(args.verbose))
     handler: Handler = args.func
     try:
