@@ -116,6 +116,10 @@ def test_the_damper_backs_off_exponentially_and_forgets_after_a_quiet_window() -
     damper.record("bd/b", now)
     damper.forget("bd/")
     assert damper.fights("bd/b", now) == 0
+    damper.record("web", now)
+    damper.record("web-2", now)
+    damper.drop("web")  # one deleted BundleDeployment, not every name it prefixes
+    assert (damper.fights("web", now), damper.fights("web-2", now)) == (0, 1)
 
 
 # -- against the real API server -----------------------------------------------------------

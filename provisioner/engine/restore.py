@@ -185,6 +185,10 @@ class Damper:
     def fights(self, key: str, now: float) -> int:
         return len(self._recent(key, now))
 
+    def drop(self, key: str) -> None:
+        """Drop the history of ``key`` (a deleted BundleDeployment)."""
+        self._history.pop(key, None)
+
     def forget(self, prefix: str) -> None:
         """Drop the history of every key starting with ``prefix`` (an uninstalled BD)."""
         for key in [k for k in self._history if k.startswith(prefix)]:

@@ -215,7 +215,11 @@ class Controller(Reconciler):
     def reconcile(self, name: str) -> float | None:
         """One pass for BD ``name``; the requeue delay the plan asked for, if any."""
         seen = self.observe(name)
-        if seen is None:
+        if seen is None:  # gone: so is what we remembered of its fights
+            with self._repairs:
+                self._restore_failed.pop(name, None)
+                self._conflicts.pop(name, None)
+                self.damper.drop(name)
             return None
         bd, observed = seen
         actions = plan.plan(bd, observed, settings=self.settings)
