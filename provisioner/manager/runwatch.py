@@ -170,12 +170,12 @@ class RunWatch:
                 continue
             kept = self.health.last_good(key, recorded) if restorable else None
             body = _restore_body(kept)
-            if body is None:
+            if kept is None or body is None:
                 reasons.append(f"{ref}: {why}")
                 continue
             bodies.append(body)
             restored.append(f"{ref}: {why}")
-            fields = frozenset(restore.fields_of(applied_fields(kept or {})))
+            fields = frozenset(restore.fields_of(applied_fields(kept)))
             taken += [
                 f"{path} of {ref} (by {who})" for who, path in restore.others_owning(live, fields)
             ]

@@ -153,10 +153,8 @@ def retry(
             if attempt + 1 >= attempts or not retryable(err):
                 raise
             delay = backoff.delay(attempt)
-            if deadline is not None:
-                if deadline.remaining() <= delay:
-                    raise  # the retry could not start in time: the caller names the deadline
-                delay = min(delay, deadline.remaining())
+            if deadline is not None and deadline.remaining() <= delay:
+                raise  # the retry could not start in time: the caller names the deadline
             if on_retry is not None:
                 on_retry(attempt + 1, err, delay)
             sleep(delay)
