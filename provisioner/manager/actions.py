@@ -1,6 +1,6 @@
 """The actions a BundleDeployment's plan is made of: what ``plan`` decides, ``actuate`` does.
 
-Sits between the planners (``plan``, ``runs``; ``bundleplan`` shares
+Sits between the planners (``plan``, ``inline``, ``runs``; ``bundleplan`` shares
 ``RecordEvent``) and ``actuate``, the only writer: plain values, one per kind
 of request, so plans are compared in tests as data.
 """
@@ -76,6 +76,18 @@ class RecordEvent:
 
 
 @dataclass(frozen=True)
+class ResolveSource:
+    """Pin a BundleDeployment's inline ``source`` (created as v1alpha2) for ``generation``:
+    record ``status.resolvedSource``, its ``Unpacked`` condition and the pin annotation,
+    or report why it cannot be pinned (``ref`` names the source in messages)."""
+
+    ref: str
+    source: Obj
+    namespace: str
+    generation: int
+
+
+@dataclass(frozen=True)
 class Requeue:
     """Look again after ``after`` seconds: waiting on something no watch reports."""
 
@@ -95,5 +107,6 @@ Action = (
     | Uninstall
     | WriteStatus
     | RecordEvent
+    | ResolveSource
     | Requeue
 )

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from provisioner.engine import lifecycle
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, meta_of
-from provisioner.manager import bundleplan, events, model, plan, resolution
+from provisioner.manager import bundleplan, events, inline, model, plan, resolution, sources
 from provisioner.runtime import lease
 from rukpak.common import errors
 from rukpak.oci import client as oci_client
@@ -50,17 +50,19 @@ class RegistryResolver:
         return f"{parsed.name}@{desc.digest}"  # the tag is dropped: the digest decides
 
 
-def bd_ref(name: str) -> ObjectRef:
-    return ObjectRef(model.GROUP, model.VERSION, model.BUNDLE_DEPLOYMENT, "", name)
+def bd_ref(name: str, api_version: str = model.API_VERSION) -> ObjectRef:
+    """The BundleDeployment ``name`` in ``api_version`` (the version it was read in)."""
+    version = api_version.rpartition("/")[2] or model.VERSION
+    return ObjectRef(model.GROUP, version, model.BUNDLE_DEPLOYMENT, "", name)
 
 
 def bundle_ref(name: str) -> ObjectRef:
     return ObjectRef(model.GROUP, model.VERSION, model.BUNDLE, "", name)
 
 
-def write_status(kube: Kube, name: str, status: Obj) -> None:
+def write_status(kube: Kube, name: str, status: Obj, api_version: str = model.API_VERSION) -> None:
     """Replace the BD's status fields we own (conditions are replaced as a whole)."""
-    kube.merge_patch_status(bd_ref(name), {"status": status})
+    kube.merge_patch_status(bd_ref(name, api_version), {"status": status})
 
 
 def record_event(kube: Kube, bd: Obj, event: plan.RecordEvent, *, now: str) -> None:
@@ -86,7 +88,7 @@ def _set_finalizers(kube: Kube, bd: Obj, finalizers: list[str]) -> Obj:
     """Replace the finalizers if the BD is unchanged since observed (else ``Aborted``)."""
     meta = bd.get("metadata") or {}
     return kube.merge_patch(
-        bd_ref(str(meta.get("name"))),
+        bd_ref(str(meta.get("name")), str(bd.get("apiVersion") or model.API_VERSION)),
         {"metadata": {"finalizers": finalizers, "resourceVersion": meta.get("resourceVersion")}},
     )
 
@@ -133,6 +135,55 @@ def resolve_bundle(kube: Kube, bundle: Obj, action: bundleplan.Resolve, resolve:
         resolved=pinned.resolved,
     )
     kube.merge_patch_status(bundle_ref(action.name), {"status": status})
+
+
+def resolve_source(kube: Kube, bd: Obj, action: plan.ResolveSource, resolve: Resolver) -> None:
+    """Pin a v1alpha2 BundleDeployment's inline source (``inline``): record
+    ``status.resolvedSource`` with ``Unpacked`` (Unpacking), then the pin annotation.
+
+    A failure the user must fix is ``Unpacked`` False/UnpackFailed with upstream's
+    ``source bundle content: `` prefix; a server that did not answer keeps it
+    UnpackPending with the answer. Both raise ``Unavailable`` (retried with backoff).
+    """
+    name = model.name_of(bd)
+    api_version = str(bd.get("apiVersion") or model.API_VERSION_V2)
+    now = _now()
+    try:
+        pinned = resolution.resolve(
+            kube, action.source, namespace=action.namespace, resolve_image=resolve
+        )
+    except errors.RukpakError as err:
+        if action.source.get("type") != "image" and resolution.permanent(err):
+            verdict = ("False", bundleplan.REASON_FAILED, resolution.SOURCE_PREFIX + err.message)
+        else:
+            verdict = (
+                "False",
+                bundleplan.REASON_PENDING,
+                f"cannot resolve {action.ref}: {err.message}",
+            )
+        old = inline.unpacked_condition_message(bd)
+        if old != verdict[2]:
+            write_status(kube, name, inline.unpacked_status(bd, verdict, now), api_version)
+            record_event(kube, bd, plan.RecordEvent("Warning", verdict[1], verdict[2]), now=now)
+        raise errors.Unavailable(verdict[2]) from None
+    described = sources.describe(pinned.resolved)
+    verdict = (
+        "False",
+        bundleplan.REASON_UNPACKING,
+        f"pinned {described}; waiting for the instance",
+    )
+    write_status(
+        kube,
+        name,
+        inline.unpacked_status(bd, verdict, now, resolved=pinned.resolved),
+        api_version,
+    )
+    annotations = {
+        **pinned.annotations,
+        inline.PIN_ANNOTATION: inline.pin_annotation(action.generation, now),
+    }
+    kube.merge_patch(bd_ref(name, api_version), {"metadata": {"annotations": annotations}})
+    record_event(kube, bd, plan.RecordEvent("Normal", "Resolved", f"pinned {described}"), now=now)
 
 
 def _message(bundle: Obj) -> str:
@@ -206,6 +257,7 @@ def perform(
     Raises the first failure (the work queue retries the whole reconcile with backoff).
     """
     name = model.name_of(bd)
+    api_version = str(bd.get("apiVersion") or model.API_VERSION)
     requeue: float | None = None
     for action in actions:
         log.info("msg='action' bd=%s action=%s", name, type(action).__name__)
@@ -247,7 +299,9 @@ def perform(
                         kube, name, policy=policy, system_namespace=system_namespace
                     )
             case plan.WriteStatus(status=status):
-                write_status(kube, name, status)
+                write_status(kube, name, status, api_version)
+            case plan.ResolveSource():
+                resolve_source(kube, bd, action, resolve)
             case plan.RecordEvent():
                 record_event(kube, bd, action, now=now)
             case plan.Requeue(after=after):

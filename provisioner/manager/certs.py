@@ -214,3 +214,27 @@ def publish_ca(kube: Kube, configuration: str, ca: bytes) -> bool:
     kube.merge_patch(ref, {"metadata": {"resourceVersion": rv}, "webhooks": hooks})
     log.info("msg='webhook caBundle published' configuration=%s", configuration)
     return True
+
+
+def publish_conversion_ca(kube: Kube, crd_name: str, ca: bytes) -> bool:
+    """Set the CRD's conversion webhook ``caBundle``; False if the CRD is absent or converts
+    without a webhook."""
+    ref = ObjectRef("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "", crd_name)
+    live = kube.get(ref)
+    if live is None:
+        return False
+    conversion = (live.get("spec") or {}).get("conversion") or {}
+    if conversion.get("strategy") != "Webhook":
+        return False
+    encoded = base64.b64encode(ca).decode()
+    client = (conversion.get("webhook") or {}).get("clientConfig") or {}
+    if client.get("caBundle") == encoded:
+        return True
+    rv = meta_of(live).get("resourceVersion")
+    patch = {
+        "metadata": {"resourceVersion": rv},
+        "spec": {"conversion": {"webhook": {"clientConfig": {"caBundle": encoded}}}},
+    }
+    kube.merge_patch(ref, patch)
+    log.info("msg='conversion caBundle published' crd=%s", crd_name)
+    return True

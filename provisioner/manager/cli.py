@@ -24,6 +24,7 @@ from rukpak.common import errors
 
 log = logging.getLogger("rukpak.manager")
 LEASE_NAME = "rukpak-manager"
+BD_CRD = f"bundledeployments.{model.GROUP}"
 
 
 def register(subparsers: Any) -> None:
@@ -137,24 +138,42 @@ def webhook_hosts(service: str, namespace: str) -> list[str]:
 
 
 def start_webhook(
-    kube: Kube, args: argparse.Namespace, namespace: str, stop: threading.Event
+    kube: Kube,
+    args: argparse.Namespace,
+    namespace: str,
+    stop: threading.Event,
+    *,
+    default_namespace: str = model.Settings.default_install_namespace,
 ) -> webhook.Server:
-    """Serve the CRD webhook with the managed certificate; publish its CA in the background."""
+    """Serve the webhooks with the managed certificate; publish its CA (into the
+    ValidatingWebhookConfiguration and the BundleDeployment CRD's conversion) in the
+    background."""
     bundle = certs.ensure(kube, namespace, webhook_hosts(args.webhook_service, namespace))
     server = webhook.Server(
-        webhook.existing_from(kube), bundle, host=args.webhook_bind, port=args.webhook_port
+        webhook.existing_from(kube),
+        bundle,
+        host=args.webhook_bind,
+        port=args.webhook_port,
+        default_namespace=default_namespace,
     )
     server.start()
 
     def publish() -> None:
         delay = 1.0
+        done = {"validating": False, "conversion": False}
         while not stop.is_set():
             try:
-                if certs.publish_ca(kube, args.webhook_configuration, bundle.ca):
+                if not done["conversion"]:
+                    done["conversion"] = certs.publish_conversion_ca(kube, BD_CRD, bundle.ca)
+                if not done["validating"]:
+                    done["validating"] = certs.publish_ca(
+                        kube, args.webhook_configuration, bundle.ca
+                    )
+                if all(done.values()):
                     return
                 log.info(
-                    "msg='webhook configuration not found yet' name=%s",
-                    args.webhook_configuration,
+                    "msg='webhook configuration not found yet' names=%s",
+                    [name for name, ok in done.items() if not ok],
                 )
             except errors.RukpakError as err:
                 log.warning("msg='cannot publish the webhook CA' error=%r", err.message)
@@ -184,7 +203,13 @@ def run_manager(args: argparse.Namespace) -> int:
     server: webhook.Server | None = None
     try:
         if args.webhook_port:
-            server = start_webhook(kube, args, settings.system_namespace, stop)
+            server = start_webhook(
+                kube,
+                args,
+                settings.system_namespace,
+                stop,
+                default_namespace=settings.default_install_namespace,
+            )
         election = service.Election(args.leader_elect, settings.system_namespace, LEASE_NAME)
         return service.serve(kube, election, start, stop=stop, log=log, lost="stopped reconciling")
     except errors.RukpakError as err:

@@ -38,7 +38,17 @@ from provisioner.engine import listwatch, restore
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, meta_of
 from provisioner.engine.objects import labels_of as _labels
-from provisioner.manager import actuate, bundleplan, healthwatch, model, plan, runs, runwatch
+from provisioner.manager import (
+    actuate,
+    bundleplan,
+    conversion,
+    healthwatch,
+    inline,
+    model,
+    plan,
+    runs,
+    runwatch,
+)
 from provisioner.manager.model import Settings
 from provisioner.runtime.queue import WorkQueue
 from provisioner.runtime.workers import Reconciler
@@ -78,8 +88,9 @@ class Controller(Reconciler):
         self.read_health = read_health
         ns = settings.system_namespace
         caches = self.caches
+        # the storage version: no conversion on the watch of objects stored as v1alpha2
         self.bds = caches.add(
-            model.API_VERSION, model.BUNDLE_DEPLOYMENT, on_change=self._bd_changed
+            model.API_VERSION_V2, model.BUNDLE_DEPLOYMENT, on_change=self._bd_changed
         )
         self.bundles = caches.add(model.API_VERSION, model.BUNDLE, on_change=self._bundle_changed)
         self.pods = caches.add(
@@ -155,10 +166,21 @@ class Controller(Reconciler):
     # -- observe, plan, perform: BundleDeployments ----------------------------------------------
 
     def observe(self, name: str) -> tuple[Obj, plan.Observed] | None:
-        """The BD and everything ``plan`` needs about it, from the caches; None when gone."""
-        bd = self.bds.get("", name)
-        if bd is None:
+        """The BD and everything ``plan`` needs about it, from the caches; None when gone.
+
+        The BD comes in the version it was created in (``conversion.origin``): one created
+        as v1alpha1 is planned by ``plan`` from its v1alpha1 form, one created as v1alpha2
+        by ``inline``."""
+        stored = self.bds.get("", name)
+        if stored is None:
             return None
+        bd = (
+            conversion.to_v1alpha1(
+                stored, default_namespace=self.settings.default_install_namespace
+            )
+            if conversion.origin(stored) == "v1alpha1"
+            else stored
+        )
         bundles = tuple(
             b
             for b in self.bundles.items()
@@ -222,7 +244,10 @@ class Controller(Reconciler):
                 self.damper.drop(name)
             return None
         bd, observed = seen
-        actions = plan.plan(bd, observed, settings=self.settings)
+        if bd.get("apiVersion") == model.API_VERSION_V2:
+            actions = inline.plan_inline(bd, observed, settings=self.settings)
+        else:
+            actions = plan.plan(bd, observed, settings=self.settings)
         if actions:
             log.info("msg='plan' bd=%s actions=%s", name, plan.Summary.of(actions).counts)
         restoring = any(isinstance(a, plan.RestoreDrift) for a in actions)

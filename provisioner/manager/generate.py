@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from provisioner.engine.objects import Obj, meta_of
-from provisioner.manager import model, sources
+from provisioner.manager import conversion, model, sources
 from provisioner.manager.model import Settings
 
 INSTANCE_CONTAINER = "instance"
@@ -56,7 +56,7 @@ def _format_of(provisioner_class: object) -> str:
 
 def owner_reference(bd: Obj) -> Obj:
     return {
-        "apiVersion": model.API_VERSION,
+        "apiVersion": str(bd.get("apiVersion") or model.API_VERSION),
         "kind": model.BUNDLE_DEPLOYMENT,
         "name": model.name_of(bd),
         "uid": str(meta_of(bd).get("uid") or ""),
@@ -116,7 +116,7 @@ def _instance_pod_spec(bd: Obj, bundle: str, resolved: Obj, settings: Settings) 
     install_ns = spec.get("installNamespace") or settings.default_install_namespace
     template_spec = (spec.get("template") or {}).get("spec") or {}
     bundle_format = _format_of(
-        template_spec.get("provisionerClassName") or spec.get("provisionerClassName")
+        template_spec.get("provisionerClassName") or conversion.class_of(spec)
     )
     command = [model.INSTANCE_BINARY, "instance", "--bundle-dir", "/bundle"]
     command += ["--format", bundle_format]

@@ -21,6 +21,9 @@ from provisioner.engine.objects import name_of as name_of
 GROUP = "core.rukpak.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
+VERSION_V2 = "v1alpha2"
+API_VERSION_V2 = f"{GROUP}/{VERSION_V2}"
+"""BundleDeployments only (the storage version): the Bundle kind stays v1alpha1."""
 BUNDLE = "Bundle"
 BUNDLE_DEPLOYMENT = "BundleDeployment"
 

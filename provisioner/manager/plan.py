@@ -56,6 +56,7 @@ from provisioner.manager.actions import DeletePod as DeletePod
 from provisioner.manager.actions import RecordEvent as RecordEvent
 from provisioner.manager.actions import RemoveFinalizer as RemoveFinalizer
 from provisioner.manager.actions import Requeue as Requeue
+from provisioner.manager.actions import ResolveSource as ResolveSource
 from provisioner.manager.actions import RestoreDrift as RestoreDrift
 from provisioner.manager.actions import Uninstall as Uninstall
 from provisioner.manager.actions import WriteStatus as WriteStatus
@@ -202,9 +203,15 @@ def _status(
                     kind, cond["reason"], f"{cond['type']}={cond['status']}: {cond['message']}"
                 )
             )
-    if status == old_status:
-        return status, []
+    if all(old_status.get(k) == v for k, v in status.items()):
+        return status, []  # (a merge patch: fields we do not write stay as they are)
     return status, [WriteStatus(status), *events]
+
+
+def status_actions(bd: Obj, active: str, verdicts: dict[str, Verdict], now: str) -> list[Action]:
+    """The status write (and an event per condition transition) for ``verdicts``; none
+    when the status already says so."""
+    return _status(bd, active, verdicts, now)[1]
 
 
 # -- the planner -------------------------------------------------------------------------
@@ -218,7 +225,7 @@ def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
     if model.bundle_format(spec.get("provisionerClassName")) is None and not claimed:
         return []  # another provisioner's BundleDeployment: upstream filters by class
     if meta.get("deletionTimestamp"):
-        return _plan_deletion(bd, observed)
+        return plan_deletion(bd, observed)
     if spec.get("paused"):
         return []
     actions: list[Action] = []
@@ -282,7 +289,7 @@ def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
         and record is not None
         and record.bundle == target.bundle
     ):
-        actions += _repair(bd, observed.repair, settings)
+        actions += repair_actions(bd, observed.repair, settings)
     decision = runs.decide(
         bd,
         target,
@@ -309,8 +316,7 @@ def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
     conflict = field_conflict(bd, observed)
     if conflict is not None:
         verdicts[FIELD_CONFLICT] = conflict
-    _, status_actions = _status(bd, active, verdicts, observed.now)
-    return actions + status_actions
+    return actions + status_actions(bd, active, verdicts, observed.now)
 
 
 def instance_user(bd: Obj, settings: Settings) -> str:
@@ -319,7 +325,7 @@ def instance_user(bd: Obj, settings: Settings) -> str:
     return f"system:serviceaccount:{settings.system_namespace}:{account}"
 
 
-def _repair(bd: Obj, repair: Repair, settings: Settings) -> list[Action]:
+def repair_actions(bd: Obj, repair: Repair, settings: Settings) -> list[Action]:
     if repair.wait > 0:
         return [Requeue(repair.wait, "damping a fight over drifted fields")]
     more = f" (and {len(repair.reasons) - 3} more)" if len(repair.reasons) > 3 else ""
@@ -355,7 +361,7 @@ def field_conflict(bd: Obj, observed: Observed) -> Verdict | None:
     return "False", "NoConflict", "no other writer keeps changing fields this bundle applies"
 
 
-def _plan_deletion(bd: Obj, observed: Observed) -> list[Action]:
+def plan_deletion(bd: Obj, observed: Observed) -> list[Action]:
     if model.FINALIZER not in (meta_of(bd).get("finalizers") or []):
         return []
     if observed.pods:

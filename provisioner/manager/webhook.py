@@ -1,4 +1,5 @@
-"""The CRD upgrade-safety validating admission webhook (upstream's crdvalidator), over HTTPS.
+"""The manager's webhooks over HTTPS: CRD upgrade safety (upstream's crdvalidator) and the
+BundleDeployment conversion between v1alpha1 and v1alpha2.
 
 Sits beside the controllers in the manager process. The API server sends an
 ``admission.k8s.io/v1`` AdmissionReview for every CRD update; ``decide``
@@ -11,9 +12,12 @@ Sits beside the controllers in the manager process. The API server sends an
   and deny, in upstream's words, when a stored version would be removed or
   existing custom resources would become invalid.
 
-``Server`` serves ``PATH`` with the manager's own certificate (``certs``) on a
+``CONVERT_PATH`` answers the API server's ConversionReviews for the BundleDeployment
+CRD with ``conversion.review`` (pure, lossless both ways).
+
+``Server`` serves both paths with the manager's own certificate (``certs``) on a
 socket bound with SO_REUSEPORT, so two replicas on one host network both start.
-Every replica serves the webhook (admission is read-only), leader or not.
+Every replica serves them (both are read-only), leader or not.
 """
 
 from __future__ import annotations
@@ -32,12 +36,13 @@ from typing import Any
 from provisioner.engine import crdsafety
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, meta_of
-from provisioner.manager import certs
+from provisioner.manager import certs, conversion
 from rukpak.common import errors
 
 log = logging.getLogger("rukpak.webhook")
 
 PATH = "/validate-crd"
+CONVERT_PATH = "/convert"
 DEFAULT_PORT = 9443
 CONFIGURATION_NAME = "rukpak-crd-validator"
 UPSTREAM_OPT_OUT = "core.rukpak.io/safe-crd-upgrade-validation"
@@ -123,24 +128,34 @@ class _ReusePortServer(ThreadingHTTPServer):
         super().server_bind()
 
 
-def _handler(existing: Existing) -> type[BaseHTTPRequestHandler]:
+def _handler(existing: Existing, default_namespace: str) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-            if self.path.split("?", 1)[0] != PATH:
-                self._send(404, {"message": f"no webhook at {self.path}; use {PATH}"})
+            path = self.path.split("?", 1)[0]
+            if path not in (PATH, CONVERT_PATH):
+                self._send(
+                    404, {"message": f"no webhook at {self.path}; use {PATH} or {CONVERT_PATH}"}
+                )
                 return
-            length = int(self.headers.get("Content-Length") or 0)
+            what = "an AdmissionReview" if path == PATH else "a ConversionReview"
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                length = 0
             if length <= 0 or length > MAX_BODY:
-                self._send(400, {"message": "an AdmissionReview body is required"})
+                self._send(400, {"message": f"{what} body of at most {MAX_BODY} bytes is required"})
                 return
             try:
                 body: Any = json.loads(self.rfile.read(length))
                 if not isinstance(body, dict):
                     raise ValueError("not an object")
             except ValueError as err:
-                self._send(400, {"message": f"the body is not an AdmissionReview: {err}"})
+                self._send(400, {"message": f"the body is not {what}: {err}"})
                 return
-            self._send(200, review(body, existing))
+            if path == PATH:
+                self._send(200, review(body, existing))
+            else:
+                self._send(200, conversion.review(body, default_namespace=default_namespace))
 
         def do_GET(self) -> None:
             self._send(200 if self.path == "/healthz" else 404, {"ok": self.path == "/healthz"})
@@ -160,12 +175,18 @@ def _handler(existing: Existing) -> type[BaseHTTPRequestHandler]:
 
 
 class Server:
-    """The HTTPS server of ``PATH`` (and ``/healthz``) on one daemon thread."""
+    """The HTTPS server of ``PATH``, ``CONVERT_PATH`` (and ``/healthz``) on one daemon thread."""
 
     def __init__(
-        self, existing: Existing, bundle: certs.Bundle, *, host: str = "0.0.0.0", port: int = 0
+        self,
+        existing: Existing,
+        bundle: certs.Bundle,
+        *,
+        host: str = "0.0.0.0",
+        port: int = 0,
+        default_namespace: str = conversion.DEFAULT_INSTALL_NAMESPACE,
     ) -> None:
-        self._httpd = _ReusePortServer((host, port), _handler(existing))
+        self._httpd = _ReusePortServer((host, port), _handler(existing, default_namespace))
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         with tempfile.TemporaryDirectory(prefix="rukpak-webhook-") as tmp:
@@ -186,7 +207,7 @@ class Server:
             target=self._httpd.serve_forever, name="webhook", daemon=True
         )
         self._thread.start()
-        log.info("msg='webhook serving' port=%d path=%s", self.port, PATH)
+        log.info("msg='webhook serving' port=%d paths=%s,%s", self.port, PATH, CONVERT_PATH)
 
     def stop(self) -> None:
         self._httpd.shutdown()

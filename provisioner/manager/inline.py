@@ -1,0 +1,267 @@
+"""The planner of BundleDeployments created as v1alpha2: content named inline, no Bundles.
+
+Sits beside ``plan`` (objects created as v1alpha1, whose template generates Bundles)
+under the controller, which picks the planner by ``conversion.origin``; both hand their
+actions to ``actuate``. Pure: it never talks to the API nor reads the clock
+(``Observed.now``). The flow for a live BD:
+
+1. add the uninstall finalizer; ``spec.paused`` plans nothing more (deletion still
+   runs, as ``plan`` runs it);
+2. refuse what cannot be installed, in upstream's words where upstream has them: a
+   source type we do not fetch, and under ``spec.requireImmutableRefs`` an image tag, a
+   git branch or tag, an http URL without a content digest;
+3. pin the source (``ResolveSource``): ``status.resolvedSource`` and the annotation
+   ``PIN_ANNOTATION`` (the generation it was pinned for, and when). A pin holds until the
+   generation changes or, with ``spec.pollInterval``, until that interval passed; never
+   on a resync, so nothing pivots silently;
+4. install the pinned content with run-to-completion instance pods (``runs``), the
+   revision named ``<bd>-<hash of the pin and format>``; the instance pod mounts the pin
+   as its CSI volume, nothing is copied through the API server;
+5. undo drift and damp fights exactly as ``plan`` does;
+6. write the status: ``Unpacked`` (UnpackPending until pinned, Unpacking until the
+   instance mounted the content, UnpackSuccessful; UnpackFailed prefixed
+   ``source bundle content: ``), ``HasValidBundle``, ``Installed``, ``Healthy``, and
+   ``FieldConflict`` once a fight happened.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from provisioner.engine.objects import Obj, condition, meta_of
+from provisioner.manager import conversion, model, plan, runs, sources
+from provisioner.manager.actions import Action, AddFinalizer, Requeue, ResolveSource
+from provisioner.manager.model import Settings
+from provisioner.manager.resolution import SOURCE_PREFIX
+
+UNPACKED = "Unpacked"
+PIN_ANNOTATION = "core.rukpak.io/pinned"
+"""``{"generation": G, "at": RFC 3339}``: which generation ``status.resolvedSource`` pins."""
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def seconds_of(text: object) -> float | None:
+    """Seconds of a Go duration (``90s``, ``10m``, ``1h30m``, ``500ms``); None if not one."""
+    value = str(text or "")
+    if not value or _DURATION.sub("", value):
+        return None
+    return sum(float(n) * _UNITS[unit] for n, unit in _DURATION.findall(value))
+
+
+def _time(text: object) -> datetime | None:
+    try:
+        return datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+def pin_of(bd: Obj) -> tuple[int, str] | None:
+    """(generation, time) the recorded pin was made for; None when there is none."""
+    text = (meta_of(bd).get("annotations") or {}).get(PIN_ANNOTATION)
+    try:
+        doc: Any = json.loads(str(text))
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("generation"), int):
+        return None
+    return int(doc["generation"]), str(doc.get("at") or "")
+
+
+def pin_annotation(generation: int, now: str) -> str:
+    return json.dumps({"generation": generation, "at": now}, separators=(",", ":"))
+
+
+def mutable_ref(source: Obj) -> str | None:
+    """Why ``source`` names something that can change (``requireImmutableRefs``); None
+    when it names content by digest or commit."""
+    kind = source.get("type")
+    spec: Any = source.get(str(kind)) if isinstance(kind, str) else None
+    spec = spec if isinstance(spec, dict) else {}
+    if kind == "image":
+        ref = str(spec.get("ref") or "")
+        if not model.is_digest_ref(ref):
+            return f'image reference "{ref}" is a tag: name a digest (repository@sha256:...)'
+    if kind == "git":
+        ref = spec.get("ref") if isinstance(spec.get("ref"), dict) else {}
+        for key in ("branch", "tag"):
+            if ref.get(key):
+                return f'git {key} "{ref[key]}" can move: name a commit (ref.commit)'
+    if kind == "http":
+        url = str(spec.get("url") or "")
+        if "#sha256=" not in url:
+            return f'http URL "{url}" names no content digest: append #sha256=<hex of the tarball>'
+    return None
+
+
+def source_ref(source: Obj) -> str:
+    """The source in a few words for messages: the image reference, repository or URL."""
+    kind = source.get("type")
+    spec = source.get(kind) if isinstance(kind, str) else None
+    if isinstance(spec, dict):
+        for key in ("repository", "url", "ref"):
+            if isinstance(spec.get(key), str):
+                return str(spec[key])
+    return str(kind or "")
+
+
+def revision_name(bd: Obj, resolved: Obj, bundle_format: str) -> str:
+    """What the install record calls the installed content: ``<bd>-<hash>``."""
+    digest = model.stable_hash([sources.stored(resolved), bundle_format], 10)
+    return f"{model.name_of(bd)}-{digest}"
+
+
+def _refusal(spec: Obj, source: Obj | None) -> str | None:
+    if source is None:
+        return "spec.sources is not handled by this manager yet: use spec.source"
+    unsupported = sources.unsupported(source)
+    if unsupported is not None:
+        return unsupported
+    if spec.get("requireImmutableRefs") and (why := mutable_ref(source)) is not None:
+        return f"{SOURCE_PREFIX}spec.requireImmutableRefs is set: {why}"
+    return None
+
+
+def _pin_current(bd: Obj, spec: Obj, now: str) -> tuple[bool, float | None]:
+    """(whether the recorded pin holds, seconds until ``pollInterval`` re-pins)."""
+    pin = pin_of(bd)
+    generation = int(meta_of(bd).get("generation") or 0)
+    if pin is None or pin[0] != generation or sources.pinned(bd) is None:
+        return False, None
+    interval = seconds_of(spec.get("pollInterval"))
+    if interval is None:
+        return True, None
+    made, current = _time(pin[1]), _time(now)
+    if made is None or current is None:
+        return False, None
+    left = interval - (current - made).total_seconds()
+    return (True, left) if left > 0 else (False, None)
+
+
+def _mounted(pods: tuple[Obj, ...], revision: str) -> bool:
+    """Whether an instance run of ``revision`` got its volume (the pod ran)."""
+    for pod in pods:
+        if (meta_of(pod).get("annotations") or {}).get(model.BUNDLE_ANNOTATION) != revision:
+            continue
+        if runs.phase(pod) in ("Running", "Succeeded", "Failed"):
+            return True
+    return False
+
+
+def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list[Action]:
+    """Everything to do, in order, to move ``bd`` towards its spec (see the module doc)."""
+    meta = meta_of(bd)
+    spec = bd.get("spec") or {}
+    claimed = model.FINALIZER in (meta.get("finalizers") or [])
+    bundle_format = model.bundle_format(conversion.class_of(spec))
+    if bundle_format is None and not claimed:
+        return []  # another provisioner's BundleDeployment
+    if meta.get("deletionTimestamp"):
+        return list(plan.plan_deletion(bd, observed))
+    if spec.get("paused"):
+        return []
+    actions: list[Action] = []
+    if not claimed:
+        actions.append(AddFinalizer())
+    source: Obj | None = spec.get("source") if isinstance(spec.get("source"), dict) else None
+    generation = int(meta.get("generation") or 0)
+    refusal = (
+        f"provisioner class {conversion.class_of(spec)!r} is not handled here"
+        if bundle_format is None
+        else _refusal(spec, source)
+    )
+    if refusal is not None:
+        failed: plan.Verdict = ("False", "UnpackFailed", refusal)
+        verdicts = {UNPACKED: failed, plan.HAS_VALID_BUNDLE: failed}
+        installed = runs.decide(
+            bd, None, observed.pods, observed.record, (), settings=settings, now=observed.now
+        ).installed
+        verdicts[plan.INSTALLED] = installed
+        verdicts[plan.HEALTHY] = plan.healthy(observed, installed[0])
+        return actions + plan.status_actions(bd, "", verdicts, observed.now)
+    assert source is not None and bundle_format is not None
+    current, poll = _pin_current(bd, spec, observed.now)
+    if not current:
+        return [
+            *actions,
+            ResolveSource(source_ref(source), source, settings.system_namespace, generation),
+        ]
+    resolved = sources.pinned(bd)
+    assert resolved is not None
+    target = runs.Target(revision_name(bd, resolved, bundle_format), resolved)
+    record = observed.record
+    if observed.repair is not None and record is not None and record.bundle == target.bundle:
+        actions += plan.repair_actions(bd, observed.repair, settings)
+    decision = runs.decide(
+        bd,
+        target,
+        observed.pods,
+        record,
+        observed.drift,
+        settings=settings,
+        now=observed.now,
+        other_runs=observed.other_runs,
+    )
+    actions += decision.actions
+    described = sources.describe(resolved)
+    unpacked: plan.Verdict
+    if (record is not None and record.bundle == target.bundle) or _mounted(
+        observed.pods, target.bundle
+    ):
+        unpacked = ("True", "UnpackSuccessful", f"Successfully unpacked {described}")
+    else:
+        unpacked = ("False", "Unpacking", f"waiting for the instance run to mount {described}")
+    valid: plan.Verdict = (
+        unpacked
+        if unpacked[0] == "True"
+        else ("True", "UnpackPending", f"Waiting for {described} to be unpacked")
+    )
+    verdicts = {
+        UNPACKED: unpacked,
+        plan.HAS_VALID_BUNDLE: valid,
+        plan.INSTALLED: decision.installed,
+        plan.HEALTHY: plan.healthy(observed, decision.installed[0]),
+    }
+    conflict = plan.field_conflict(bd, observed)
+    if conflict is not None:
+        verdicts[plan.FIELD_CONFLICT] = conflict
+    actions += plan.status_actions(bd, "", verdicts, observed.now)
+    if poll is not None:
+        actions.append(Requeue(poll, "re-resolving the source at spec.pollInterval"))
+    return actions
+
+
+def unpacked_condition_message(bd: Obj) -> str:
+    return str((condition(bd, UNPACKED) or {}).get("message") or "")
+
+
+def unpacked_status(
+    bd: Obj, verdict: plan.Verdict, now: str, *, resolved: Obj | None = None
+) -> Obj:
+    """The status fields a pin writes: ``Unpacked`` replaced among the conditions (the
+    others kept), and ``resolvedSource`` when pinned."""
+    old = condition(bd, UNPACKED) or {}
+    status, reason, message = verdict
+    generation = int(meta_of(bd).get("generation") or 0)
+    cond = {
+        "type": UNPACKED,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": old.get("lastTransitionTime", now)
+        if old.get("status") == status
+        else now,
+        "observedGeneration": generation,
+    }
+    others = [
+        c
+        for c in (bd.get("status") or {}).get("conditions") or []
+        if isinstance(c, dict) and c.get("type") != UNPACKED
+    ]
+    out: Obj = {"conditions": [cond, *others]}
+    if resolved is not None:
+        out["resolvedSource"] = sources.stored(resolved)
+    return out
