@@ -217,7 +217,7 @@ def test_a_bad_v1alpha2_spec_is_refused_saying_why(kube: Kube, spec: Obj, messag
 def test_a_v1alpha2_name_longer_than_52_is_refused_in_upstreams_words(kube: Kube) -> None:
     name = "n" * 53
     with pytest.raises(
-        errors.InvalidArgument, match="metadata.name: Too long: may not be longer than 52"
+        errors.InvalidArgument, match=r"metadata\.name: Too long: may not be longer than 52"
     ):
         kube.create(v2_doc(name))
     kube.create(v2_doc("n" * 52))  # (45 is v1alpha1's limit, for its generated Bundles)
