@@ -42,6 +42,7 @@ from tests.polling import eventually
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SUFFIX = uuid.uuid4().hex[:6]
 SYSTEM_NS = f"rukpak-mgr-{SUFFIX}"
+BD_CRD = f"bundledeployments.{model.GROUP}"
 IMAGE = "registry.example/rukpak-python:test"
 
 
@@ -576,12 +577,29 @@ def manager_process(kube_apiserver: Any, kube: Kube) -> Iterator[Any]:
     proc = subprocess.Popen(
         args, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
+    # the BundleDeployment conversion goes to this manager, as the host-network install
+    # points it (the manager writes its own CA into the CRD)
+    crd = ObjectRef("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "", BD_CRD)
+    url = f"https://127.0.0.1:{port}/convert"
+    kube.merge_patch(crd, {"spec": {"conversion": {"webhook": {"clientConfig": {"url": url}}}}})
+
+    def converting() -> bool:
+        secret = kube.get(ObjectRef("", "v1", "Secret", system_ns, "rukpak-webhook-cert"))
+        live = kube.get(crd) or {}
+        client = live["spec"]["conversion"]["webhook"]["clientConfig"]
+        if secret is None or client.get("caBundle") != secret["data"]["ca.crt"]:
+            return False  # the manager has not published its CA yet
+        with socket.socket() as dial:
+            return dial.connect_ex(("127.0.0.1", port)) == 0
+
+    eventually(converting, timeout=60, what="the manager process serving the conversion")
     try:
         yield proc, system_ns
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+        install_crds(kube)  # back to this process's conversion webhook
 
 
 def test_the_manager_process_takes_its_lease_reconciles_and_releases_on_sigterm(
@@ -612,8 +630,10 @@ def test_the_manager_process_takes_its_lease_reconciles_and_releases_on_sigterm(
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out.decode(errors="replace")
     assert (kube.get(lease_ref) or {})["spec"].get("holderIdentity", "") == ""
-    kube.merge_patch(actuate.bd_ref(name), {"metadata": {"finalizers": []}})
-    kube.delete(actuate.bd_ref(name))
+    # (the manager served the conversion: without it, only the storage version answers)
+    stored = actuate.bd_ref(name, model.API_VERSION_V2)
+    kube.merge_patch(stored, {"metadata": {"finalizers": []}})
+    kube.delete(stored)
 
 
 def test_the_manager_refuses_to_start_without_an_image() -> None:
