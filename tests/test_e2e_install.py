@@ -179,8 +179,12 @@ class TestTheInstalledSystem:
 
         table = system.kubectl("get", "bundles,bundledeployments")
         header = " ".join(line for line in table.splitlines() if line.startswith("NAME"))
-        for column in ("PHASE", "ACTIVE BUNDLE", "INSTALL STATE", "HEALTHY", "AGE"):
+        for column in ("PHASE", "INSTALL STATE", "HEALTHY", "AGE"):
             assert column in header, table
+        # v1alpha2 is the preferred version; v1alpha1's columns and -o wide name the Bundle
+        for how in (("bundledeployments.v1alpha1.core.rukpak.io",), ("bd", "-o", "wide")):
+            wide = system.kubectl("get", *how, hello.name)
+            assert "ACTIVE BUNDLE" in wide and f"{hello.name}-" in wide, wide
         bd_line = next(line for line in table.splitlines() if f"/{hello.name} " in line)
         assert "InstallationSucceeded" in bd_line and "True" in bd_line, table
         assert "Unpacked" in table, table
