@@ -18,7 +18,9 @@
 #  7. a pod reads the bundle through an inline CSI volume (the DaemonSet's plugin);
 #  8. a BundleDeployment of hello: Installed and Healthy; a deleted managed Deployment
 #     comes back; a template change pivots to a new Bundle; a bad image keeps the old
-#     content with HasValidBundle=False; deleting the BundleDeployment removes it all.
+#     content with HasValidBundle=False; deleting the BundleDeployment removes it all;
+#  9. a v1alpha2 BundleDeployment (content named inline, no Bundle) installs beside it,
+#     and reads as v1alpha1 through the manager's conversion webhook.
 # Each step prints its wall time; every wait is bounded and shows `kubectl describe`
 # when it fails.
 # With KUBECONFIG set, part 2 only runs `rukpak apply/status/uninstall` into a
@@ -410,7 +412,7 @@ YAML
   say "Changing the template (v1 -> v2): the pivot"
   echo "A new Bundle is generated; the instance moves to it once it is unpacked; the old"
   echo "Bundle is deleted once the new one is installed."
-  show patch bundledeployment hello --type=merge \
+  show patch bundledeployments.v1alpha1.core.rukpak.io hello --type=merge \
     -p "{\"spec\":{\"template\":{\"spec\":{\"source\":{\"image\":{\"ref\":\"$v2\"}}}}}}"
   poll 180 "the active Bundle to change" "bundledeployment/hello bundles" -- \
     differs "$first_bundle" active_bundle hello
@@ -434,7 +436,7 @@ YAML
   "$PY" hack/image/ocitool.py layer "$baddir" "$WORK/hello-bad.tar.gz" >/dev/null
   "$PY" hack/image/ocitool.py push --layer "$WORK/hello-bad.tar.gz" --entrypoint /bin/false \
     --path /bin "$bad" | tail -n 1
-  show patch bundledeployment hello --type=merge \
+  show patch bundledeployments.v1alpha1.core.rukpak.io hello --type=merge \
     -p "{\"spec\":{\"template\":{\"spec\":{\"source\":{\"image\":{\"ref\":\"$bad\"}}}}}}"
   poll 120 "HasValidBundle=False" "bundledeployment/hello bundles" -- bd_is hello HasValidBundle False
   show get bd,bundles
@@ -447,6 +449,43 @@ YAML
     || { echo "run.sh: the v2 content is gone: $(greeting)" >&2; exit 1; }
   available hello -n hello || { echo "run.sh: hello/hello is not available" >&2; exit 1; }
   echo "Still active: $second_bundle; hello/hello is available and hello-greeting says: $(greeting)"
+
+  say "A v1alpha2 BundleDeployment beside it: the content named inline, no Bundle"
+  echo "core.rukpak.io/v1alpha2 (upstream v0.24's shape) is the storage version; the manager"
+  echo "converts between the versions (its webhook) and plans each object in the version it"
+  echo "was created in. This one installs a copy of hello living in namespace hello-inline."
+  local inline_dir="$WORK/hello-inline" inline="$node_registry/examples/hello-inline:v1"
+  cp -r "$dir" "$inline_dir"
+  sed -i 's/^\(  \(name\|namespace\)\): hello$/\1: hello-inline/' "$inline_dir/manifests/"*.yaml
+  run "$RUKPAK" bundle build "$inline_dir" --tag "$inline" --push
+  cat >"$WORK/bd-v1alpha2.yaml" <<YAML
+apiVersion: core.rukpak.io/v1alpha2
+kind: BundleDeployment
+metadata:
+  name: hello-inline
+spec:
+  installNamespace: hello-inline
+  provisionerClassName: core-rukpak-io-plain
+  source:
+    type: image
+    image: {ref: "$inline"}
+YAML
+  cat "$WORK/bd-v1alpha2.yaml"
+  show apply -f "$WORK/bd-v1alpha2.yaml"
+  poll 180 "hello-inline to be Installed" "bundledeployment/hello-inline" -- \
+    bd_is hello-inline Installed True
+  poll 90 "hello-inline to be Healthy" "bundledeployment/hello-inline" -- \
+    bd_is hello-inline Healthy True
+  show get bd,bundles
+  echo "Pinned by digest in its own status (no Bundle object was made for it):"
+  show get bundledeployment hello-inline -o jsonpath='{.status.resolvedSource.image.ref}{"\n"}'
+  echo "What a v1alpha1 client reads, through the conversion (a template of the same source):"
+  show get bundledeployments.v1alpha1.core.rukpak.io hello-inline \
+    -o jsonpath='{.spec.template.spec.source.image.ref}{"\n"}'
+  show get deployment hello-inline -n hello-inline
+  show delete bundledeployment hello-inline --timeout=120s
+  poll 60 "hello-inline/hello-inline to be gone" "namespace/hello-inline" -- \
+    none_left -n hello-inline deployment/hello-inline configmap/hello-greeting
 
   say "Deleting the BundleDeployment: what it installed goes too"
   show delete bundledeployment hello --timeout=120s
@@ -481,7 +520,9 @@ What happened:
     election, least-privilege RBAC) with only the image and this node's paths changed;
   - a BundleDeployment installed hello, undid a deletion, pivoted to v2, kept v2 when
     v3's content was invalid (HasValidBundle=False, upstream's message), and took
-    everything away when deleted.
+    everything away when deleted;
+  - a v1alpha2 BundleDeployment (upstream v0.24's shape, the source inline) installed
+    without any Bundle object, read as v1alpha1 through the manager's conversion webhook.
 Total $(since "$T0")s; cluster up at ${T_CLUSTER}s. Everything started is being stopped now.
 TXT
 else

@@ -231,3 +231,14 @@ def test_format_alone_names_the_class_for_v1alpha1_readers(kube: Kube) -> None:
     assert as_v1["spec"]["provisionerClassName"] == model.REGISTRY_CLASS
     as_v2 = kube.get(ref(name, "v1alpha2"))
     assert as_v2 is not None and "provisionerClassName" not in as_v2["spec"]
+
+
+SHIPPED = sorted((Path(__file__).parent.parent / "examples" / "bundledeployments").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_the_shipped_examples_are_accepted(kube: Kube, path: Path) -> None:
+    for doc in yaml.safe_load_all(path.read_text()):
+        doc["metadata"]["name"] = unique(doc["metadata"]["name"])
+        created = kube.create(doc)
+        assert created["spec"]["deletionPolicy"] == "Delete"
