@@ -185,3 +185,72 @@ def test_a_paused_bundledeployment_fetches_nothing(
         system.kubectl(
             "delete", f"bundledeployments.{model.VERSION_V2}.{model.GROUP}", name, timeout=150
         )
+
+
+def split_hello(system: inst.RukpakSystem, root: Path, ns: str) -> tuple[Path, Path]:
+    """hello as two plain bundles: its Namespace and Deployment, and its ConfigMap."""
+    whole = inst.hello_bundle(root / "whole", namespace=ns, image=system.busybox_image)
+    app, config = root / "app", root / "config"
+    for part in (app, config):
+        (part / "manifests").mkdir(parents=True)
+    for path in sorted((whole / "manifests").iterdir()):
+        part = config if "configmap" in path.name else app
+        (part / "manifests" / path.name).write_text(path.read_text())
+    return app, config
+
+
+def test_several_sources_each_mount_at_their_destination_and_install_together(
+    rukpak_system: inst.RukpakSystem, tmp_path: Path
+) -> None:
+    system = rukpak_system
+    name, ns = f"multi-{SUFFIX}", f"multi-{SUFFIX}"
+    app, config = split_hello(system, tmp_path, ns)
+    refs = {}
+    for part in (app, config):
+        refs[part.name] = f"{system.registry_host}/e2e-v2-{SUFFIX}/multi-{part.name}:v1"
+        e2e.push_bundle(part, refs[part.name])
+    sources = [
+        {"type": "image", "image": {"ref": refs["app"]}, "destination": "app"},
+        {"type": "image", "image": {"ref": refs["config"]}, "destination": "config"},
+    ]
+    doc = bd_v2(name, "", sources=sources)
+    del doc["spec"]["source"]
+    system.kube.create(doc)
+    eventually(lambda: installed(system, name), timeout=180, what="Installed")
+    assert greeting(system, ns) == "Hello from a RukPak bundle"
+    deployment = ObjectRef("apps", "v1", "Deployment", ns, "hello")
+    assert system.kube.get(deployment) is not None
+    resolved = (live(system, name).get("status") or {}).get("resolvedSources") or []
+    assert [r["destination"] for r in resolved] == ["app", "config"]
+    assert all("@sha256:" in r["image"]["ref"] for r in resolved)
+    system.kubectl(
+        "delete", f"bundledeployments.{model.VERSION_V2}.{model.GROUP}", name, timeout=150
+    )
+    assert system.kube.get(deployment) is None
+
+
+def test_two_sources_with_the_same_object_fail_naming_both(
+    rukpak_system: inst.RukpakSystem, tmp_path: Path
+) -> None:
+    system = rukpak_system
+    name, ns = f"clash-{SUFFIX}", f"clash-{SUFFIX}"
+    _, config = split_hello(system, tmp_path, ns)
+    ref = f"{system.registry_host}/e2e-v2-{SUFFIX}/clash:v1"
+    e2e.push_bundle(config, ref)
+    sources = [
+        {"type": "image", "image": {"ref": ref}, "destination": "one"},
+        {"type": "image", "image": {"ref": ref}, "destination": "two"},
+    ]
+    doc = bd_v2(name, "", sources=sources)
+    del doc["spec"]["source"]
+    system.kube.create(doc)
+    status, _, message = eventually(
+        lambda: c if (c := cond(system, name, "Installed"))[1] == "InstallFailed" else None,
+        timeout=180,
+        what="InstallFailed",
+    )
+    assert status == "False" and "two sources hold the same object" in message
+    assert "one/manifests/" in message and "two/manifests/" in message
+    system.kubectl(
+        "delete", f"bundledeployments.{model.VERSION_V2}.{model.GROUP}", name, timeout=150
+    )

@@ -17,7 +17,17 @@ from provisioner.engine import formats_plain, formats_registry
 from provisioner.engine.errors import BundleInvalid
 from provisioner.engine.manifest import Bundle, Manifest, Source
 
-__all__ = ["DEFAULT_FORMAT", "Bundle", "Loader", "Manifest", "Source", "load", "names", "register"]
+__all__ = [
+    "DEFAULT_FORMAT",
+    "Bundle",
+    "Loader",
+    "Manifest",
+    "Source",
+    "load",
+    "load_union",
+    "names",
+    "register",
+]
 
 
 Loader = Callable[[Path], Bundle]
@@ -45,3 +55,33 @@ def load(root: Path, *, format: str = DEFAULT_FORMAT) -> Bundle:
     if loader is None:
         raise BundleInvalid(f"unknown bundle format {format!r}; known: {', '.join(names())}")
     return loader(root)
+
+
+def load_union(roots: list[tuple[str, Path]], *, format: str = DEFAULT_FORMAT) -> Bundle:
+    """The bundle made of several sources: each ``(destination, root)`` is a bundle of
+    ``format`` and the union of their objects is installed, in the order given. Two sources
+    with the same object are refused naming both (``BundleInvalid``); files are named with
+    their destination."""
+    manifests: list[Manifest] = []
+    seen: dict[tuple[str, str, str, str], Manifest] = {}
+    for destination, root in roots:
+        part = load(root, format=format)
+        for manifest in part.manifests:
+            moved = Manifest(
+                manifest.obj,
+                Source(
+                    f"{destination.rstrip('/')}/{manifest.source.file}",
+                    manifest.source.document,
+                    manifest.source.line,
+                ),
+            )
+            ref = moved.ref
+            key = (ref.group, ref.kind, ref.namespace, ref.name)
+            if key in seen:
+                raise BundleInvalid(
+                    f"two sources hold the same object: {seen[key].describe()} and "
+                    f"{moved.describe()}; keep it in one source"
+                )
+            seen[key] = moved
+            manifests.append(moved)
+    return Bundle(format, tuple(manifests))

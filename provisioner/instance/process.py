@@ -62,6 +62,9 @@ class Config:
     termination_log: Path | None = None
     bundle_name: str = ""
     """The Bundle being installed, recorded with the install (``--bundle``)."""
+    source_dirs: tuple[Path, ...] = ()
+    """With several sources (``--source-dir``): each a bundle root under ``bundle_dir``;
+    the union of their objects is installed."""
 
 
 def kv(msg: str, **fields: object) -> str:
@@ -103,7 +106,19 @@ class Instance:
     def load(self) -> formats.Bundle:
         cfg = self.config
         log.info(kv("loading bundle", dir=cfg.bundle_dir, format=cfg.bundle_format))
-        bundle = formats.load(cfg.bundle_dir, format=cfg.bundle_format)
+        if cfg.source_dirs:
+            roots = [
+                (
+                    str(d.relative_to(cfg.bundle_dir))
+                    if d.is_relative_to(cfg.bundle_dir)
+                    else str(d),
+                    d,
+                )
+                for d in cfg.source_dirs
+            ]
+            bundle = formats.load_union(roots, format=cfg.bundle_format)
+        else:
+            bundle = formats.load(cfg.bundle_dir, format=cfg.bundle_format)
         log.info(kv("bundle loaded", objects=len(bundle.manifests)))
         return bundle
 
@@ -250,6 +265,14 @@ def register(subparsers: Any) -> None:
         default="",
         help="name of the Bundle being installed, recorded with the install",
     )
+    p.add_argument(
+        "--source-dir",
+        type=Path,
+        action="append",
+        default=[],
+        help="a source's bundle root inside --bundle-dir (repeatable): the union of their "
+        "objects is installed",
+    )
     termination.add_flag(p, what="a fatal error")
     flags.add_cluster(p)
     p.set_defaults(func=run_instance)
@@ -267,6 +290,7 @@ def run_instance(args: argparse.Namespace) -> int:
         bundle_format=args.format,
         termination_log=termination.where(args.termination_log),
         bundle_name=args.bundle,
+        source_dirs=tuple(args.source_dir),
     )
     try:
         kube = flags.kube(args)

@@ -77,12 +77,13 @@ class RecordEvent:
 
 @dataclass(frozen=True)
 class ResolveSource:
-    """Pin a BundleDeployment's inline ``source`` (created as v1alpha2) for ``generation``:
-    record ``status.resolvedSource``, its ``Unpacked`` condition and the pin annotation,
-    or report why it cannot be pinned (``ref`` names the source in messages)."""
+    """Pin a BundleDeployment's inline sources (created as v1alpha2) for ``generation``:
+    record ``status.resolvedSource`` (one ``source``, destination "") or
+    ``status.resolvedSources`` (``spec.sources``), its ``Unpacked`` condition and the pin
+    annotation, or report why they cannot be pinned (``ref`` names each in messages)."""
 
-    ref: str
-    source: Obj
+    sources: tuple[tuple[str, Obj], ...]
+    """(destination, source) of each source."""
     namespace: str
     generation: int
 

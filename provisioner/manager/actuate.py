@@ -138,8 +138,9 @@ def resolve_bundle(kube: Kube, bundle: Obj, action: bundleplan.Resolve, resolve:
 
 
 def resolve_source(kube: Kube, bd: Obj, action: plan.ResolveSource, resolve: Resolver) -> None:
-    """Pin a v1alpha2 BundleDeployment's inline source (``inline``): record
-    ``status.resolvedSource`` with ``Unpacked`` (Unpacking), then the pin annotation.
+    """Pin a v1alpha2 BundleDeployment's inline sources (``inline``): record
+    ``status.resolvedSource`` (or ``resolvedSources``) with ``Unpacked`` (Unpacking), then
+    the pin annotation.
 
     A failure the user must fix is ``Unpacked`` False/UnpackFailed with upstream's
     ``source bundle content: `` prefix; a server that did not answer keeps it
@@ -148,40 +149,39 @@ def resolve_source(kube: Kube, bd: Obj, action: plan.ResolveSource, resolve: Res
     name = model.name_of(bd)
     api_version = str(bd.get("apiVersion") or model.API_VERSION_V2)
     now = _now()
-    try:
-        pinned = resolution.resolve(
-            kube, action.source, namespace=action.namespace, resolve_image=resolve
-        )
-    except errors.RukpakError as err:
-        if action.source.get("type") != "image" and resolution.permanent(err):
-            verdict = ("False", bundleplan.REASON_FAILED, resolution.SOURCE_PREFIX + err.message)
-        else:
-            verdict = (
-                "False",
-                bundleplan.REASON_PENDING,
-                f"cannot resolve {action.ref}: {err.message}",
+    pins: list[tuple[str, Obj]] = []
+    annotations: dict[str, str] = {}
+    several = len(action.sources) > 1 or bool(action.sources[0][0])
+    for index, (destination, source) in enumerate(action.sources):
+        try:
+            pinned = resolution.resolve(
+                kube, source, namespace=action.namespace, resolve_image=resolve
             )
-        old = inline.unpacked_condition_message(bd)
-        if old != verdict[2]:
-            write_status(kube, name, inline.unpacked_status(bd, verdict, now), api_version)
-            record_event(kube, bd, plan.RecordEvent("Warning", verdict[1], verdict[2]), now=now)
-        raise errors.Unavailable(verdict[2]) from None
-    described = sources.describe(pinned.resolved)
+        except errors.RukpakError as err:
+            where = f" (spec.sources[{index}], at {destination})" if several else ""
+            if source.get("type") != "image" and resolution.permanent(err):
+                message = f"{resolution.SOURCE_PREFIX}{err.message}{where}"
+                verdict = ("False", bundleplan.REASON_FAILED, message)
+            else:
+                message = f"cannot resolve {inline.source_ref(source)}{where}: {err.message}"
+                verdict = ("False", bundleplan.REASON_PENDING, message)
+            if inline.unpacked_condition_message(bd) != verdict[2]:
+                write_status(kube, name, inline.unpacked_status(bd, verdict, now), api_version)
+                event = plan.RecordEvent("Warning", verdict[1], verdict[2])
+                record_event(kube, bd, event, now=now)
+            raise errors.Unavailable(verdict[2]) from None
+        for key, value in pinned.annotations.items():
+            annotations[inline.items_annotation(index) if several else key] = value
+        pins.append((destination, pinned.resolved))
+    whole = sources.several(pins) if several else pins[0][1]
+    described = sources.describe(whole)
     verdict = (
         "False",
         bundleplan.REASON_UNPACKING,
         f"pinned {described}; waiting for the instance",
     )
-    write_status(
-        kube,
-        name,
-        inline.unpacked_status(bd, verdict, now, resolved=pinned.resolved),
-        api_version,
-    )
-    annotations = {
-        **pinned.annotations,
-        inline.PIN_ANNOTATION: inline.pin_annotation(action.generation, now),
-    }
+    write_status(kube, name, inline.unpacked_status(bd, verdict, now, resolved=whole), api_version)
+    annotations[inline.PIN_ANNOTATION] = inline.pin_annotation(action.generation, now)
     kube.merge_patch(bd_ref(name, api_version), {"metadata": {"annotations": annotations}})
     record_event(kube, bd, plan.RecordEvent("Normal", "Resolved", f"pinned {described}"), now=now)
 

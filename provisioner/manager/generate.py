@@ -20,6 +20,7 @@ from provisioner.manager import conversion, model, sources
 from provisioner.manager.model import Settings
 
 INSTANCE_CONTAINER = "instance"
+BUNDLE_DIR = "/bundle"
 RUN_LEASE_TIMEOUT = 300
 """Seconds a run waits for the Lease (held by an older run) before it fails."""
 RUN_DEADLINE = 900
@@ -123,6 +124,9 @@ def _instance_pod_spec(bd: Obj, bundle: str, resolved: Obj, settings: Settings) 
     command += ["--name", name, "--namespace", install_ns]
     command += ["--system-namespace", settings.system_namespace]
     command += ["--bundle", bundle, "--lease-timeout", str(RUN_LEASE_TIMEOUT)]
+    volumes, mounts = _bundle_volumes(resolved)
+    for mount in mounts[1:]:
+        command += ["--source-dir", str(mount["mountPath"])]
     env: list[Obj] = [{"name": k, "value": v} for k, v in settings.env]
     env.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     pod_spec: dict[str, Any] = {
@@ -138,10 +142,10 @@ def _instance_pod_spec(bd: Obj, bundle: str, resolved: Obj, settings: Settings) 
                 "terminationMessagePolicy": "FallbackToLogsOnError",
                 "securityContext": CONTAINER_SECURITY,
                 "resources": INSTANCE_RESOURCES,
-                "volumeMounts": [{"name": "bundle", "mountPath": "/bundle", "readOnly": True}],
+                "volumeMounts": mounts,
             }
         ],
-        "volumes": [sources.volume(resolved)],
+        "volumes": volumes,
     }
     pod_spec["restartPolicy"] = "Never"
     pod_spec["activeDeadlineSeconds"] = RUN_DEADLINE
@@ -149,6 +153,23 @@ def _instance_pod_spec(bd: Obj, bundle: str, resolved: Obj, settings: Settings) 
         pod_spec["hostNetwork"] = True
         pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
     return pod_spec
+
+
+def _bundle_volumes(resolved: Obj) -> tuple[list[Obj], list[Obj]]:
+    """(volumes, mounts) that put the pinned content at /bundle: one read-only volume, or
+    with several sources an empty directory with each source's volume at its destination
+    (``/bundle/<destination>``, read-only)."""
+    if resolved.get("type") != sources.MULTI:
+        mount = {"name": sources.VOLUME_NAME, "mountPath": BUNDLE_DIR, "readOnly": True}
+        return [sources.volume(resolved)], [mount]
+    volumes: list[Obj] = [{"name": sources.VOLUME_NAME, "emptyDir": {"sizeLimit": "1Mi"}}]
+    mounts: list[Obj] = [{"name": sources.VOLUME_NAME, "mountPath": BUNDLE_DIR}]
+    for index, (destination, part) in enumerate(sources.parts(resolved)):
+        name = f"source-{index}"
+        volumes.append(sources.volume(part, name=name))
+        path = f"{BUNDLE_DIR}/{destination.strip('/')}"
+        mounts.append({"name": name, "mountPath": path, "readOnly": True})
+    return volumes, mounts
 
 
 def instance_run_pod(bd: Obj, bundle: str, resolved: Obj, settings: Settings, run: int) -> Obj:

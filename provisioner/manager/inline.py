@@ -27,6 +27,7 @@ actions to ``actuate``. Pure: it never talks to the API nor reads the clock
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -114,22 +115,93 @@ def revision_name(bd: Obj, resolved: Obj, bundle_format: str) -> str:
     return f"{model.name_of(bd)}-{digest}"
 
 
-def _refusal(spec: Obj, source: Obj | None) -> str | None:
-    if source is None:
-        return "spec.sources is not handled by this manager yet: use spec.source"
-    unsupported = sources.unsupported(source)
-    if unsupported is not None:
-        return unsupported
-    if spec.get("requireImmutableRefs") and (why := mutable_ref(source)) is not None:
-        return f"{SOURCE_PREFIX}spec.requireImmutableRefs is set: {why}"
+Entries = tuple[tuple[str, Obj], ...]
+"""(destination, source) of each source: one at "" for ``spec.source``."""
+
+
+def entries_of(spec: Obj) -> Entries:
+    """The sources ``spec`` names (``source`` or ``sources``), each with its destination."""
+    source = spec.get("source")
+    if isinstance(source, dict):
+        return (("", source),)
+    out: list[tuple[str, Obj]] = []
+    for entry in spec.get("sources") or []:
+        if isinstance(entry, dict):
+            rest = {k: v for k, v in entry.items() if k != "destination"}
+            out.append((str(entry.get("destination") or ""), rest))
+    return tuple(out)
+
+
+def _destination_problem(entries: Entries) -> str | None:
+    """Why the destinations of several sources cannot be mounted side by side."""
+    clean = [posixpath.normpath(d.strip("/")) if d.strip("/") else "." for d, _ in entries]
+    for index, path in enumerate(clean):
+        if path == "." or path.startswith(".."):
+            return (
+                f"spec.sources[{index}].destination {entries[index][0]!r} must name a "
+                "directory below the bundle root"
+            )
+        for other in clean[index + 1 :]:
+            if other == path or other.startswith(path + "/") or path.startswith(other + "/"):
+                return (
+                    f"destinations {path!r} and {other!r} overlap: each source is its own "
+                    "read-only volume, so no destination may be inside another"
+                )
     return None
+
+
+def _refusal(spec: Obj, entries: Entries) -> str | None:
+    if not entries:
+        return "spec.source or spec.sources must name the content"
+    if len(entries) > 1 or entries[0][0]:
+        problem = _destination_problem(entries)
+        if problem is not None:
+            return problem
+    for _, source in entries:
+        unsupported = sources.unsupported(source)
+        if unsupported is not None:
+            return unsupported
+        if spec.get("requireImmutableRefs") and (why := mutable_ref(source)) is not None:
+            return f"{SOURCE_PREFIX}spec.requireImmutableRefs is set: {why}"
+    return None
+
+
+def items_annotation(index: int) -> str:
+    """Where the ConfigMap items of ``spec.sources[index]`` are recorded."""
+    return f"{sources.ITEMS_ANNOTATION}-{index}"
+
+
+def pinned_sources(bd: Obj, entries: Entries) -> Obj | None:
+    """What ``entries`` are pinned to (``sources.several`` for ``spec.sources``); None
+    until every one is pinned."""
+    if len(entries) == 1 and not entries[0][0]:
+        return sources.pinned(bd)
+    recorded = (bd.get("status") or {}).get("resolvedSources")
+    if not isinstance(recorded, list) or len(recorded) != len(entries):
+        return None
+    annotations = meta_of(bd).get("annotations") or {}
+    out: list[tuple[str, Obj]] = []
+    for index, ((destination, _), entry) in enumerate(zip(entries, recorded, strict=True)):
+        if not isinstance(entry, dict) or entry.get("destination") != destination:
+            return None
+        view: Obj = {
+            "metadata": {
+                "annotations": {sources.ITEMS_ANNOTATION: annotations.get(items_annotation(index))}
+            },
+            "status": {"resolvedSource": {k: v for k, v in entry.items() if k != "destination"}},
+        }
+        one = sources.pinned(view)
+        if one is None:
+            return None
+        out.append((destination, one))
+    return sources.several(out)
 
 
 def _pin_current(bd: Obj, spec: Obj, now: str) -> tuple[bool, float | None]:
     """(whether the recorded pin holds, seconds until ``pollInterval`` re-pins)."""
     pin = pin_of(bd)
     generation = int(meta_of(bd).get("generation") or 0)
-    if pin is None or pin[0] != generation or sources.pinned(bd) is None:
+    if pin is None or pin[0] != generation or pinned_sources(bd, entries_of(spec)) is None:
         return False, None
     interval = seconds_of(spec.get("pollInterval"))
     if interval is None:
@@ -166,12 +238,12 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
     actions: list[Action] = []
     if not claimed:
         actions.append(AddFinalizer())
-    source: Obj | None = spec.get("source") if isinstance(spec.get("source"), dict) else None
+    entries = entries_of(spec)
     generation = int(meta.get("generation") or 0)
     refusal = (
         f"provisioner class {conversion.class_of(spec)!r} is not handled here"
         if bundle_format is None
-        else _refusal(spec, source)
+        else _refusal(spec, entries)
     )
     if refusal is not None:
         failed: plan.Verdict = ("False", "UnpackFailed", refusal)
@@ -182,14 +254,11 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
         verdicts[plan.INSTALLED] = installed
         verdicts[plan.HEALTHY] = plan.healthy(observed, installed[0])
         return actions + plan.status_actions(bd, "", verdicts, observed.now)
-    assert source is not None and bundle_format is not None
+    assert bundle_format is not None
     current, poll = _pin_current(bd, spec, observed.now)
     if not current:
-        return [
-            *actions,
-            ResolveSource(source_ref(source), source, settings.system_namespace, generation),
-        ]
-    resolved = sources.pinned(bd)
+        return [*actions, ResolveSource(entries, settings.system_namespace, generation)]
+    resolved = pinned_sources(bd, entries)
     assert resolved is not None
     target = runs.Target(revision_name(bd, resolved, bundle_format), resolved)
     record = observed.record
@@ -242,7 +311,7 @@ def unpacked_status(
     bd: Obj, verdict: plan.Verdict, now: str, *, resolved: Obj | None = None
 ) -> Obj:
     """The status fields a pin writes: ``Unpacked`` replaced among the conditions (the
-    others kept), and ``resolvedSource`` when pinned."""
+    others kept), and ``resolvedSource`` (``resolvedSources`` for several) when pinned."""
     old = condition(bd, UNPACKED) or {}
     status, reason, message = verdict
     generation = int(meta_of(bd).get("generation") or 0)
@@ -262,6 +331,10 @@ def unpacked_status(
         if isinstance(c, dict) and c.get("type") != UNPACKED
     ]
     out: Obj = {"conditions": [cond, *others]}
-    if resolved is not None:
+    if resolved is not None and resolved.get("type") == sources.MULTI:
+        out["resolvedSources"] = [
+            {**sources.stored(r), "destination": d} for d, r in sources.parts(resolved)
+        ]
+    elif resolved is not None:
         out["resolvedSource"] = sources.stored(resolved)
     return out

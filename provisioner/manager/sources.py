@@ -44,6 +44,9 @@ SUPPORTED = ("image", "git", "http", "configMaps")
 ITEMS_ANNOTATION = "core.rukpak.io/configmap-items"
 ITEMS_KEY = "x-rukpak-configmap-items"
 """Where ``pinned`` puts the ConfigMaps' items; never stored in the API."""
+MULTI = "x-rukpak-sources"
+"""The ``type`` of several pinned sources (``several``), each with its ``destination``:
+what a v1alpha2 ``spec.sources`` pins to; never stored in the API as such."""
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -101,6 +104,27 @@ def stored(resolved: Obj) -> Obj:
     return {k: v for k, v in resolved.items() if k != ITEMS_KEY}
 
 
+def several(entries: list[tuple[str, Obj]]) -> Obj:
+    """Several pinned sources, each placed at its destination directory."""
+    return {"type": MULTI, "sources": [{**r, "destination": d} for d, r in entries]}
+
+
+def parts(resolved: Obj) -> list[tuple[str, Obj]]:
+    """(destination, pinned source) of each source; one at "" for a single source."""
+    if resolved.get("type") != MULTI:
+        return [("", resolved)]
+    out: list[tuple[str, Obj]] = []
+    for entry in resolved.get("sources") or []:
+        if isinstance(entry, dict):
+            out.append(
+                (
+                    str(entry.get("destination") or ""),
+                    {k: v for k, v in entry.items() if k != "destination"},
+                )
+            )
+    return out
+
+
 def pinned_image(ref: str) -> Obj:
     """The ``resolvedSource`` of an image pinned by digest."""
     return {"type": "image", "image": {"ref": ref}}
@@ -146,6 +170,8 @@ def bundle_path(path: object) -> str:
 def describe(resolved: Obj) -> str:
     """The pinned content in a few words (logs, messages)."""
     kind = resolved.get("type")
+    if kind == MULTI:
+        return "; ".join(f"{describe(r)} at {d}" for d, r in parts(resolved))
     if kind == "image":
         return str(_section(resolved, "image").get("ref") or "")
     if kind == "git":
@@ -163,23 +189,23 @@ def describe(resolved: Obj) -> str:
     return str(kind or "")
 
 
-def _csi(attributes: dict[str, str], auth: Obj) -> Obj:
+def _csi(attributes: dict[str, str], auth: Obj, name: str) -> Obj:
     csi: Obj = {"driver": CSI_DRIVER, "readOnly": True, "volumeAttributes": attributes}
     secret = _section(auth, "secret").get("name")
     if secret:
         csi["nodePublishSecretRef"] = {"name": str(secret)}
     if auth.get("insecureSkipVerify"):
         attributes["insecureSkipVerify"] = "true"
-    return {"name": VOLUME_NAME, "csi": csi}
+    return {"name": name, "csi": csi}
 
 
-def volume(resolved: Obj) -> Obj:
-    """The read-only pod volume ``bundle`` holding the pinned content."""
+def volume(resolved: Obj, name: str = VOLUME_NAME) -> Obj:
+    """The read-only pod volume ``name`` (``bundle``) holding the pinned content."""
     kind = resolved.get("type")
     if kind == "image":
         ref = str(_section(resolved, "image").get("ref") or "")
         return {
-            "name": VOLUME_NAME,
+            "name": name,
             "csi": {
                 "driver": CSI_DRIVER,
                 "readOnly": True,
@@ -194,17 +220,17 @@ def volume(resolved: Obj) -> Obj:
         }
         if git.get("directory"):
             attributes["directory"] = str(git["directory"])
-        return _csi(attributes, _section(git, "auth"))
+        return _csi(attributes, _section(git, "auth"), name)
     if kind == "http":
         spec = _section(resolved, "http")
         url, digest = httpsource.split_pinned(str(spec.get("url") or ""))
-        return _csi({"url": url, "digest": digest or ""}, _section(spec, "auth"))
+        return _csi({"url": url, "digest": digest or ""}, _section(spec, "auth"), name)
     if kind == "configMaps" and isinstance(resolved.get(ITEMS_KEY), list):
         by_map: dict[str, list[Obj]] = {}
         for name, key, path in resolved[ITEMS_KEY]:
             by_map.setdefault(name, []).append({"key": key, "path": path})
         return {
-            "name": VOLUME_NAME,
+            "name": name,
             "projected": {
                 "sources": [
                     {"configMap": {"name": name, "items": items}} for name, items in by_map.items()
