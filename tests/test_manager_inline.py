@@ -1,0 +1,213 @@
+"""The planner of v1alpha2 BundleDeployments (``provisioner.manager.inline``), pure: what it
+pins and when, what it refuses before fetching, the instance run it builds for one and for
+several sources, and the conditions it reports. The same flows on the local kubelet are in
+``test_e2e_v1alpha2``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from provisioner.engine.objects import Obj
+from provisioner.manager import generate, inline, model, plan, runs, sources
+from tests.plan_helpers import kinds
+
+DIGEST = "sha256:" + "a" * 64
+SETTINGS = model.Settings(image="registry.example/rukpak:1", system_namespace="rukpak-system")
+NOW = "2026-11-25T12:00:00Z"
+
+
+def bd(*, generation: int = 1, pin: tuple[int, str] | None = None, **spec: Any) -> Obj:
+    body: Obj = {
+        "installNamespace": "apps",
+        "provisionerClassName": model.PLAIN_CLASS,
+        "source": {"type": "image", "image": {"ref": "registry.example/hello:v1"}},
+    }
+    body.update(spec)
+    obj: Obj = {
+        "apiVersion": model.API_VERSION_V2,
+        "kind": model.BUNDLE_DEPLOYMENT,
+        "metadata": {
+            "name": "hello",
+            "uid": "u-1",
+            "generation": generation,
+            "finalizers": [model.FINALIZER],
+        },
+        "spec": {k: v for k, v in body.items() if v is not None},
+    }
+    if pin is not None:
+        obj["metadata"]["annotations"] = {
+            inline.PIN_ANNOTATION: inline.pin_annotation(pin[0], pin[1])
+        }
+        obj["status"] = {"resolvedSource": sources.pinned_image(f"registry.example/hello@{DIGEST}")}
+    return obj
+
+
+def planned(the_bd: Obj, observed: plan.Observed | None = None) -> list[plan.Action]:
+    return inline.plan_inline(the_bd, observed or plan.Observed(now=NOW), settings=SETTINGS)
+
+
+def written(actions: list[plan.Action]) -> dict[str, Obj]:
+    for action in actions:
+        if isinstance(action, plan.WriteStatus):
+            return {c["type"]: c for c in action.status["conditions"]}
+    return {}
+
+
+def test_an_unpinned_source_is_resolved_first_and_nothing_else_happens() -> None:
+    actions = planned(bd())
+    assert kinds(actions) == ["ResolveSource"]
+    resolve = actions[0]
+    assert isinstance(resolve, plan.ResolveSource)
+    assert resolve.sources == (("", bd()["spec"]["source"]),)
+    assert resolve.generation == 1
+
+
+def test_a_pin_holds_until_the_generation_changes() -> None:
+    assert "ResolveSource" not in kinds(planned(bd(pin=(1, NOW))))
+    assert kinds(planned(bd(generation=2, pin=(1, NOW)))) == ["ResolveSource"]
+
+
+def test_poll_interval_re_pins_once_it_passed_and_requeues_until_then() -> None:
+    fresh = planned(bd(pin=(1, "2026-11-25T11:59:00Z"), pollInterval="2m"))
+    requeue = [a for a in fresh if isinstance(a, plan.Requeue)]
+    assert requeue and requeue[0].after == pytest.approx(60.0)
+    stale = planned(bd(pin=(1, "2026-11-25T11:57:00Z"), pollInterval="2m"))
+    assert kinds(stale) == ["ResolveSource"]
+
+
+def test_a_pinned_source_starts_an_instance_run_that_mounts_the_digest() -> None:
+    actions = planned(bd(pin=(1, NOW)))
+    runs_made = [a for a in actions if isinstance(a, plan.CreateRun)]
+    assert len(runs_made) == 1
+    pod = runs_made[0].pod
+    attributes = pod["spec"]["volumes"][0]["csi"]["volumeAttributes"]
+    assert attributes["image"] == f"registry.example/hello@{DIGEST}"
+    annotation = pod["metadata"]["annotations"][model.BUNDLE_ANNOTATION]
+    assert annotation.startswith("hello-")
+    conds = written(actions)
+    assert conds["Unpacked"]["reason"] == "Unpacking"
+    assert conds["Installed"]["reason"] == "InstallPending"
+    assert "CreateBundle" not in kinds(actions)
+
+
+def test_format_alone_picks_the_loader() -> None:
+    pod = next(
+        a.pod
+        for a in planned(bd(pin=(1, NOW), provisionerClassName=None, format="registry-v1"))
+        if isinstance(a, plan.CreateRun)
+    )
+    command = pod["spec"]["containers"][0]["command"]
+    assert command[command.index("--format") + 1] == "registry+v1"
+
+
+def test_the_recorded_install_makes_it_unpacked_and_installed() -> None:
+    the_bd = bd(pin=(1, NOW))
+    run = next(a.pod for a in planned(the_bd) if isinstance(a, plan.CreateRun))
+    record = runs.InstallRecord(
+        by=model.name_of(run), bundle=run["metadata"]["annotations"][model.BUNDLE_ANNOTATION]
+    )
+    conds = written(planned(the_bd, plan.Observed(record=record, now=NOW)))
+    assert conds["Unpacked"]["status"] == "True"
+    assert conds["Installed"]["message"] == f"Instantiated bundle {record.bundle} successfully"
+
+
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        (
+            {"requireImmutableRefs": True},
+            'requireImmutableRefs is set: image reference "registry.example/hello:v1" is a tag',
+        ),
+        (
+            {
+                "requireImmutableRefs": True,
+                "source": {"type": "git", "git": {"repository": "r", "ref": {"branch": "main"}}},
+            },
+            'git branch "main" can move',
+        ),
+        (
+            {
+                "requireImmutableRefs": True,
+                "source": {"type": "http", "http": {"url": "https://h.example/b.tgz"}},
+            },
+            "names no content digest",
+        ),
+        ({"source": {"type": "upload", "upload": {}}}, 'bundle source type "upload" not supported'),
+        (
+            {
+                "source": None,
+                "sources": [
+                    {"type": "image", "image": {"ref": "a"}, "destination": "a"},
+                    {"type": "image", "image": {"ref": "b"}, "destination": "a/b"},
+                ],
+            },
+            "overlap",
+        ),
+        (
+            {
+                "source": None,
+                "sources": [{"type": "image", "image": {"ref": "a"}, "destination": "."}],
+            },
+            "must name a directory below the bundle root",
+        ),
+    ],
+    ids=["image tag", "git branch", "http without digest", "upload", "nested", "root"],
+)
+def test_what_cannot_be_installed_is_refused_before_fetching(spec: Obj, words: str) -> None:
+    actions = planned(bd(**spec))
+    assert "ResolveSource" not in kinds(actions)
+    conds = written(actions)
+    assert conds["Unpacked"]["reason"] == "UnpackFailed"
+    assert words in conds["Unpacked"]["message"]
+
+
+def test_immutable_refs_pass_with_a_digest_and_a_commit() -> None:
+    assert inline.mutable_ref({"type": "image", "image": {"ref": f"r/a@{DIGEST}"}}) is None
+    commit = {"type": "git", "git": {"repository": "r", "ref": {"commit": "c" * 40}}}
+    assert inline.mutable_ref(commit) is None
+
+
+def test_paused_plans_nothing_and_another_class_is_left_alone() -> None:
+    assert planned(bd(paused=True)) == []
+    other = bd(provisionerClassName="core-rukpak-io-helm")
+    other["metadata"]["finalizers"] = []
+    assert planned(other) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90s", 90.0), ("10m", 600.0), ("1h30m", 5400.0), ("500ms", 0.5), ("", None), ("soon", None)],
+)
+def test_poll_intervals_read_as_go_durations(text: str, seconds: float | None) -> None:
+    assert inline.seconds_of(text) == seconds
+
+
+def test_several_sources_mount_each_at_its_destination() -> None:
+    several = sources.several(
+        [
+            ("app", sources.pinned_image(f"r/app@{DIGEST}")),
+            ("config", sources.pinned_image(f"r/config@{DIGEST}")),
+        ]
+    )
+    the_bd = bd(source=None, sources=[])
+    pod = generate.instance_run_pod(the_bd, "hello-x", several, SETTINGS, 0)
+    spec = pod["spec"]
+    assert [v["name"] for v in spec["volumes"]] == ["bundle", "source-0", "source-1"]
+    assert "emptyDir" in spec["volumes"][0]
+    mounts = spec["containers"][0]["volumeMounts"]
+    assert [m["mountPath"] for m in mounts] == ["/bundle", "/bundle/app", "/bundle/config"]
+    command = spec["containers"][0]["command"]
+    assert command.count("--source-dir") == 2 and "/bundle/config" in command
+
+
+def test_one_source_keeps_the_pod_of_the_previous_release() -> None:
+    """The run pod of one source is what it was (a new shape would start a new revision)."""
+    pinned = sources.pinned_image(f"r/app@{DIGEST}")
+    pod = generate.instance_run_pod(bd(), "hello-x", pinned, SETTINGS, 0)
+    assert pod["spec"]["volumes"] == [sources.volume(pinned)]
+    assert pod["spec"]["containers"][0]["volumeMounts"] == [
+        {"name": "bundle", "mountPath": "/bundle", "readOnly": True}
+    ]
+    assert "--source-dir" not in pod["spec"]["containers"][0]["command"]
