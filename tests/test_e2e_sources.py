@@ -37,6 +37,7 @@ from tests.source_servers import (
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
+CM_YAML = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c, namespace: default}\n"
 SUFFIX = uuid.uuid4().hex[:6]
 SECRET = f"src-auth-{SUFFIX}"
 SSH_SECRET = f"src-ssh-{SUFFIX}"
@@ -214,7 +215,21 @@ def test_broken_sources_fail_with_a_message_naming_the_problem(
     http = sources.source("http")
     http["http"]["url"] = f"{sources.server.url}/redirect-away/files/hello.tgz"
     cms = {"type": "configMaps", "configMaps": [{"configMap": {"name": "absent"}}]}
-    cases = {"git": git, "http": http, "cm": cms}
+    invalid = f"invalid-{SUFFIX}"  # upstream's case: a file of text among the manifests
+    system.kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": invalid, "namespace": inst.NAMESPACE},
+            "immutable": True,
+            "data": {"cm.yaml": CM_YAML, ".keep": "keep this directory"},
+        }
+    )
+    bad_cm = {
+        "type": "configMaps",
+        "configMaps": [{"configMap": {"name": invalid}, "path": "manifests"}],
+    }
+    cases = {"git": git, "http": http, "cm": cms, "cm-invalid": bad_cm}
     for kind, source in cases.items():
         _bundle(system, f"src-bad-{kind}-{SUFFIX}", source)
     messages = {
@@ -228,6 +243,7 @@ def test_broken_sources_fail_with_a_message_naming_the_problem(
         f"source bundle content: get configmap {inst.NAMESPACE}/absent: "
         'ConfigMap "absent" not found'  # upstream's words
     )
+    assert "json: cannot unmarshal string into Go value" in messages["cm-invalid"]["message"]
     # the unpack pod of the failed git Bundle goes: nothing left behind
     pod = ObjectRef("", "v1", "Pod", inst.NAMESPACE, f"src-bad-git-{SUFFIX}")
     eventually(lambda: system.kube.get(pod) is None, timeout=60, what="the unpack pod gone")

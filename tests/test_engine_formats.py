@@ -47,9 +47,21 @@ def test_json_files_and_v1_lists_contribute_objects(tmp_path: Path) -> None:
     assert [m.ref.name for m in formats.load(root).manifests] == ["j", "x"]
 
 
-def test_empty_documents_and_dotfiles_are_skipped(tmp_path: Path) -> None:
-    root = bundle(tmp_path, {"a.yaml": "---\n" + CM.format("a") + "---\n", ".hidden": "junk: ["})
+def test_empty_documents_volume_links_and_empty_dotfiles_hold_no_object(tmp_path: Path) -> None:
+    files = {"a.yaml": "---\n" + CM.format("a") + "---\n", ".gitkeep": "", "..data": "junk: ["}
+    root = bundle(tmp_path, files)
     assert [m.ref.name for m in formats.load(root).manifests] == ["a"]
+
+
+def test_a_dotfile_is_content_as_upstream_reads_it(tmp_path: Path) -> None:
+    """Upstream's plain loader reads every file of manifests/: a dotfile of text is a bad
+    document, in upstream's words (its suite checks them)."""
+    root = bundle(tmp_path, {"a.yaml": CM.format("a"), ".keep": "keep this directory"})
+    with pytest.raises(BundleInvalid, match="json: cannot unmarshal string into Go value"):
+        formats.load(root)
+    (tmp_path / "b").mkdir()
+    root = bundle(tmp_path / "b", {"a.yaml": CM.format("a"), ".extra.yaml": CM.format("b")})
+    assert [m.ref.name for m in formats.load(root).manifests] == ["b", "a"]
 
 
 @pytest.mark.parametrize(

@@ -211,3 +211,18 @@ def test_one_source_keeps_the_pod_of_the_previous_release() -> None:
         {"name": "bundle", "mountPath": "/bundle", "readOnly": True}
     ]
     assert "--source-dir" not in pod["spec"]["containers"][0]["command"]
+
+
+def test_a_configmaps_volume_is_named_as_asked_whatever_its_configmaps_are_called() -> None:
+    pinned = {
+        "type": "configMaps",
+        "configMaps": [{"configMap": {"name": "a"}}, {"configMap": {"name": "b"}}],
+        sources.ITEMS_KEY: [
+            ["a", "x.yaml", "manifests/x.yaml"],
+            ["b", "y.yaml", "manifests/y.yaml"],
+        ],
+    }
+    assert sources.volume(pinned)["name"] == "bundle"
+    volume = sources.volume(pinned, name="source-1")
+    assert volume["name"] == "source-1"
+    assert [s["configMap"]["name"] for s in volume["projected"]["sources"]] == ["a", "b"]

@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioner.engine import formats
+from provisioner.engine import formats_plain
 from rukpak.common import errors
 
 MANIFESTS_DIR = "manifests"
@@ -104,7 +104,7 @@ def _check_file(manifests: Path, name: str) -> tuple[str, Path, int]:
 def _check_content(root: Path) -> Counter[str]:
     """Objects per file (``manifests/<name>``), as the deploying side reads them."""
     try:
-        bundle = formats.load(root, format=FORMAT)
+        bundle = formats_plain.load(root, dotfiles=False)  # as the image will hold it
     except errors.InvalidArgument as exc:
         raise errors.InvalidArgument(f"bundle {root}: {exc.message}") from None
     except OSError as exc:

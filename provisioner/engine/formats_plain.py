@@ -4,8 +4,9 @@ Rules (upstream RukPak's): the bundle root contains ``manifests/``; it has no
 subdirectories and only ``.yaml``, ``.yml`` or ``.json`` files; each file holds
 one or more documents; the bundle holds at least one object. Files are read in
 name order and documents in file order, so the result is deterministic;
-``ordering`` sorts by kind phase afterwards. Dotfiles (and Kubernetes'
-``..data`` volume links) are skipped. A ``v1 List`` document contributes its
+``ordering`` sorts by kind phase afterwards. Kubernetes' ``..data`` volume links are
+skipped; other dotfiles are read as YAML (upstream reads every file), without the suffix
+rule. A ``v1 List`` document contributes its
 items. ``provisioner.bundle.validate`` runs this same loader at build time;
 ``formats`` lists it as the default format.
 """
@@ -25,19 +26,30 @@ from provisioner.engine.objects import ObjectRef
 
 NAME = "plain+v0"
 SUFFIXES = (".yaml", ".yml", ".json")
+_JSON_TYPES: dict[type, str] = {
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "bool",
+    list: "array",
+}
 
 
-def load(root: Path) -> Bundle:
+def load(root: Path, *, dotfiles: bool = True) -> Bundle:
+    """The bundle at ``root``; ``dotfiles=False`` reads it as ``rukpak bundle build`` packs
+    it (dotfiles left out of the image)."""
     manifests_dir = root / "manifests"
     if not manifests_dir.is_dir():
         raise BundleInvalid(f"{root}: a plain+v0 bundle must contain a manifests/ directory")
     manifests: list[Manifest] = []
     for rel, path in manifest_entries(manifests_dir):
+        if not dotfiles and path.name.startswith("."):
+            continue
         if path.is_dir():
             raise BundleInvalid(f"{rel}: subdirectories are not allowed in a plain+v0 bundle")
         if not path.is_file():
             raise BundleInvalid(f"{rel}: not a regular file")
-        if not path.name.endswith(SUFFIXES):
+        if not path.name.endswith(SUFFIXES) and not path.name.startswith("."):
             raise BundleInvalid(
                 f"{rel}: only .yaml, .yml and .json files belong in manifests/; move it out"
             )
@@ -53,10 +65,12 @@ def load(root: Path) -> Bundle:
 
 
 def manifest_entries(manifests_dir: Path) -> Iterator[tuple[str, Path]]:
-    """The entries of a bundle's ``manifests/`` in name order, hidden ones left out, each
-    with its bundle-relative name (``manifests/NAME``)."""
+    """The entries of a bundle's ``manifests/`` in name order, each with its bundle-relative
+    name (``manifests/NAME``). Kubernetes' volume links (``..data``, ``..2026_...``) are
+    left out; other dotfiles are content, as upstream reads them (a ``.gitkeep`` holds
+    no object, a dotfile of text is refused)."""
     for path in sorted(manifests_dir.iterdir(), key=lambda p: p.name):
-        if not path.name.startswith("."):
+        if not path.name.startswith(".."):
             yield f"manifests/{path.name}", path
 
 
@@ -111,7 +125,12 @@ def _objects(doc: Any, source: Source) -> list[Manifest]:
     if doc is None:
         return []
     if not isinstance(doc, dict):
-        raise BundleInvalid(f"{source}: expected an object (a mapping), got {type(doc).__name__}")
+        # upstream's decoder words it so, and its suite checks those words
+        raise BundleInvalid(
+            f"{source}: expected an object (a mapping): json: cannot unmarshal "
+            f"{_JSON_TYPES.get(type(doc), 'string')} into Go value of type "
+            "map[string]interface {}"
+        )
     if doc.get("apiVersion") == "v1" and doc.get("kind") == "List":
         items = doc.get("items") or []
         if not isinstance(items, list):

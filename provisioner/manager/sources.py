@@ -227,13 +227,14 @@ def volume(resolved: Obj, name: str = VOLUME_NAME) -> Obj:
         return _csi({"url": url, "digest": digest or ""}, _section(spec, "auth"), name)
     if kind == "configMaps" and isinstance(resolved.get(ITEMS_KEY), list):
         by_map: dict[str, list[Obj]] = {}
-        for name, key, path in resolved[ITEMS_KEY]:
-            by_map.setdefault(name, []).append({"key": key, "path": path})
+        for configmap, key, path in resolved[ITEMS_KEY]:
+            by_map.setdefault(configmap, []).append({"key": key, "path": path})
         return {
             "name": name,
             "projected": {
                 "sources": [
-                    {"configMap": {"name": name, "items": items}} for name, items in by_map.items()
+                    {"configMap": {"name": configmap, "items": items}}
+                    for configmap, items in by_map.items()
                 ]
             },
         }
