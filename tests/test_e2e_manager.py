@@ -291,10 +291,16 @@ def test_a_bundledeployment_waits_for_the_crds_another_one_provides(
     # kubectl: this test's client discovered the API before the CRD existed
     found = system.kubectl("get", f"widgets.{group}", "-n", consumer_ns, "one", "-o", "name")
     assert found.strip() == f"widget.{group}/one"
-    for name in (consumer, provider):
-        system.kube.delete(actuate.bd_ref(name))
+    crd_ref = ObjectRef(
+        "apiextensions.k8s.io", "v1", "CustomResourceDefinition", "", f"widgets.{group}"
+    )
+    system.kube.delete(actuate.bd_ref(provider))
+    eventually(lambda: system.kube.get(crd_ref) is None, timeout=120, what="the CRD deleted")
+    # upstream's suite reads the BundleDeployment right after its CRDs are gone: NotFound
+    assert system.kube.get(actuate.bd_ref(provider)) is None
+    system.kube.delete(actuate.bd_ref(consumer))
     eventually(
-        lambda: all(system.kube.get(actuate.bd_ref(n)) is None for n in (consumer, provider)),
+        lambda: system.kube.get(actuate.bd_ref(consumer)) is None,
         timeout=120,
-        what="both BundleDeployments gone",
+        what="the consumer gone",
     )
