@@ -16,8 +16,14 @@ conversion webhook and plans each object in the version it was created in. Check
 
 from __future__ import annotations
 
+import base64
 import functools
+import io
 import json
+import ssl
+import tarfile
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -25,6 +31,7 @@ import pytest
 
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import actuate, model
+from tests import bundles
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
 from tests.polling import eventually
@@ -251,6 +258,73 @@ def test_two_sources_with_the_same_object_fail_naming_both(
     )
     assert status == "False" and "two sources hold the same object" in message
     assert "one/manifests/" in message and "two/manifests/" in message
+    system.kubectl(
+        "delete", f"bundledeployments.{model.VERSION_V2}.{model.GROUP}", name, timeout=150
+    )
+
+
+def fetch(url: str, ca: bytes, token: str) -> tuple[int, bytes]:
+    context = ssl.create_default_context(cadata=ca.decode())
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=60) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def test_content_url_serves_the_bundle_to_a_bundle_reader_only(
+    rukpak_system: inst.RukpakSystem, tmp_path: Path
+) -> None:
+    system = rukpak_system
+    name, ns = f"content-{SUFFIX}", f"content-{SUFFIX}"
+    ref = push_hello(system, tmp_path / "b", "content", "v1", ns, "content")
+    system.kube.create(bd_v2(name, ref))
+    eventually(lambda: installed(system, name), timeout=180, what="Installed")
+    url = str((live(system, name).get("status") or {}).get("contentURL") or "")
+    assert url == f"https://127.0.0.1:9443/bundles/{name}.tgz"
+    secret = system.kube.get(ObjectRef("", "v1", "Secret", inst.NAMESPACE, "rukpak-webhook-cert"))
+    assert secret is not None
+    ca = base64.b64decode(secret["data"]["ca.crt"])
+    readers = f"readers-{SUFFIX}"
+    system.kubectl("create", "namespace", readers)
+    for account in ("reader", "stranger"):
+        system.kubectl("create", "serviceaccount", account, "-n", readers)
+    system.kubectl(
+        "create", "clusterrolebinding", f"bundle-reader-{SUFFIX}",
+        "--clusterrole=bundle-reader", f"--serviceaccount={readers}:reader",
+    )  # fmt: skip
+    tokens = {
+        account: system.kubectl("create", "token", account, "-n", readers).strip()
+        for account in ("reader", "stranger")
+    }
+    status, body = fetch(url, ca, tokens["reader"])
+    assert status == 200, body[:300]
+    with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:
+        names = tar.getnames()
+        greeting_file = tar.extractfile("manifests/02_configmap.yaml")
+        assert greeting_file is not None and b"content" in greeting_file.read()
+    assert "manifests/01_namespace.yaml" in names
+    assert fetch(url, ca, tokens["stranger"])[0] == 403
+    assert fetch(url, ca, "")[0] == 401
+    assert fetch(url, ca, "not-a-token")[0] == 401
+    missing = url.replace(name, f"nothing-{SUFFIX}")
+    assert fetch(missing, ca, tokens["reader"])[0] == 404
+    # a v1alpha1 Bundle gets one too, once Unpacked
+    bundle = f"content-bundle-{SUFFIX}"
+    system.kube.create(bundles.bundle_doc(bundle, ref))
+    bundle_url = eventually(
+        lambda: (
+            (system.kube.get(actuate.bundle_ref(bundle)) or {}).get("status", {}).get("contentURL")
+        ),
+        timeout=180,
+        what="the Bundle's contentURL",
+    )
+    assert fetch(str(bundle_url), ca, tokens["reader"])[0] == 200
+    system.kubectl("delete", "bundle", bundle, "--wait=false")
+    system.kubectl("delete", "clusterrolebinding", f"bundle-reader-{SUFFIX}")
     system.kubectl(
         "delete", f"bundledeployments.{model.VERSION_V2}.{model.GROUP}", name, timeout=150
     )

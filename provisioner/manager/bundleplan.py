@@ -256,7 +256,13 @@ def plan(bundle: Obj, observed: Observed, *, settings: Settings) -> list[Action]
     if phase == "Succeeded" and result is not None and result.ok:
         kind = stored.get("type")
         message = f"Successfully unpacked the {kind} Bundle: {result.summary()}"
-        return [*write(PHASE_UNPACKED, REASON_SUCCESSFUL, message), delete]
+        unpacked = status_for(
+            bundle, PHASE_UNPACKED, REASON_SUCCESSFUL, message, observed.now, resolved=stored
+        )
+        address = model.content_url(settings.content_base_url, name)
+        if address:
+            unpacked["contentURL"] = address
+        return [*_write(bundle, unpacked), delete]
     if result is not None and not result.ok:
         error = result.error
     else:

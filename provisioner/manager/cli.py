@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from provisioner.engine.kube import Kube
-from provisioner.manager import actuate, certs, controller, model, webhook
+from provisioner.manager import actuate, certs, content, controller, model, webhook
 from provisioner.runtime import flags, service, signals
 from rukpak.common import errors
 
@@ -95,6 +95,13 @@ def register(subparsers: Any) -> None:
         help="ValidatingWebhookConfiguration whose caBundle the manager keeps current "
         "(default: %(default)s)",
     )
+    p.add_argument(
+        "--content-base-url",
+        default=None,
+        help="where callers reach this manager's HTTPS server for bundle content: "
+        "status.contentURL is <base>/bundles/<name>.tgz (default: "
+        "https://<webhook-service>.<system-namespace>.svc; '' writes none)",
+    )
     flags.add_controller(p, lease=LEASE_NAME, workers="reconcile")
     p.add_argument(
         "--resync", type=float, default=30.0, help="seconds between full resyncs (default: 30)"
@@ -115,7 +122,13 @@ def settings_from(args: argparse.Namespace) -> model.Settings:
         raise errors.InvalidArgument(
             f"--max-concurrent-runs must be at least 1, not {args.max_concurrent_runs}"
         )
+    base = args.content_base_url
+    if base is None:
+        base = f"https://{args.webhook_service}.{args.system_namespace}.svc"
+    if not args.webhook_port:
+        base = ""  # nothing serves it
     return model.Settings(
+        content_base_url=base,
         image=args.image,
         system_namespace=args.system_namespace,
         service_account=args.instance_service_account,
@@ -155,6 +168,7 @@ def start_webhook(
         host=args.webhook_bind,
         port=args.webhook_port,
         default_namespace=default_namespace,
+        content=content.Content(kube, system_namespace=namespace),
     )
     server.start()
 

@@ -297,7 +297,9 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
     conflict = plan.field_conflict(bd, observed)
     if conflict is not None:
         verdicts[plan.FIELD_CONFLICT] = conflict
-    actions += plan.status_actions(bd, "", verdicts, observed.now)
+    address = model.content_url(settings.content_base_url, model.name_of(bd))
+    extra = {"contentURL": address} if address else None
+    actions += plan.status_actions(bd, "", verdicts, observed.now, extra)
     if poll is not None:
         actions.append(Requeue(poll, "re-resolving the source at spec.pollInterval"))
     return actions

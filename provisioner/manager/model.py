@@ -104,6 +104,16 @@ def parse_run_pod_name(bd_name: str, pod_name: str) -> tuple[str, int] | None:
     return revision, int(run)
 
 
+CONTENT_PREFIX = "/bundles/"
+CONTENT_SUFFIX = ".tgz"
+
+
+def content_url(base: str, name: str) -> str:
+    """Where the manager serves ``name``'s content (``content``, ``status.contentURL``):
+    ``<base>/bundles/<name>.tgz``; "" without a base."""
+    return f"{base.rstrip('/')}{CONTENT_PREFIX}{name}{CONTENT_SUFFIX}" if base else ""
+
+
 def bundle_format(provisioner_class: object) -> str | None:
     """The bundle format of one of our provisioner classes; None for any other class."""
     return CLASS_FORMATS.get(str(provisioner_class or ""))
@@ -128,3 +138,6 @@ class Settings:
     """Extra environment of the instance container (e.g. how to reach the API server)."""
     max_concurrent_runs: int = 8
     """Instance run pods active at once across all BundleDeployments (``--max-concurrent-runs``)."""
+    content_base_url: str = ""
+    """Where the manager serves bundle content (``--content-base-url``): ``status.contentURL``
+    is ``<base>/bundles/<name>.tgz``; "" writes none."""

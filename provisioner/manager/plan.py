@@ -173,7 +173,7 @@ def _condition(kind: str, verdict: Verdict, old: Obj | None, now: str, generatio
 
 
 def _status(
-    bd: Obj, active: str, verdicts: dict[str, Verdict], now: str
+    bd: Obj, active: str, verdicts: dict[str, Verdict], now: str, extra: Obj | None = None
 ) -> tuple[Obj, list[Action]]:
     old_status = bd.get("status") or {}
     old = {c.get("type"): c for c in old_status.get("conditions") or [] if isinstance(c, dict)}
@@ -182,7 +182,7 @@ def _status(
         _condition(kind, verdict, old.get(kind), now, generation)
         for kind, verdict in verdicts.items()
     ]
-    status: Obj = {"observedGeneration": generation, "conditions": conditions}
+    status: Obj = {"observedGeneration": generation, "conditions": conditions, **(extra or {})}
     if active:
         status["activeBundle"] = active
     events: list[Action] = []
@@ -208,10 +208,12 @@ def _status(
     return status, [WriteStatus(status), *events]
 
 
-def status_actions(bd: Obj, active: str, verdicts: dict[str, Verdict], now: str) -> list[Action]:
-    """The status write (and an event per condition transition) for ``verdicts``; none
-    when the status already says so."""
-    return _status(bd, active, verdicts, now)[1]
+def status_actions(
+    bd: Obj, active: str, verdicts: dict[str, Verdict], now: str, extra: Obj | None = None
+) -> list[Action]:
+    """The status write (and an event per condition transition) for ``verdicts`` and the
+    ``extra`` fields; none when the status already says so."""
+    return _status(bd, active, verdicts, now, extra)[1]
 
 
 # -- the planner -------------------------------------------------------------------------

@@ -15,7 +15,10 @@ Sits beside the controllers in the manager process. The API server sends an
 ``CONVERT_PATH`` answers the API server's ConversionReviews for the BundleDeployment
 CRD with ``conversion.review`` (pure, lossless both ways).
 
-``Server`` serves both paths with the manager's own certificate (``certs``) on a
+``content`` answers ``GET /bundles/<name>.tgz`` (a bundle's content, for callers the API
+server authorizes: ``status.contentURL``).
+
+``Server`` serves these paths with the manager's own certificate (``certs``) on a
 socket bound with SO_REUSEPORT, so two replicas on one host network both start.
 Every replica serves them (both are read-only), leader or not.
 """
@@ -37,6 +40,7 @@ from provisioner.engine import crdsafety
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, meta_of
 from provisioner.manager import certs, conversion
+from provisioner.manager import content as bundle_content
 from rukpak.common import errors
 
 log = logging.getLogger("rukpak.webhook")
@@ -128,7 +132,9 @@ class _ReusePortServer(ThreadingHTTPServer):
         super().server_bind()
 
 
-def _handler(existing: Existing, default_namespace: str) -> type[BaseHTTPRequestHandler]:
+def _handler(
+    existing: Existing, default_namespace: str, content: bundle_content.Content | None
+) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             path = self.path.split("?", 1)[0]
@@ -158,7 +164,32 @@ def _handler(existing: Existing, default_namespace: str) -> type[BaseHTTPRequest
                 self._send(200, conversion.review(body, default_namespace=default_namespace))
 
         def do_GET(self) -> None:
-            self._send(200 if self.path == "/healthz" else 404, {"ok": self.path == "/healthz"})
+            path = self.path.split("?", 1)[0]
+            name = bundle_content.name_of_path(path)
+            if name is None or content is None:
+                self._send(200 if path == "/healthz" else 404, {"ok": path == "/healthz"})
+                return
+            auth = str(self.headers.get("Authorization") or "")
+            token = auth[len("Bearer ") :].strip() if auth.startswith("Bearer ") else ""
+            try:
+                user = bundle_content.authorize(content.kube, token, path)
+                data = content.tarball(name)
+            except bundle_content.Denied as denied:
+                self._send(denied.status, {"message": denied.message})
+                return
+            except errors.NotFound as err:
+                self._send(404, {"message": err.message})
+                return
+            except errors.RukpakError as err:
+                log.warning("msg='content failed' name=%s error=%r", name, err.message)
+                self._send(502, {"message": f"cannot fetch the content of {name}: {err.message}"})
+                return
+            log.info("msg='content served' name=%s user=%s bytes=%d", name, user, len(data))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/gzip")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
 
         def _send(self, code: int, doc: Obj) -> None:
             data = json.dumps(doc).encode()
@@ -185,8 +216,10 @@ class Server:
         host: str = "0.0.0.0",
         port: int = 0,
         default_namespace: str = conversion.DEFAULT_INSTALL_NAMESPACE,
+        content: bundle_content.Content | None = None,
     ) -> None:
-        self._httpd = _ReusePortServer((host, port), _handler(existing, default_namespace))
+        handler = _handler(existing, default_namespace, content)
+        self._httpd = _ReusePortServer((host, port), handler)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         with tempfile.TemporaryDirectory(prefix="rukpak-webhook-") as tmp:
