@@ -14,6 +14,7 @@ HasValidBundle and Installed.
 from __future__ import annotations
 
 import shutil
+import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -276,3 +277,34 @@ def test_a_bundledeployment_of_each_source_installs(
         ObjectRef("", "v1", "ConfigMap", sources.namespaces[kind], "hello-greeting")
     )
     assert greeting is not None
+
+
+def test_a_configmap_in_use_by_a_bundle_cannot_be_deleted(
+    rukpak_system: inst.RukpakSystem, sources: Sources
+) -> None:
+    system = rukpak_system
+    name = f"in-use-{SUFFIX}"
+    cm = f"in-use-{SUFFIX}"
+    system.kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": cm, "namespace": inst.NAMESPACE},
+            "immutable": True,
+            "data": {"cm.yaml": CM_YAML},
+        }
+    )
+    source = {
+        "type": "configMaps",
+        "configMaps": [{"configMap": {"name": cm}, "path": "manifests"}],
+    }
+    _bundle(system, name, source)
+    done = subprocess.run(
+        [str(inst.kubectl_binary()), "--kubeconfig", str(system.kubeconfig), "delete",
+         "configmap", cm, "-n", inst.NAMESPACE],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0, done.stdout
+    assert f'configmap "{cm}" is in use by bundle "{name}"' in done.stderr
+    system.kubectl("delete", "bundle", name)
+    system.kubectl("delete", "configmap", cm, "-n", inst.NAMESPACE)

@@ -169,6 +169,7 @@ def start_webhook(
         port=args.webhook_port,
         default_namespace=default_namespace,
         content=content.Content(kube, system_namespace=namespace),
+        users=webhook.users_from(kube),
     )
     server.start()
 

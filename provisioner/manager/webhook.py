@@ -87,6 +87,72 @@ def decide(operation: str, old: Obj | None, new: Obj | None, existing: Existing)
     )
 
 
+CONFIGMAP_PATH = "/validate-configmap"
+
+Users = Callable[[str], list[str]]
+"""ConfigMap name -> what uses it (``bundle 'NAME'``, ``bundledeployment 'NAME'``)."""
+
+
+def configmap_denial(operation: str, old: Obj | None, users: Users) -> str:
+    """Why deleting a bundle ConfigMap is refused ("" to admit): one that a Bundle or a
+    v1alpha2 BundleDeployment sources stays while it is in use (upstream's rule)."""
+    if operation != "DELETE" or old is None:
+        return ""
+    name = str(meta_of(old).get("name") or "")
+    using = users(name)
+    if not using:
+        return ""
+    more = f" (and {len(using) - 1} more)" if len(using) > 1 else ""
+    return f'configmap "{name}" is in use by {using[0]}{more}'
+
+
+def _configmap_names(source: object) -> list[str]:
+    if not isinstance(source, dict) or source.get("type") != "configMaps":
+        return []
+    return [
+        str((e.get("configMap") or {}).get("name") or "")
+        for e in source.get("configMaps") or []
+        if isinstance(e, dict)
+    ]
+
+
+def users_from(kube: Kube) -> Users:
+    """Read the Bundles and v1alpha2 BundleDeployments that source a ConfigMap."""
+
+    def users(name: str) -> list[str]:
+        found: list[str] = []
+        for bundle in kube.list("core.rukpak.io/v1alpha1", "Bundle")[0]:
+            if name in _configmap_names((bundle.get("spec") or {}).get("source")):
+                found.append(f'bundle "{meta_of(bundle).get("name")}"')
+        for bd in kube.list("core.rukpak.io/v1alpha2", "BundleDeployment")[0]:
+            spec = bd.get("spec") or {}
+            if conversion.origin(bd) != "v1alpha2":
+                continue  # its generated Bundles are listed above
+            sourced = [spec.get("source"), *(spec.get("sources") or [])]
+            if any(name in _configmap_names(s) for s in sourced):
+                found.append(f'bundledeployment "{meta_of(bd).get("name")}"')
+        return found
+
+    return users
+
+
+def configmap_review(body: Obj, users: Users) -> Obj:
+    """The AdmissionReview response for a ConfigMap deletion (admitted if users cannot be
+    read: this check protects, it must not block the namespace)."""
+    request = body.get("request") or {}
+    try:
+        denial = configmap_denial(
+            str(request.get("operation") or ""), request.get("oldObject"), users
+        )
+    except errors.RukpakError as err:
+        log.warning("msg='cannot read configmap users; admitting' error=%r", err.message)
+        denial = ""
+    response: Obj = {"uid": str(request.get("uid") or ""), "allowed": not denial}
+    if denial:
+        response["status"] = {"code": 403, "reason": "Forbidden", "message": denial}
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+
 def existing_from(kube: Kube) -> Existing:
     """Read the custom resources ``crdsafety.check`` needs through the API."""
 
@@ -133,17 +199,19 @@ class _ReusePortServer(ThreadingHTTPServer):
 
 
 def _handler(
-    existing: Existing, default_namespace: str, content: bundle_content.Content | None
+    existing: Existing,
+    default_namespace: str,
+    content: bundle_content.Content | None,
+    users: Users | None,
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             path = self.path.split("?", 1)[0]
-            if path not in (PATH, CONVERT_PATH):
-                self._send(
-                    404, {"message": f"no webhook at {self.path}; use {PATH} or {CONVERT_PATH}"}
-                )
+            if path not in (PATH, CONVERT_PATH, CONFIGMAP_PATH):
+                paths = f"{PATH}, {CONFIGMAP_PATH} or {CONVERT_PATH}"
+                self._send(404, {"message": f"no webhook at {self.path}; use {paths}"})
                 return
-            what = "an AdmissionReview" if path == PATH else "a ConversionReview"
+            what = "a ConversionReview" if path == CONVERT_PATH else "an AdmissionReview"
             try:
                 length = int(self.headers.get("Content-Length") or 0)
             except ValueError:
@@ -160,6 +228,8 @@ def _handler(
                 return
             if path == PATH:
                 self._send(200, review(body, existing))
+            elif path == CONFIGMAP_PATH:
+                self._send(200, configmap_review(body, users or (lambda name: [])))
             else:
                 self._send(200, conversion.review(body, default_namespace=default_namespace))
 
@@ -217,8 +287,9 @@ class Server:
         port: int = 0,
         default_namespace: str = conversion.DEFAULT_INSTALL_NAMESPACE,
         content: bundle_content.Content | None = None,
+        users: Users | None = None,
     ) -> None:
-        handler = _handler(existing, default_namespace, content)
+        handler = _handler(existing, default_namespace, content, users)
         self._httpd = _ReusePortServer((host, port), handler)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
