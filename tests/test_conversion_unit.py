@@ -121,7 +121,8 @@ def review(objects: object, desired: str = conversion.V1ALPHA2) -> Obj:
         "kind": "ConversionReview",
         "request": {"uid": "rq-1", "desiredAPIVersion": desired, "objects": objects},
     }
-    return conversion.review(body)["response"]
+    response: Obj = conversion.review(body)["response"]
+    return response
 
 
 def test_a_review_converts_every_object_and_answers_with_the_uid() -> None:

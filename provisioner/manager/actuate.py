@@ -163,7 +163,7 @@ def resolve_source(kube: Kube, bd: Obj, action: plan.ResolveSource, resolve: Res
                 message = f"{resolution.SOURCE_PREFIX}{err.message}{where}"
                 verdict = ("False", bundleplan.REASON_FAILED, message)
             else:
-                message = f"cannot resolve {inline.source_ref(source)}{where}: {err.message}"
+                message = f"cannot resolve {sources.ref_of(source)}{where}: {err.message}"
                 verdict = ("False", bundleplan.REASON_PENDING, message)
             if inline.unpacked_condition_message(bd) != verdict[2]:
                 write_status(kube, name, inline.unpacked_status(bd, verdict, now), api_version)

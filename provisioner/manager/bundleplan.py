@@ -169,17 +169,6 @@ def _terminated(pod: Obj) -> Obj:
     return {}
 
 
-def _source_ref(source: Obj) -> str:
-    """The source in a few words for messages: the image reference, repository or URL."""
-    kind = source.get("type")
-    spec = source.get(kind) if isinstance(kind, str) else None
-    if isinstance(spec, dict):
-        for key in ("repository", "url", "ref"):
-            if isinstance(spec.get(key), str):
-                return str(spec[key])
-    return str(kind or "")
-
-
 PERMANENT_MOUNT_CODES = (
     "code = InvalidArgument",
     "code = NotFound",
@@ -224,7 +213,7 @@ def plan(bundle: Obj, observed: Observed, *, settings: Settings) -> list[Action]
         )
 
     if pinned is None:
-        return [Resolve(name, _source_ref(source), source, settings.system_namespace)]
+        return [Resolve(name, sources.ref_of(source), source, settings.system_namespace)]
     stored = sources.stored(pinned)
 
     def write(phase: str, reason: str, message: str) -> list[Action]:

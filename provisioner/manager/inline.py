@@ -98,17 +98,6 @@ def mutable_ref(source: Obj) -> str | None:
     return None
 
 
-def source_ref(source: Obj) -> str:
-    """The source in a few words for messages: the image reference, repository or URL."""
-    kind = source.get("type")
-    spec = source.get(kind) if isinstance(kind, str) else None
-    if isinstance(spec, dict):
-        for key in ("repository", "url", "ref"):
-            if isinstance(spec.get(key), str):
-                return str(spec[key])
-    return str(kind or "")
-
-
 def revision_name(bd: Obj, resolved: Obj, bundle_format: str) -> str:
     """What the install record calls the installed content: ``<bd>-<hash>``."""
     digest = model.stable_hash([sources.stored(resolved), bundle_format], 10)
@@ -261,20 +250,9 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
     resolved = pinned_sources(bd, entries)
     assert resolved is not None
     target = runs.Target(revision_name(bd, resolved, bundle_format), resolved)
+    more, decision = plan.run_install(bd, target, observed, settings)
+    actions += more
     record = observed.record
-    if observed.repair is not None and record is not None and record.bundle == target.bundle:
-        actions += plan.repair_actions(bd, observed.repair, settings)
-    decision = runs.decide(
-        bd,
-        target,
-        observed.pods,
-        record,
-        observed.drift,
-        settings=settings,
-        now=observed.now,
-        other_runs=observed.other_runs,
-    )
-    actions += decision.actions
     described = sources.describe(resolved)
     unpacked: plan.Verdict
     if (record is not None and record.bundle == target.bundle) or _mounted(

@@ -284,6 +284,32 @@ def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
         pinned = sources.pinned(old) if old is not None else None
         if pinned is not None:
             target = runs.Target(observed.record.bundle, pinned)
+    more, decision = run_install(bd, target, observed, settings)
+    actions += more
+    deployed = target.bundle if target is not None else ""
+    installed_verdict = decision.installed
+    active = decision.active or previous
+    for name in sorted(bundles):
+        if name not in (wanted, deployed, active):
+            actions.append(DeleteBundle(name))
+
+    verdicts = {
+        HAS_VALID_BUNDLE: valid,
+        INSTALLED: installed_verdict,
+        HEALTHY: healthy(observed, installed_verdict[0]),
+    }
+    conflict = field_conflict(bd, observed)
+    if conflict is not None:
+        verdicts[FIELD_CONFLICT] = conflict
+    return actions + status_actions(bd, active, verdicts, observed.now)
+
+
+def run_install(
+    bd: Obj, target: runs.Target | None, observed: Observed, settings: Settings
+) -> tuple[list[Action], runs.Decision]:
+    """Restore drift of the recorded install when it is ``target``'s, then what the
+    instance runs need (``runs.decide``): the actions, and the decision (``Installed``)."""
+    actions: list[Action] = []
     record = observed.record
     if (
         observed.repair is not None
@@ -302,23 +328,7 @@ def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
         now=observed.now,
         other_runs=observed.other_runs,
     )
-    actions += decision.actions
-    deployed = target.bundle if target is not None else ""
-    installed_verdict = decision.installed
-    active = decision.active or previous
-    for name in sorted(bundles):
-        if name not in (wanted, deployed, active):
-            actions.append(DeleteBundle(name))
-
-    verdicts = {
-        HAS_VALID_BUNDLE: valid,
-        INSTALLED: installed_verdict,
-        HEALTHY: healthy(observed, installed_verdict[0]),
-    }
-    conflict = field_conflict(bd, observed)
-    if conflict is not None:
-        verdicts[FIELD_CONFLICT] = conflict
-    return actions + status_actions(bd, active, verdicts, observed.now)
+    return actions + decision.actions, decision
 
 
 def instance_user(bd: Obj, settings: Settings) -> str:

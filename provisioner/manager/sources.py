@@ -167,6 +167,17 @@ def bundle_path(path: object) -> str:
     return "" if clean == "." else clean
 
 
+def ref_of(source: Obj) -> str:
+    """A source in a few words for messages: the image reference, repository or URL."""
+    kind = source.get("type")
+    spec = source.get(kind) if isinstance(kind, str) else None
+    if isinstance(spec, dict):
+        for key in ("repository", "url", "ref"):
+            if isinstance(spec.get(key), str):
+                return str(spec[key])
+    return str(kind or "")
+
+
 def describe(resolved: Obj) -> str:
     """The pinned content in a few words (logs, messages)."""
     kind = resolved.get("type")
