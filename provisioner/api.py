@@ -70,6 +70,7 @@ from provisioner.engine.lifecycle import ObjectStatus, status, uninstall
 from provisioner.engine.listwatch import Informer
 from provisioner.engine.objects import FIELD_MANAGER, OWNER_LABEL, Obj, ObjectRef
 from provisioner.manager import actions
+from provisioner.manager.conversion import origin as created_in
 from provisioner.manager.events import record as record_event
 from provisioner.manager.generate import desired_bundle
 from provisioner.runtime.leader import lead
@@ -123,6 +124,7 @@ __all__ = [
     "assess_health",
     "bundle_deployment_ref",
     "bundle_ref",
+    "created_in",
     "desired_bundle",
     "diff",
     "fetch_bundle",

@@ -180,6 +180,17 @@ def test_a_new_bundle_deployment_gets_the_finalizer_and_the_core_s_bundle() -> N
     assert decided.valid is not None and decided.valid[:2] == ("True", "UnpackPending")
 
 
+def test_a_bundle_deployment_created_as_v1alpha2_gets_no_bundle_and_says_why() -> None:
+    """Read through the conversion, a v1alpha2-created object carries its v1alpha2 fields in
+    an annotation: the helm provisioner refuses it rather than make a Bundle object."""
+    created_v2 = bd()
+    created_v2["metadata"]["annotations"] = {"core.rukpak.io/v1alpha2-spec": "{}"}
+    decided = plan.plan(created_v2, plan.Observed(now=NOW), default_namespace="default")
+    assert "CreateBundle" not in kinds(decided.actions)
+    assert decided.valid is not None and decided.valid[:2] == ("False", "UnsupportedApiVersion")
+    assert "create it as v1alpha1" in decided.valid[2]
+
+
 def test_an_unpacked_bundle_is_rendered_and_installed_with_the_values() -> None:
     of = with_finalizer(bd(installNamespace="web", config={"values": "greeting: hi\n"}))
     observed = plan.Observed((owned_bundle(of, phase="Unpacked", pinned=PINNED),), None, NOW)

@@ -43,7 +43,13 @@ HAS_VALID_BUNDLE = "HasValidBundle"
 INSTALLED = "Installed"
 UNPACKED = "Unpacked"
 WARNING_REASONS = frozenset(
-    {"UnsupportedProvisionerClass", "UnsupportedSource", "UnpackFailed", "InstallFailed"}
+    {
+        "UnsupportedApiVersion",
+        "UnsupportedProvisionerClass",
+        "UnsupportedSource",
+        "UnpackFailed",
+        "InstallFailed",
+    }
 )
 
 Verdict = tuple[str, str, str]
@@ -223,7 +229,16 @@ def plan(bd: api.Obj, observed: Observed, *, default_namespace: str) -> Plan:
     wanted = name_of(desired_bundle)
     bundles = {name_of(b): b for b in observed.bundles}
     current = bundles.get(wanted)
-    if template_spec.get("provisionerClassName") != CLASS:
+    if api.created_in(bd) == "v1alpha2":
+        # its Bundle would be a Bundle object, which a v1alpha2 BundleDeployment never has
+        out.valid = (
+            "False",
+            "UnsupportedApiVersion",
+            f"{CLASS} installs BundleDeployments created as {api.API_VERSION} (a template "
+            "that generates Bundles); this one was created as core.rukpak.io/v1alpha2: "
+            "create it as v1alpha1",
+        )
+    elif template_spec.get("provisionerClassName") != CLASS:
         out.valid = (
             "False",
             "UnsupportedProvisionerClass",
