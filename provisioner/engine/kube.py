@@ -97,6 +97,7 @@ class Kube:
         self._lock = threading.Lock()
         self._discovery = discovery.Discovery(self._get_discovery)
         self._requests: Counter[str] = Counter()
+        self._answers: Counter[tuple[str, str]] = Counter()
         self._as: dict[str, str] = {}
 
     @property
@@ -114,6 +115,22 @@ class Kube:
     def _count(self, method: str) -> None:
         with self._lock:
             self._requests[method] += 1
+
+    @property
+    def host(self) -> str:
+        """The API server's address (``https://host:port``), as configured."""
+        return str(self._api.configuration.host)
+
+    @property
+    def answers(self) -> dict[tuple[str, str], int]:
+        """Answers so far by (HTTP method, status code; ``<error>`` when none came), watches
+        left out: client-go's ``rest_client_requests_total``."""
+        with self._lock:
+            return dict(self._answers)
+
+    def _answered(self, method: str, code: str) -> None:
+        with self._lock:
+            self._answers[(method, code)] += 1
 
     @classmethod
     def from_kubeconfig(
@@ -186,7 +203,9 @@ class Kube:
                 preload_content=True,
             )
         except (urllib3.exceptions.HTTPError, OSError) as err:
+            self._answered(method, "<error>")
             raise errors.Unavailable(f"{what}: API server unreachable: {err}") from None
+        self._answered(method, str(resp.status))
         if not 200 <= resp.status < 300:
             raise error_for(resp.status, resp.data, what)
         return json.loads(resp.data) if resp.data else None

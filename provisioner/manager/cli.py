@@ -20,6 +20,7 @@ from typing import Any
 from provisioner.engine.kube import Kube
 from provisioner.manager import actuate, certs, content, controller, model, webhook
 from provisioner.runtime import flags, service, signals
+from provisioner.runtime.metrics import Metrics
 from rukpak.common import errors
 
 log = logging.getLogger("rukpak.manager")
@@ -157,6 +158,7 @@ def start_webhook(
     stop: threading.Event,
     *,
     default_namespace: str = model.Settings.default_install_namespace,
+    metrics: Metrics | None = None,
 ) -> webhook.Server:
     """Serve the webhooks with the managed certificate; publish its CA (into the
     ValidatingWebhookConfiguration and the BundleDeployment CRD's conversion) in the
@@ -170,6 +172,7 @@ def start_webhook(
         default_namespace=default_namespace,
         content=content.Content(kube, system_namespace=namespace),
         users=webhook.users_from(kube),
+        metrics=metrics,
     )
     server.start()
 
@@ -207,13 +210,32 @@ def run_manager(args: argparse.Namespace) -> int:
     except errors.RukpakError as err:
         return service.failed(log, err)
 
+    metrics = Metrics()
+    metrics.requests_of(lambda: kube.answers, host=kube.host)
+    leading: list[controller.Controller] = []
+    metrics.gauge_of(
+        "rukpak_bundledeployments",
+        "BundleDeployments by condition type and status (the leader's cache).",
+        ["condition", "status"],
+        lambda: leading[0].by_condition() if leading else {},
+    )
+    metrics.leader.labels(LEASE_NAME).set(0)
+
     def start() -> Callable[[], None]:
         ctl = controller.Controller(
-            kube, settings, resolve=actuate.RegistryResolver(), resync=args.resync
+            kube, settings, resolve=actuate.RegistryResolver(), resync=args.resync, metrics=metrics
         )
         ctl.start(workers=args.workers)
+        leading.append(ctl)
+        metrics.leader.labels(LEASE_NAME).set(1)
         log.info("msg='manager started' system_namespace=%s", settings.system_namespace)
-        return ctl.stop
+
+        def halt() -> None:
+            metrics.leader.labels(LEASE_NAME).set(0)
+            leading.clear()
+            ctl.stop()
+
+        return halt
 
     server: webhook.Server | None = None
     try:
@@ -224,6 +246,7 @@ def run_manager(args: argparse.Namespace) -> int:
                 settings.system_namespace,
                 stop,
                 default_namespace=settings.default_install_namespace,
+                metrics=metrics,
             )
         election = service.Election(args.leader_elect, settings.system_namespace, LEASE_NAME)
         return service.serve(kube, election, start, stop=stop, log=log, lost="stopped reconciling")

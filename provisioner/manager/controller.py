@@ -50,6 +50,7 @@ from provisioner.manager import (
     runwatch,
 )
 from provisioner.manager.model import Settings
+from provisioner.runtime.metrics import Metrics
 from provisioner.runtime.queue import WorkQueue
 from provisioner.runtime.workers import Reconciler
 from rukpak.common import errors
@@ -58,6 +59,14 @@ log = logging.getLogger("rukpak.manager")
 
 BD_KEY = "bd:"
 BUNDLE_KEY = "bundle:"
+BD_CONTROLLER = "bundledeployment"
+BUNDLE_CONTROLLER = "bundle"
+QUEUE_NAME = "rukpak-manager"
+
+
+def controller_of(key: str) -> str:
+    """The ``controller`` label of a queue key (controller-runtime's controller names)."""
+    return BUNDLE_CONTROLLER if key.startswith(BUNDLE_KEY) else BD_CONTROLLER
 
 
 def _by_label(obj: Obj) -> str:
@@ -78,9 +87,18 @@ class Controller(Reconciler):
         resync: float = 30.0,
         watch_timeout: int = 60,
         read_health: bool = True,
+        metrics: Metrics | None = None,
     ) -> None:
         super().__init__(
-            kube, WorkQueue(), self._reconcile_key, log=log, watch_timeout=watch_timeout
+            kube,
+            WorkQueue(),
+            self._reconcile_key,
+            log=log,
+            watch_timeout=watch_timeout,
+            metrics=metrics,
+            controller_of=controller_of,
+            controllers=(BD_CONTROLLER, BUNDLE_CONTROLLER),
+            queue_name=QUEUE_NAME,
         )
         self.settings = settings
         self.resolve = resolve
@@ -269,6 +287,9 @@ class Controller(Reconciler):
             raise
         if restoring:
             self.damper.record(name, time.monotonic())
+            if self.metrics is not None:
+                restored = sum(len(a.bodies) for a in actions if isinstance(a, plan.RestoreDrift))
+                self.metrics.drift_restores.inc(restored)
         elif not observed.fights:
             with self._repairs:
                 self._conflicts.pop(name, None)
@@ -324,6 +345,17 @@ class Controller(Reconciler):
         while not self.stopping.wait(self.resync):
             for bd in self.bds.items():
                 self.queue.add(BD_KEY + model.name_of(bd))
+
+    def by_condition(self) -> dict[tuple[str, ...], float]:
+        """BundleDeployments by (condition type, status), from the cache: the samples of
+        ``rukpak_bundledeployments``."""
+        counts: dict[tuple[str, ...], float] = {}
+        for bd in self.bds.items():
+            for cond in (bd.get("status") or {}).get("conditions") or []:
+                if isinstance(cond, dict) and cond.get("type"):
+                    key = (str(cond["type"]), str(cond.get("status") or "Unknown"))
+                    counts[key] = counts.get(key, 0.0) + 1.0
+        return counts
 
     # -- lifecycle -------------------------------------------------------------------------
 

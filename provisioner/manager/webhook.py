@@ -15,6 +15,7 @@ Sits beside the controllers in the manager process. The API server sends an
 ``CONVERT_PATH`` answers the API server's ConversionReviews for the BundleDeployment
 CRD with ``conversion.review`` (pure, lossless both ways).
 
+``METRICS_PATH`` serves the manager's metrics behind the same authorization, and
 ``content`` answers ``GET /bundles/<name>.tgz`` (a bundle's content, for callers the API
 server authorizes: ``status.contentURL``).
 
@@ -41,12 +42,16 @@ from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, meta_of
 from provisioner.manager import certs, conversion
 from provisioner.manager import content as bundle_content
+from provisioner.runtime import metrics as runtime_metrics
 from rukpak.common import errors
 
 log = logging.getLogger("rukpak.webhook")
 
 PATH = "/validate-crd"
 CONVERT_PATH = "/convert"
+METRICS_PATH = "/metrics"
+"""Prometheus metrics (``runtime.metrics``), for callers allowed ``get`` on it (ClusterRole
+``rukpak-metrics-reader``), as the content is."""
 DEFAULT_PORT = 9443
 CONFIGURATION_NAME = "rukpak-crd-validator"
 UPSTREAM_OPT_OUT = "core.rukpak.io/safe-crd-upgrade-validation"
@@ -203,6 +208,7 @@ def _handler(
     default_namespace: str,
     content: bundle_content.Content | None,
     users: Users | None,
+    metrics: runtime_metrics.Metrics | None,
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -233,14 +239,37 @@ def _handler(
             else:
                 self._send(200, conversion.review(body, default_namespace=default_namespace))
 
+        def _token(self) -> str:
+            auth = str(self.headers.get("Authorization") or "")
+            return auth[len("Bearer ") :].strip() if auth.startswith("Bearer ") else ""
+
+        def _metrics(self) -> None:
+            assert content is not None and metrics is not None
+            try:
+                bundle_content.authorize(content.kube, self._token(), METRICS_PATH)
+            except bundle_content.Denied as denied:
+                self._send(denied.status, {"message": denied.message})
+                return
+            except errors.RukpakError as err:
+                self._send(503, {"message": f"cannot authorize: {err.message}"})
+                return
+            data = metrics.exposition()
+            self.send_response(200)
+            self.send_header("Content-Type", runtime_metrics.CONTENT_TYPE)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
+            if path == METRICS_PATH and metrics is not None and content is not None:
+                self._metrics()
+                return
             name = bundle_content.name_of_path(path)
             if name is None or content is None:
                 self._send(200 if path == "/healthz" else 404, {"ok": path == "/healthz"})
                 return
-            auth = str(self.headers.get("Authorization") or "")
-            token = auth[len("Bearer ") :].strip() if auth.startswith("Bearer ") else ""
+            token = self._token()
             try:
                 user = bundle_content.authorize(content.kube, token, path)
                 data = content.tarball(name)
@@ -288,8 +317,9 @@ class Server:
         default_namespace: str = conversion.DEFAULT_INSTALL_NAMESPACE,
         content: bundle_content.Content | None = None,
         users: Users | None = None,
+        metrics: runtime_metrics.Metrics | None = None,
     ) -> None:
-        handler = _handler(existing, default_namespace, content, users)
+        handler = _handler(existing, default_namespace, content, users, metrics)
         self._httpd = _ReusePortServer((host, port), handler)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2

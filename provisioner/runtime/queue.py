@@ -14,8 +14,18 @@ from __future__ import annotations
 import heapq
 import threading
 import time
+from typing import Protocol
 
 from rukpak.common.backoff import Backoff
+
+
+class Observer(Protocol):
+    """What a queue reports (``runtime.metrics.QueueMetrics``: client-go's workqueue names)."""
+
+    def added(self) -> None: ...
+    def retried(self) -> None: ...
+    def waited(self, seconds: float) -> None: ...
+    def worked(self, seconds: float) -> None: ...
 
 
 class WorkQueue:
@@ -31,6 +41,10 @@ class WorkQueue:
         self._delayed: list[tuple[float, str]] = []
         self._failures: dict[str, int] = {}
         self._shutdown = False
+        self._ready_since: dict[str, float] = {}
+        self._working_since: dict[str, float] = {}
+        self.observer: Observer | None = None
+        """Set once, before use: gets adds, retries, wait and work times."""
 
     def add(self, key: str) -> None:
         """Queue ``key`` now (no-op when queued; once more after ``done`` when processing)."""
@@ -45,6 +59,8 @@ class WorkQueue:
 
     def retry(self, key: str) -> float:
         """Re-add after the key's backoff delay; returns the delay."""
+        if self.observer is not None:
+            self.observer.retried()
         with self._cond:
             n = self._failures.get(key, 0)
             self._failures[key] = n + 1
@@ -70,6 +86,9 @@ class WorkQueue:
             return False
         self._queued.add(key)
         self._ready.append(key)
+        self._ready_since[key] = time.monotonic()
+        if self.observer is not None:
+            self.observer.added()
         return True
 
     def _promote(self) -> float | None:
@@ -92,6 +111,11 @@ class WorkQueue:
                     key = self._ready.pop(0)
                     self._queued.discard(key)
                     self._processing.add(key)
+                    now = time.monotonic()
+                    self._working_since[key] = now
+                    ready = self._ready_since.pop(key, now)
+                    if self.observer is not None:
+                        self.observer.waited(now - ready)
                     return key
                 if deadline is not None:
                     left = deadline - time.monotonic()
@@ -103,6 +127,9 @@ class WorkQueue:
     def done(self, key: str) -> None:
         with self._cond:
             self._processing.discard(key)
+            started = self._working_since.pop(key, None)
+            if started is not None and self.observer is not None:
+                self.observer.worked(time.monotonic() - started)
             if key in self._dirty:
                 self._dirty.discard(key)
                 if self._enqueue(key):

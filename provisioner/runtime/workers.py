@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from provisioner.engine.informers import InformerSet
 from provisioner.engine.kube import Kube
+from provisioner.runtime.metrics import Metrics, classify, since
 from provisioner.runtime.queue import WorkQueue
 from rukpak.common import errors
 
@@ -50,8 +52,16 @@ class Workers:
         stopping: threading.Event | None = None,
         what: str = "reconcile",
         keep_failures_on_requeue: bool = False,
+        metrics: Metrics | None = None,
+        controller_of: Callable[[str], str] = lambda key: "",
+        controllers: tuple[str, ...] = ("",),
     ) -> None:
         self.queue = queue
+        self.metrics = metrics
+        self.controllers = controllers
+        """Every ``controller`` label ``controller_of`` gives (for the concurrency gauge)."""
+        self.controller_of = controller_of
+        """The ``controller`` label of a key's reconcile (the manager's keys name their kind)."""
         self.stopping = stopping or threading.Event()
         self._reconcile = reconcile
         self._log = log
@@ -61,6 +71,9 @@ class Workers:
 
     def start(self, count: int) -> None:
         """``count`` workers, named ``worker-0`` and up."""
+        if self.metrics is not None:
+            for controller in self.controllers:
+                self.metrics.max_concurrent.labels(controller).set(count)
         for i in range(count):
             self.spawn(f"worker-{i}", self.work)
 
@@ -84,8 +97,11 @@ class Workers:
             key = self.queue.get(timeout=1.0)
             if key is None:
                 continue
+            started = time.monotonic()
+            result = "error"
             try:
                 after = self._reconcile(key)
+                result = classify(after)
             except errors.RukpakError as err:
                 delay = self.queue.retry(key)
                 self._log.warning(
@@ -106,6 +122,8 @@ class Workers:
                 if after is not None:
                     self.queue.add_after(key, after)
             finally:
+                if self.metrics is not None:
+                    self.metrics.reconciled(self.controller_of(key), result, since(started))
                 self.queue.done(key)
 
 
@@ -124,15 +142,25 @@ class Reconciler:
         watch_timeout: int = 60,
         what: str = "reconcile",
         keep_failures_on_requeue: bool = False,
+        metrics: Metrics | None = None,
+        controller_of: Callable[[str], str] = lambda key: "",
+        controllers: tuple[str, ...] = ("",),
+        queue_name: str = "",
     ) -> None:
         self.kube = kube
         self.queue = queue
+        self.metrics = metrics
+        if metrics is not None:
+            queue.observer = metrics.queue(queue_name, lambda: len(queue))
         self.workers = Workers(
             queue,
             reconcile,
             log=log,
             what=what,
             keep_failures_on_requeue=keep_failures_on_requeue,
+            metrics=metrics,
+            controller_of=controller_of,
+            controllers=controllers,
         )
         self.stopping = self.workers.stopping
         self.caches = InformerSet(kube, stop=self.stopping, watch_timeout=watch_timeout)

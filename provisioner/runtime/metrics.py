@@ -1,0 +1,200 @@
+"""Prometheus metrics of a long-running provisioner process, with controller-runtime's names.
+
+Sits beside ``queue`` and ``workers`` (which report into it) in the runtime every
+controller runs on; the manager serves ``registry`` at ``/metrics`` (``manager.webhook``,
+behind the API server's authorization). The names and labels are the ones
+controller-runtime and client-go give every Go operator, so existing dashboards and
+alerts work unchanged:
+
+- ``controller_runtime_reconcile_total{controller,result}`` (result: success, error,
+  requeue, requeue_after), ``controller_runtime_reconcile_errors_total{controller}``,
+  ``controller_runtime_reconcile_time_seconds{controller}``,
+  ``controller_runtime_max_concurrent_reconciles{controller}``;
+- ``workqueue_depth{name}``, ``workqueue_adds_total{name}``,
+  ``workqueue_queue_duration_seconds{name}``, ``workqueue_work_duration_seconds{name}``,
+  ``workqueue_retries_total{name}``;
+- ``rest_client_requests_total{code,method,host}`` (read from ``Kube.answers`` at scrape);
+- ``leader_election_master_status{name}``.
+
+RukPak's own start with ``rukpak_``: drift restores, and BundleDeployments by condition
+(read from the controller's cache at scrape).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
+RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+QUEUE_BUCKETS = (1e-6, 1e-5, 1e-4, 1e-3, 0.01, 0.1, 1, 10, 100, 1000)
+"""client-go's workqueue buckets (10^-8 .. 10^3 seconds, the useful part of them)."""
+
+
+class _Scraped:
+    """A collector whose samples a callable produces at scrape time."""
+
+    def __init__(self, produce: Callable[[], Iterable[Metric]]) -> None:
+        self._produce = produce
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._produce()
+
+    def describe(self) -> list[Metric]:
+        return []
+
+
+class QueueMetrics:
+    """What one work queue reports (``WorkQueue(observer=...)``); thread-safe."""
+
+    def __init__(self, metrics: Metrics, name: str) -> None:
+        self._m = metrics
+        self.name = name
+
+    def added(self) -> None:
+        self._m.adds.labels(self.name).inc()
+
+    def retried(self) -> None:
+        self._m.retries.labels(self.name).inc()
+
+    def waited(self, seconds: float) -> None:
+        self._m.queue_duration.labels(self.name).observe(seconds)
+
+    def worked(self, seconds: float) -> None:
+        self._m.work_duration.labels(self.name).observe(seconds)
+
+
+class Metrics:
+    """The process's registry and metrics (one per process; tests make their own)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.reconciles = Counter(
+            "controller_runtime_reconcile_total",
+            "Total number of reconciliations per controller",
+            ["controller", "result"],
+            registry=r,
+        )
+        self.reconcile_errors = Counter(
+            "controller_runtime_reconcile_errors_total",
+            "Total number of reconciliation errors per controller",
+            ["controller"],
+            registry=r,
+        )
+        self.reconcile_time = Histogram(
+            "controller_runtime_reconcile_time_seconds",
+            "Length of time per reconciliation per controller",
+            ["controller"],
+            buckets=RECONCILE_BUCKETS,
+            registry=r,
+        )
+        self.max_concurrent = Gauge(
+            "controller_runtime_max_concurrent_reconciles",
+            "Maximum number of concurrent reconciles per controller",
+            ["controller"],
+            registry=r,
+        )
+        self.depth = Gauge("workqueue_depth", "Current depth of workqueue", ["name"], registry=r)
+        self.adds = Counter(
+            "workqueue_adds_total",
+            "Total number of adds handled by workqueue",
+            ["name"],
+            registry=r,
+        )
+        self.queue_duration = Histogram(
+            "workqueue_queue_duration_seconds",
+            "How long in seconds an item stays in workqueue before being requested",
+            ["name"],
+            buckets=QUEUE_BUCKETS,
+            registry=r,
+        )
+        self.work_duration = Histogram(
+            "workqueue_work_duration_seconds",
+            "How long in seconds processing an item from workqueue takes",
+            ["name"],
+            buckets=QUEUE_BUCKETS,
+            registry=r,
+        )
+        self.retries = Counter(
+            "workqueue_retries_total",
+            "Total number of retries handled by workqueue",
+            ["name"],
+            registry=r,
+        )
+        self.leader = Gauge(
+            "leader_election_master_status",
+            "Gauge of if the reporting system is master of the relevant lease, 0 indicates "
+            "backup, 1 indicates master. 'name' is the string used to identify the lease.",
+            ["name"],
+            registry=r,
+        )
+        self.drift_restores = Counter(
+            "rukpak_drift_restores_total",
+            "Drifted objects the manager re-applied from their last good version",
+            registry=r,
+        )
+        self._lock = threading.Lock()
+
+    def queue(self, name: str, depth: Callable[[], int]) -> QueueMetrics:
+        """The reporter of the work queue ``name``, whose depth ``depth`` reads at scrape."""
+        self.depth.labels(name).set_function(lambda: float(depth()))
+        return QueueMetrics(self, name)
+
+    def reconciled(self, controller: str, result: str, seconds: float) -> None:
+        """One reconcile ended with ``result`` (success, error, requeue, requeue_after)."""
+        self.reconciles.labels(controller, result).inc()
+        if result == "error":
+            self.reconcile_errors.labels(controller).inc()
+        self.reconcile_time.labels(controller).observe(seconds)
+
+    def requests_of(self, answers: Callable[[], dict[tuple[str, str], int]], host: str) -> None:
+        """Export client-go's ``rest_client_requests_total`` from ``answers`` at scrape."""
+
+        def produce() -> Iterator[Metric]:
+            family = CounterMetricFamily(
+                "rest_client_requests",
+                "Number of HTTP requests, partitioned by status code, method, and host.",
+                labels=["code", "method", "host"],
+            )
+            for (method, code), count in sorted(answers().items()):
+                family.add_metric([code, method, host], count)
+            yield family
+
+        self.registry.register(_Scraped(produce))  # type: ignore[arg-type]
+
+    def gauge_of(
+        self,
+        name: str,
+        help_text: str,
+        labels: list[str],
+        read: Callable[[], dict[tuple[str, ...], float]],
+    ) -> None:
+        """A gauge family whose samples ``read`` returns at scrape (label values -> value)."""
+
+        def produce() -> Iterator[Metric]:
+            family = GaugeMetricFamily(name, help_text, labels=labels)
+            for values, value in sorted(read().items()):
+                family.add_metric(list(values), value)
+            yield family
+
+        self.registry.register(_Scraped(produce))  # type: ignore[arg-type]
+
+    def exposition(self) -> bytes:
+        return bytes(prometheus_client.generate_latest(self.registry))
+
+
+def classify(after: float | None) -> str:
+    """controller-runtime's result label for a reconcile that returned ``after``."""
+    if after is None:
+        return "success"
+    return "requeue" if after <= 0 else "requeue_after"
+
+
+def since(start: float) -> float:
+    return max(time.monotonic() - start, 0.0)

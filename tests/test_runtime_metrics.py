@@ -1,0 +1,108 @@
+"""The runtime's metrics (``provisioner.runtime.metrics``) with controller-runtime's and
+client-go's names, fed by a real ``WorkQueue`` and ``Workers``: reconcile results and
+errors, queue adds, retries, wait and work times, depth, and scrape-time families. The
+manager serving them behind the API server's authorization is in ``test_e2e_v1alpha2``."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from provisioner.runtime.metrics import Metrics, classify
+from provisioner.runtime.queue import WorkQueue
+from provisioner.runtime.workers import Workers
+from rukpak.common import errors
+from tests.polling import eventually
+
+
+def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(metrics.exposition().decode()):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def test_results_are_classified_as_controller_runtime_does() -> None:
+    assert [classify(a) for a in (None, 0.0, 5.0)] == ["success", "requeue", "requeue_after"]
+
+
+def test_a_worker_reports_reconciles_errors_and_the_queue() -> None:
+    metrics = Metrics()
+    queue = WorkQueue(base=0.01, cap=0.01)
+    queue.observer = metrics.queue("q", lambda: len(queue))
+    seen: list[str] = []
+    failed = threading.Event()
+
+    def reconcile(key: str) -> float | None:
+        seen.append(key)
+        if key == "bad" and not failed.is_set():
+            failed.set()
+            raise errors.Unavailable("not yet")
+        return None
+
+    workers = Workers(
+        queue,
+        reconcile,
+        log=logging.getLogger("test"),
+        metrics=metrics,
+        controller_of=lambda key: "widget",
+        controllers=("widget",),
+    )
+    workers.start(2)
+    try:
+        queue.add("good")
+        queue.add("bad")
+        eventually(lambda: seen.count("bad") == 2 and "good" in seen, timeout=10, what="reconciles")
+        eventually(
+            lambda: (
+                samples(metrics).get(
+                    (
+                        "controller_runtime_reconcile_total",
+                        (("controller", "widget"), ("result", "success")),
+                    )
+                )
+                == 2.0
+            ),
+            timeout=10,
+            what="two successes counted",
+        )
+    finally:
+        workers.stop()
+    got = samples(metrics)
+    widget = (("controller", "widget"),)
+    assert (
+        got[("controller_runtime_reconcile_total", (("controller", "widget"), ("result", "error")))]
+        == 1
+    )
+    assert got[("controller_runtime_reconcile_errors_total", widget)] == 1
+    assert got[("controller_runtime_reconcile_time_seconds_count", widget)] == 3
+    assert got[("controller_runtime_max_concurrent_reconciles", widget)] == 2
+    name = (("name", "q"),)
+    assert got[("workqueue_adds_total", name)] == 3  # good, bad, bad again
+    assert got[("workqueue_retries_total", name)] == 1
+    assert got[("workqueue_queue_duration_seconds_count", name)] == 3
+    assert got[("workqueue_work_duration_seconds_count", name)] == 3
+    assert got[("workqueue_depth", name)] == 0
+
+
+def test_scrape_time_families_read_their_source_each_time() -> None:
+    metrics = Metrics()
+    answers = {("GET", "200"): 3}
+    metrics.requests_of(lambda: answers, host="https://api.example:6443")
+    counts: dict[tuple[str, ...], float] = {("Installed", "True"): 2.0}
+    metrics.gauge_of(
+        "rukpak_bundledeployments", "by condition", ["condition", "status"], lambda: counts
+    )
+    key = (
+        "rest_client_requests_total",
+        (("code", "200"), ("host", "https://api.example:6443"), ("method", "GET")),
+    )
+    assert samples(metrics)[key] == 3
+    answers[("GET", "200")] = 5
+    counts[("Installed", "True")] = 1.0
+    got = samples(metrics)
+    assert got[key] == 5
+    assert got[("rukpak_bundledeployments", (("condition", "Installed"), ("status", "True")))] == 1
