@@ -328,3 +328,75 @@ def test_content_url_serves_the_bundle_to_a_bundle_reader_only(
     system.kubectl(
         "delete", f"bundledeployments.{model.VERSION_V2}.{model.GROUP}", name, timeout=150
     )
+
+
+def test_the_manager_exports_controller_runtime_metrics_to_an_authorized_scraper(
+    rukpak_system: inst.RukpakSystem, tmp_path: Path
+) -> None:
+    """Both replicas answer on the node's port 9443; the leader's figures move with work."""
+    system = rukpak_system
+    secret = system.kube.get(ObjectRef("", "v1", "Secret", inst.NAMESPACE, "rukpak-webhook-cert"))
+    assert secret is not None
+    ca = base64.b64decode(secret["data"]["ca.crt"])
+    scrapers = f"scrapers-{SUFFIX}"
+    system.kubectl("create", "namespace", scrapers)
+    for account in ("prometheus", "stranger"):
+        system.kubectl("create", "serviceaccount", account, "-n", scrapers)
+    system.kubectl(
+        "create", "clusterrolebinding", f"metrics-{SUFFIX}",
+        "--clusterrole=rukpak-metrics-reader", f"--serviceaccount={scrapers}:prometheus",
+    )  # fmt: skip
+    token = system.kubectl("create", "token", "prometheus", "-n", scrapers).strip()
+    url = "https://127.0.0.1:9443/metrics"
+    assert fetch(url, ca, "")[0] == 401
+    stranger = system.kubectl("create", "token", "stranger", "-n", scrapers).strip()
+    assert fetch(url, ca, stranger)[0] == 403
+
+    def leader_text() -> str | None:
+        status, body = fetch(url, ca, token)
+        assert status == 200, body[:300]
+        text = body.decode()
+        return text if 'leader_election_master_status{name="rukpak-manager"} 1.0' in text else None
+
+    before = eventually(leader_text, timeout=60, interval=0.2, what="a scrape of the leader")
+    for name, kind in (
+        ("controller_runtime_reconcile_total", "counter"),
+        ("controller_runtime_reconcile_errors_total", "counter"),
+        ("controller_runtime_reconcile_time_seconds", "histogram"),
+        ("controller_runtime_max_concurrent_reconciles", "gauge"),
+        ("workqueue_depth", "gauge"),
+        ("workqueue_adds_total", "counter"),
+        ("workqueue_queue_duration_seconds", "histogram"),
+        ("workqueue_work_duration_seconds", "histogram"),
+        ("workqueue_retries_total", "counter"),
+        ("rest_client_requests_total", "counter"),
+        ("rukpak_bundledeployments", "gauge"),
+    ):
+        assert f"# TYPE {name} {kind}\n" in before, name
+    assert 'workqueue_depth{name="rukpak-manager"}' in before
+    assert 'controller_runtime_max_concurrent_reconciles{controller="bundle"} 2.0' in before
+    assert 'rest_client_requests_total{code="200",host=' in before
+
+    def successes(text: str) -> float:
+        for line in text.splitlines():
+            if line.startswith(
+                'controller_runtime_reconcile_total{controller="bundledeployment",result="success"}'
+            ):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    name, ns = f"metrics-{SUFFIX}", f"metrics-{SUFFIX}"
+    ref = push_hello(system, tmp_path / "b", "metrics", "v1", ns, "m")
+    system.kube.create(bd_v2(name, ref))
+    eventually(lambda: installed(system, name), timeout=180, what="Installed")
+    after = eventually(
+        lambda: t if (t := leader_text()) and successes(t) > successes(before) else None,
+        timeout=60,
+        interval=0.2,
+        what="more successful reconciles counted by the leader",
+    )
+    assert 'rukpak_bundledeployments{condition="Installed",status="True"}' in after
+    system.kubectl("delete", "clusterrolebinding", f"metrics-{SUFFIX}")
+    system.kubectl(
+        "delete", f"bundledeployments.{model.VERSION_V2}.{model.GROUP}", name, timeout=150
+    )
