@@ -111,7 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
         ("--max-unpacked-files", int, 200_000,
          "refuse an image whose layers hold more entries than this"),
         ("--metrics-port", int, int(env("METRICS_PORT", "0")),
-         "serve Prometheus metrics and /healthz on 127.0.0.1:PORT; 0 disables (env METRICS_PORT)"),
+         "serve Prometheus metrics and /healthz on --metrics-bind:PORT; 0 disables "
+         "(env METRICS_PORT)"),
+        ("--metrics-bind", str, env("METRICS_BIND", "127.0.0.1"),
+         "address of the metrics port: the node's loopback by default; 0.0.0.0 lets Prometheus "
+         "scrape it (deploy/components/monitoring) (env METRICS_BIND)"),
     ]  # fmt: skip
     for flag, kind, default, text in typed:
         p.add_argument(flag, type=kind, default=default, help=text)
@@ -246,6 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             auth_ttl=args.private_image_auth_ttl,
             durable=args.durable_commit,
         )
+        m.track_cache(images.usage, images.budget_bytes)
         fuse = None
         if args.fuse or args.publish_mode == "fuse":
             from csi.fuse.service import FuseService  # pyfuse3 only when FUSE mode is on
@@ -320,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check = health.checker(
             csi_socket, registered=registered, fuse=fuse.healthy if fuse else None
         )
-        http = metrics.serve(m, port=args.metrics_port, health=check)
+        http = metrics.serve(m, port=args.metrics_port, host=args.metrics_bind, health=check)
     ready.set()
     log.info(
         "msg=%r driver=%s node_id=%s endpoint=%s state_dir=%s kubelet_dir=%s metrics_port=%s",

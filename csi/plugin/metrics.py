@@ -67,6 +67,14 @@ class Metrics:
             "rukpak_csi_published_volumes", "Volumes currently published on this node.", registry=r
         )
         self.published_volumes.set_function(lambda: float(published()))
+        self.cache_bytes = Gauge(
+            "rukpak_csi_cache_bytes", "Bytes the node cache holds (blobs and trees).", registry=r
+        )
+        self.cache_budget = Gauge(
+            "rukpak_csi_cache_budget_bytes",
+            "The node cache's budget (--cache-budget): eviction keeps it under.",
+            registry=r,
+        )
         self.registered = Gauge(
             "rukpak_csi_registered",
             "1 once kubelet accepted the plugin's registration, 0 while it has not.",
@@ -79,6 +87,11 @@ class Metrics:
         )
         for result in ("hit", "miss"):
             self.cache.labels(result=result)
+
+    def track_cache(self, usage: Callable[[], int], budget: int) -> None:
+        """Read the node cache's size from ``usage`` at scrape; ``budget`` is its limit."""
+        self.cache_bytes.set_function(lambda: float(usage()))
+        self.cache_budget.set(budget)
 
     def rpc_done(self, *, method: str, code: str, seconds: float) -> None:
         self.rpcs.labels(method=method, code=code).inc()
