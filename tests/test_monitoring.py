@@ -1,7 +1,8 @@
 """The manager's disruption budget, and the optional monitoring component
-(``deploy/components/monitoring``): it renders with the real kubectl on top of ``deploy/``,
-and every metric its alerts and dashboard panels read is one the manager (``provisioner.runtime.metrics``) or the node plugin (``csi.plugin.metrics``)
-exports, under the exact name a scrape shows (``_total``, ``_bucket``)."""
+(``deploy/components/monitoring``): it renders with the real kubectl on top of
+``deploy/``, and every metric its alerts and dashboard panels read is one the manager
+(``provisioner.runtime.metrics``) or the node plugin (``csi.plugin.metrics``) exports,
+under the exact name a scrape shows (``_total``, ``_bucket``)."""
 
 from __future__ import annotations
 
