@@ -275,6 +275,29 @@ def fetch(url: str, ca: bytes, token: str) -> tuple[int, bytes]:
         return err.code, err.read()
 
 
+def webhook_ca(system: inst.RukpakSystem) -> bytes:
+    """The CA of the manager's HTTPS server (its Secret)."""
+    secret = system.kube.get(ObjectRef("", "v1", "Secret", inst.NAMESPACE, "rukpak-webhook-cert"))
+    assert secret is not None
+    return base64.b64decode(secret["data"]["ca.crt"])
+
+
+def tokens_of(system: inst.RukpakSystem, namespace: str, role: str, binding: str) -> dict[str, str]:
+    """Tokens of two new ServiceAccounts in ``namespace``: ``allowed`` bound to the
+    ClusterRole ``role`` (by ``binding``), ``stranger`` bound to nothing."""
+    system.kubectl("create", "namespace", namespace)
+    for account in ("allowed", "stranger"):
+        system.kubectl("create", "serviceaccount", account, "-n", namespace)
+    system.kubectl(
+        "create", "clusterrolebinding", binding,
+        f"--clusterrole={role}", f"--serviceaccount={namespace}:allowed",
+    )  # fmt: skip
+    return {
+        account: system.kubectl("create", "token", account, "-n", namespace).strip()
+        for account in ("allowed", "stranger")
+    }
+
+
 def test_content_url_serves_the_bundle_to_a_bundle_reader_only(
     rukpak_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
@@ -285,22 +308,9 @@ def test_content_url_serves_the_bundle_to_a_bundle_reader_only(
     eventually(lambda: installed(system, name), timeout=180, what="Installed")
     url = str((live(system, name).get("status") or {}).get("contentURL") or "")
     assert url == f"https://127.0.0.1:9443/bundles/{name}.tgz"
-    secret = system.kube.get(ObjectRef("", "v1", "Secret", inst.NAMESPACE, "rukpak-webhook-cert"))
-    assert secret is not None
-    ca = base64.b64decode(secret["data"]["ca.crt"])
-    readers = f"readers-{SUFFIX}"
-    system.kubectl("create", "namespace", readers)
-    for account in ("reader", "stranger"):
-        system.kubectl("create", "serviceaccount", account, "-n", readers)
-    system.kubectl(
-        "create", "clusterrolebinding", f"bundle-reader-{SUFFIX}",
-        "--clusterrole=bundle-reader", f"--serviceaccount={readers}:reader",
-    )  # fmt: skip
-    tokens = {
-        account: system.kubectl("create", "token", account, "-n", readers).strip()
-        for account in ("reader", "stranger")
-    }
-    status, body = fetch(url, ca, tokens["reader"])
+    ca = webhook_ca(system)
+    tokens = tokens_of(system, f"readers-{SUFFIX}", "bundle-reader", f"bundle-reader-{SUFFIX}")
+    status, body = fetch(url, ca, tokens["allowed"])
     assert status == 200, body[:300]
     with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:
         names = tar.getnames()
@@ -311,7 +321,7 @@ def test_content_url_serves_the_bundle_to_a_bundle_reader_only(
     assert fetch(url, ca, "")[0] == 401
     assert fetch(url, ca, "not-a-token")[0] == 401
     missing = url.replace(name, f"nothing-{SUFFIX}")
-    assert fetch(missing, ca, tokens["reader"])[0] == 404
+    assert fetch(missing, ca, tokens["allowed"])[0] == 404
     # a v1alpha1 Bundle gets one too, once Unpacked
     bundle = f"content-bundle-{SUFFIX}"
     system.kube.create(bundles.bundle_doc(bundle, ref))
@@ -322,7 +332,7 @@ def test_content_url_serves_the_bundle_to_a_bundle_reader_only(
         timeout=180,
         what="the Bundle's contentURL",
     )
-    assert fetch(str(bundle_url), ca, tokens["reader"])[0] == 200
+    assert fetch(str(bundle_url), ca, tokens["allowed"])[0] == 200
     system.kubectl("delete", "bundle", bundle, "--wait=false")
     system.kubectl("delete", "clusterrolebinding", f"bundle-reader-{SUFFIX}")
     system.kubectl(
@@ -335,22 +345,12 @@ def test_the_manager_exports_controller_runtime_metrics_to_an_authorized_scraper
 ) -> None:
     """Both replicas answer on the node's port 9443; the leader's figures move with work."""
     system = rukpak_system
-    secret = system.kube.get(ObjectRef("", "v1", "Secret", inst.NAMESPACE, "rukpak-webhook-cert"))
-    assert secret is not None
-    ca = base64.b64decode(secret["data"]["ca.crt"])
-    scrapers = f"scrapers-{SUFFIX}"
-    system.kubectl("create", "namespace", scrapers)
-    for account in ("prometheus", "stranger"):
-        system.kubectl("create", "serviceaccount", account, "-n", scrapers)
-    system.kubectl(
-        "create", "clusterrolebinding", f"metrics-{SUFFIX}",
-        "--clusterrole=rukpak-metrics-reader", f"--serviceaccount={scrapers}:prometheus",
-    )  # fmt: skip
-    token = system.kubectl("create", "token", "prometheus", "-n", scrapers).strip()
+    ca = webhook_ca(system)
+    tokens = tokens_of(system, f"scrapers-{SUFFIX}", "rukpak-metrics-reader", f"metrics-{SUFFIX}")
+    token = tokens["allowed"]
     url = "https://127.0.0.1:9443/metrics"
     assert fetch(url, ca, "")[0] == 401
-    stranger = system.kubectl("create", "token", "stranger", "-n", scrapers).strip()
-    assert fetch(url, ca, stranger)[0] == 403
+    assert fetch(url, ca, tokens["stranger"])[0] == 403
 
     def leader_text() -> str | None:
         status, body = fetch(url, ca, token)
