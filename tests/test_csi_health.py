@@ -14,6 +14,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from csi.plugin import metrics
 from csi.proto import pluginregistration_pb2, pluginregistration_pb2_grpc
 from tests.csi_helpers import PluginProcess, running_plugin
 from tests.polling import logged
@@ -60,6 +61,24 @@ def test_metrics_have_latency_histograms(plugin: PluginProcess) -> None:
     inf = values[("rukpak_csi_rpc_duration_seconds_bucket", (("le", "+Inf"), ("method", "Probe")))]
     assert count >= 1 and inf == count
     assert ("rukpak_csi_image_pull_duration_seconds_count", ()) in values
+    # and under the kubernetes-csi sidecars' name, for their dashboards
+    sidecar = (
+        ("driver_name", "csi.rukpak.io"),
+        ("grpc_status_code", "OK"),
+        ("method_name", "/csi.v1.Identity/Probe"),
+    )
+    assert values[("csi_sidecar_operations_seconds_count", sidecar)] >= 1
+
+
+def test_codes_and_methods_read_as_the_sidecars_write_them() -> None:
+    assert [metrics.go_code(c) for c in ("OK", "ALREADY_EXISTS", "INVALID_ARGUMENT")] == [
+        "OK",
+        "AlreadyExists",
+        "InvalidArgument",
+    ]
+    assert metrics.full_method("NodePublishVolume") == "/csi.v1.Node/NodePublishVolume"
+    assert metrics.full_method("CreateVolume") == "/csi.v1.Controller/CreateVolume"
+    assert metrics.full_method("GetPluginInfo") == "/csi.v1.Identity/GetPluginInfo"
 
 
 def test_a_refused_registration_is_logged_counted_and_fails_healthz(tmp_path: Path) -> None:

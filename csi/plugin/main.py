@@ -239,7 +239,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return RegistryClient(credentials=credentials, insecure=insecure, timeout=timeout)
 
     publisher: Publisher | None = None
-    m = metrics.Metrics(published=lambda: publisher.published() if publisher else 0)
+    m = metrics.Metrics(
+        published=lambda: publisher.published() if publisher else 0, driver_name=args.driver_name
+    )
     try:
         images = ImageCache(
             args.state_dir / "images",

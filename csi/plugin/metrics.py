@@ -24,6 +24,29 @@ CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 RPC_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 PULL_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
+SIDECAR_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 25, 50, 120, 300, 600)
+"""kubernetes-csi's csi-lib-utils buckets for ``csi_sidecar_operations_seconds``."""
+_SERVICES = {
+    "GetPluginInfo": "Identity",
+    "GetPluginCapabilities": "Identity",
+    "Probe": "Identity",
+}
+
+
+def full_method(method: str) -> str:
+    """The gRPC method path kubernetes-csi's sidecars label with (``/csi.v1.Node/...``)."""
+    if method.startswith("/"):
+        return method
+    service = _SERVICES.get(method) or ("Node" if method.startswith("Node") else "Controller")
+    return f"/csi.v1.{service}/{method}"
+
+
+def go_code(code: str) -> str:
+    """A gRPC status code as Go's ``codes.Code.String`` writes it (``ALREADY_EXISTS`` ->
+    ``AlreadyExists``), as the sidecars label it."""
+    return code if code == "OK" else "".join(p.capitalize() for p in code.split("_"))
+
+
 Health = Callable[[], tuple[bool, str]]
 """Whether the plugin is healthy, and a one-line reason."""
 
@@ -31,9 +54,19 @@ Health = Callable[[], tuple[bool, str]]
 class Metrics:
     """The plugin's metrics; every method is thread-safe. ``published`` is read at scrape."""
 
-    def __init__(self, published: Callable[[], int] = lambda: 0) -> None:
+    def __init__(
+        self, published: Callable[[], int] = lambda: 0, *, driver_name: str = "csi.rukpak.io"
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.driver_name = driver_name
         r = self.registry
+        self.sidecar_operations = Histogram(
+            "csi_sidecar_operations_seconds",
+            "Container Storage Interface operation duration with gRPC error code status total",
+            ["driver_name", "grpc_status_code", "method_name"],
+            buckets=SIDECAR_BUCKETS,
+            registry=r,
+        )
         self.rpcs = Counter(
             "rukpak_csi_rpc", "CSI calls by method and gRPC code.", ["method", "code"], registry=r
         )
@@ -97,6 +130,11 @@ class Metrics:
         self.rpcs.labels(method=method, code=code).inc()
         self.rpc_seconds.labels(method=method).inc(seconds)
         self.rpc_latency.labels(method=method).observe(seconds)
+        self.sidecar_operations.labels(
+            driver_name=self.driver_name,
+            method_name=full_method(method),
+            grpc_status_code=go_code(code),
+        ).observe(seconds)
 
     def cache_result(self, *, hit: bool) -> None:
         self.cache.labels(result="hit" if hit else "miss").inc()
