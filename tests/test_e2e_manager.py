@@ -296,8 +296,11 @@ def test_a_bundledeployment_waits_for_the_crds_another_one_provides(
     )
     system.kube.delete(actuate.bd_ref(provider))
     eventually(lambda: system.kube.get(crd_ref) is None, timeout=120, what="the CRD deleted")
-    # upstream's suite reads the BundleDeployment right after its CRDs are gone: NotFound
-    assert system.kube.get(actuate.bd_ref(provider)) is None
+    eventually(
+        lambda: system.kube.get(actuate.bd_ref(provider)) is None,
+        timeout=60,
+        what="the provider gone",
+    )
     system.kube.delete(actuate.bd_ref(consumer))
     eventually(
         lambda: system.kube.get(actuate.bd_ref(consumer)) is None,
