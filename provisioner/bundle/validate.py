@@ -26,7 +26,6 @@ from rukpak.common import errors
 
 MANIFESTS_DIR = "manifests"
 SUFFIXES = (".yaml", ".yml", ".json")
-FORMAT = "plain+v0"
 
 
 @dataclass(frozen=True)

@@ -192,13 +192,7 @@ class Controller(Reconciler):
         stored = self.bds.get("", name)
         if stored is None:
             return None
-        bd = (
-            conversion.to_v1alpha1(
-                stored, default_namespace=self.settings.default_install_namespace
-            )
-            if conversion.origin(stored) == "v1alpha1"
-            else stored
-        )
+        bd = conversion.to_v1alpha1(stored) if conversion.origin(stored) == "v1alpha1" else stored
         bundles = tuple(
             b
             for b in self.bundles.items()

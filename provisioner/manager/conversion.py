@@ -150,12 +150,11 @@ def to_v1alpha2(bd: Obj, *, default_namespace: str = DEFAULT_INSTALL_NAMESPACE) 
     return out
 
 
-def to_v1alpha1(bd: Obj, *, default_namespace: str = DEFAULT_INSTALL_NAMESPACE) -> Obj:
+def to_v1alpha1(bd: Obj) -> Obj:
     """``bd`` (either version) as v1alpha1."""
     if bd.get("apiVersion") == V1ALPHA1:
         return copy.deepcopy(bd)
     _check(bd, V1ALPHA2)
-    del default_namespace  # (v1alpha1 has no required field a v1alpha2 object lacks)
     out = copy.deepcopy(bd)
     out["apiVersion"] = V1ALPHA1
     meta = out.setdefault("metadata", {})
@@ -201,7 +200,7 @@ def to_v1alpha1(bd: Obj, *, default_namespace: str = DEFAULT_INSTALL_NAMESPACE) 
 def convert(bd: Obj, version: str, *, default_namespace: str = DEFAULT_INSTALL_NAMESPACE) -> Obj:
     """``bd`` as ``version`` (``core.rukpak.io/v1alpha1`` or ``/v1alpha2``)."""
     if version == V1ALPHA1:
-        return to_v1alpha1(bd, default_namespace=default_namespace)
+        return to_v1alpha1(bd)  # (v1alpha1 requires nothing a v1alpha2 object lacks)
     if version == V1ALPHA2:
         return to_v1alpha2(bd, default_namespace=default_namespace)
     raise ConversionError(
