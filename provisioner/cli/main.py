@@ -34,6 +34,7 @@ from rukpak.common import errors
 COMMAND_MODULES: tuple[tuple[str, bool], ...] = (
     ("provisioner.cli.bundle", True),
     ("provisioner.cli.apply", False),
+    ("provisioner.cli.deployments", False),
 )
 
 Handler = Callable[[argparse.Namespace], int]

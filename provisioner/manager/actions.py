@@ -89,6 +89,16 @@ class ResolveSource:
 
 
 @dataclass(frozen=True)
+class SetRollback:
+    """Install kept revision ``revision`` while the spec stays at ``generation``
+    (``revisions.ROLLBACK_ANNOTATION``); ``reason`` says who asked."""
+
+    revision: int
+    generation: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class Requeue:
     """Look again after ``after`` seconds: waiting on something no watch reports."""
 
@@ -109,5 +119,6 @@ Action = (
     | WriteStatus
     | RecordEvent
     | ResolveSource
+    | SetRollback
     | Requeue
 )

@@ -22,7 +22,16 @@ from datetime import UTC, datetime
 from provisioner.engine import lifecycle
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, meta_of
-from provisioner.manager import bundleplan, events, inline, model, plan, resolution, sources
+from provisioner.manager import (
+    bundleplan,
+    events,
+    inline,
+    model,
+    plan,
+    resolution,
+    revisions,
+    sources,
+)
 from provisioner.runtime import lease
 from rukpak.common import errors
 from rukpak.oci import client as oci_client
@@ -302,6 +311,10 @@ def perform(
                 write_status(kube, name, status, api_version)
             case plan.ResolveSource():
                 resolve_source(kube, bd, action, resolve)
+            case plan.SetRollback(revision=revision, generation=generation, reason=reason):
+                value = revisions.rollback_annotation(revision, generation, reason)
+                patch = {"metadata": {"annotations": {revisions.ROLLBACK_ANNOTATION: value}}}
+                bd = kube.merge_patch(bd_ref(name, api_version), patch)
             case plan.RecordEvent():
                 record_event(kube, bd, action, now=now)
             case plan.Requeue(after=after):

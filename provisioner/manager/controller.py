@@ -42,6 +42,7 @@ from provisioner.manager import (
     actuate,
     bundleplan,
     conversion,
+    dependencies,
     healthwatch,
     inline,
     model,
@@ -155,7 +156,13 @@ class Controller(Reconciler):
     # -- cache events -> work ---------------------------------------------------------------
 
     def _bd_changed(self, obj: Obj) -> None:
-        self.queue.add(BD_KEY + model.name_of(obj))
+        name = model.name_of(obj)
+        self.queue.add(BD_KEY + name)
+        # what depends on it may install now; what it depends on may be deleted now
+        for other in dependencies.dependents(name, self.bds.items()):
+            self.queue.add(BD_KEY + other)
+        for other in dependencies.depends_on(obj):
+            self.queue.add(BD_KEY + other)
 
     def _bundle_changed(self, obj: Obj) -> None:
         self.queue.add(BUNDLE_KEY + model.name_of(obj))
@@ -229,7 +236,14 @@ class Controller(Reconciler):
                         )
         with self._repairs:
             conflict = self._conflicts.get(name, "")
+        lookup = self._lookup_bd
+        needs = dependencies.depends_on(stored)
         return bd, plan.Observed(
+            dependencies=dependencies.unmet(stored, lookup) if needs else (),
+            cycle=dependencies.cycle(stored, lookup) if needs else "",
+            dependents=dependencies.dependents(name, self.bds.items())
+            if meta_of(stored).get("deletionTimestamp")
+            else (),
             bundles=bundles,
             pods=tuple(pods),
             record=record,
@@ -241,6 +255,9 @@ class Controller(Reconciler):
             health=self._health(name) if record is not None and self.read_health else None,
             now=now_text(),
         )
+
+    def _lookup_bd(self, name: str) -> Obj | None:
+        return self.bds.get("", name)
 
     def _health(self, name: str) -> plan.Health | None:
         verdict = self.health.health(name)

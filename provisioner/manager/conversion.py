@@ -43,6 +43,11 @@ V1ALPHA2_ONLY = (
     "pollInterval",
     "preflight",
     "watchNamespaces",
+    "revisionHistoryLimit",
+    "progressDeadlineSeconds",
+    "rollbackOnFailure",
+    "dependsOn",
+    "healthChecks",
 )
 COMMON = (
     "provisionerClassName",

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from provisioner.engine.objects import Obj, meta_of
-from provisioner.manager import conversion, model, sources
+from provisioner.manager import conversion, model, revisions, sources
 from provisioner.manager.model import Settings
 
 INSTANCE_CONTAINER = "instance"
@@ -102,10 +102,16 @@ def _instance_meta(bd: Obj, bundle: str, settings: Settings) -> Obj:
         "app.kubernetes.io/managed-by": "rukpak-manager",
         model.BD_LABEL: name,
     }
+    annotations = {model.BUNDLE_ANNOTATION: bundle}
+    rollback = revisions.rollback_of(bd)
+    if rollback is not None:
+        # a rollback reinstalls the kept revision even when the record already names it
+        # (a failed run of the newer one may have applied part of it): a new run revision
+        annotations[revisions.ROLLBACK_ANNOTATION] = f"{rollback.revision}@{rollback.generation}"
     return {
         "namespace": settings.system_namespace,
         "labels": labels,
-        "annotations": {model.BUNDLE_ANNOTATION: bundle},
+        "annotations": annotations,
         "ownerReferences": [owner_reference(bd)],
     }
 

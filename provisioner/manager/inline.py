@@ -33,8 +33,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from provisioner.engine.objects import Obj, condition, meta_of
-from provisioner.manager import conversion, model, plan, runs, sources
-from provisioner.manager.actions import Action, AddFinalizer, Requeue, ResolveSource
+from provisioner.manager import conversion, model, plan, revisions, runs, sources
+from provisioner.manager.actions import Action, AddFinalizer, Requeue, ResolveSource, SetRollback
 from provisioner.manager.model import Settings
 from provisioner.manager.resolution import SOURCE_PREFIX
 
@@ -99,8 +99,12 @@ def mutable_ref(source: Obj) -> str | None:
 
 
 def revision_name(bd: Obj, resolved: Obj, bundle_format: str) -> str:
-    """What the install record calls the installed content: ``<bd>-<hash>``."""
-    digest = model.stable_hash([sources.stored(resolved), bundle_format], 10)
+    """What the install record calls the installed content and configuration:
+    ``<bd>-<hash>`` (``revisions``: a change of either is a new revision)."""
+    config = revisions.config_of(bd.get("spec") or {})
+    digest = model.stable_hash(
+        [sources.stored(resolved), bundle_format, *([config] if config else [])], 10
+    )
     return f"{model.name_of(bd)}-{digest}"
 
 
@@ -244,18 +248,36 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
         verdicts[plan.HEALTHY] = plan.healthy(observed, installed[0])
         return actions + plan.status_actions(bd, "", verdicts, observed.now)
     assert bundle_format is not None
-    current, poll = _pin_current(bd, spec, observed.now)
-    if not current:
-        return [*actions, ResolveSource(entries, settings.system_namespace, generation)]
-    resolved = pinned_sources(bd, entries)
-    assert resolved is not None
-    target = runs.Target(revision_name(bd, resolved, bundle_format), resolved)
-    more, decision = plan.run_install(bd, target, observed, settings)
+    kept = revisions.of_status(bd)
+    rollback = revisions.rollback_of(bd)
+    rolled_to = revisions.find(kept, rollback.revision) if rollback is not None else None
+    rolled_pin = revisions.decode_pin(rolled_to.source) if rolled_to is not None else None
+    poll: float | None = None
+    if rollback is not None and rolled_to is not None and rolled_pin is not None:
+        # the kept pin, as it was: nothing is resolved, no server is asked
+        target = runs.Target(rolled_to.name, rolled_pin)
+        bd_run = revisions.with_config(bd, rolled_to.config)
+    else:
+        rollback = rolled_to = None
+        current, poll = _pin_current(bd, spec, observed.now)
+        if not current:
+            return [*actions, ResolveSource(entries, settings.system_namespace, generation)]
+        resolved = pinned_sources(bd, entries)
+        assert resolved is not None
+        target = runs.Target(revision_name(bd, resolved, bundle_format), resolved)
+        bd_run = bd
+    more, decision = plan.run_install(bd_run, target, observed, settings)
     actions += more
     record = observed.record
-    described = sources.describe(resolved)
+    described = sources.describe(target.resolved)
     unpacked: plan.Verdict
-    if (record is not None and record.bundle == target.bundle) or _mounted(
+    if rolled_to is not None:
+        unpacked = (
+            "True",
+            "UnpackSuccessful",
+            f"Successfully unpacked {described} (kept revision {rolled_to.number})",
+        )
+    elif (record is not None and record.bundle == target.bundle) or _mounted(
         observed.pods, target.bundle
     ):
         unpacked = ("True", "UnpackSuccessful", f"Successfully unpacked {described}")
@@ -266,21 +288,110 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
         if unpacked[0] == "True"
         else ("True", "UnpackPending", f"Waiting for {described} to be unpacked")
     )
+    healthy = plan.healthy(observed, decision.installed[0])
     verdicts = {
         UNPACKED: unpacked,
         plan.HAS_VALID_BUNDLE: valid,
         plan.INSTALLED: decision.installed,
-        plan.HEALTHY: plan.healthy(observed, decision.installed[0]),
+        plan.HEALTHY: healthy,
     }
+    history, progress, more = _history(
+        bd, spec, observed, target, decision, healthy, rollback, rolled_to
+    )
+    actions += more
+    verdicts[revisions.PROGRESSING] = progress.verdict
     conflict = plan.field_conflict(bd, observed)
     if conflict is not None:
         verdicts[plan.FIELD_CONFLICT] = conflict
     address = model.content_url(settings.content_base_url, model.name_of(bd))
-    extra = {"contentURL": address} if address else None
+    extra: Obj = {"contentURL": address} if address else {}
+    extra.update(history)
     actions += plan.status_actions(bd, "", verdicts, observed.now, extra)
     if poll is not None:
         actions.append(Requeue(poll, "re-resolving the source at spec.pollInterval"))
+    if progress.left is not None:
+        actions.append(Requeue(progress.left, "judging the progress deadline"))
     return actions
+
+
+def _history(
+    bd: Obj,
+    spec: Obj,
+    observed: plan.Observed,
+    target: runs.Target,
+    decision: runs.Decision,
+    healthy: plan.Verdict,
+    rollback: revisions.Rollback | None,
+    rolled_to: revisions.Revision | None,
+) -> tuple[Obj, revisions.Progress, list[Action]]:
+    """The revision fields of the status, ``Progressing``, and a rollback when the progress
+    deadline passed under ``spec.rollbackOnFailure``."""
+    record = observed.record
+    generation = int(meta_of(bd).get("generation") or 0)
+    was = (bd.get("status") or {}).get("installedRevision")
+    kept = revisions.track(
+        revisions.of_status(bd),
+        name=target.bundle,
+        resolved=target.resolved,
+        generation=generation,
+        now=observed.now,
+        limit=revisions.limit_of(spec),
+        keep=record.bundle if record is not None else "",
+        asked=rolled_to is None,
+        config=revisions.config_of(spec),
+    )
+    done = record is not None and record.bundle == target.bundle
+    installed_now = done and decision.installed[0] == "True"
+    outcome = (
+        revisions.INSTALLED
+        if installed_now
+        else revisions.FAILED
+        if decision.installed[1] == "InstallFailed"
+        else revisions.IN_PROGRESS
+    )
+    objects = len(record.applied) if done and record is not None and record.applied else None
+    kept = revisions.settle(
+        kept,
+        name=target.bundle,
+        outcome=outcome,
+        objects=objects,
+        installed=installed_now,
+        was_installed=was if isinstance(was, int) else None,
+        now=observed.now,
+    )
+    installed = revisions.installed_of(kept, record.bundle) if record is not None else None
+    newest = (
+        max(kept, key=lambda r: r.number)
+        if rolled_to is not None
+        else next(r for r in kept if r.name == target.bundle)
+    )
+    ready = installed_now and healthy[0] == "True"
+    why = decision.installed[2] if not installed_now else healthy[2]
+    deadline = revisions.deadline_of(spec)
+    progress = revisions.progress(
+        newest,
+        ready=ready,
+        why=why,
+        deadline=deadline,
+        now=observed.now,
+        rollback=rollback,
+        rolled_to=rolled_to,
+    )
+    more: list[Action] = []
+    if progress.exceeded and rollback is None and spec.get("rollbackOnFailure"):
+        back = installed if installed is not None and installed.name != target.bundle else None
+        back = back or revisions.previous_of(kept, installed)
+        if back is not None:
+            more.append(SetRollback(back.number, generation, revisions.DEADLINE))
+            more.append(
+                plan.RecordEvent(
+                    "Warning",
+                    "RollingBack",
+                    f"revision {newest.number} did not become Installed and Healthy within "
+                    f"{deadline}s; rolling back to revision {back.number} from the node caches",
+                )
+            )
+    return revisions.status_fields(kept, installed), progress, more
 
 
 def unpacked_condition_message(bd: Obj) -> str:

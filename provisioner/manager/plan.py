@@ -58,6 +58,7 @@ from provisioner.manager.actions import RemoveFinalizer as RemoveFinalizer
 from provisioner.manager.actions import Requeue as Requeue
 from provisioner.manager.actions import ResolveSource as ResolveSource
 from provisioner.manager.actions import RestoreDrift as RestoreDrift
+from provisioner.manager.actions import SetRollback as SetRollback
 from provisioner.manager.actions import Uninstall as Uninstall
 from provisioner.manager.actions import WriteStatus as WriteStatus
 from provisioner.manager.generate import desired_bundle
@@ -67,6 +68,9 @@ HAS_VALID_BUNDLE = "HasValidBundle"
 INSTALLED = "Installed"
 HEALTHY = "Healthy"
 FIELD_CONFLICT = "FieldConflict"
+DELETING = "Deleting"
+DEPENDENTS_POLL = 30.0
+"""A deletion waiting for dependents looks again this often (their deletion wakes it)."""
 FIGHT_THRESHOLD = 3
 """Re-applies of one BundleDeployment's drift inside the damper's window that make a fight."""
 WARNING_REASONS = frozenset(
@@ -78,6 +82,8 @@ WARNING_REASONS = frozenset(
         "UnpackFailed",
         "InstallFailed",
         "Unhealthy",
+        "DependencyCycle",
+        "ProgressDeadlineExceeded",
     }
 )
 POLL_SECONDS = 2.0
@@ -121,6 +127,12 @@ class Observed:
     """Of the objects the inventory lists, as one ``Health``: ``ready`` when all are, else
     the ``reason`` names some that are not. None when nothing is installed (no inventory)
     or health was not read."""
+    dependencies: tuple[str, ...] = ()
+    """``spec.dependsOn`` entries not Installed and Healthy yet, each in a few words."""
+    cycle: str = ""
+    """The cycle ``spec.dependsOn`` makes (``a -> b -> a``); "" when none."""
+    dependents: tuple[str, ...] = ()
+    """BundleDeployments whose ``spec.dependsOn`` names this one (deletion waits for them)."""
     now: str = "1970-01-01T00:00:00Z"
 
 
@@ -311,6 +323,9 @@ def run_install(
     instance runs need (``runs.decide``): the actions, and the decision (``Installed``)."""
     actions: list[Action] = []
     record = observed.record
+    gate = dependency_gate(observed, target)
+    if gate is not None:
+        return [], runs.Decision([], gate, record.bundle if record is not None else "")
     if (
         observed.repair is not None
         and target is not None
@@ -329,6 +344,27 @@ def run_install(
         other_runs=observed.other_runs,
     )
     return actions + decision.actions, decision
+
+
+def dependency_gate(observed: Observed, target: runs.Target | None) -> Verdict | None:
+    """``Installed`` while ``spec.dependsOn`` holds the install of ``target`` back; None
+    when nothing does (no dependencies, all ready, or ``target`` is installed already)."""
+    if target is None or (observed.record is not None and observed.record.bundle == target.bundle):
+        return None
+    if observed.cycle:
+        return (
+            "False",
+            "DependencyCycle",
+            f"spec.dependsOn makes a cycle: {observed.cycle}; remove one of its edges",
+        )
+    if observed.dependencies:
+        return (
+            "False",
+            "DependencyNotReady",
+            "waiting for the BundleDeployments it depends on to be Installed and Healthy: "
+            + "; ".join(observed.dependencies),
+        )
+    return None
 
 
 def instance_user(bd: Obj, settings: Settings) -> str:
@@ -382,6 +418,17 @@ def plan_deletion(bd: Obj, observed: Observed) -> list[Action]:
             DeletePod(str(meta_of(p).get("namespace") or ""), model.name_of(p)) for p in doomed
         ]
         return [*stop, Requeue(POLL_SECONDS, "waiting for the instance pods to stop")]
+    if observed.dependents:
+        names = ", ".join(observed.dependents)
+        waiting: Verdict = (
+            "True",
+            "WaitingForDependents",
+            f"waiting for the BundleDeployments that depend on this one to go first: {names}",
+        )
+        return [
+            *status_actions(bd, _active(bd), {**_conditions(bd), DELETING: waiting}, observed.now),
+            Requeue(DEPENDENTS_POLL, "waiting for dependents to be deleted"),
+        ]
     policy: Literal["Delete", "Orphan"] = (
         "Orphan" if (bd.get("spec") or {}).get("deletionPolicy") == "Orphan" else "Delete"
     )
@@ -389,6 +436,23 @@ def plan_deletion(bd: Obj, observed: Observed) -> list[Action]:
     actions += [DeleteBundle(model.name_of(b)) for b in observed.bundles]
     actions.append(RemoveFinalizer())
     return actions
+
+
+def _active(bd: Obj) -> str:
+    return str((bd.get("status") or {}).get("activeBundle") or "")
+
+
+def _conditions(bd: Obj) -> dict[str, Verdict]:
+    """The BD's conditions as verdicts (kept as they are when one more is written)."""
+    out: dict[str, Verdict] = {}
+    for cond in (bd.get("status") or {}).get("conditions") or []:
+        if isinstance(cond, dict) and cond.get("type"):
+            out[str(cond["type"])] = (
+                str(cond.get("status") or "Unknown"),
+                str(cond.get("reason") or ""),
+                str(cond.get("message") or ""),
+            )
+    return out
 
 
 @dataclass

@@ -1,0 +1,209 @@
+"""``rukpak history|rollback``: a BundleDeployment's revisions from the command line.
+
+The edge over ``provisioner.engine.revisionlog``: reads a BundleDeployment (its
+``status.revisions``, written by the manager) through the ``Kube`` adapter and prints
+them as ``kubectl rollout history`` does; ``rollback`` writes the rollback annotation
+that makes the manager reinstall a kept revision from the node caches, and can wait
+until it is installed. ``provisioner.cli.main`` calls ``register``.
+
+Exit codes: 0 done; 1 an error (no such BundleDeployment or revision, a v1alpha1-made
+object); 3 ``rollback --wait`` ran out of time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import yaml
+
+from provisioner.engine import revisionlog
+from provisioner.engine.kube import Kube
+from provisioner.engine.objects import Obj, ObjectRef, condition, meta_of
+from provisioner.runtime import flags
+from rukpak.common import errors
+
+EXIT_TIMEOUT = 3
+GROUP = "core.rukpak.io"
+KIND = "BundleDeployment"
+V1ALPHA1_MADE = "core.rukpak.io/v1alpha1-template"
+"""On objects created as v1alpha1 (their Bundles are the revisions; no rollback)."""
+
+
+def register(subparsers: Any) -> None:
+    """Add ``history`` and ``rollback`` to the ``rukpak`` parser."""
+    p = subparsers.add_parser(
+        "history",
+        help="list a BundleDeployment's kept revisions (as kubectl rollout history)",
+        description="List the revisions the manager keeps for a BundleDeployment "
+        "(spec.revisionHistoryLimit, default 5): number, outcome, objects, generation, "
+        "when, and the pinned source. The installed one is marked *, the previous one -.",
+        epilog="examples:\n  rukpak history my-operator\n"
+        "  rukpak history my-operator --revision 2   # one revision in full (YAML)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--revision", type=int, help="show this revision in full")
+    flags.add_cluster(p)
+    p.set_defaults(func=run_history)
+
+    p = subparsers.add_parser(
+        "rollback",
+        help="reinstall a kept revision from the node caches",
+        description="Reinstall a kept revision of a BundleDeployment created as v1alpha2 "
+        "(default: the previous one). Its pinned content is mounted from the node caches: "
+        "no registry, git or http server is asked. The rollback holds until the spec "
+        "changes; the next spec change installs what the spec then names.",
+        epilog="examples:\n  rukpak rollback my-operator\n"
+        "  rukpak rollback my-operator --to-revision 2 --wait 120\n\n"
+        "exit status: 0 asked (and installed, with --wait); 1 an error; "
+        "3 --wait ran out of time",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--to-revision", type=int, help="the kept revision (default: the previous)")
+    p.add_argument(
+        "--wait", type=float, metavar="SECONDS", default=0, help="then wait until it is installed"
+    )
+    flags.add_cluster(p)
+    p.set_defaults(func=run_rollback)
+
+
+def _ref(name: str) -> ObjectRef:
+    return ObjectRef(GROUP, "v1alpha2", KIND, "", name)
+
+
+def _get(kube: Kube, name: str) -> Obj:
+    bd = kube.get(_ref(name))
+    if bd is None:
+        raise errors.NotFound(f"bundledeployment {name!r} not found")
+    return bd
+
+
+def _status(bd: Obj) -> Obj:
+    status = bd.get("status")
+    return status if isinstance(status, dict) else {}
+
+
+def _source(rev: revisionlog.Revision) -> str:
+    src = rev.source
+    if isinstance(src.get("sources"), list):
+        return ", ".join(
+            f"{_one(s)} at {s.get('destination')}" for s in src["sources"] if isinstance(s, dict)
+        )
+    return _one(src)
+
+
+def _one(src: Obj) -> str:
+    kind = src.get("type")
+    body = src.get(str(kind)) if isinstance(kind, str) else None
+    if not isinstance(body, dict):
+        return str(kind or "?")
+    if kind == "git":
+        commit = (body.get("ref") or {}).get("commit") if isinstance(body.get("ref"), dict) else ""
+        return f"{body.get('repository')}@{commit}"
+    return str(body.get("ref") or body.get("url") or kind)
+
+
+def history_table(bd: Obj) -> str:
+    """The revisions of ``bd`` as a table (``rukpak history``)."""
+    status = _status(bd)
+    installed, previous = status.get("installedRevision"), status.get("previousRevision")
+    rows = [("REVISION", "OUTCOME", "OBJECTS", "GENERATION", "TIME", "SOURCE")]
+    for rev in revisionlog.of_status(bd):
+        mark = "*" if rev.number == installed else "-" if rev.number == previous else ""
+        rows.append(
+            (
+                f"{rev.number}{mark}",
+                rev.outcome,
+                str(rev.objects),
+                str(rev.generation),
+                rev.time,
+                _source(rev),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + row[-1]
+        for row in rows
+    ]
+    return f"bundledeployment.{GROUP}/{meta_of(bd).get('name')}\n" + "\n".join(lines) + "\n"
+
+
+def run_history(args: argparse.Namespace) -> int:
+    bd = _get(flags.kube(args), args.name)
+    kept = revisionlog.of_status(bd)
+    if args.revision is not None:
+        rev = revisionlog.find(kept, args.revision)
+        if rev is None:
+            numbers = ", ".join(str(r.number) for r in kept) or "none"
+            raise errors.NotFound(f"revision {args.revision} is not kept (kept: {numbers})")
+        sys.stdout.write(yaml.safe_dump(rev.document(), sort_keys=False))
+        return 0
+    if not kept:
+        print(f"bundledeployment.{GROUP}/{args.name}: no revisions recorded yet", file=sys.stderr)
+        return 0
+    sys.stdout.write(history_table(bd))
+    return 0
+
+
+def choose(bd: Obj, wanted: int | None) -> revisionlog.Revision:
+    """The kept revision a rollback of ``bd`` goes to; ``errors`` say why none can."""
+    name = str(meta_of(bd).get("name") or "")
+    annotations = meta_of(bd).get("annotations") or {}
+    if V1ALPHA1_MADE in annotations:
+        raise errors.FailedPrecondition(
+            f"bundledeployment {name!r} was created as v1alpha1: its revisions are Bundles; "
+            "change spec.template to go back"
+        )
+    kept = revisionlog.of_status(bd)
+    status = _status(bd)
+    number = wanted if wanted is not None else status.get("previousRevision")
+    if not isinstance(number, int):
+        raise errors.FailedPrecondition(
+            f"bundledeployment {name!r} has no previous revision: name one with --to-revision"
+        )
+    rev = revisionlog.find(kept, number)
+    if rev is None:
+        numbers = ", ".join(str(r.number) for r in kept) or "none"
+        raise errors.NotFound(f"revision {number} is not kept (kept: {numbers})")
+    return rev
+
+
+def run_rollback(args: argparse.Namespace) -> int:
+    kube = flags.kube(args)
+    bd = _get(kube, args.name)
+    rev = choose(bd, args.to_revision)
+    meta = meta_of(bd)
+    generation = int(meta.get("generation") or 0)
+    value = revisionlog.rollback_annotation(rev.number, generation, revisionlog.MANUAL)
+    kube.merge_patch(
+        _ref(args.name),
+        {
+            "metadata": {
+                "annotations": {revisionlog.ROLLBACK_ANNOTATION: value},
+                "resourceVersion": meta.get("resourceVersion"),
+            }
+        },
+    )
+    print(f"bundledeployment.{GROUP}/{args.name} rolling back to revision {rev.number}")
+    if args.wait <= 0:
+        return 0
+    deadline = time.monotonic() + args.wait
+    while time.monotonic() < deadline:
+        now = _get(kube, args.name)
+        installed = condition(now, "Installed") or {}
+        if (
+            _status(now).get("installedRevision") == rev.number
+            and installed.get("status") == "True"
+            and installed.get("observedGeneration") == generation
+        ):
+            print(f"bundledeployment.{GROUP}/{args.name} revision {rev.number} installed")
+            return 0
+        time.sleep(1.0)
+    last = json.dumps(_status(_get(kube, args.name)).get("conditions") or [])[:400]
+    print(f"timed out waiting for revision {rev.number}: {last}", file=sys.stderr)
+    return EXIT_TIMEOUT

@@ -1,0 +1,327 @@
+"""Revisions, rollbacks, progress deadlines and dependencies of BundleDeployments, pure:
+``provisioner.manager.revisions``, ``provisioner.manager.dependencies`` and what the
+v1alpha2 planner (``inline``) does with them. The same flows on the local kubelet are in
+``test_e2e_lifecycle``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from provisioner.engine import revisionlog
+from provisioner.engine.health import Health
+from provisioner.engine.objects import Obj
+from provisioner.manager import dependencies, inline, model, plan, revisions, runs, sources
+from tests.plan_helpers import kinds
+
+SETTINGS = model.Settings(image="registry.example/rukpak:1", system_namespace="rukpak-system")
+T0 = "2026-11-25T12:00:00Z"
+D1 = "registry.example/hello@sha256:" + "1" * 64
+D2 = "registry.example/hello@sha256:" + "2" * 64
+
+
+def bd(*, generation: int = 1, digest: str = D1, status: Obj | None = None, **spec: Any) -> Obj:
+    body: Obj = {
+        "installNamespace": "apps",
+        "provisionerClassName": model.PLAIN_CLASS,
+        "source": {"type": "image", "image": {"ref": "registry.example/hello:v1"}},
+        **spec,
+    }
+    annotations = {inline.PIN_ANNOTATION: inline.pin_annotation(generation, T0)}
+    return {
+        "apiVersion": model.API_VERSION_V2,
+        "kind": model.BUNDLE_DEPLOYMENT,
+        "metadata": {
+            "name": "hello",
+            "uid": "u-1",
+            "generation": generation,
+            "finalizers": [model.FINALIZER],
+            "annotations": annotations,
+        },
+        "spec": body,
+        "status": {**(status or {}), "resolvedSource": sources.pinned_image(digest)},
+    }
+
+
+def step(the_bd: Obj, observed: plan.Observed) -> tuple[list[plan.Action], Obj]:
+    """One plan, and ``the_bd`` with the status (and annotations) it wrote."""
+    actions = inline.plan_inline(the_bd, observed, settings=SETTINGS)
+    out = {**the_bd, "status": dict(the_bd.get("status") or {})}
+    for action in actions:
+        if isinstance(action, plan.WriteStatus):
+            out["status"].update(action.status)
+        if isinstance(action, plan.SetRollback):
+            value = revisions.rollback_annotation(action.revision, action.generation, action.reason)
+            meta = dict(out["metadata"])
+            meta["annotations"] = {**meta["annotations"], revisions.ROLLBACK_ANNOTATION: value}
+            out["metadata"] = meta
+    return actions, out
+
+
+def installed(the_bd: Obj, now: str = T0) -> tuple[Obj, runs.InstallRecord]:
+    """Plan until the run starts, then report its record: the BD as the manager leaves it."""
+    actions, the_bd = step(the_bd, plan.Observed(now=now))
+    run = next(a.pod for a in actions if isinstance(a, plan.CreateRun))
+    record = runs.InstallRecord(
+        by=model.name_of(run),
+        bundle=run["metadata"]["annotations"][model.BUNDLE_ANNOTATION],
+        applied={"a": "x", "b": "y"},
+    )
+    _, the_bd = step(the_bd, plan.Observed(record=record, health=Health(True), now=now))
+    return the_bd, record
+
+
+def upgrade(old: Obj, digest: str, generation: int, **spec: Any) -> Obj:
+    new = bd(generation=generation, digest=digest, status=old["status"], **spec)
+    new["status"]["resolvedSource"] = sources.pinned_image(digest)
+    return new
+
+
+# -- the history ---------------------------------------------------------------------------
+
+
+def test_an_install_is_revision_1_with_its_digest_outcome_and_object_count() -> None:
+    the_bd, _ = installed(bd())
+    status = the_bd["status"]
+    assert status["installedRevision"] == 1
+    assert status.get("previousRevision") is None
+    (rev,) = status["revisions"]
+    assert rev["revision"] == 1
+    assert rev["source"] == sources.pinned_image(D1)
+    assert rev["outcome"] == "Installed"
+    assert rev["objects"] == 2
+    assert rev["generation"] == 1
+
+
+def test_an_upgrade_is_revision_2_and_names_revision_1_previous() -> None:
+    first, _ = installed(bd())
+    second, _ = installed(upgrade(first, D2, 2), now="2026-11-25T12:01:00Z")
+    status = second["status"]
+    assert [r["revision"] for r in status["revisions"]] == [1, 2]
+    assert status["installedRevision"] == 2
+    assert status["previousRevision"] == 1
+
+
+def test_a_configuration_change_is_a_revision_too() -> None:
+    first, _ = installed(bd())
+    second, _ = installed(upgrade(first, D1, 2, installNamespace="other"))
+    assert [r["revision"] for r in second["status"]["revisions"]] == [1, 2]
+    assert second["status"]["revisions"][1]["config"] == {"installNamespace": "other"}
+
+
+def test_the_history_keeps_the_limit_and_never_drops_the_installed_one() -> None:
+    current, _ = installed(bd(revisionHistoryLimit=2))
+    for generation in range(2, 5):
+        digest = "registry.example/hello@sha256:" + str(generation) * 64
+        current, _ = installed(upgrade(current, digest, generation, revisionHistoryLimit=2))
+    numbers = [r["revision"] for r in current["status"]["revisions"]]
+    assert numbers == [3, 4]
+    kept = revisions.track(
+        revisions.of_status(current),
+        name="new",
+        resolved=sources.pinned_image(D1),
+        generation=9,
+        now=T0,
+        limit=1,
+        keep=revisions.of_status(current)[0].name,
+    )
+    assert [r.number for r in kept] == [3, 5]  # the installed (3) and the new one stay
+
+
+def test_pins_survive_the_trip_through_a_revision() -> None:
+    several = sources.several(
+        [("a", sources.pinned_image(D1)), ("b", {**sources.pinned_configmaps([]), "x": 1})]
+    )
+    single = {**sources.pinned_configmaps([{"configMap": {"name": "c"}, "path": "m"}])}
+    single[sources.ITEMS_KEY] = [["c", "k", "m/k"]]
+    assert revisions.decode_pin(revisions.encode_pin(single)) == single
+    assert revisions.decode_pin(revisions.encode_pin(sources.pinned_image(D1))) == (
+        sources.pinned_image(D1)
+    )
+    assert revisions.decode_pin(revisions.encode_pin(several)) is None  # no items: not a pin
+    assert revisions.decode_pin({"type": "image", "image": {}}) is None
+    assert revisions.decode_pin({"sources": ["junk"]}) is None
+
+
+def test_unreadable_history_entries_are_dropped_not_fatal() -> None:
+    junk = bd(status={"revisions": ["x", {"revision": "1"}, {"revision": 2, "name": "n"}, 7]})
+    assert revisionlog.of_status(junk) == []
+    assert revisionlog.of_status(bd(status={"revisions": "nope"})) == []
+
+
+# -- rollbacks -----------------------------------------------------------------------------
+
+
+def test_a_rollback_installs_the_kept_pin_without_resolving_anything() -> None:
+    first, _ = installed(bd())
+    second, _ = installed(upgrade(first, D2, 2))
+    second["metadata"]["annotations"][revisions.ROLLBACK_ANNOTATION] = (
+        revisions.rollback_annotation(1, 2, revisions.MANUAL)
+    )
+    second["metadata"]["annotations"].pop(inline.PIN_ANNOTATION)  # even with no pin at all
+    actions, after = step(second, plan.Observed(now=T0))
+    assert "ResolveSource" not in kinds(actions)
+    run = next(a.pod for a in actions if isinstance(a, plan.CreateRun))
+    assert run["spec"]["volumes"][0]["csi"]["volumeAttributes"]["image"] == D1
+    progressing = {c["type"]: c for c in after["status"]["conditions"]}["Progressing"]
+    assert progressing["reason"] == "RolledBack"
+
+
+def test_a_rollback_reinstalls_even_when_the_record_names_that_revision() -> None:
+    """A failed run of the newer revision may have applied part of it: a new run."""
+    first, record = installed(bd())
+    failing = upgrade(first, D2, 2)
+    failing["metadata"]["annotations"][revisions.ROLLBACK_ANNOTATION] = (
+        revisions.rollback_annotation(1, 2, revisions.MANUAL)
+    )
+    actions, _ = step(failing, plan.Observed(record=record, now=T0))
+    assert "CreateRun" in kinds(actions)
+
+
+def test_a_rollback_for_an_older_generation_is_over() -> None:
+    first, _ = installed(bd())
+    later = upgrade(first, D2, 3)
+    later["metadata"]["annotations"][revisions.ROLLBACK_ANNOTATION] = revisions.rollback_annotation(
+        1, 2, revisions.MANUAL
+    )
+    assert revisions.rollback_of(later) is None
+    run = next(
+        a.pod for a in step(later, plan.Observed(now=T0))[0] if isinstance(a, plan.CreateRun)
+    )
+    assert run["spec"]["volumes"][0]["csi"]["volumeAttributes"]["image"] == D2
+
+
+def test_a_rollback_restores_the_configuration_of_its_revision() -> None:
+    first, _ = installed(bd())
+    second = upgrade(first, D1, 2, installNamespace="elsewhere")
+    second["metadata"]["annotations"][revisions.ROLLBACK_ANNOTATION] = (
+        revisions.rollback_annotation(1, 2, revisions.MANUAL)
+    )
+    run = next(
+        a.pod for a in step(second, plan.Observed(now=T0))[0] if isinstance(a, plan.CreateRun)
+    )
+    command = run["spec"]["containers"][0]["command"]
+    assert command[command.index("--namespace") + 1] == "apps"
+
+
+# -- progress deadlines --------------------------------------------------------------------
+
+
+def test_progress_is_true_while_within_the_deadline_and_requeues_for_it() -> None:
+    first, record = installed(bd())
+    actions, after = step(
+        upgrade(first, D2, 2, progressDeadlineSeconds=60), plan.Observed(record=record, now=T0)
+    )
+    progressing = {c["type"]: c for c in after["status"]["conditions"]}["Progressing"]
+    assert (progressing["status"], progressing["reason"]) == ("True", "Progressing")
+    waits = [a.after for a in actions if isinstance(a, plan.Requeue)]
+    assert 60.0 in waits
+
+
+def test_a_revision_past_its_deadline_is_reported_and_rolled_back_when_asked() -> None:
+    first, record = installed(bd())
+    failing = upgrade(first, D2, 2, progressDeadlineSeconds=60, rollbackOnFailure=True)
+    _, failing = step(failing, plan.Observed(record=record, now=T0))
+    actions, after = step(failing, plan.Observed(record=record, now="2026-11-25T12:01:01Z"))
+    progressing = {c["type"]: c for c in after["status"]["conditions"]}["Progressing"]
+    assert (progressing["status"], progressing["reason"]) == ("False", "ProgressDeadlineExceeded")
+    rollback = [a for a in actions if isinstance(a, plan.SetRollback)]
+    assert rollback == [plan.SetRollback(1, 2, revisions.DEADLINE)]
+    assert any(isinstance(a, plan.RecordEvent) and a.reason == "RollingBack" for a in actions)
+    # then the kept revision is reinstalled, and Progressing keeps saying why
+    actions, after = step(after, plan.Observed(record=record, now="2026-11-25T12:01:02Z"))
+    run = next(a.pod for a in actions if isinstance(a, plan.CreateRun))
+    assert run["spec"]["volumes"][0]["csi"]["volumeAttributes"]["image"] == D1
+    progressing = {c["type"]: c for c in after["status"]["conditions"]}["Progressing"]
+    assert progressing["reason"] == "ProgressDeadlineExceeded"
+    assert "rolled back to revision 1" in progressing["message"]
+
+
+def test_without_rollback_on_failure_a_deadline_only_reports() -> None:
+    first, record = installed(bd())
+    failing = upgrade(first, D2, 2, progressDeadlineSeconds=60)
+    _, failing = step(failing, plan.Observed(record=record, now=T0))
+    actions, _ = step(failing, plan.Observed(record=record, now="2026-11-25T12:05:00Z"))
+    assert not [a for a in actions if isinstance(a, plan.SetRollback)]
+
+
+def test_an_installed_and_healthy_revision_succeeded() -> None:
+    the_bd, _ = installed(bd())
+    progressing = {c["type"]: c for c in the_bd["status"]["conditions"]}["Progressing"]
+    assert (progressing["status"], progressing["reason"]) == ("True", "Succeeded")
+
+
+# -- dependencies --------------------------------------------------------------------------
+
+
+def dep(name: str, *needs: str, ready: bool = True) -> Obj:
+    state = "True" if ready else "False"
+    return {
+        "metadata": {"name": name},
+        "spec": {"dependsOn": [{"name": n} for n in needs]},
+        "status": {
+            "conditions": [
+                {"type": "Installed", "status": state, "reason": "R"},
+                {"type": "Healthy", "status": "True"},
+            ]
+        },
+    }
+
+
+def test_unmet_dependencies_name_each_one_and_why() -> None:
+    found = {"a": dep("a"), "b": dep("b", ready=False)}
+    unmet = dependencies.unmet(dep("c", "a", "b", "z", "a"), found.get)
+    assert unmet == ("b: Installed=False (R)", "z: not found")
+
+
+def test_a_cycle_is_found_through_a_chain() -> None:
+    found = {"a": dep("a", "b"), "b": dep("b", "c"), "c": dep("c", "a")}
+    assert dependencies.cycle(found["a"], found.get) == "a -> b -> c -> a"
+    assert dependencies.cycle(dep("d", "a"), found.get) == ""  # d is not on the cycle
+    assert dependencies.cycle(dep("e", "e"), found.get) == "e -> e"
+
+
+def test_dependents_are_who_names_it() -> None:
+    everything = [dep("a"), dep("b", "a"), dep("c", "b", "a")]
+    assert dependencies.dependents("a", everything) == ("b", "c")
+
+
+def test_hostile_depends_on_entries_are_ignored() -> None:
+    odd = {"metadata": {"name": "x"}, "spec": {"dependsOn": ["a", {"name": 3}, {"name": ""}]}}
+    assert dependencies.depends_on(odd) == ()
+    assert dependencies.depends_on({"spec": {"dependsOn": "a"}}) == ()
+
+
+def test_an_install_waits_for_its_dependencies_and_says_for_which() -> None:
+    actions, after = step(bd(), plan.Observed(dependencies=("a: not found",), now=T0))
+    assert "CreateRun" not in kinds(actions)
+    installed_cond = {c["type"]: c for c in after["status"]["conditions"]}["Installed"]
+    assert installed_cond["reason"] == "DependencyNotReady"
+    assert "a: not found" in installed_cond["message"]
+
+
+def test_a_cycle_is_refused_with_the_path() -> None:
+    _, after = step(bd(), plan.Observed(cycle="hello -> a -> hello", now=T0))
+    installed_cond = {c["type"]: c for c in after["status"]["conditions"]}["Installed"]
+    assert installed_cond["reason"] == "DependencyCycle"
+    assert "hello -> a -> hello" in installed_cond["message"]
+
+
+def test_an_installed_bundle_is_not_held_back_by_a_dependency_going_unready() -> None:
+    the_bd, record = installed(bd())
+    _, after = step(the_bd, plan.Observed(record=record, dependencies=("a: x",), now=T0))
+    installed_cond = {c["type"]: c for c in after["status"]["conditions"]}["Installed"]
+    assert installed_cond["status"] == "True"
+
+
+def test_deletion_waits_for_dependents_and_then_uninstalls() -> None:
+    doomed = bd()
+    doomed["metadata"]["deletionTimestamp"] = T0
+    actions = inline.plan_inline(
+        doomed, plan.Observed(dependents=("b",), now=T0), settings=SETTINGS
+    )
+    assert "Uninstall" not in kinds(actions)
+    status = next(a.status for a in actions if isinstance(a, plan.WriteStatus))
+    deleting = {c["type"]: c for c in status["conditions"]}["Deleting"]
+    assert "b" in deleting["message"]
+    actions = inline.plan_inline(doomed, plan.Observed(now=T0), settings=SETTINGS)
+    assert "Uninstall" in kinds(actions)
