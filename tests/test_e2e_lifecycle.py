@@ -1,0 +1,264 @@
+"""End to end: revisions, offline rollback, progress deadlines and dependencies of
+v1alpha2 BundleDeployments on the local kubelet, from the manifests users apply.
+
+Each rollback test pushes its bundles to a registry of its own (a real docker-registry on
+loopback), then stops that registry before going back: the kept revision must come from
+the node cache alone. Checked here:
+
+- every installed change is a revision in ``status.revisions``; ``rukpak history`` lists
+  them; ``rukpak rollback`` reinstalls the previous one with its registry stopped, and
+  the next spec change ends the rollback;
+- a revision that is not Installed and Healthy within ``progressDeadlineSeconds`` turns
+  ``Progressing`` False (ProgressDeadlineExceeded) and, with ``rollbackOnFailure``, the
+  previous revision comes back from the node cache, registry stopped;
+- ``dependsOn``: a chain of three installs in order, each waiting with
+  ``DependencyNotReady`` naming what it waits for; a cycle is refused naming its path;
+  deleting the chain at once deletes it in reverse order.
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from provisioner.engine.objects import Obj, ObjectRef
+from provisioner.manager import actuate, model
+from tests import e2e_helpers as e2e
+from tests import install_helpers as inst
+from tests.polling import eventually
+from tests.registry import RegistryServer
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+SUFFIX = uuid.uuid4().hex[:6]
+BDS = f"bundledeployments.{model.VERSION_V2}.{model.GROUP}"
+
+
+@pytest.fixture
+def own_registry(tmp_path: Path) -> Iterator[RegistryServer]:
+    """A registry only this test uses (it stops it half way)."""
+    server = RegistryServer.start(tmp_path / "registry")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def bd_v2(name: str, ref: str, **spec: object) -> Obj:
+    return {
+        "apiVersion": model.API_VERSION_V2,
+        "kind": model.BUNDLE_DEPLOYMENT,
+        "metadata": {"name": name},
+        "spec": {
+            "installNamespace": "default",
+            "provisionerClassName": model.PLAIN_CLASS,
+            "source": {"type": "image", "image": {"ref": ref}},
+            **spec,
+        },
+    }
+
+
+def live(system: inst.RukpakSystem, name: str) -> Obj:
+    return system.kube.get(actuate.bd_ref(name, model.API_VERSION_V2)) or {}
+
+
+def cond(system: inst.RukpakSystem, name: str, kind: str) -> tuple[str, str, str]:
+    c = inst.conditions(live(system, name)).get(kind) or {}
+    return str(c.get("status")), str(c.get("reason")), str(c.get("message"))
+
+
+def status(system: inst.RukpakSystem, name: str) -> Obj:
+    return live(system, name).get("status") or {}
+
+
+def greeting(system: inst.RukpakSystem, ns: str) -> str:
+    cm = system.kube.get(ObjectRef("", "v1", "ConfigMap", ns, "hello-greeting")) or {}
+    return str((cm.get("data") or {}).get("greeting") or "")
+
+
+def push(
+    system: inst.RukpakSystem,
+    registry: RegistryServer,
+    root: Path,
+    tag: str,
+    ns: str,
+    text: str,
+    *,
+    image: str = "",
+) -> str:
+    inst.hello_bundle(root, namespace=ns, image=image or system.busybox_image, greeting=text)
+    ref = f"{registry.host}/lifecycle-{SUFFIX}/hello:{tag}"
+    e2e.push_bundle(root, ref)
+    return ref
+
+
+def rukpak(system: inst.RukpakSystem, *args: str, timeout: float = 180) -> str:
+    tool = Path(sys.executable).parent / "rukpak"
+    done = subprocess.run(
+        [str(tool), *args, "--kubeconfig", str(system.kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, f"rukpak {' '.join(args)}: {done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def ready(system: inst.RukpakSystem, name: str, revision: int) -> bool:
+    current = status(system, name)
+    return (
+        current.get("installedRevision") == revision
+        and cond(system, name, "Installed")[0] == "True"
+        and cond(system, name, "Healthy")[0] == "True"
+    )
+
+
+def set_ref(system: inst.RukpakSystem, name: str, ref: str, **spec: object) -> None:
+    patch = {"spec": {"source": {"type": "image", "image": {"ref": ref}}, **spec}}
+    system.kube.merge_patch(actuate.bd_ref(name, model.API_VERSION_V2), patch)
+
+
+def gone(system: inst.RukpakSystem, name: str) -> bool:
+    return not live(system, name)
+
+
+def delete(system: inst.RukpakSystem, *names: str) -> None:
+    system.kubectl("delete", BDS, *names, "--wait=false")
+    for name in names:
+        eventually(functools.partial(gone, system, name), timeout=180, what=f"{name} deleted")
+
+
+def test_rollback_reinstalls_the_previous_revision_with_the_registry_stopped(
+    rukpak_system: inst.RukpakSystem, own_registry: RegistryServer, tmp_path: Path
+) -> None:
+    system = rukpak_system
+    name, ns = f"rollback-{SUFFIX}", f"rollback-{SUFFIX}"
+    v1 = push(system, own_registry, tmp_path / "v1", "v1", ns, "one")
+    v2 = push(system, own_registry, tmp_path / "v2", "v2", ns, "two")
+    system.kube.create(bd_v2(name, v1))
+    eventually(lambda: ready(system, name, 1), timeout=180, what="revision 1 installed")
+    set_ref(system, name, v2)
+    eventually(lambda: ready(system, name, 2), timeout=180, what="revision 2 installed")
+    assert greeting(system, ns) == "two"
+    history = rukpak(system, "history", name)
+    assert "1-" in history and "2*" in history, history
+    kept = status(system, name)["revisions"]
+    assert [r["outcome"] for r in kept] == ["Installed", "Installed"]
+    assert kept[0]["source"]["image"]["ref"].startswith(f"{own_registry.host}/")
+    assert "@sha256:" in kept[0]["source"]["image"]["ref"]
+
+    own_registry.stop()  # from here on, nothing can be fetched
+    out = rukpak(system, "rollback", name, "--wait", "150")
+    assert "revision 1 installed" in out, out
+    eventually(lambda: ready(system, name, 1), timeout=120, what="revision 1 healthy again")
+    assert greeting(system, ns) == "one"
+    assert status(system, name)["previousRevision"] == 2
+    assert cond(system, name, "Progressing")[1] == "RolledBack"
+    # the next spec change ends the rollback; naming revision 2 by digest needs no registry
+    # either (a tag would: it cannot be resolved while the registry is down)
+    set_ref(system, name, kept[1]["source"]["image"]["ref"], revisionHistoryLimit=4)
+    eventually(lambda: greeting(system, ns) == "two", timeout=180, what="the rollback ended")
+    delete(system, name)
+
+
+def test_a_missed_progress_deadline_rolls_back_from_the_node_cache(
+    rukpak_system: inst.RukpakSystem, own_registry: RegistryServer, tmp_path: Path
+) -> None:
+    system = rukpak_system
+    name, ns = f"deadline-{SUFFIX}", f"deadline-{SUFFIX}"
+    good = push(system, own_registry, tmp_path / "good", "good", ns, "good")
+    # its Deployment's image cannot be pulled: installed, never Healthy
+    bad = push(system, own_registry, tmp_path / "bad", "bad", ns, "bad", image="127.0.0.1:9/none:0")
+    spec = {"progressDeadlineSeconds": 25, "rollbackOnFailure": True}
+    system.kube.create(bd_v2(name, good, **spec))
+    eventually(lambda: ready(system, name, 1), timeout=180, what="revision 1 installed")
+    set_ref(system, name, bad)
+    eventually(
+        lambda: status(system, name).get("installedRevision") == 2,
+        timeout=180,
+        what="revision 2 applied",
+    )
+    own_registry.stop()
+    progressing = eventually(
+        lambda: c if (c := cond(system, name, "Progressing"))[0] == "False" else None,
+        timeout=120,
+        what="the deadline",
+    )
+    assert progressing[1] == "ProgressDeadlineExceeded"
+    assert "revision 2 did not become Installed and Healthy within 25s" in progressing[2]
+    eventually(lambda: ready(system, name, 1), timeout=180, what="rolled back to revision 1")
+    assert greeting(system, ns) == "good"
+    assert "rolled back to revision 1" in cond(system, name, "Progressing")[2]
+    events = system.kubectl(
+        "get", "events", "-n", "default", "--field-selector", f"involvedObject.name={name}"
+    )
+    assert "RollingBack" in events
+    delete(system, name)
+
+
+def test_depends_on_installs_a_chain_in_order_refuses_a_cycle_and_deletes_in_reverse(
+    rukpak_system: inst.RukpakSystem, tmp_path: Path
+) -> None:
+    system = rukpak_system
+    names = [f"chain-{i}-{SUFFIX}" for i in range(3)]
+    refs = []
+    for index, bd_name in enumerate(names):
+        ns = bd_name
+        inst.hello_bundle(
+            tmp_path / bd_name, namespace=ns, image=system.busybox_image, greeting=str(index)
+        )
+        ref = f"{system.registry_host}/lifecycle-{SUFFIX}/{bd_name}:v1"
+        e2e.push_bundle(tmp_path / bd_name, ref)
+        refs.append(ref)
+    # created last-first: each waits for the one before it
+    for index in (2, 1):
+        system.kube.create(bd_v2(names[index], refs[index], dependsOn=[{"name": names[index - 1]}]))
+
+    def chain_waiting() -> tuple[str, str, str] | None:
+        found = cond(system, names[2], "Installed")
+        return found if found[1] == "DependencyNotReady" else None
+
+    waiting = eventually(chain_waiting, timeout=60, what="chain-2 waiting")
+    assert names[1] in waiting[2]
+    assert cond(system, names[1], "Installed")[1] == "DependencyNotReady"
+    assert f"{names[0]}: not found" in cond(system, names[1], "Installed")[2]
+    system.kube.create(bd_v2(names[0], refs[0]))
+    for bd_name in names:
+        eventually(functools.partial(ready, system, bd_name, 1), timeout=240, what=bd_name)
+    times = [status(system, n)["revisions"][0]["installedAt"] for n in names]
+    assert times == sorted(times)
+
+    loop_a, loop_b = f"loop-a-{SUFFIX}", f"loop-b-{SUFFIX}"
+    system.kube.create(bd_v2(loop_a, refs[0], dependsOn=[{"name": loop_b}]))
+    system.kube.create(bd_v2(loop_b, refs[0], dependsOn=[{"name": loop_a}]))
+
+    def cycle_refused() -> tuple[str, str, str] | None:
+        found = cond(system, loop_a, "Installed")
+        return found if found[1] == "DependencyCycle" else None
+
+    refused = eventually(cycle_refused, timeout=60, what="the cycle refused")
+    assert f"{loop_a} -> {loop_b} -> {loop_a}" in refused[2]
+
+    # deleting everything at once: dependents go first, the root waits and says so
+    system.kubectl("delete", BDS, *names, loop_a, loop_b, "--wait=false")
+
+    def waits_for(name: str, dependent: str) -> bool:
+        deleting = inst.conditions(live(system, name)).get("Deleting") or {}
+        return deleting.get("reason") == "WaitingForDependents" and dependent in str(
+            deleting.get("message")
+        )
+
+    # (each waits while the one that depends on it exists: once that one is gone, it may
+    # go within milliseconds, so the order is read from what each said while waiting)
+    eventually(functools.partial(waits_for, names[0], names[1]), timeout=60, what="chain-0 waiting")
+    for bd_name in names:
+        eventually(functools.partial(gone, system, bd_name), timeout=180, what=f"{bd_name} gone")
+    for loop in (loop_a, loop_b):
+        eventually(functools.partial(gone, system, loop), timeout=180, what=f"{loop} deleted")
