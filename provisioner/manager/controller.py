@@ -47,6 +47,7 @@ from provisioner.manager import (
     inline,
     model,
     plan,
+    probes,
     runs,
     runwatch,
 )
@@ -138,6 +139,8 @@ class Controller(Reconciler):
             wake=lambda name: self.queue.add(BD_KEY + name),
         )
         self.damper = restore.Damper()
+        self.probes = probes.Probes()
+        self._probe_waits: dict[str, float] = {}
         self._repairs = threading.Lock()
         self._restore_failed: dict[str, str] = {}
         """BD -> the record (its writer) whose restore failed: that record gets a run."""
@@ -237,13 +240,15 @@ class Controller(Reconciler):
         with self._repairs:
             conflict = self._conflicts.get(name, "")
         lookup = self._lookup_bd
-        needs = dependencies.depends_on(stored)
+        cycle = dependencies.cycle(stored, lookup) if dependencies.depends_on(stored) else ""
+        dependents: tuple[str, ...] = ()
+        if meta_of(stored).get("deletionTimestamp") and not cycle:
+            # (on a cycle nobody could go first: its members are deleted without waiting)
+            dependents = dependencies.dependents(name, self.bds.items())
         return bd, plan.Observed(
-            dependencies=dependencies.unmet(stored, lookup) if needs else (),
-            cycle=dependencies.cycle(stored, lookup) if needs else "",
-            dependents=dependencies.dependents(name, self.bds.items())
-            if meta_of(stored).get("deletionTimestamp")
-            else (),
+            dependencies=dependencies.unmet(stored, lookup) if not cycle else (),
+            cycle=cycle,
+            dependents=dependents,
             bundles=bundles,
             pods=tuple(pods),
             record=record,
@@ -252,7 +257,7 @@ class Controller(Reconciler):
             fights=self.damper.fights(name, clock),
             conflict=conflict,
             other_runs=other_runs,
-            health=self._health(name) if record is not None and self.read_health else None,
+            health=self._probed(name, stored, record) if self.read_health else None,
             now=now_text(),
         )
 
@@ -263,11 +268,38 @@ class Controller(Reconciler):
         verdict = self.health.health(name)
         return None if verdict is None else plan.Health(*verdict)
 
+    def _probed(
+        self, name: str, stored: Obj, record: runs.InstallRecord | None
+    ) -> plan.Health | None:
+        """``Healthy`` of what is installed: per kind, then ``spec.healthChecks``."""
+        if record is None:
+            return None
+        spec = stored.get("spec") or {}
+        base = self._health(name)
+        if not spec.get("healthChecks"):
+            return base
+        judged, wait = self.probes.judge(
+            name,
+            spec,
+            generation=int(meta_of(stored).get("generation") or 0),
+            install=record.by,
+            objects=self.health.objects(name),
+            base=base,
+        )
+        with self._repairs:
+            if wait is None:
+                self._probe_waits.pop(name, None)
+            else:
+                self._probe_waits[name] = wait
+        return judged
+
     def reconcile(self, name: str) -> float | None:
         """One pass for BD ``name``; the requeue delay the plan asked for, if any."""
         seen = self.observe(name)
-        if seen is None:  # gone: so is what we remembered of its fights
+        if seen is None:  # gone: so is what we remembered of its fights and probes
+            self.probes.drop(name)
             with self._repairs:
+                self._probe_waits.pop(name, None)
                 self._restore_failed.pop(name, None)
                 self._conflicts.pop(name, None)
                 self.damper.drop(name)
@@ -304,6 +336,10 @@ class Controller(Reconciler):
         elif not observed.fights:
             with self._repairs:
                 self._conflicts.pop(name, None)
+        with self._repairs:
+            probe = self._probe_waits.pop(name, None)
+        if probe is not None:  # the next health probe is due then
+            requeue = probe if requeue is None else min(requeue, probe)
         return requeue
 
     # -- observe, plan, perform: Bundles ------------------------------------------------------

@@ -141,6 +141,25 @@ class HealthWatch:
             return appliedrecord.UNKNOWN
         return informer.get(ref.namespace, ref.name)
 
+    def objects(self, name: str) -> list[Obj] | None:
+        """The cached objects deployment ``name``'s inventory lists and it still owns (for
+        ``spec.healthChecks``); None when unknown (no inventory, a kind not synced)."""
+        cm = self.inventories.get(self.system_namespace, inventory.configmap_name(name))
+        if cm is None:
+            return None
+        try:
+            inv = inventory.from_configmap(cm)
+        except (KeyError, ValueError, TypeError, errors.RukpakError):
+            return None
+        out: list[Obj] = []
+        for ref in sorted(inv.refs):
+            found = self.lookup(ref)
+            if isinstance(found, appliedrecord.Unknown):
+                return None
+            if found is not None and owner_of(found) == name:
+                out.append(found)
+        return out
+
     def health(self, name: str) -> Verdict | None:
         """Whether every object deployment ``name`` installed is ready; None when unknown."""
         cm = self.inventories.get(self.system_namespace, inventory.configmap_name(name))
