@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import actuate, model
@@ -262,3 +263,138 @@ def test_depends_on_installs_a_chain_in_order_refuses_a_cycle_and_deletes_in_rev
         eventually(functools.partial(gone, system, bd_name), timeout=180, what=f"{bd_name} gone")
     for loop in (loop_a, loop_b):
         eventually(functools.partial(gone, system, loop), timeout=180, what=f"{loop} deleted")
+
+
+def test_a_health_check_fails_naming_its_object_then_passes(
+    rukpak_system: inst.RukpakSystem, tmp_path: Path
+) -> None:
+    system = rukpak_system
+    name, ns = f"checked-{SUFFIX}", f"checked-{SUFFIX}"
+    inst.hello_bundle(tmp_path / "b", namespace=ns, image=system.busybox_image, greeting="one")
+    ref = f"{system.registry_host}/lifecycle-{SUFFIX}/checked:v1"
+    e2e.push_bundle(tmp_path / "b", ref)
+
+    def checks(want: str) -> list[Obj]:
+        return [
+            {
+                "name": "greeting",
+                "selector": {"kind": "ConfigMap", "name": "hello-greeting"},
+                "assertions": [{"field": {"path": ".data.greeting", "equals": want}}],
+                "periodSeconds": 1,
+                "failureThreshold": 1,
+            },
+            {
+                "name": "rolled-out",
+                "selector": {"group": "apps", "kind": "Deployment"},
+                "assertions": [{"cel": "object.status.availableReplicas == object.spec.replicas"}],
+                "periodSeconds": 1,
+            },
+        ]
+
+    system.kube.create(bd_v2(name, ref, healthChecks=checks("two")))
+
+    def unhealthy() -> tuple[str, str, str] | None:
+        found = cond(system, name, "Healthy")
+        return found if found[0] == "False" and "greeting" in found[2] else None
+
+    verdict = eventually(unhealthy, timeout=180, what="the failing check")
+    assert verdict[1] == "Unhealthy"
+    assert f"ConfigMap {ns}/hello-greeting" in verdict[2]
+    assert "want" in verdict[2] and '"two"' in verdict[2], verdict
+    system.kube.merge_patch(
+        actuate.bd_ref(name, model.API_VERSION_V2), {"spec": {"healthChecks": checks("one")}}
+    )
+    passed = eventually(
+        lambda: c if (c := cond(system, name, "Healthy"))[0] == "True" else None,
+        timeout=120,
+        what="the checks passing",
+    )
+    assert "2 health check(s) pass" in passed[2]
+    delete(system, name)
+
+
+def secret_reader_bundle(root: Path, ns: str, *, exec_too: bool = False) -> Path:
+    """A bundle whose ClusterRole grants every verb on secrets (and, with ``exec_too``,
+    exec into pods), bound to its ServiceAccount."""
+    rules: list[Obj] = [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["*"]}]
+    if exec_too:
+        rules.append({"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]})
+    docs: list[Obj] = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "reader", "namespace": ns},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": f"{ns}-secrets"},
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": f"{ns}-secrets"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": f"{ns}-secrets",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": ns}],
+        },
+    ]
+    manifests = root / "manifests"
+    manifests.mkdir(parents=True)
+    for index, doc in enumerate(docs):
+        (manifests / f"{index:02d}.yaml").write_text(yaml.safe_dump(doc))
+    return root
+
+
+def test_a_paused_bundle_granting_secrets_is_previewed_then_approved(
+    rukpak_system: inst.RukpakSystem, tmp_path: Path
+) -> None:
+    system = rukpak_system
+    name = ns = f"preview-{SUFFIX}"
+    role = ObjectRef("rbac.authorization.k8s.io", "v1", "ClusterRole", "", f"{ns}-secrets")
+    refs = []
+    for tag, exec_too in (("v1", False), ("v2", True)):
+        root = secret_reader_bundle(tmp_path / tag, ns, exec_too=exec_too)
+        refs.append(f"{system.registry_host}/lifecycle-{SUFFIX}/preview:{tag}")
+        e2e.push_bundle(root, refs[-1])
+    system.kube.create(bd_v2(name, refs[0], paused=True))
+    shown = eventually(lambda: status(system, name).get("preview"), timeout=180, what="the preview")
+    assert shown["objects"] == 4 and shown["clusterScoped"] == 3, shown
+    assert any("secrets" in e for e in shown["escalations"]), shown
+    assert system.kube.get(role) is None  # nothing applied
+    text = rukpak(system, "preview", name)
+    assert f"ClusterRole/{ns}-secrets" in text and "secrets" in text, text
+    events = system.kubectl(
+        "get", "events", "-n", "default", "--field-selector", f"involvedObject.name={name}"
+    )
+    assert "PreviewReady" in events
+
+    # approval: unpause
+    system.kube.merge_patch(actuate.bd_ref(name, model.API_VERSION_V2), {"spec": {"paused": False}})
+    eventually(lambda: ready(system, name, 1), timeout=180, what="installed once approved")
+    assert system.kube.get(role) is not None
+
+    # a paused upgrade shows what approving it would add
+    set_ref(system, name, refs[1], paused=True)
+
+    def new_preview() -> Obj | None:
+        found = status(system, name).get("preview") or {}
+        return (
+            found
+            if found.get("generation") == live(system, name)["metadata"]["generation"]
+            else None
+        )
+
+    eventually(new_preview, timeout=180, what="the upgrade's preview")
+    changes = rukpak(system, "preview", name, "--diff")
+    assert "+ " in changes and "pods/exec" in changes, changes
+    assert "- " not in changes.replace("+ ", ""), changes  # nothing removed
+    assert (system.kube.get(role) or {}).get("rules") == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["*"]}
+    ]  # still what was approved
+    delete(system, name)

@@ -11,7 +11,8 @@ conversion webhook and plans each object in the version it was created in. Check
 - ``requireImmutableRefs`` refuses a tag before anything is fetched;
 - ``pollInterval`` moves a BundleDeployment to what its tag names now, while one without
   it stays on its pin;
-- ``paused`` fetches nothing while a BundleDeployment created after it installs.
+- ``paused`` applies nothing (it previews) while a BundleDeployment created after it
+  installs.
 """
 
 from __future__ import annotations
@@ -172,22 +173,26 @@ def test_poll_interval_follows_a_tag_and_without_it_the_pin_holds(
         )
 
 
-def test_a_paused_bundledeployment_fetches_nothing(
+def test_a_paused_bundledeployment_applies_nothing_and_previews(
     rukpak_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
     system = rukpak_system
     paused, after = f"paused-{SUFFIX}", f"after-{SUFFIX}"
-    ref = push_hello(system, tmp_path / "b", "paused", "v1", f"paused-{SUFFIX}", "p")
+    ns = f"paused-{SUFFIX}"
+    ref = push_hello(system, tmp_path / "b", "paused", "v1", ns, "p")
     system.kube.create(bd_v2(paused, ref, paused=True))
     system.kube.create(bd_v2(after, ref))
     eventually(lambda: installed(system, after), timeout=180, what="the later one Installed")
-    bd = live(system, paused)
-    assert (bd.get("status") or {}) == {}
-    assert model.FINALIZER not in (bd["metadata"].get("finalizers") or [])
-    pods = system.kubectl(
-        "get", "pods", "-n", inst.NAMESPACE, "-l", f"{model.BD_LABEL}={paused}", "-o", "name"
+    shown = eventually(
+        lambda: (live(system, paused).get("status") or {}).get("preview"),
+        timeout=120,
+        what="the preview",
     )
-    assert pods.strip() == ""
+    assert shown["objects"] == 3 and not shown.get("error"), shown
+    assert installed(system, paused) == ""
+    # nothing of it was applied: the preview's objects are the later one's, owned by it
+    cm = system.kube.get(ObjectRef("", "v1", "ConfigMap", ns, "hello-greeting")) or {}
+    assert cm["metadata"]["labels"]["core.rukpak.io/owner-name"] == after
     for name in (paused, after):
         system.kubectl(
             "delete", f"bundledeployments.{model.VERSION_V2}.{model.GROUP}", name, timeout=150

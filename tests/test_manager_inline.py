@@ -169,8 +169,11 @@ def test_immutable_refs_pass_with_a_digest_and_a_commit() -> None:
     assert inline.mutable_ref(commit) is None
 
 
-def test_paused_plans_nothing_and_another_class_is_left_alone() -> None:
-    assert planned(bd(paused=True)) == []
+def test_paused_only_pins_and_previews_and_another_class_is_left_alone() -> None:
+    assert kinds(planned(bd(paused=True))) == ["ResolveSource"]
+    previewed = planned(bd(paused=True, pin=(1, NOW)))
+    (run,) = [a for a in previewed if isinstance(a, plan.CreateRun)]
+    assert "--preview" in run.pod["spec"]["containers"][0]["command"]
     other = bd(provisionerClassName="core-rukpak-io-helm")
     other["metadata"]["finalizers"] = []
     assert planned(other) == []

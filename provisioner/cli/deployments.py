@@ -1,10 +1,13 @@
-"""``rukpak history|rollback``: a BundleDeployment's revisions from the command line.
+"""``rukpak history|rollback|preview``: a BundleDeployment's revisions and its permission
+preview from the command line.
 
 The edge over ``provisioner.engine.revisionlog``: reads a BundleDeployment (its
 ``status.revisions``, written by the manager) through the ``Kube`` adapter and prints
 them as ``kubectl rollout history`` does; ``rollback`` writes the rollback annotation
 that makes the manager reinstall a kept revision from the node caches, and can wait
-until it is installed. ``provisioner.cli.main`` calls ``register``.
+until it is installed; ``preview`` prints what a paused one would install and grant (the
+ConfigMap its preview run wrote, ``engine.preview``). ``provisioner.cli.main`` calls
+``register``.
 
 Exit codes: 0 done; 1 an error (no such BundleDeployment or revision, a v1alpha1-made
 object); 3 ``rollback --wait`` ran out of time.
@@ -20,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from provisioner.engine import revisionlog
+from provisioner.engine import preview, revisionlog
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition, meta_of
 from provisioner.runtime import flags
@@ -34,7 +37,7 @@ V1ALPHA1_MADE = "core.rukpak.io/v1alpha1-template"
 
 
 def register(subparsers: Any) -> None:
-    """Add ``history`` and ``rollback`` to the ``rukpak`` parser."""
+    """Add ``history``, ``rollback`` and ``preview`` to the ``rukpak`` parser."""
     p = subparsers.add_parser(
         "history",
         help="list a BundleDeployment's kept revisions (as kubectl rollout history)",
@@ -70,6 +73,25 @@ def register(subparsers: Any) -> None:
     )
     flags.add_cluster(p)
     p.set_defaults(func=run_rollback)
+
+    p = subparsers.add_parser(
+        "preview",
+        help="what a paused BundleDeployment would install and grant",
+        description="Print the permission preview of a BundleDeployment created (or changed) "
+        "with spec.paused: true: its objects by kind and namespace, the cluster-scoped "
+        "ones, the CRDs it changes, the RBAC rules it grants (aggregated) and what a "
+        "reviewer must notice (wildcards, escalate, bind, impersonate, secrets). Unpausing "
+        "is the approval.",
+        epilog="examples:\n  rukpak preview my-operator\n"
+        "  rukpak preview my-operator --diff   # against what is installed\n"
+        '  kubectl patch bd my-operator --type merge -p \'{"spec":{"paused":false}}\'',
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--diff", action="store_true", help="what approving changes ('+'/'-' lines)")
+    flags.add_cluster(p)
+    flags.add_system_namespace(p, holds="the preview ConfigMap")
+    p.set_defaults(func=run_preview)
 
 
 def _ref(name: str) -> ObjectRef:
@@ -207,3 +229,32 @@ def run_rollback(args: argparse.Namespace) -> int:
     last = json.dumps(_status(_get(kube, args.name)).get("conditions") or [])[:400]
     print(f"timed out waiting for revision {rev.number}: {last}", file=sys.stderr)
     return EXIT_TIMEOUT
+
+
+def run_preview(args: argparse.Namespace) -> int:
+    kube = flags.kube(args)
+    bd = _get(kube, args.name)
+    shown = _status(bd).get("preview")
+    ref = ObjectRef("", "v1", "ConfigMap", args.system_namespace, preview.configmap_name(args.name))
+    cm = kube.get(ref)
+    if cm is None or not isinstance(cm.get("data"), dict):
+        if isinstance(shown, dict) and shown.get("error"):
+            raise errors.FailedPrecondition(f"the preview failed: {shown['error']}")
+        raise errors.NotFound(
+            f"bundledeployment {args.name!r} has no preview yet: set spec.paused to true "
+            "(a preview is made for each content and configuration while paused)"
+        )
+    data = cm["data"]
+    if isinstance(shown, dict) and shown.get("revision") not in (None, data.get("revision")):
+        print(
+            "note: the preview is of an earlier revision; a new one is on its way",
+            file=sys.stderr,
+        )
+    if args.diff:
+        changes = str(data.get(preview.DIFF_KEY) or "")
+        sys.stdout.write(changes or "no changes against what is installed\n")
+        return 0
+    sys.stdout.write(str(data.get(preview.RENDER_KEY) or ""))
+    if not (bd.get("spec") or {}).get("paused"):
+        print("note: spec.paused is false: this was approved", file=sys.stderr)
+    return 0

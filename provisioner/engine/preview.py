@@ -552,3 +552,24 @@ def _strings(value: object) -> tuple[str, ...]:
     return (
         tuple(sorted({v for v in value if isinstance(v, str)})) if isinstance(value, list) else ()
     )
+
+
+# -- where a preview is kept -------------------------------------------------------------------
+
+CONFIGMAP_PREFIX = "rukpak-preview-"
+PREVIEW_LABEL = "core.rukpak.io/bundle-deployment"
+"""On the preview ConfigMap: the BundleDeployment it previews (the manager's label for what
+belongs to one; deleting the BundleDeployment deletes the preview)."""
+SUMMARY_KEY = "summary.json"
+RENDER_KEY = "preview.txt"
+DIFF_KEY = "diff.txt"
+REVISION_KEY = "revision"
+STATUS_LIMIT = 3072
+"""Bytes of ``summary`` in ``status.preview`` (and the preview pod's termination message)."""
+TEXT_LIMIT = 400 * 1024
+"""Bytes of the rendered preview and of its diff kept on the ConfigMap each."""
+
+
+def configmap_name(deployment: str) -> str:
+    """The ConfigMap (system namespace) holding deployment ``deployment``'s full preview."""
+    return f"{CONFIGMAP_PREFIX}{deployment}"

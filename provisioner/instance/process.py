@@ -40,6 +40,7 @@ from typing import Any
 
 from provisioner.engine import appliedrecord, apply, formats, inventory, optional
 from provisioner.engine.kube import Kube
+from provisioner.instance import preview
 from provisioner.runtime import flags, leader, lease, termination
 from rukpak.common import errors
 
@@ -65,6 +66,8 @@ class Config:
     source_dirs: tuple[Path, ...] = ()
     """With several sources (``--source-dir``): each a bundle root under ``bundle_dir``;
     the union of their objects is installed."""
+    preview: bool = False
+    """Apply nothing: write what the install would do (``instance.preview``) and exit."""
 
 
 def kv(msg: str, **fields: object) -> str:
@@ -195,6 +198,8 @@ class Instance:
         """Every step in order; the exit status (see the module doc)."""
         try:
             bundle = self.load()
+            if self.config.preview:
+                return self.preview(bundle)
             if not self.take_lease():
                 log.info(kv("stopped", lease="never taken"))
                 return EXIT_OK
@@ -213,6 +218,21 @@ class Instance:
                     kv("lease released" if released else "lease not released", lease=self.lock)
                 )
         log.info(kv("stopped"))
+        return EXIT_OK
+
+    def preview(self, bundle: formats.Bundle) -> int:
+        """What installing ``bundle`` would do, nothing applied (no Lease needed): the
+        ConfigMap for ``rukpak preview``, the summary as the termination message."""
+        cfg = self.config
+        summary = preview.run(
+            self.kube,
+            bundle,
+            name=cfg.name,
+            namespace=cfg.namespace,
+            system_namespace=cfg.system_namespace,
+            revision=cfg.bundle_name,
+        )
+        termination.write(cfg.termination_log, summary)
         return EXIT_OK
 
     def _fail(self, message: str) -> int:
@@ -273,7 +293,13 @@ def register(subparsers: Any) -> None:
         help="a source's bundle root inside --bundle-dir (repeatable): the union of their "
         "objects is installed",
     )
-    termination.add_flag(p, what="a fatal error")
+    p.add_argument(
+        "--preview",
+        action="store_true",
+        help="apply nothing: write what the install would do (objects, RBAC, CRDs) to the "
+        "ConfigMap rukpak-preview-NAME and its summary to the termination log",
+    )
+    termination.add_flag(p, what="a fatal error (with --preview: the summary)")
     flags.add_cluster(p)
     p.set_defaults(func=run_instance)
 
@@ -291,6 +317,7 @@ def run_instance(args: argparse.Namespace) -> int:
         termination_log=termination.where(args.termination_log),
         bundle_name=args.bundle,
         source_dirs=tuple(args.source_dir),
+        preview=args.preview,
     )
     try:
         kube = flags.kube(args)

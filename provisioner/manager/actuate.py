@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from provisioner.engine import lifecycle
+from provisioner.engine import lifecycle, preview
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, meta_of
 from provisioner.manager import (
@@ -307,6 +307,9 @@ def perform(
                     lifecycle.uninstall(
                         kube, name, policy=policy, system_namespace=system_namespace
                     )
+                kube.delete(
+                    ObjectRef("", "v1", "ConfigMap", system_namespace, preview.configmap_name(name))
+                )
             case plan.WriteStatus(status=status):
                 write_status(kube, name, status, api_version)
             case plan.ResolveSource():

@@ -178,13 +178,20 @@ def _bundle_volumes(resolved: Obj) -> tuple[list[Obj], list[Obj]]:
     return volumes, mounts
 
 
-def instance_run_pod(bd: Obj, bundle: str, resolved: Obj, settings: Settings, run: int) -> Obj:
+PREVIEW_ANNOTATION = "core.rukpak.io/preview"
+"""On a preview run pod (``instance --preview``): applies nothing."""
+
+
+def instance_run_pod(
+    bd: Obj, bundle: str, resolved: Obj, settings: Settings, run: int, *, preview: bool = False
+) -> Obj:
     """Run ``run`` of the run-to-completion instance of ``bd``.
 
     Named ``rukpak-instance-<bd>-<revision>-<run>``: the revision is a hash of the pod's
     body, so the same inputs give the same name (a repeated create is a no-op) and a new
     Bundle, image or setting gives a new one; ``run`` counts the runs of one revision
-    (drift corrections, retries).
+    (drift corrections, retries). A ``preview`` run applies nothing: it reports what the
+    install would do (``instance.preview``).
     """
     body: Obj = {
         "apiVersion": "v1",
@@ -192,6 +199,11 @@ def instance_run_pod(bd: Obj, bundle: str, resolved: Obj, settings: Settings, ru
         "metadata": _instance_meta(bd, bundle, settings),
         "spec": _instance_pod_spec(bd, bundle, resolved, settings),
     }
+    if preview:  # what the install would do, nothing applied: its own revision
+        body["metadata"]["annotations"][PREVIEW_ANNOTATION] = "true"
+        container = body["spec"]["containers"][0]
+        container["command"].append("--preview")
+        container["terminationMessagePolicy"] = "File"
     revision = model.stable_hash(body, 8)
     body["metadata"]["name"] = model.run_pod_name(model.name_of(bd), revision, run)
     body["metadata"]["annotations"][model.SPEC_HASH_ANNOTATION] = revision

@@ -33,8 +33,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 from provisioner.engine.objects import Obj, condition, meta_of
-from provisioner.manager import conversion, model, plan, revisions, runs, sources
-from provisioner.manager.actions import Action, AddFinalizer, Requeue, ResolveSource, SetRollback
+from provisioner.manager import conversion, generate, model, plan, revisions, runs, sources
+from provisioner.manager.actions import (
+    Action,
+    AddFinalizer,
+    CreateRun,
+    DeletePod,
+    Requeue,
+    ResolveSource,
+    SetRollback,
+)
 from provisioner.manager.model import Settings
 from provisioner.manager.resolution import SOURCE_PREFIX
 
@@ -226,8 +234,6 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
         return []  # another provisioner's BundleDeployment
     if meta.get("deletionTimestamp"):
         return list(plan.plan_deletion(bd, observed))
-    if spec.get("paused"):
-        return []
     actions: list[Action] = []
     if not claimed:
         actions.append(AddFinalizer())
@@ -266,6 +272,8 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
         assert resolved is not None
         target = runs.Target(revision_name(bd, resolved, bundle_format), resolved)
         bd_run = bd
+    if spec.get("paused"):  # nothing applied: what the install would do, for approval
+        return actions + _plan_preview(bd_run, observed, target, settings)
     more, decision = plan.run_install(bd_run, target, observed, settings)
     actions += more
     record = observed.record
@@ -312,6 +320,65 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
     if progress.left is not None:
         actions.append(Requeue(progress.left, "judging the progress deadline"))
     return actions
+
+
+def _plan_preview(
+    bd: Obj, observed: plan.Observed, target: runs.Target, settings: Settings
+) -> list[Action]:
+    """A paused BD: a preview run of ``target`` (``instance --preview``) whose summary goes to
+    ``status.preview``; unpausing is the approval."""
+    want = generate.instance_run_pod(bd, target.bundle, target.resolved, settings, 0, preview=True)
+    want_name = model.name_of(want)
+    shown = (bd.get("status") or {}).get("preview")
+    done = isinstance(shown, dict) and shown.get("pod") == want_name
+    out: list[Action] = []
+    found: Obj | None = None
+    for pod in observed.pods:
+        if (meta_of(pod).get("annotations") or {}).get(generate.PREVIEW_ANNOTATION) != "true":
+            continue
+        if model.name_of(pod) == want_name and not done:
+            found = pod
+        elif not runs.deleting(pod):
+            out.append(DeletePod(settings.system_namespace, model.name_of(pod)))
+    if done:
+        return out
+    if found is None:
+        if observed.other_runs >= settings.max_concurrent_runs:
+            return [*out, Requeue(runs.RUN_SLOT_WAIT, "waiting for a free run slot")]
+        return [*out, CreateRun(want)]
+    phase = runs.phase(found)
+    if phase not in ("Succeeded", "Failed"):
+        return out
+    result: Obj = {
+        "revision": target.bundle,
+        "pod": want_name,
+        "generation": meta_of(bd).get("generation"),
+    }
+    event: plan.RecordEvent
+    if phase == "Failed":
+        result["error"] = runs.failure(found)
+        event = plan.RecordEvent("Warning", "PreviewFailed", f"preview failed: {result['error']}")
+    else:
+        try:
+            summary: Any = json.loads(runs.termination_message(found))
+        except ValueError:
+            summary = None
+        if not isinstance(summary, dict):
+            summary = {"error": "the preview run left no summary"}
+        result.update({k: v for k, v in summary.items() if k not in ("pod", "revision")})
+        escalations = summary.get("escalations") or []
+        event = plan.RecordEvent(
+            "Warning" if escalations else "Normal",
+            "PreviewReady",
+            f"preview of {sources.describe(target.resolved)}: {summary.get('objects', 0)} "
+            f"objects, {len(escalations)} escalation(s) to review; approve by setting "
+            "spec.paused to false (rukpak preview shows all)",
+        )
+    return [
+        *out,
+        *plan.status_actions(bd, "", plan.conditions_of(bd), observed.now, {"preview": result}),
+        event,
+    ]
 
 
 def _history(

@@ -426,7 +426,9 @@ def plan_deletion(bd: Obj, observed: Observed) -> list[Action]:
             f"waiting for the BundleDeployments that depend on this one to go first: {names}",
         )
         return [
-            *status_actions(bd, _active(bd), {**_conditions(bd), DELETING: waiting}, observed.now),
+            *status_actions(
+                bd, _active(bd), {**conditions_of(bd), DELETING: waiting}, observed.now
+            ),
             Requeue(DEPENDENTS_POLL, "waiting for dependents to be deleted"),
         ]
     policy: Literal["Delete", "Orphan"] = (
@@ -442,7 +444,7 @@ def _active(bd: Obj) -> str:
     return str((bd.get("status") or {}).get("activeBundle") or "")
 
 
-def _conditions(bd: Obj) -> dict[str, Verdict]:
+def conditions_of(bd: Obj) -> dict[str, Verdict]:
     """The BD's conditions as verdicts (kept as they are when one more is written)."""
     out: dict[str, Verdict] = {}
     for cond in (bd.get("status") or {}).get("conditions") or []:

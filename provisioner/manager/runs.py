@@ -102,6 +102,11 @@ def _terminated(pod: Obj) -> Obj:
     return {}
 
 
+def termination_message(pod: Obj) -> str:
+    """What the run pod's container left as its termination message ("" when none)."""
+    return str(_terminated(pod).get("message") or "").strip()
+
+
 def failure(pod: Obj) -> str:
     """Why a Failed run pod failed, from its termination message or status."""
     terminated = _terminated(pod)
