@@ -19,8 +19,10 @@
 #  8. a BundleDeployment of hello: Installed and Healthy; a deleted managed Deployment
 #     comes back; a template change pivots to a new Bundle; a bad image keeps the old
 #     content with HasValidBundle=False; deleting the BundleDeployment removes it all;
-#  9. a v1alpha2 BundleDeployment (content named inline, no Bundle) installs beside it,
-#     and reads as v1alpha1 through the manager's conversion webhook.
+#  9. a v1alpha2 BundleDeployment (content named inline, no Bundle) created paused shows
+#     its permission preview, installs once approved, and reads as v1alpha1 through the
+#     manager's conversion webhook; a failing upgrade misses its progress deadline and is
+#     rolled back from the node cache with the registry stopped.
 # Each step prints its wall time; every wait is bounded and shows `kubectl describe`
 # when it fails.
 # With KUBECONFIG set, part 2 only runs `rukpak apply/status/uninstall` into a
@@ -237,6 +239,12 @@ cond() {  # cond BD TYPE: the status of the BundleDeployment's condition TYPE
 bd_is() {  # bd_is BD TYPE STATUS
   [ "$(cond "$1" "$2")" = "$3" ]
 }
+has_preview() {  # has_preview BD: its preview run reported (status.preview.objects)
+  [ -n "$("$KUBECTL" get bundledeployment "$1" -o jsonpath='{.status.preview.objects}')" ]
+}
+revision_is() {  # revision_is BD N: status.installedRevision is N
+  [ "$("$KUBECTL" get bundledeployment "$1" -o jsonpath='{.status.installedRevision}')" = "$2" ]
+}
 active_bundle() { "$KUBECTL" get bundledeployment "$1" -o jsonpath='{.status.activeBundle}'; }
 differs() { [ "$("${@:2}" 2>/dev/null)" != "$1" ] && [ -n "$("${@:2}" 2>/dev/null)" ]; }
 is_absent() { ! "$KUBECTL" get "$@" >/dev/null 2>&1; }
@@ -450,11 +458,13 @@ YAML
   available hello -n hello || { echo "run.sh: hello/hello is not available" >&2; exit 1; }
   echo "Still active: $second_bundle; hello/hello is available and hello-greeting says: $(greeting)"
 
-  say "A v1alpha2 BundleDeployment beside it: the content named inline, no Bundle"
+  say "A v1alpha2 BundleDeployment beside it, paused: a preview to approve"
   echo "core.rukpak.io/v1alpha2 (upstream v0.24's shape) is the storage version; the manager"
   echo "converts between the versions (its webhook) and plans each object in the version it"
-  echo "was created in. This one installs a copy of hello living in namespace hello-inline."
-  local inline_dir="$WORK/hello-inline" inline="$node_registry/examples/hello-inline:v1"
+  echo "was created in. This one installs a copy of hello living in namespace hello-inline,"
+  echo "pushed to this run's own registry (stopped later, to roll back with it gone). It is"
+  echo "created paused: nothing is applied, a preview run reports what it would do."
+  local inline_dir="$WORK/hello-inline" inline="$REGISTRY/examples/hello-inline:v1"
   cp -r "$dir" "$inline_dir"
   sed -i 's/^\(  \(name\|namespace\)\): hello$/\1: hello-inline/' "$inline_dir/manifests/"*.yaml
   run "$RUKPAK" bundle build "$inline_dir" --tag "$inline" --push
@@ -469,9 +479,18 @@ spec:
   source:
     type: image
     image: {ref: "$inline"}
+  paused: true
+  progressDeadlineSeconds: 30
+  rollbackOnFailure: true
 YAML
   cat "$WORK/bd-v1alpha2.yaml"
   show apply -f "$WORK/bd-v1alpha2.yaml"
+  poll 180 "hello-inline's preview" "bundledeployment/hello-inline" -- has_preview hello-inline
+  run "$RUKPAK" preview hello-inline
+  is_absent namespace hello-inline \
+    || { echo "run.sh: a paused BundleDeployment applied something" >&2; exit 1; }
+  echo "Approving it: spec.paused=false."
+  show patch bundledeployment hello-inline --type=merge -p '{"spec":{"paused":false}}'
   poll 180 "hello-inline to be Installed" "bundledeployment/hello-inline" -- \
     bd_is hello-inline Installed True
   poll 90 "hello-inline to be Healthy" "bundledeployment/hello-inline" -- \
@@ -483,6 +502,30 @@ YAML
   show get bundledeployments.v1alpha1.core.rukpak.io hello-inline \
     -o jsonpath='{.spec.template.spec.source.image.ref}{"\n"}'
   show get deployment hello-inline -n hello-inline
+
+  say "A failing upgrade rolled back from the node cache, the registry stopped"
+  echo "v2 runs an image that cannot be pulled: installed, never Healthy. Once it is applied"
+  echo "this run's registry is stopped; 30 s after the upgrade (progressDeadlineSeconds) the"
+  echo "manager rolls back to revision 1, whose pinned content the node cache still holds."
+  local broken="$REGISTRY/examples/hello-inline:v2-broken" broken_dir="$WORK/hello-inline-v2"
+  cp -r "$inline_dir" "$broken_dir"
+  sed -i 's|^\(\s*image:\).*$|\1 127.0.0.1:9/unreachable:v0|' "$broken_dir/manifests/03_deployment.yaml"
+  run "$RUKPAK" bundle build "$broken_dir" --tag "$broken" --push
+  show patch bundledeployment hello-inline --type=merge \
+    -p "{\"spec\":{\"source\":{\"image\":{\"ref\":\"$broken\"}}}}"
+  poll 120 "revision 2 to be applied" "bundledeployment/hello-inline" -- \
+    revision_is hello-inline 2
+  echo "Stopping the registry (pid $REGISTRY_PID): nothing can be fetched from here on."
+  stop_pid "$SERVER_PID" 10
+  SERVER_PID=""
+  poll 120 "the progress deadline" "bundledeployment/hello-inline" -- \
+    bd_is hello-inline Progressing False
+  poll 180 "revision 1 to be back" "bundledeployment/hello-inline" -- revision_is hello-inline 1
+  poll 90 "hello-inline to be Healthy again" "bundledeployment/hello-inline" -- \
+    bd_is hello-inline Healthy True
+  show get bundledeployment hello-inline \
+    -o jsonpath='{range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}'
+  run "$RUKPAK" history hello-inline
   show delete bundledeployment hello-inline --timeout=120s
   poll 60 "hello-inline/hello-inline to be gone" "namespace/hello-inline" -- \
     none_left -n hello-inline deployment/hello-inline configmap/hello-greeting
@@ -521,8 +564,10 @@ What happened:
   - a BundleDeployment installed hello, undid a deletion, pivoted to v2, kept v2 when
     v3's content was invalid (HasValidBundle=False, upstream's message), and took
     everything away when deleted;
-  - a v1alpha2 BundleDeployment (upstream v0.24's shape, the source inline) installed
-    without any Bundle object, read as v1alpha1 through the manager's conversion webhook.
+  - a v1alpha2 BundleDeployment (upstream v0.24's shape, the source inline) was
+    previewed while paused, installed once approved, without any Bundle object, read as
+    v1alpha1 through the manager's conversion webhook; its failing upgrade was rolled
+    back from the node cache after its progress deadline, the registry stopped.
 Total $(since "$T0")s; cluster up at ${T_CLUSTER}s. Everything started is being stopped now.
 TXT
 else

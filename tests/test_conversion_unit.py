@@ -153,3 +153,17 @@ def test_a_broken_review_fails_with_a_message_and_converts_nothing(
     assert response["result"]["status"] == "Failure"
     assert words in response["result"]["message"]
     assert "convertedObjects" not in response
+
+
+def test_the_lifecycle_fields_survive_a_v1alpha1_round_trip() -> None:
+    original = copy.deepcopy(V2_FULL)
+    original["spec"].update(
+        revisionHistoryLimit=3,
+        progressDeadlineSeconds=120,
+        rollbackOnFailure=True,
+        dependsOn=[{"name": "certs"}],
+        healthChecks=[{"name": "up", "assertions": [{"cel": "true"}]}],
+    )
+    v1 = conversion.to_v1alpha1(original)
+    assert "dependsOn" not in v1["spec"] and "healthChecks" not in v1["spec"]
+    assert conversion.to_v1alpha2(v1) == original

@@ -10,9 +10,10 @@ version it was created in). Lossless both ways:
   (required in v1alpha2) defaulted to the manager's, remembered there as defaulted; back
   in v1alpha1 it is exactly what it was;
 - a v1alpha2 object read as v1alpha1 gets a template built from its ``source`` (the
-  first of ``sources``), and its v1alpha2-only fields (``format``, ``sources``,
-  ``requireImmutableRefs``, ``pollInterval``, ``preflight``, ``watchNamespaces``) in the
-  annotation ``V1ALPHA2_ANNOTATION``; back in v1alpha2 it is exactly what it was.
+  first of ``sources``), and its v1alpha2-only fields (``V1ALPHA2_ONLY``: ``format``,
+  ``sources``, ``requireImmutableRefs``, ``pollInterval``, ``preflight``,
+  ``watchNamespaces`` and the lifecycle fields of ``revisions`` and ``dependencies``) in
+  the annotation ``V1ALPHA2_ANNOTATION``; back in v1alpha2 it is exactly what it was.
 
 The annotation that is present says in which version an object was created (``origin``):
 one created as v1alpha1 keeps its generated Bundles, one created as v1alpha2 has none.
