@@ -226,6 +226,8 @@ def test_a_revision_past_its_deadline_is_reported_and_rolled_back_when_asked() -
     assert (progressing["status"], progressing["reason"]) == ("False", "ProgressDeadlineExceeded")
     rollback = [a for a in actions if isinstance(a, plan.SetRollback)]
     assert rollback == [plan.SetRollback(1, 2, revisions.DEADLINE)]
+    outcomes = [r["outcome"] for r in after["status"]["revisions"]]
+    assert outcomes == ["Installed", "ProgressDeadlineExceeded"]
     assert any(isinstance(a, plan.RecordEvent) and a.reason == "RollingBack" for a in actions)
     # then the kept revision is reinstalled, and Progressing keeps saying why
     actions, after = step(after, plan.Observed(record=record, now="2026-11-25T12:01:02Z"))

@@ -149,7 +149,7 @@ def history_table(bd: Obj) -> str:
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + row[-1]
+        "".join(cell.ljust(width + 2) for cell, width in zip(row, widths, strict=False)) + row[-1]
         for row in rows
     ]
     return f"bundledeployment.{GROUP}/{meta_of(bd).get('name')}\n" + "\n".join(lines) + "\n"

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -445,6 +446,8 @@ def _history(
         rolled_to=rolled_to,
     )
     more: list[Action] = []
+    if progress.exceeded and rollback is None:
+        kept = [replace(r, outcome=revisions.DEADLINE) if r is newest else r for r in kept]
     if progress.exceeded and rollback is None and spec.get("rollbackOnFailure"):
         back = installed if installed is not None and installed.name != target.bundle else None
         back = back or revisions.previous_of(kept, installed)
