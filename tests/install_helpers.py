@@ -38,6 +38,7 @@ import pytest
 import yaml
 
 from provisioner.engine.kube import Kube
+from provisioner.engine.objects import ObjectRef
 from tests import e2e_helpers as e2e
 from tests import image_helpers
 from tests.bundles import bundle_deployment as bundle_deployment
@@ -202,6 +203,34 @@ def hello_bundle(target: Path, *, namespace: str, image: str, greeting: str = ""
             doc["data"]["greeting"] = greeting
         (manifests / path.name).write_text(yaml.safe_dump(doc))
     return target
+
+
+def bd_v2(name: str, ref: str, **spec: object) -> dict[str, Any]:
+    """A v1alpha2 BundleDeployment of the plain image ``ref`` into ``default``, with more
+    ``spec`` fields."""
+    return {
+        "apiVersion": "core.rukpak.io/v1alpha2",
+        "kind": "BundleDeployment",
+        "metadata": {"name": name},
+        "spec": {
+            "installNamespace": "default",
+            "provisionerClassName": "core-rukpak-io-plain",
+            "source": {"type": "image", "image": {"ref": ref}},
+            **spec,
+        },
+    }
+
+
+def live_v2(system: RukpakSystem, name: str) -> dict[str, Any]:
+    """BundleDeployment ``name`` read as v1alpha2 ({} when it is gone)."""
+    ref = ObjectRef("core.rukpak.io", "v1alpha2", "BundleDeployment", "", name)
+    return system.kube.get(ref) or {}
+
+
+def cond_v2(system: RukpakSystem, name: str, kind: str) -> tuple[str, str, str]:
+    """(status, reason, message) of its condition ``kind`` ("None" when absent)."""
+    c = conditions(live_v2(system, name)).get(kind) or {}
+    return str(c.get("status")), str(c.get("reason")), str(c.get("message"))
 
 
 def conditions(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:

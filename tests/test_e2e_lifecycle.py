@@ -38,6 +38,7 @@ from tests.registry import RegistryServer
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 SUFFIX = uuid.uuid4().hex[:6]
+bd_v2, live, cond = inst.bd_v2, inst.live_v2, inst.cond_v2
 BDS = f"bundledeployments.{model.VERSION_V2}.{model.GROUP}"
 
 
@@ -49,29 +50,6 @@ def own_registry(tmp_path: Path) -> Iterator[RegistryServer]:
         yield server
     finally:
         server.stop()
-
-
-def bd_v2(name: str, ref: str, **spec: object) -> Obj:
-    return {
-        "apiVersion": model.API_VERSION_V2,
-        "kind": model.BUNDLE_DEPLOYMENT,
-        "metadata": {"name": name},
-        "spec": {
-            "installNamespace": "default",
-            "provisionerClassName": model.PLAIN_CLASS,
-            "source": {"type": "image", "image": {"ref": ref}},
-            **spec,
-        },
-    }
-
-
-def live(system: inst.RukpakSystem, name: str) -> Obj:
-    return system.kube.get(actuate.bd_ref(name, model.API_VERSION_V2)) or {}
-
-
-def cond(system: inst.RukpakSystem, name: str, kind: str) -> tuple[str, str, str]:
-    c = inst.conditions(live(system, name)).get(kind) or {}
-    return str(c.get("status")), str(c.get("reason")), str(c.get("message"))
 
 
 def status(system: inst.RukpakSystem, name: str) -> Obj:

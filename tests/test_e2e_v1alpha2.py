@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.engine.objects import Obj, ObjectRef
+from provisioner.engine.objects import ObjectRef
 from provisioner.manager import actuate, model
 from tests import bundles
 from tests import e2e_helpers as e2e
@@ -40,30 +40,7 @@ from tests.polling import eventually
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 SUFFIX = uuid.uuid4().hex[:6]
-
-
-def bd_v2(name: str, ref: str, **spec: object) -> Obj:
-    body: Obj = {
-        "installNamespace": "default",
-        "provisionerClassName": model.PLAIN_CLASS,
-        "source": {"type": "image", "image": {"ref": ref}},
-    }
-    body.update(spec)
-    return {
-        "apiVersion": model.API_VERSION_V2,
-        "kind": model.BUNDLE_DEPLOYMENT,
-        "metadata": {"name": name},
-        "spec": body,
-    }
-
-
-def live(system: inst.RukpakSystem, name: str) -> Obj:
-    return system.kube.get(actuate.bd_ref(name, model.API_VERSION_V2)) or {}
-
-
-def cond(system: inst.RukpakSystem, name: str, kind: str) -> tuple[str, str, str]:
-    c = inst.conditions(live(system, name)).get(kind) or {}
-    return str(c.get("status")), str(c.get("reason")), str(c.get("message"))
+bd_v2, live, cond = inst.bd_v2, inst.live_v2, inst.cond_v2
 
 
 def installed(system: inst.RukpakSystem, name: str) -> str:

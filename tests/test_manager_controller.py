@@ -33,6 +33,7 @@ from provisioner.engine import appliedrecord, apply, inventory, inventorystore
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
 from provisioner.manager import actuate, controller, healthwatch, model, runs, unpack
+from rukpak.common import errors
 from rukpak.oci import client as oci_client
 from tests import e2e_helpers as e2e
 from tests.bundles import bundle_deployment, bundle_doc, configmap, namespace, write_bundle
@@ -583,16 +584,36 @@ def manager_process(kube_apiserver: Any, kube: Kube) -> Iterator[Any]:
     url = f"https://127.0.0.1:{port}/convert"
     kube.merge_patch(crd, {"spec": {"conversion": {"webhook": {"clientConfig": {"url": url}}}}})
 
+    # an object of a class nobody handles: reading it as v1alpha1 needs the conversion
+    probe_bd = unique("conversion-probe")
+    kube.create(
+        {
+            "apiVersion": "core.rukpak.io/v1alpha2",
+            "kind": "BundleDeployment",
+            "metadata": {"name": probe_bd},
+            "spec": {
+                "installNamespace": "default",
+                "provisionerClassName": "nobody-handles-this",
+                "source": {"type": "image", "image": {"ref": "example.com/none:v1"}},
+            },
+        }
+    )
+
     def converting() -> bool:
         secret = kube.get(ObjectRef("", "v1", "Secret", system_ns, "rukpak-webhook-cert"))
         live = kube.get(crd) or {}
         client = live["spec"]["conversion"]["webhook"]["clientConfig"]
         if secret is None or client.get("caBundle") != secret["data"]["ca.crt"]:
             return False  # the manager has not published its CA yet
-        with socket.socket() as dial:
-            return dial.connect_ex(("127.0.0.1", port)) == 0
+        # the API server takes up a CRD's new webhook CA a moment after the CRD changes
+        try:
+            kube.get(ObjectRef("core.rukpak.io", "v1alpha1", "BundleDeployment", "", probe_bd))
+        except errors.RukpakError:
+            return False
+        return True
 
     eventually(converting, timeout=60, what="the manager process serving the conversion")
+    kube.delete(ObjectRef("core.rukpak.io", "v1alpha2", "BundleDeployment", "", probe_bd))
     try:
         yield proc, system_ns
     finally:

@@ -141,18 +141,24 @@ class HealthWatch:
             return appliedrecord.UNKNOWN
         return informer.get(ref.namespace, ref.name)
 
-    def objects(self, name: str) -> list[Obj] | None:
-        """The cached objects deployment ``name``'s inventory lists and it still owns (for
-        ``spec.healthChecks``); None when unknown (no inventory, a kind not synced)."""
+    def _refs(self, name: str) -> list[ObjectRef] | None:
+        """What deployment ``name``'s inventory lists, sorted; None without a readable one."""
         cm = self.inventories.get(self.system_namespace, inventory.configmap_name(name))
         if cm is None:
             return None
         try:
-            inv = inventory.from_configmap(cm)
+            return sorted(inventory.from_configmap(cm).refs)
         except (KeyError, ValueError, TypeError, errors.RukpakError):
             return None
+
+    def objects(self, name: str) -> list[Obj] | None:
+        """The cached objects deployment ``name``'s inventory lists and it still owns (for
+        ``spec.healthChecks``); None when unknown (no inventory, a kind not synced)."""
+        refs = self._refs(name)
+        if refs is None:
+            return None
         out: list[Obj] = []
-        for ref in sorted(inv.refs):
+        for ref in refs:
             found = self.lookup(ref)
             if isinstance(found, appliedrecord.Unknown):
                 return None
@@ -162,15 +168,11 @@ class HealthWatch:
 
     def health(self, name: str) -> Verdict | None:
         """Whether every object deployment ``name`` installed is ready; None when unknown."""
-        cm = self.inventories.get(self.system_namespace, inventory.configmap_name(name))
-        if cm is None:
-            return None
-        try:
-            inv = inventory.from_configmap(cm)
-        except (KeyError, ValueError, TypeError, errors.RukpakError):
+        refs = self._refs(name)
+        if refs is None:
             return None
         bad: list[str] = []
-        for ref in sorted(inv.refs):
+        for ref in refs:
             with self._lock:
                 informer = self._kinds.get((ref.api_version, ref.kind))
             if informer is None or not informer.synced:
@@ -185,4 +187,4 @@ class HealthWatch:
         if bad:
             more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
             return False, "; ".join(bad[:3]) + more
-        return True, f"all {len(inv.refs)} installed objects are ready"
+        return True, f"all {len(refs)} installed objects are ready"

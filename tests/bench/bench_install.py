@@ -356,12 +356,20 @@ def _at_rest(system: inst.RukpakSystem) -> list[Result]:
 
 
 def run(workdir: Path) -> list[Result]:
+    return on_installed_system(workdir, "install", measure)
+
+
+def on_installed_system(
+    workdir: Path, label: str, measure: Callable[[inst.RukpakSystem, Path], list[Result]]
+) -> list[Result]:
+    """Start the local cluster, build and push the image, install ``deploy/`` as the
+    end-to-end tests do, run ``measure`` on it, and stop everything."""
     found = bins.ensure(bins.ALL)
     cluster = LocalCluster.start(workdir / "cluster", node=True, binaries=found)
     try:
-        progress("install: building and pushing the image")
+        progress(f"{label}: building and pushing the image")
         image = image_helpers.build_and_push(f"{cluster.registry_host}/rukpak/rukpak-python:bench")
-        progress("install: installing deploy/")
+        progress(f"{label}: installing deploy/")
         system = inst.install(cluster, workdir / "install", image)
         try:
             return measure(system, workdir)

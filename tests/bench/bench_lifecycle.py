@@ -28,11 +28,8 @@ import yaml
 from provisioner.engine import revisionlog
 from provisioner.engine.objects import ObjectRef
 from tests import e2e_helpers as e2e
-from tests import image_helpers
 from tests import install_helpers as inst
-from tests.bench import Result, median, progress
-from tests.cluster import bins
-from tests.cluster.localcluster import LocalCluster
+from tests.bench import Result, bench_install, median, progress
 from tests.registry import RegistryServer
 
 ROUNDS = 5
@@ -147,16 +144,4 @@ def measure(system: inst.RukpakSystem, workdir: Path) -> list[Result]:
 
 
 def run(workdir: Path) -> list[Result]:
-    found = bins.ensure(bins.ALL)
-    cluster = LocalCluster.start(workdir / "cluster", node=True, binaries=found)
-    try:
-        progress("lifecycle: building and pushing the image")
-        image = image_helpers.build_and_push(f"{cluster.registry_host}/rukpak/rukpak-python:bench")
-        progress("lifecycle: installing deploy/")
-        system = inst.install(cluster, workdir / "install", image)
-        try:
-            return measure(system, workdir)
-        finally:
-            system.kube.close()
-    finally:
-        cluster.stop(remove=True)
+    return bench_install.on_installed_system(workdir, "lifecycle", measure)
