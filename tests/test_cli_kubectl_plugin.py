@@ -33,7 +33,21 @@ def kubectl(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("words", "expected", "directive"),
     [
-        ([""], ["apply", "bundle", "completion", "diff", "status", "uninstall"], 4),
+        (
+            [""],
+            [
+                "apply",
+                "bundle",
+                "completion",
+                "diff",
+                "history",
+                "preview",
+                "rollback",
+                "status",
+                "uninstall",
+            ],
+            4,
+        ),
         (["bu"], ["bundle"], 4),
         (["bundle", ""], ["build", "inspect", "push"], 4),
         (["apply", "--na"], ["--name", "--namespace"], 4),
@@ -42,7 +56,17 @@ def kubectl(*args: str) -> subprocess.CompletedProcess[str]:
         (["apply", "--name=x", "./bun"], [], 0),  # a positional path
         (
             ["no-such-command", ""],
-            ["apply", "bundle", "completion", "diff", "status", "uninstall"],
+            [
+                "apply",
+                "bundle",
+                "completion",
+                "diff",
+                "history",
+                "preview",
+                "rollback",
+                "status",
+                "uninstall",
+            ],
             4,
         ),
     ],
