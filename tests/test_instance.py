@@ -48,30 +48,32 @@ def record(
 
 
 @pytest.mark.parametrize(
-    ("current", "now", "take"),
+    ("current", "seen_for", "take"),
     [
-        (None, T0, True),
-        (record(""), T0, True),
-        (record("me"), T0, True),
-        (record("other"), T0 + timedelta(seconds=14.9), False),
-        (record("other"), T0 + timedelta(seconds=15), True),
-        (record("other", renewed=None), T0, True),
-        (record("other", duration=1), T0 + timedelta(seconds=2), True),
+        (None, 0.0, True),
+        (record(""), 0.0, True),
+        (record("me"), 0.0, True),
+        (record("other"), 14.9, False),
+        (record("other"), 15.0, True),
+        (record("other", renewed=None), 0.0, False),
+        (record("other", duration=1), 2.0, True),
+        (record("other", renewed=T0 - timedelta(days=1)), 1.0, False),
     ],
     ids=[
         "no lease yet",
         "released",
         "already ours",
-        "held and fresh",
-        "held but expired",
-        "held but never renewed",
+        "held and seen changing 14.9 s ago",
+        "held and unchanged for its duration since seen",
+        "held, never renewed, just seen",
         "held with a short duration, expired",
+        "an old renewTime counts for nothing: only what this process saw",
     ],
 )
-def test_a_lease_may_be_taken_when_free_ours_or_expired(
-    current: lease.LeaseRecord | None, now: datetime, take: bool
+def test_a_lease_may_be_taken_when_free_ours_or_unchanged_for_its_duration(
+    current: lease.LeaseRecord | None, seen_for: float, take: bool
 ) -> None:
-    assert lease.should_take(current, now, "me") is take
+    assert lease.should_take(current, "me", observed_at=100.0, now=100.0 + seen_for) is take
 
 
 def test_a_lease_record_reads_the_api_servers_microtime() -> None:

@@ -8,8 +8,13 @@ waits instead of fighting over the same objects. The ``kubernetes`` client's
 process on errors and never releases), hence this small one.
 
 The decision is pure (``should_take``): a Lease is free when it has no
-holder, when we hold it already, or when its holder stopped renewing it for
-longer than its duration (by our clock; nodes are assumed roughly in sync).
+holder, when we hold it already, or when its record has not changed for longer
+than its duration since *this process* observed it change (client-go's rule:
+expiry is judged by the observer's own monotonic clock, never by comparing the
+writer's ``renewTime`` with ours, so clocks out of step cannot hand a Lease over
+early). A holder stops using a Lease it could not renew for ``renew_deadline``
+(two thirds of the duration, client-go's 10 s of 15 s), before any observer can
+judge it expired.
 Every write carries the resourceVersion that decision was made on, so of two
 contenders that saw the same free Lease exactly one wins (the other gets a
 409 and looks again). Talking to the API goes through ``Kube``: ``get`` and
@@ -92,12 +97,14 @@ class LeaseRecord:
         return None if self.renewed is None else self.renewed + timedelta(seconds=self.duration)
 
 
-def should_take(lease: LeaseRecord | None, now: datetime, identity: str) -> bool:
-    """Whether ``identity`` may take ``lease`` at ``now`` (None: no Lease exists yet)."""
+def should_take(
+    lease: LeaseRecord | None, identity: str, *, observed_at: float, now: float
+) -> bool:
+    """Whether ``identity`` may take ``lease`` (None: no Lease exists yet) at ``now``, when
+    this process last saw its record change at ``observed_at`` (both monotonic seconds)."""
     if lease is None or not lease.holder or lease.holder == identity:
         return True
-    expires = lease.expires()
-    return expires is None or now >= expires
+    return now >= observed_at + lease.duration
 
 
 def _now() -> datetime:
@@ -117,6 +124,7 @@ class LeaseLock:
         duration: float = 15.0,
         renew_interval: float | None = None,
         retry_interval: float | None = None,
+        renew_deadline: float | None = None,
         on_lost: Callable[[str], None] | None = None,
     ) -> None:
         if duration < 1:
@@ -130,6 +138,11 @@ class LeaseLock:
         self.duration = duration
         self.renew_interval = renew_interval or duration / 3
         self.retry_interval = retry_interval or min(2.0, duration / 5)
+        self.renew_deadline = renew_deadline or duration * 2 / 3
+        """A holder that could not renew for this long stops (client-go's RenewDeadline)."""
+        self._observed: tuple[tuple[str, str, int, float], float] | None = None
+        """The Lease record last seen (holder, renewTime, transitions, duration) and the
+        monotonic time this process first saw it so: where expiry counts from."""
         self._on_lost = on_lost
         self.lost = threading.Event()
         """Set once the lock is lost; whoever applied under it must stop."""
@@ -200,11 +213,23 @@ class LeaseLock:
 
     # -- acquire ------------------------------------------------------------------
 
+    def _observe(self, current: LeaseRecord | None, now: float) -> float:
+        """When this process first saw ``current``'s record as it is now."""
+        if current is None:
+            self._observed = None
+            return now
+        key = (current.holder, str(current.renewed), current.transitions, current.duration)
+        if self._observed is None or self._observed[0] != key:
+            self._observed = (key, now)
+        return self._observed[1]
+
     def try_acquire(self) -> bool:
         """One attempt: take the Lease if it is free; True when we hold it now."""
         with self._mutex:
             current = self._read()
-            if not should_take(current, _now(), self.identity):
+            now = time.monotonic()
+            observed_at = self._observe(current, now)
+            if not should_take(current, self.identity, observed_at=observed_at, now=now):
                 return False
             try:
                 if current is None:
@@ -320,8 +345,8 @@ class LeaseLock:
                     silent,
                     err.message,
                 )
-                # give up before the Lease expires: another contender may take it then
-                if silent + self.retry_interval >= self.duration:
+                # give up by the renew deadline, well before anyone may judge it expired
+                if silent + self.retry_interval >= self.renew_deadline:
                     with self._mutex:
                         self._lose(f"not renewed for {silent:.1f}s: {err.message}")
                     return
