@@ -11,6 +11,13 @@ Idempotency, as CSI demands:
 * unpublishing unmounts if mounted, removes the target directory and is
   success when nothing is there.
 
+Retention: a bind-mode image publish whose source names an owner (volume attributes
+``retainFor`` and ``retain``, ``rukpak.sources.volume``) then records the trees that
+owner keeps: the published image (its pod unmounts when it ends) and every
+``retain`` image the cache holds (``ImageCache.retain``), so eviction spares them.
+It never fails the publish: a retention that cannot be recorded is a warning.
+FUSE-mode publishes and git or http volumes ignore retention.
+
 Safety: targets must lie strictly inside the configured kubelet directory
 (after resolving symlinks in their parent) and must not themselves be symlinks;
 nothing is mounted or removed anywhere else.
@@ -190,6 +197,7 @@ class Publisher:
                     )
                     digest = self.images.holder_digest(key)
                     if digest is not None and self.images.has_tree(digest):
+                        self._retain(req.source)
                         return self.images.tree_path(digest)
                     # The digest record is lost: resolve again and compare the mount below.
                 elif known is not None and known.volume_id:
@@ -209,6 +217,7 @@ class Publisher:
             if current is not None:
                 # Mounted, but its volume was not recorded (state lost): same tree → OK.
                 if current.root.rstrip("/").endswith("/" + unpacked.path.name):
+                    self._retain(req.source)
                     return unpacked.path
                 self.images.release(key)
                 raise errors.AlreadyExists(
@@ -224,7 +233,31 @@ class Publisher:
                 unpacked.digest,
                 unpacked.cache_hit,
             )
+            self._retain(req.source)
             return unpacked.path
+
+    def _retain(self, source: VolumeSource) -> None:
+        """Record what ``source``'s owner retains (see the module docstring); never raises."""
+        if not source.retain_for:
+            return
+        refs = (source.image, *source.retain)
+        try:
+            kept = self.images.retain(source.retain_for, refs, source.platform or self.platform)
+        except Exception as exc:  # a publish that mounted stays published
+            log.warning(
+                "msg=%r owner=%s error=%r",
+                "cannot record retained images",
+                source.retain_for,
+                str(exc)[:300],
+            )
+            return
+        log.info(
+            "msg=%r owner=%s retained=%d asked=%d",
+            "retained images",
+            source.retain_for,
+            len(kept),
+            len(set(refs)),
+        )
 
     def _bind(self, tree: Path, target: Path) -> None:
         """Bind ``tree`` read-only at ``target`` (made if missing); on failure the hold

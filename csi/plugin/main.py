@@ -51,6 +51,7 @@ from rukpak.common.flags import add_driver_name, add_log_level
 from rukpak.common.logsetup import configure_logging
 from rukpak.image import extract
 from rukpak.image.cache import ImageCache
+from rukpak.image.eviction import RETAIN_TTL
 from rukpak.image.seams import Puller
 from rukpak.oci.auth import Credentials
 from rukpak.oci.client import RegistryClient
@@ -106,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
          "kubelet root dir; the plugin mounts only under it (env KUBELET_DIR)"),
         ("--cache-budget", parse_size, parse_size("10Gi"),
          "evict unused images when the cache exceeds this size (e.g. 10Gi, 500M)"),
+        ("--retain-ttl", parse_seconds, RETAIN_TTL,
+         "seconds eviction spares the images an owner retains (volume attributes retainFor "
+         "and retain: a BundleDeployment's kept revisions) after the publish that last named "
+         "them (default 14 days)"),
         ("--max-unpacked-bytes", parse_size, parse_size("2Gi"),
          "refuse an image that unpacks to more than this (decompression-bomb guard)"),
         ("--max-unpacked-files", int, 200_000,
@@ -248,6 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             puller_factory=puller,
             limits=extract.Limits(args.max_unpacked_bytes, args.max_unpacked_files),
             budget_bytes=args.cache_budget,
+            retain_ttl=args.retain_ttl,
             observer=m,
             auth_ttl=args.private_image_auth_ttl,
             durable=args.durable_commit,

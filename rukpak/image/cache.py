@@ -11,7 +11,8 @@ and the extractor (``rukpak.image.extract``). Its records live in
     unpacked/<manifest-hex>     finished trees, sealed read-only
     unpacked/<hex>.sealed       marker written once the tree is committed
     unpacked/<hex>.tmp-<rand>   trees being extracted or evicted (removed at start)
-    state.json                  tag → digest, tree metadata, which targets use which tree
+    state.json                  tag → digest, tree metadata, which targets use which tree,
+                                which trees an owner retains
 
 A pull streams each missing layer into the store and the extractor at once; a
 mismatch fails the pull, discarding both the ingest and the staging tree. Layers
@@ -25,6 +26,11 @@ tree and for the layer blobs streamed with it (committed without fsync); a tree
 not synced before a reboot is distrusted and removed at start, and so are blobs
 no remaining tree lists. At start also
 ``.tmp-`` dirs and trees without their marker are removed (a held one is adopted).
+
+Retention: :meth:`ImageCache.retain` records the trees of an owner's kept images
+(a BundleDeployment's revisions, named in the volume attributes ``retainFor`` and
+``retain``); eviction spares them for ``retain_ttl`` seconds after the publish that
+last named them, so a rollback finds them with the registry unreachable.
 
 Private images: a tree pulled with credentials that anonymous access cannot read
 is served to another pod only after its own credentials pass a manifest check
@@ -43,7 +49,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,6 +105,8 @@ class ImageCache:
         observer: Observer | None = None,
         auth_ttl: float = grants.DEFAULT_TTL,
         durable: bool = True,
+        retain_ttl: float = eviction.RETAIN_TTL,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.root = root
         self.unpacked_dir = root / "unpacked"
@@ -117,6 +125,7 @@ class ImageCache:
         self.leases = Leases()
         self.state = CacheState(root / "state.json")
         self._state_lock = self.state.lock
+        self._clock = clock  # unix seconds: when retention was set, and how old it is
         self.evictor = eviction.Evictor(
             state=self.state,
             store=self.store,
@@ -124,6 +133,8 @@ class ImageCache:
             unpacked_dir=self.unpacked_dir,
             marker=self._marker,
             budget=lambda: self.budget_bytes,
+            retain_ttl=retain_ttl,
+            clock=clock,
         )
         self.syncer = cachesync.TreeSyncer(self.unpacked_dir, self._marker)
         self._remove_unfinished_trees()
@@ -206,6 +217,42 @@ class ImageCache:
     def release(self, target: str) -> None:
         """Forget the holder at ``target``; idempotent."""
         self.state.release(target)
+
+    # --- retention (rukpak.image.cachestate) ---------------------------------------------
+
+    @property
+    def retain_ttl(self) -> float:
+        """Seconds a retention counts after the publish that last set it."""
+        return self.evictor.retain_ttl
+
+    def retain(self, owner: str, refs: Iterable[str], platform: Platform) -> list[str]:
+        """Make the trees of ``refs`` on ``platform`` the ones ``owner`` retains (spared by
+        eviction for :attr:`retain_ttl` seconds from now), replacing what it retained.
+
+        A reference maps to the tree its last pull on ``platform`` recorded or, when it is
+        pinned by digest, to the tree of that manifest digest; a reference the cache holds
+        no tree for is skipped. Returns the references retained. Idempotent.
+        """
+        with self._state_lock:  # eviction picks its victims under this lock
+            kept: dict[str, str] = {}
+            for text in refs:
+                digest = self._tree_of(Reference.parse(text), platform)
+                if digest is not None:
+                    kept.setdefault(text, digest)
+            self.state.retain(owner, set(kept.values()), self._clock())
+        return list(kept)
+
+    def retained(self) -> set[str]:
+        """Hex digests of the trees retained now (within the TTL)."""
+        return self.state.retained(self._clock(), self.retain_ttl)
+
+    def _tree_of(self, ref: Reference, platform: Platform) -> str | None:
+        digest = self.state.tag(f"{ref}|{platform}")
+        if digest is not None and self.has_tree(digest):
+            return digest
+        if ref.digest is not None and self.has_tree(ref.digest):
+            return ref.digest  # the digest of a manifest names its tree
+        return None
 
     # --- ensure -------------------------------------------------------------------
 

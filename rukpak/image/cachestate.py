@@ -1,4 +1,5 @@
-"""The image cache's metadata: tag → digest, tree records, and which targets hold which tree.
+"""The image cache's metadata: tag → digest, tree records, which targets hold which tree,
+and which trees an owner retains.
 
 Where it sits: inside the image cache (``rukpak.image.cache``), which owns one
 :class:`CacheState` and asks it under one lock. Persisted in ``state.json``,
@@ -11,6 +12,13 @@ publisher adopts every mount of a cached tree at start
 The file is advisory for trees (a sealed tree on disk without a record is
 still used) but not for holders, so a file that cannot be read is kept aside,
 never overwritten. Pending holder changes are written at interpreter exit.
+
+Retention (``retained``: owner → tree digests and when a publish last set them)
+keeps an owner's kept revisions (a BundleDeployment's ``status.revisions``) from
+eviction while nothing mounts them; an entry older than the cache's TTL no longer
+counts, so an owner that is gone lets go by itself. A change of the digests is
+written at once, a mere refresh of the time soon. Files written before retention
+existed load with none.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +61,7 @@ class CacheState:
         self._write_lock = threading.Lock()  # held while writing; its holder never waits for lock
         self._version = 0
         self._written = 0
-        self.data: dict[str, Any] = {"tags": {}, "trees": {}, "holders": {}}
+        self.data: dict[str, Any] = {"tags": {}, "trees": {}, "holders": {}, "retained": {}}
         loaded = read_json_or_set_aside(path)
         if isinstance(loaded, dict):
             for key in self.data:
@@ -185,3 +194,61 @@ class CacheState:
         with self.lock:
             if self.data["holders"].pop(target, None) is not None:
                 self.save_soon()
+
+    # --- retention ----------------------------------------------------------------
+
+    def retain(self, owner: str, tree_digests: Collection[str], now: float) -> None:
+        """Make ``tree_digests`` the trees ``owner`` retains, as of ``now`` (unix seconds),
+        replacing what it retained; an empty collection ends the owner's retention."""
+        kept = sorted({d for d in tree_digests if digests.is_valid(d)})
+        with self.lock:
+            table = self.data["retained"]
+            before = table.get(owner)
+            if not kept:
+                if table.pop(owner, None) is not None:
+                    self.save()
+                return
+            table[owner] = {"digests": kept, "at": now}
+            if isinstance(before, dict) and before.get("digests") == kept:
+                self.save_soon()  # only the time moved: losing it shortens the hold a little
+            else:
+                self.save()
+
+    def retained(self, now: float, ttl: float) -> set[str]:
+        """Hex digests of the trees retained by entries at most ``ttl`` seconds older than
+        ``now``."""
+        with self.lock:
+            return {
+                digests.hex_of(d)
+                for entry in self.data["retained"].values()
+                if _fresh(entry, now, ttl)
+                for d in _digests_of(entry)
+            }
+
+    def retention(self) -> dict[str, list[str]]:
+        """Every owner's retained tree digests, expired entries included."""
+        with self.lock:
+            return {owner: _digests_of(e) for owner, e in self.data["retained"].items()}
+
+    def expire_retention(self, now: float, ttl: float) -> list[str]:
+        """Drop the entries more than ``ttl`` seconds older than ``now``; returns their
+        owners."""
+        with self.lock:
+            table = self.data["retained"]
+            gone = sorted(owner for owner, entry in table.items() if not _fresh(entry, now, ttl))
+            for owner in gone:
+                del table[owner]
+            if gone:
+                self.save_soon()
+            return gone
+
+
+def _fresh(entry: object, now: float, ttl: float) -> bool:
+    at = entry.get("at") if isinstance(entry, dict) else None
+    return isinstance(at, int | float) and now - at <= ttl
+
+
+def _digests_of(entry: object) -> list[str]:
+    found = entry.get("digests") if isinstance(entry, dict) else None
+    items = found if isinstance(found, list) else []
+    return [d for d in items if isinstance(d, str) and digests.is_valid(d)]

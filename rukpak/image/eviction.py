@@ -1,11 +1,15 @@
-"""The image cache's eviction: least recently used trees no target holds, and their blobs.
+"""The image cache's eviction: least recently used trees no target holds and no owner
+retains, and their blobs.
 
 Where it sits: owned by the image cache (``rukpak.image.cache``), which asks for a
 background pass after every pull that may have grown the cache past its budget
 (``--cache-budget``). It reads and changes the cache's records
 (``rukpak.image.cachestate``) under their lock, deletes blobs from the content store
 (``rukpak.image.store``) only when no pull leases them (``rukpak.image.leases``), and
-removes tree directories after the lock is released.
+removes tree directories after the lock is released. A tree an owner retains
+(``CacheState.retained``, a BundleDeployment's kept revisions) is spared like a held
+one until its entry is older than the retention TTL (``--retain-ttl``); expired
+entries are dropped at each pass.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 
@@ -26,6 +31,9 @@ from rukpak.image.store import ContentStore
 from rukpak.oci import digest as digests
 
 log = logging.getLogger(__name__)
+
+RETAIN_TTL = 14 * 24 * 3600.0
+"""Seconds a retention entry counts after the publish that last set it (``--retain-ttl``)."""
 
 
 class Evictor:
@@ -40,6 +48,8 @@ class Evictor:
         unpacked_dir: Path,
         marker: Callable[[str], Path],
         budget: Callable[[], int],
+        retain_ttl: float = RETAIN_TTL,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.state = state
         self.store = store
@@ -47,6 +57,8 @@ class Evictor:
         self.unpacked_dir = unpacked_dir
         self._marker = marker  # a tree's sealed marker, removed with it
         self._budget = budget  # read at each pass: the cache's budget may change
+        self.retain_ttl = retain_ttl
+        self._clock = clock  # unix seconds; retention entries age by it
         self._chore = Chore("evict", self.evict, failure="eviction failed")
         self._pass_lock = threading.Lock()
 
@@ -60,8 +72,9 @@ class Evictor:
             self._chore.wake()
 
     def evict(self, *, keep: Collection[str] = ()) -> list[str]:
-        """Remove least recently used trees no target holds and no pull leases, until under
-        budget; returns the evicted manifest digests. Blobs no remaining tree lists go too.
+        """Remove least recently used trees no target holds, no owner retains (within the
+        TTL) and no pull leases, until under budget; returns the evicted manifest digests.
+        Blobs no remaining tree lists go too.
 
         Under the state lock a victim tree is only renamed away (atomic, fast), so no
         publish can pick it up afterwards; the slow deletion runs after the lock is
@@ -84,7 +97,13 @@ class Evictor:
         with self.state.lock:
             if self.usage() <= budget:
                 return evicted
-            held = self.state.held_trees() | {digests.hex_of(d) for d in keep}
+            now = self._clock()
+            expired = self.state.expire_retention(now, self.retain_ttl)
+            held = (
+                self.state.held_trees()
+                | self.state.retained(now, self.retain_ttl)
+                | {digests.hex_of(d) for d in keep}
+            )
             for hex_ in self.state.lru_trees():
                 pending = blobs - self.state.blobs_in_use()
                 if self.usage() - sum(self._blob_size(b) for b in pending) <= budget:
@@ -105,6 +124,8 @@ class Evictor:
                 evicted.append(digest)
             blobs -= self.state.blobs_in_use()
             self.state.save()
+        for owner in expired:
+            log.info("msg=%r owner=%s", "retention expired", owner)
         for digest in evicted:
             self._marker(digest).unlink(missing_ok=True)
         for blob in sorted(blobs):

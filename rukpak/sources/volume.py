@@ -7,6 +7,12 @@ optional ``directory``) or an http tarball (``url`` plus its pinned ``digest``);
 git and http volumes carry a ``FetchSource`` and their publish secret holds the
 source's auth Secret data (``rukpak.sources.auth``), not a dockerconfigjson.
 
+An image volume may also name what the node cache must keep for its owner
+(``retainFor``, e.g. ``bundledeployment/hello/<uid>``, and ``retain``, the owner's
+kept revisions as space-separated ``name@sha256:<hex>`` references): a bind-mode
+publish records them (``csi.node.publish``) so that eviction spares those trees
+(``rukpak.image.cachestate``). Both or neither; FUSE-mode publishes ignore them.
+
 Where it sits: the Node service parses publish requests with it and the
 Controller service checks CreateVolume parameters with it; both then hand the
 plain dataclass on (to ``csi.node.publish`` or the volume records).
@@ -35,14 +41,22 @@ ATTR_DIRECTORY = "directory"
 ATTR_URL = "url"
 ATTR_DIGEST = "digest"
 ATTR_INSECURE = "insecureSkipVerify"
+ATTR_RETAIN_FOR = "retainFor"
+ATTR_RETAIN = "retain"
 FETCH_ATTRIBUTES = (ATTR_GIT, ATTR_COMMIT, ATTR_DIRECTORY, ATTR_URL, ATTR_DIGEST, ATTR_INSECURE)
+RETAIN_ATTRIBUTES = (ATTR_RETAIN_FOR, ATTR_RETAIN)
 KNOWN_ATTRIBUTES = (
     ATTR_IMAGE,
     ATTR_PULL_POLICY,
     ATTR_PLATFORM,
     ATTR_PUBLISH_MODE,
+    *RETAIN_ATTRIBUTES,
     *FETCH_ATTRIBUTES,
 )
+RETAIN_FOR_MAX = 253
+"""Characters of a ``retainFor`` owner key at most (a Kubernetes name's limit)."""
+RETAIN_MAX = 32
+"""References in ``retain`` at most."""
 # Added by Kubernetes (podInfoOnMount, ephemeral flag, provisioner metadata).
 K8S_ATTRIBUTE_PREFIX = "csi.storage.k8s.io/"
 SECRET_KEYS = (".dockerconfigjson", ".dockercfg")
@@ -116,6 +130,10 @@ class VolumeSource:
     platform: Platform | None = None
     publish_mode: str | None = None  # bind | fuse; None: the plugin's --publish-mode
     fetch: FetchSource | None = None
+    retain_for: str = ""
+    """The owner whose kept images ``retain`` lists (empty: no retention)."""
+    retain: tuple[str, ...] = ()
+    """Image references pinned by digest the node cache keeps for ``retain_for``."""
 
     def with_secrets(self, secrets: Mapping[str, str]) -> VolumeSource:
         """For a git or http volume: the publish secret's data as the fetch's auth."""
@@ -142,6 +160,12 @@ class VolumeSource:
                 f"volume attributes {' and '.join(kinds)} are exclusive: set exactly one"
             )
         if kinds and kinds[0] != ATTR_IMAGE:
+            retaining = [k for k in RETAIN_ATTRIBUTES if attributes.get(k, "").strip()]
+            if retaining:
+                raise errors.InvalidArgument(
+                    f"volume attribute(s) {', '.join(retaining)} apply to image volumes only: "
+                    f"remove them from this {kinds[0]} volume"
+                )
             fetch = FetchSource.from_attributes(attributes)
             return cls(image=fetch.label(), fetch=fetch)
         image = attributes.get(ATTR_IMAGE, "").strip()
@@ -160,7 +184,15 @@ class VolumeSource:
                 f"publishMode {mode!r} is invalid: use bind or fuse (or leave it unset for the "
                 "plugin's default)"
             )
-        return cls(image=image, pull_policy=policy, platform=platform, publish_mode=mode)
+        retain_for, retain = _retention(attributes)
+        return cls(
+            image=image,
+            pull_policy=policy,
+            platform=platform,
+            publish_mode=mode,
+            retain_for=retain_for,
+            retain=retain,
+        )
 
     def attributes(self) -> dict[str, str]:
         if self.fetch is not None:
@@ -170,7 +202,49 @@ class VolumeSource:
             out[ATTR_PLATFORM] = str(self.platform)
         if self.publish_mode is not None:
             out[ATTR_PUBLISH_MODE] = self.publish_mode
+        if self.retain_for:
+            out[ATTR_RETAIN_FOR] = self.retain_for
+            out[ATTR_RETAIN] = " ".join(self.retain)
         return out
+
+
+def _retention(attributes: Mapping[str, str]) -> tuple[str, tuple[str, ...]]:
+    """``retainFor`` and ``retain`` checked: both or neither, every reference pinned by
+    digest (duplicates dropped, order kept, then counted); InvalidArgument naming what is
+    wrong."""
+    owner = attributes.get(ATTR_RETAIN_FOR, "").strip()
+    refs = tuple(dict.fromkeys(attributes.get(ATTR_RETAIN, "").split()))
+    if not owner and not refs:
+        return "", ()
+    if not owner or not refs:
+        missing, present = (
+            (ATTR_RETAIN_FOR, ATTR_RETAIN) if refs else (ATTR_RETAIN, ATTR_RETAIN_FOR)
+        )
+        raise errors.InvalidArgument(
+            f"volume attribute {present!r} needs {missing!r}: set both (the owner key and the "
+            "space-separated image references pinned by digest it keeps) or neither"
+        )
+    if len(owner) > RETAIN_FOR_MAX or not owner.isprintable() or any(c.isspace() for c in owner):
+        raise errors.InvalidArgument(
+            f"volume attribute 'retainFor' {owner[:80]!r} must be at most {RETAIN_FOR_MAX} "
+            "printable characters without whitespace, e.g. bundledeployment/<name>/<uid>"
+        )
+    if len(refs) > RETAIN_MAX:
+        raise errors.InvalidArgument(
+            f"volume attribute 'retain' lists {len(refs)} images; at most {RETAIN_MAX} may be "
+            "retained: keep fewer revisions"
+        )
+    for text in refs:
+        try:
+            ref = Reference.parse(text)
+        except errors.InvalidArgument as exc:
+            raise errors.InvalidArgument(f"volume attribute 'retain': {exc.message}") from None
+        if ref.digest is None or not ref.digest.startswith("sha256:"):
+            raise errors.InvalidArgument(
+                f"volume attribute 'retain': image {text[:300]!r} is not pinned by digest: "
+                "write it as name@sha256:<64 hex>"
+            )
+    return owner, refs
 
 
 def credentials_from_secrets(
