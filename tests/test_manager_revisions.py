@@ -11,6 +11,7 @@ from provisioner.engine import revisionlog
 from provisioner.engine.health import Health
 from provisioner.engine.objects import Obj
 from provisioner.manager import dependencies, inline, model, plan, revisions, runs, sources
+from rukpak.sources import volume
 from tests.plan_helpers import kinds
 
 SETTINGS = model.Settings(image="registry.example/rukpak:1", system_namespace="rukpak-system")
@@ -327,3 +328,35 @@ def test_deletion_waits_for_dependents_and_then_uninstalls() -> None:
     assert "b" in deleting["message"]
     actions = inline.plan_inline(doomed, plan.Observed(now=T0), settings=SETTINGS)
     assert "Uninstall" in kinds(actions)
+
+
+# -- the node cache keeps the kept revisions -------------------------------------------------
+
+
+def test_instance_runs_ask_the_node_to_keep_every_kept_revisions_image() -> None:
+    first, _ = installed(bd())
+    second = upgrade(first, D2, 2)
+    actions, _ = step(second, plan.Observed(now=T0))
+    run = next(a.pod for a in actions if isinstance(a, plan.CreateRun))
+    attributes = run["spec"]["volumes"][0]["csi"]["volumeAttributes"]
+    assert attributes["image"] == D2
+    assert attributes["retainFor"] == "bundledeployment/hello/u-1"
+    assert attributes["retain"].split() == [D1, D2]
+    # what the node parses: both attributes, every ref pinned by digest
+    parsed = volume.VolumeSource.from_attributes(attributes)
+    assert parsed.retain_for == "bundledeployment/hello/u-1"
+    assert set(parsed.retain) == {D1, D2}
+
+
+def test_the_kept_set_moving_does_not_restart_a_run() -> None:
+    first, _ = installed(bd())
+    second = upgrade(first, D2, 2)
+    before = next(
+        a.pod for a in step(second, plan.Observed(now=T0))[0] if isinstance(a, plan.CreateRun)
+    )
+    fewer = {**second, "status": {**second["status"], "revisions": []}}
+    after = next(
+        a.pod for a in step(fewer, plan.Observed(now=T0))[0] if isinstance(a, plan.CreateRun)
+    )
+    assert model.name_of(before) == model.name_of(after)
+    assert "retain" not in after["spec"]["volumes"][0]["csi"]["volumeAttributes"]

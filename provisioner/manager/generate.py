@@ -18,6 +18,7 @@ from typing import Any
 from provisioner.engine.objects import Obj, meta_of
 from provisioner.manager import conversion, model, revisions, sources
 from provisioner.manager.model import Settings
+from rukpak.sources import volume
 
 INSTANCE_CONTAINER = "instance"
 BUNDLE_DIR = "/bundle"
@@ -207,7 +208,40 @@ def instance_run_pod(
     revision = model.stable_hash(body, 8)
     body["metadata"]["name"] = model.run_pod_name(model.name_of(bd), revision, run)
     body["metadata"]["annotations"][model.SPEC_HASH_ANNOTATION] = revision
+    _retain(body, bd)  # (outside the hash: the kept set moving is no reason for a new run)
     return body
+
+
+def retained_images(bd: Obj) -> list[str]:
+    """The digest-pinned images of ``bd``'s kept revisions (``status.revisions``), sorted,
+    at most ``volume.RETAIN_MAX``: what the node cache must keep for a rollback."""
+    refs: set[str] = set()
+    for rev in revisions.of_status(bd):
+        parts = rev.source.get("sources")
+        for part in parts if isinstance(parts, list) else [rev.source]:
+            image = part.get("image") if isinstance(part, dict) else None
+            ref = image.get("ref") if isinstance(image, dict) else None
+            if part.get("type") == "image" and isinstance(ref, str) and model.is_digest_ref(ref):
+                refs.add(ref)
+    return sorted(refs)[-volume.RETAIN_MAX :]
+
+
+def _retain(pod: Obj, bd: Obj) -> None:
+    """Ask the node to keep the kept revisions' images on the pod's image volumes
+    (``retainFor``/``retain``): a rollback then needs no registry."""
+    kept = retained_images(bd)
+    if not kept:
+        return
+    owner = f"bundledeployment/{model.name_of(bd)}/{meta_of(bd).get('uid') or ''}".rstrip("/")
+    for vol in pod["spec"].get("volumes") or []:
+        attributes = (vol.get("csi") or {}).get("volumeAttributes")
+        if isinstance(attributes, dict) and attributes.get(volume.ATTR_IMAGE):
+            current = str(attributes[volume.ATTR_IMAGE])
+            if not model.is_digest_ref(current):
+                continue
+            others = [r for r in kept if r != current][-(volume.RETAIN_MAX - 1) :]
+            attributes[volume.ATTR_RETAIN_FOR] = owner
+            attributes[volume.ATTR_RETAIN] = " ".join([*others, current])
 
 
 UNPACK_CONTAINER = "unpack"
