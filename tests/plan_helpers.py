@@ -2,7 +2,8 @@
 
 Where it sits: the pure planner's tests (``test_manager_plan``) and the run-history tests
 (``test_manager_runs``) build their observed state from these and read the planner's
-actions with ``kinds`` and ``cond``.
+actions with ``kinds`` and ``cond``; the v1alpha2 planner's tests (``test_manager_inline``,
+``test_manager_revisions``, ``test_manager_preview``) build their objects with ``bd_v2``.
 """
 
 from __future__ import annotations
@@ -11,9 +12,47 @@ from typing import Any
 
 from provisioner.engine.objects import Obj
 from provisioner.manager import generate as build
-from provisioner.manager import model, plan
+from provisioner.manager import inline, model, plan, sources
 
 DIGEST = "registry.example/hello@sha256:" + "a" * 64
+
+
+def bd_v2(
+    *,
+    generation: int = 1,
+    pin: tuple[int, str] | None = None,
+    digest: str = DIGEST,
+    status: Obj | None = None,
+    **spec: Any,
+) -> Obj:
+    """A v1alpha2 BundleDeployment ``hello`` (claimed), of an image tag into ``apps``; with
+    ``pin`` (generation, time) its source pinned to ``digest``. ``spec`` values of None
+    remove a default."""
+    body: Obj = {
+        "installNamespace": "apps",
+        "provisionerClassName": model.PLAIN_CLASS,
+        "source": {"type": "image", "image": {"ref": "registry.example/hello:v1"}},
+        **spec,
+    }
+    obj: Obj = {
+        "apiVersion": model.API_VERSION_V2,
+        "kind": model.BUNDLE_DEPLOYMENT,
+        "metadata": {
+            "name": "hello",
+            "uid": "u-1",
+            "generation": generation,
+            "finalizers": [model.FINALIZER],
+        },
+        "spec": {k: v for k, v in body.items() if v is not None},
+    }
+    if status is not None:
+        obj["status"] = dict(status)
+    if pin is not None:
+        obj["metadata"]["annotations"] = {
+            inline.PIN_ANNOTATION: inline.pin_annotation(pin[0], pin[1])
+        }
+        obj["status"] = {**(status or {}), "resolvedSource": sources.pinned_image(digest)}
+    return obj
 
 
 def bd(**spec: Any) -> Obj:

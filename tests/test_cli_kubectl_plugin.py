@@ -30,22 +30,26 @@ def kubectl(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+COMMANDS = [
+    "apply",
+    "bundle",
+    "completion",
+    "diff",
+    "history",
+    "preview",
+    "rollback",
+    "status",
+    "uninstall",
+]
+"""Every ``rukpak`` subcommand, as completion offers them."""
+
+
 @pytest.mark.parametrize(
     ("words", "expected", "directive"),
     [
         (
             [""],
-            [
-                "apply",
-                "bundle",
-                "completion",
-                "diff",
-                "history",
-                "preview",
-                "rollback",
-                "status",
-                "uninstall",
-            ],
+            COMMANDS,
             4,
         ),
         (["bu"], ["bundle"], 4),
@@ -56,17 +60,7 @@ def kubectl(*args: str) -> subprocess.CompletedProcess[str]:
         (["apply", "--name=x", "./bun"], [], 0),  # a positional path
         (
             ["no-such-command", ""],
-            [
-                "apply",
-                "bundle",
-                "completion",
-                "diff",
-                "history",
-                "preview",
-                "rollback",
-                "status",
-                "uninstall",
-            ],
+            COMMANDS,
             4,
         ),
     ],

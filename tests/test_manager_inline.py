@@ -11,7 +11,7 @@ import pytest
 
 from provisioner.engine.objects import Obj
 from provisioner.manager import generate, inline, model, plan, runs, sources
-from tests.plan_helpers import kinds
+from tests.plan_helpers import bd_v2, kinds
 
 DIGEST = "sha256:" + "a" * 64
 SETTINGS = model.Settings(image="registry.example/rukpak:1", system_namespace="rukpak-system")
@@ -19,29 +19,7 @@ NOW = "2026-11-25T12:00:00Z"
 
 
 def bd(*, generation: int = 1, pin: tuple[int, str] | None = None, **spec: Any) -> Obj:
-    body: Obj = {
-        "installNamespace": "apps",
-        "provisionerClassName": model.PLAIN_CLASS,
-        "source": {"type": "image", "image": {"ref": "registry.example/hello:v1"}},
-    }
-    body.update(spec)
-    obj: Obj = {
-        "apiVersion": model.API_VERSION_V2,
-        "kind": model.BUNDLE_DEPLOYMENT,
-        "metadata": {
-            "name": "hello",
-            "uid": "u-1",
-            "generation": generation,
-            "finalizers": [model.FINALIZER],
-        },
-        "spec": {k: v for k, v in body.items() if v is not None},
-    }
-    if pin is not None:
-        obj["metadata"]["annotations"] = {
-            inline.PIN_ANNOTATION: inline.pin_annotation(pin[0], pin[1])
-        }
-        obj["status"] = {"resolvedSource": sources.pinned_image(f"registry.example/hello@{DIGEST}")}
-    return obj
+    return bd_v2(generation=generation, pin=pin, digest=f"registry.example/hello@{DIGEST}", **spec)
 
 
 def planned(the_bd: Obj, observed: plan.Observed | None = None) -> list[plan.Action]:

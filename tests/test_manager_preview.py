@@ -10,8 +10,8 @@ import json
 from typing import Any
 
 from provisioner.engine.objects import Obj
-from provisioner.manager import generate, inline, model, plan, sources
-from tests.plan_helpers import kinds
+from provisioner.manager import generate, inline, model, plan
+from tests.plan_helpers import bd_v2, kinds
 
 SETTINGS = model.Settings(image="registry.example/rukpak:1", system_namespace="rukpak-system")
 NOW = "2026-11-25T12:00:00Z"
@@ -19,23 +19,7 @@ DIGEST = "registry.example/hello@sha256:" + "a" * 64
 
 
 def paused_bd(**status: Any) -> Obj:
-    return {
-        "apiVersion": model.API_VERSION_V2,
-        "kind": model.BUNDLE_DEPLOYMENT,
-        "metadata": {
-            "name": "hello",
-            "uid": "u-1",
-            "generation": 1,
-            "finalizers": [model.FINALIZER],
-            "annotations": {inline.PIN_ANNOTATION: inline.pin_annotation(1, NOW)},
-        },
-        "spec": {
-            "paused": True,
-            "provisionerClassName": model.PLAIN_CLASS,
-            "source": {"type": "image", "image": {"ref": "registry.example/hello:v1"}},
-        },
-        "status": {"resolvedSource": sources.pinned_image(DIGEST), **status},
-    }
+    return bd_v2(pin=(1, NOW), digest=DIGEST, status=status, paused=True)
 
 
 def preview_pod(the_bd: Obj) -> Obj:

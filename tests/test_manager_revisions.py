@@ -12,7 +12,7 @@ from provisioner.engine.health import Health
 from provisioner.engine.objects import Obj
 from provisioner.manager import dependencies, inline, model, plan, revisions, runs, sources
 from rukpak.sources import volume
-from tests.plan_helpers import kinds
+from tests.plan_helpers import bd_v2, kinds
 
 SETTINGS = model.Settings(image="registry.example/rukpak:1", system_namespace="rukpak-system")
 T0 = "2026-11-25T12:00:00Z"
@@ -21,26 +21,7 @@ D2 = "registry.example/hello@sha256:" + "2" * 64
 
 
 def bd(*, generation: int = 1, digest: str = D1, status: Obj | None = None, **spec: Any) -> Obj:
-    body: Obj = {
-        "installNamespace": "apps",
-        "provisionerClassName": model.PLAIN_CLASS,
-        "source": {"type": "image", "image": {"ref": "registry.example/hello:v1"}},
-        **spec,
-    }
-    annotations = {inline.PIN_ANNOTATION: inline.pin_annotation(generation, T0)}
-    return {
-        "apiVersion": model.API_VERSION_V2,
-        "kind": model.BUNDLE_DEPLOYMENT,
-        "metadata": {
-            "name": "hello",
-            "uid": "u-1",
-            "generation": generation,
-            "finalizers": [model.FINALIZER],
-            "annotations": annotations,
-        },
-        "spec": body,
-        "status": {**(status or {}), "resolvedSource": sources.pinned_image(digest)},
-    }
+    return bd_v2(generation=generation, pin=(generation, T0), digest=digest, status=status, **spec)
 
 
 def step(the_bd: Obj, observed: plan.Observed) -> tuple[list[plan.Action], Obj]:
