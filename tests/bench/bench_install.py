@@ -336,6 +336,7 @@ def _at_rest(system: inst.RukpakSystem) -> list[Result]:
             name=f"install: manager API requests/min at rest ({SCALE} BDs)",
             measured=per_minute["manager"],
             unit="req/min",
+            target=30.0,
             note="both replicas; API server's APF dispatch counter for SA rukpak-manager",
         ),
         Result(
