@@ -353,29 +353,44 @@ def test_the_manager_exports_controller_runtime_metrics_to_an_authorized_scraper
         ("workqueue_retries_total", "counter"),
         ("rest_client_requests_total", "counter"),
         ("rukpak_bundledeployments", "gauge"),
+        ("rukpak_install_duration_seconds", "histogram"),
+        ("rukpak_rollbacks_total", "counter"),
     ):
         assert f"# TYPE {name} {kind}\n" in before, name
     assert 'workqueue_depth{name="rukpak-manager"}' in before
     assert 'controller_runtime_max_concurrent_reconciles{controller="bundle"} 2.0' in before
     assert 'rest_client_requests_total{code="200",host=' in before
 
-    def successes(text: str) -> float:
+    def sample(text: str, prefix: str) -> float:
         for line in text.splitlines():
-            if line.startswith(
-                'controller_runtime_reconcile_total{controller="bundledeployment",result="success"}'
-            ):
+            if line.startswith(prefix):
                 return float(line.rsplit(" ", 1)[1])
         return 0.0
+
+    def successes(text: str) -> float:
+        return sample(
+            text,
+            'controller_runtime_reconcile_total{controller="bundledeployment",result="success"}',
+        )
+
+    def installs(text: str) -> float:
+        return sample(text, 'rukpak_install_duration_seconds_count{kind="install"}')
 
     name, ns = f"metrics-{SUFFIX}", f"metrics-{SUFFIX}"
     ref = push_hello(system, tmp_path / "b", "metrics", "v1", ns, "m")
     system.kube.create(bd_v2(name, ref))
     eventually(lambda: installed(system, name), timeout=180, what="Installed")
     after = eventually(
-        lambda: t if (t := leader_text()) and successes(t) > successes(before) else None,
+        lambda: (
+            t
+            if (t := leader_text())
+            and successes(t) > successes(before)
+            and installs(t) > installs(before)
+            else None
+        ),
         timeout=60,
         interval=0.2,
-        what="more successful reconciles counted by the leader",
+        what="more successful reconciles and one more install counted by the leader",
     )
     assert 'rukpak_bundledeployments{condition="Installed",status="True"}' in after
     system.kubectl("delete", "clusterrolebinding", f"metrics-{SUFFIX}")

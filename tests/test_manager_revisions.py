@@ -341,3 +341,42 @@ def test_the_kept_set_moving_does_not_restart_a_run() -> None:
     )
     assert model.name_of(before) == model.name_of(after)
     assert "retain" not in after["spec"]["volumes"][0]["csi"]["volumeAttributes"]
+
+
+# -- what the metrics count -------------------------------------------------------------------
+
+
+def written_status(actions: list[plan.Action]) -> Obj:
+    return next(a.status for a in actions if isinstance(a, plan.WriteStatus))
+
+
+def test_the_first_install_a_pivot_and_a_rollback_are_told_apart_with_their_time() -> None:
+    first = bd()
+    actions, first = step(first, plan.Observed(now=T0))
+    run = next(a.pod for a in actions if isinstance(a, plan.CreateRun))
+    record = runs.InstallRecord(
+        by=model.name_of(run), bundle=run["metadata"]["annotations"][model.BUNDLE_ANNOTATION]
+    )
+    later = "2026-11-25T12:00:07Z"
+    actions = inline.plan_inline(
+        first, plan.Observed(record=record, health=Health(True), now=later), settings=SETTINGS
+    )
+    assert revisions.newly_installed(first, written_status(actions), later) == ("install", 7.0)
+    installed_once, _ = installed(bd())
+    pivot, _ = installed(upgrade(installed_once, D2, 2))
+    assert pivot["status"]["installedRevision"] == 2
+    assert revisions.newly_installed(installed_once, pivot["status"], T0) == ("pivot", 0.0)
+    back = upgrade(pivot, D2, 2)
+    back["metadata"]["annotations"][revisions.ROLLBACK_ANNOTATION] = revisions.rollback_annotation(
+        1, 2, revisions.MANUAL
+    )
+    assert revisions.newly_installed(back, {**back["status"], "installedRevision": 1}, T0) == (
+        "rollback",
+        0.0,
+    )
+
+
+def test_an_unchanged_installed_revision_counts_nothing() -> None:
+    the_bd, _ = installed(bd())
+    assert revisions.newly_installed(the_bd, the_bd["status"], T0) is None
+    assert revisions.newly_installed(the_bd, {"installedRevision": 9}, T0) is None  # unkept

@@ -48,6 +48,7 @@ from provisioner.manager import (
     model,
     plan,
     probes,
+    revisions,
     runs,
     runwatch,
 )
@@ -328,6 +329,8 @@ class Controller(Reconciler):
                     self._restore_failed[name] = observed.record.by
                 return 0.0
             raise
+        if self.metrics is not None:
+            self._count(bd, actions, observed.now)
         if restoring:
             self.damper.record(name, time.monotonic())
             if self.metrics is not None:
@@ -341,6 +344,17 @@ class Controller(Reconciler):
         if probe is not None:  # the next health probe is due then
             requeue = probe if requeue is None else min(requeue, probe)
         return requeue
+
+    def _count(self, bd: Obj, actions: list[plan.Action], now: str) -> None:
+        """Installs, pivots and rollbacks the performed ``actions`` made, for the metrics."""
+        assert self.metrics is not None
+        for action in actions:
+            if isinstance(action, plan.WriteStatus):
+                found = revisions.newly_installed(bd, action.status, now)
+                if found is not None:
+                    self.metrics.installs.labels(found[0]).observe(found[1])
+            elif isinstance(action, plan.SetRollback):
+                self.metrics.rollbacks.labels(action.reason).inc()
 
     # -- observe, plan, perform: Bundles ------------------------------------------------------
 

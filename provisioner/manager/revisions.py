@@ -271,3 +271,23 @@ def progress(
         return Progress(("False", DEADLINE, message), None, exceeded=True)
     left = None if spent is None else max(deadline - spent, 1.0)
     return Progress(("True", "Progressing", f"revision {newest.number}: {why}"), left)
+
+
+def newly_installed(bd: Obj, written: Obj, now: str) -> tuple[str, float] | None:
+    """When a status write (``written``) makes a revision the installed one: what it was
+    (``install`` the first, ``pivot`` a later one, ``rollback`` one under a rollback) and the
+    seconds since it was asked for; None otherwise. For the manager's metrics."""
+    number = written.get("installedRevision")
+    before = (bd.get("status") or {}).get("installedRevision")
+    if not isinstance(number, int) or number == before:
+        return None
+    kept = [r for r in (Revision.of(d) for d in written.get("revisions") or []) if r]
+    rev = find(kept, number)
+    seconds = _seconds(rev.time, now) if rev is not None else None
+    if seconds is None:
+        return None
+    if rollback_of(bd) is not None:
+        kind = "rollback"
+    else:
+        kind = "pivot" if isinstance(before, int) else "install"
+    return kind, max(seconds, 0.0)

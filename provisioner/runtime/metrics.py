@@ -139,6 +139,20 @@ class Metrics:
             "Drifted objects the manager re-applied from their last good version",
             registry=r,
         )
+        self.installs = Histogram(
+            "rukpak_install_duration_seconds",
+            "Seconds from a BundleDeployment revision being asked for to it being installed, "
+            "by kind: install (the first), pivot (a later one), rollback",
+            ["kind"],
+            buckets=(0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300, 600),
+            registry=r,
+        )
+        self.rollbacks = Counter(
+            "rukpak_rollbacks_total",
+            "Rollbacks the manager started itself, by reason (ProgressDeadlineExceeded)",
+            ["reason"],
+            registry=r,
+        )
         self._lock = threading.Lock()
 
     def queue(self, name: str, depth: Callable[[], int]) -> QueueMetrics:
