@@ -30,7 +30,6 @@ import json
 import posixpath
 import re
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import Any
 
 from provisioner.engine.objects import Obj, condition, meta_of
@@ -60,13 +59,6 @@ def seconds_of(text: object) -> float | None:
     if not value or _DURATION.sub("", value):
         return None
     return sum(float(n) * _UNITS[unit] for n, unit in _DURATION.findall(value))
-
-
-def _time(text: object) -> datetime | None:
-    try:
-        return datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    except ValueError:
-        return None
 
 
 def pin_of(bd: Obj) -> tuple[int, str] | None:
@@ -208,10 +200,10 @@ def _pin_current(bd: Obj, spec: Obj, now: str) -> tuple[bool, float | None]:
     interval = seconds_of(spec.get("pollInterval"))
     if interval is None:
         return True, None
-    made, current = _time(pin[1]), _time(now)
-    if made is None or current is None:
+    spent = model.seconds_between(pin[1], now)
+    if spent is None:
         return False, None
-    left = interval - (current - made).total_seconds()
+    left = interval - spent
     return (True, left) if left > 0 else (False, None)
 
 

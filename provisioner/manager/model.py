@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,16 @@ def content_url(base: str, name: str) -> str:
 def bundle_format(provisioner_class: object) -> str | None:
     """The bundle format of one of our provisioner classes; None for any other class."""
     return CLASS_FORMATS.get(str(provisioner_class or ""))
+
+
+def seconds_between(start: str, end: str) -> float | None:
+    """Seconds from ``start`` to ``end`` (RFC 3339 in whole seconds, as the planners stamp
+    ``Observed.now``); None when either is not one."""
+    fmt = "%Y-%m-%dT%H:%M:%SZ"
+    try:
+        return (datetime.strptime(end, fmt) - datetime.strptime(start, fmt)).total_seconds()
+    except ValueError:
+        return None
 
 
 def is_digest_ref(ref: str) -> bool:

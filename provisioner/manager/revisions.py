@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from typing import Any
 
 from provisioner.engine.objects import Obj
@@ -39,7 +38,7 @@ from provisioner.engine.revisionlog import find as find
 from provisioner.engine.revisionlog import of_status as of_status
 from provisioner.engine.revisionlog import rollback_annotation as rollback_annotation
 from provisioner.engine.revisionlog import rollback_of as rollback_of
-from provisioner.manager import sources
+from provisioner.manager import model, sources
 
 HISTORY_LIMIT = 5
 """Revisions kept without ``spec.revisionHistoryLimit``."""
@@ -216,16 +215,6 @@ def status_fields(revisions: list[Revision], installed: Revision | None) -> Obj:
 # -- progress ------------------------------------------------------------------------------
 
 
-def _seconds(start: str, end: str) -> float | None:
-    try:
-        fmt = "%Y-%m-%dT%H:%M:%SZ"
-        a = datetime.strptime(start, fmt).replace(tzinfo=UTC)
-        b = datetime.strptime(end, fmt).replace(tzinfo=UTC)
-    except ValueError:
-        return None
-    return (b - a).total_seconds()
-
-
 @dataclass(frozen=True)
 class Progress:
     verdict: tuple[str, str, str]
@@ -262,7 +251,7 @@ def progress(
         return Progress(
             ("True", "Succeeded", f"revision {newest.number} is installed and healthy"), None
         )
-    spent = _seconds(newest.time, now)
+    spent = model.seconds_between(newest.time, now)
     if spent is not None and spent >= deadline:
         message = (
             f"revision {newest.number} did not become Installed and Healthy within "
@@ -283,7 +272,7 @@ def newly_installed(bd: Obj, written: Obj, now: str) -> tuple[str, float] | None
         return None
     kept = [r for r in (Revision.of(d) for d in written.get("revisions") or []) if r]
     rev = find(kept, number)
-    seconds = _seconds(rev.time, now) if rev is not None else None
+    seconds = model.seconds_between(rev.time, now) if rev is not None else None
     if seconds is None:
         return None
     if rollback_of(bd) is not None:

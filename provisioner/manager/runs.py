@@ -14,7 +14,6 @@ the planner decides.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from provisioner.engine import appliedrecord, inventory
@@ -134,15 +133,6 @@ def waiting(pod: Obj) -> str:
     return f"is {phase(pod) or 'Pending'}"
 
 
-def seconds_between(start: str, end: str) -> float | None:
-    """Seconds from ``start`` to ``end`` (RFC 3339, whole seconds); None when unknown."""
-    try:
-        fmt = "%Y-%m-%dT%H:%M:%SZ"
-        return (datetime.strptime(end, fmt) - datetime.strptime(start, fmt)).total_seconds()
-    except ValueError:
-        return None
-
-
 # -- the run-mode plan ---------------------------------------------------------------------
 
 
@@ -240,7 +230,7 @@ def decide(
         return Decision(out, verdict or ("False", "InstallPending", pending), installed_bundle)
     if phase(pod) == "Failed":
         failed = ("False", "InstallFailed", f"instance pod {pod_name} failed: {failure(pod)}")
-        since = seconds_between(ended_at(pod), now)
+        since = model.seconds_between(ended_at(pod), now)
         if since is not None and since >= RETRY_SECONDS and not deleting(pod):
             out.append(actions.DeletePod(ns, pod_name))
         else:
