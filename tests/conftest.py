@@ -27,6 +27,7 @@ pytest_plugins = [
     "tests.cluster.fixture",
     "tests.e2e_helpers",
     "tests.install_helpers",
+    "tests.multinode_helpers",
 ]
 
 

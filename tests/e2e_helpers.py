@@ -138,12 +138,13 @@ class Mount:
     read_only: bool
 
 
-def mounts_under(root: Path) -> list[Mount]:
-    """Mounts in this mount namespace at or below ``root``, read straight from
-    /proc/self/mountinfo (not through the plugin's own mount code, which is under test)."""
+def mounts_under(root: Path, *, pid: int | None = None) -> list[Mount]:
+    """Mounts at or below ``root`` in this mount namespace, or in that of process ``pid``
+    (a node of the multi-node cluster), read straight from /proc/<pid>/mountinfo (not
+    through the plugin's own mount code, which is under test)."""
     real = Path(root).resolve()
     found = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+    for line in Path(f"/proc/{pid or 'self'}/mountinfo").read_text().splitlines():
         fields = line.split(" ")
         point = Path(_OCTAL.sub(lambda m: chr(int(m.group(1), 8)), fields[4]))
         if point.is_relative_to(real):
@@ -235,11 +236,12 @@ def run_tool(
     return done.stdout
 
 
-def push_bundle(directory: Path, ref: str) -> str:
-    """``rukpak bundle build DIR --tag REF --push``; return its output."""
+def push_bundle(directory: Path, ref: str, *, insecure: bool = False) -> str:
+    """``rukpak bundle build DIR --tag REF --push [--insecure]``; return its output."""
     rukpak = Path(sys.executable).parent / "rukpak"
+    flags = ["--insecure"] if insecure else []
     return run_tool(
-        [str(rukpak), "bundle", "build", str(directory), "--tag", ref, "--push"],
+        [str(rukpak), "bundle", "build", str(directory), "--tag", ref, "--push", *flags],
         what=f"pushing {directory} to {ref}",
         timeout=120,
     )

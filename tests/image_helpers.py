@@ -21,13 +21,19 @@ BUILD_SH = REPO_ROOT / "hack" / "image" / "build.sh"
 
 
 def build_and_push(
-    ref: str, *, request: pytest.FixtureRequest | None = None, timeout: float = 1200
+    ref: str,
+    *,
+    request: pytest.FixtureRequest | None = None,
+    timeout: float = 1200,
+    insecure: tuple[str, ...] = (),
 ) -> str:
     """Build the image (cached) and push it as ``ref``; return ``repository@digest``.
 
     With ``request``, the build's progress goes straight to the terminal (past pytest's
-    output capture), as the cluster fixture does for its first build.
+    output capture), as the cluster fixture does for its first build. ``insecure`` are
+    registries (host:port) spoken to over plain HTTP although not on loopback.
     """
+    flags = [a for host in insecure for a in ("--insecure", host)]
     capture = request.config.pluginmanager.getplugin("capturemanager") if request else None
     with tempfile.TemporaryDirectory(prefix="rk-image-") as tmp:
         digest_file = Path(tmp) / "digest"
@@ -37,14 +43,14 @@ def build_and_push(
             if capture:
                 print(f"\nbuilding the node plugin image ({BUILD_SH.relative_to(REPO_ROOT)})")
                 done = subprocess.run(
-                    ["bash", str(BUILD_SH), "--digest-file", str(digest_file), ref],
+                    ["bash", str(BUILD_SH), *flags, "--digest-file", str(digest_file), ref],
                     timeout=timeout,
                     check=False,
                 )
             else:
                 with log.open("wb") as out:
                     done = subprocess.run(
-                        ["bash", str(BUILD_SH), "--digest-file", str(digest_file), ref],
+                        ["bash", str(BUILD_SH), *flags, "--digest-file", str(digest_file), ref],
                         stdout=out,
                         stderr=subprocess.STDOUT,
                         timeout=timeout,

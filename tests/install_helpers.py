@@ -85,6 +85,8 @@ def write_overlay(
     kubelet_dir: Path,
     state_dir: Path,
     api_server: dict[str, str],
+    components: tuple[str, ...] = COMPONENTS,
+    patches: tuple[dict[str, Any], ...] = (),
 ) -> Path:
     """The test cluster's overlay: ``deploy/`` + the shipped components + values only.
 
@@ -104,20 +106,28 @@ def write_overlay(
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": [str(rel)],
-        "components": [str(rel / "components" / c) for c in COMPONENTS],
+        "components": [str(rel / "components" / c) for c in components],
         "configMapGenerator": [
             {
                 "name": "rukpak-node-paths",
                 "literals": [f"kubeletRoot={kubelet_dir}", f"stateDir={state_dir}"],
             },
-            {
-                "name": "rukpak-apiserver",
-                "namespace": NAMESPACE,
-                "literals": [f"{k}={v}" for k, v in sorted(api_server.items())],
-            },
-        ],
+        ]
+        + (
+            [
+                {
+                    "name": "rukpak-apiserver",
+                    "namespace": NAMESPACE,
+                    "literals": [f"{k}={v}" for k, v in sorted(api_server.items())],
+                }
+            ]
+            if "host-network" in components
+            else []
+        ),
         "images": [override],
     }
+    if patches:
+        kustomization["patches"] = list(patches)
     (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
     return directory
 
@@ -133,9 +143,10 @@ class RukpakSystem:
     manifests: Path  # the rendered overlay, exactly what was applied
     namespace: str = NAMESPACE
 
+    state_dir: Path | None = None  # the plugin's cache as the node sees it
+
     kubeconfig = below("cluster.kubeconfig")
     kubelet_dir = below("cluster.kubelet_dir")
-    state_dir = below("workdir", "plugin-state")
 
     @property
     def registry_host(self) -> str:
@@ -239,13 +250,22 @@ def conditions(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in found}
 
 
-def csi_mounts(kubelet_dir: Path) -> list[Path]:
-    """Our CSI volumes mounted under the kubelet's pods dir."""
+def csi_mounts(kubelet_dir: Path, *, pid: int | None = None) -> list[Path]:
+    """Our CSI volumes mounted under the kubelet's pods dir (of the node whose mount
+    namespace process ``pid`` is in, when given)."""
     return [
         m.mount_point
-        for m in e2e.mounts_under(kubelet_dir / "pods")
+        for m in e2e.mounts_under(kubelet_dir / "pods", pid=pid)
         if "kubernetes.io~csi" in str(m.mount_point)
     ]
+
+
+def all_csi_mounts(system: RukpakSystem) -> list[Path]:
+    """``csi_mounts`` of every node of the system's cluster."""
+    machines = getattr(system.cluster, "machines", [])
+    if not machines:
+        return csi_mounts(system.kubelet_dir)
+    return [p for m in machines for p in csi_mounts(system.kubelet_dir, pid=m.holder.pid)]
 
 
 def uninstall(system: RukpakSystem) -> None:
@@ -271,29 +291,48 @@ def uninstall(system: RukpakSystem) -> None:
     kubectl("delete", "-f", str(system.manifests), "--ignore-not-found", "--wait=true",
             "--timeout=120s", timeout=180, check=False)  # fmt: skip
     eventually(
-        lambda: not csi_mounts(system.kubelet_dir),
+        lambda: not all_csi_mounts(system),
         timeout=60,
         what="no csi.rukpak.io volume mounted under the kubelet's pods dir",
     )
 
 
-def install(cluster: Any, workdir: Path, image: str) -> RukpakSystem:
-    """Render the test overlay for ``cluster``'s node, apply it, wait for the rollouts.
+def install(
+    cluster: Any,
+    workdir: Path,
+    image: str,
+    *,
+    components: tuple[str, ...] = COMPONENTS,
+    state_dir: Path | None = None,
+    patches: tuple[dict[str, Any], ...] = (),
+) -> RukpakSystem:
+    """Render the test overlay for ``cluster``'s nodes, apply it, wait for the rollouts.
 
-    On failure what was applied is removed again before the error propagates.
+    ``components`` are the shipped ones the overlay adds (the multi-node cluster needs no
+    ``host-network``); ``state_dir`` is the plugin's cache as the nodes see it (default:
+    below ``workdir``). On failure what was applied is removed again before the error
+    propagates.
     """
+    state_dir = state_dir or workdir / "plugin-state"
     overlay = write_overlay(
         workdir / "overlay",
         image=image,
         kubelet_dir=Path(cluster.kubelet_dir),
-        state_dir=workdir / "plugin-state",
+        state_dir=state_dir,
         api_server=cluster.in_cluster_env(),
+        components=components,
+        patches=patches,
     )
     manifests = workdir / "rukpak.yaml"
     manifests.write_text(run_kubectl(cluster.kubeconfig, "kustomize", str(overlay)))
     kube = Kube.from_kubeconfig(str(cluster.kubeconfig))
     system = RukpakSystem(
-        cluster=cluster, kube=kube, image=image, workdir=workdir, manifests=manifests
+        cluster=cluster,
+        kube=kube,
+        image=image,
+        workdir=workdir,
+        manifests=manifests,
+        state_dir=state_dir,
     )
     try:
         system.kubectl("apply", "-f", str(manifests), timeout=120)

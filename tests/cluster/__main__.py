@@ -40,7 +40,7 @@ def _found(workdir: Path) -> LocalCluster | None:
     return cluster
 
 
-def up(workdir: Path, *, node: bool) -> int:
+def up(workdir: Path, *, node: bool, nodes: int = 1) -> int:
     existing = _running(workdir)
     if existing is not None and existing.components:
         print(f"cluster already running in {workdir} (`python -m tests.cluster down` first)")
@@ -50,12 +50,17 @@ def up(workdir: Path, *, node: bool) -> int:
         existing.stop(remove=True)  # leftovers of a cluster whose processes are gone
     started = time.monotonic()
     try:
-        cluster = LocalCluster.start(workdir, node=node)
+        cluster = LocalCluster.start(workdir, node=node, nodes=nodes)
     except ComponentError as e:
         print(f"cluster-up failed: {e}", file=sys.stderr)
         return 1
     took = time.monotonic() - started
-    what = f"node {cluster.node_name} Ready" if node else "apiserver ready"
+    names = ", ".join(cluster.node_names)
+    what = (
+        (f"nodes {names} Ready" if nodes > 1 else f"node {names} Ready")
+        if node
+        else "apiserver ready"
+    )
     print(f"cluster up in {took:.1f}s ({what}); logs in {cluster.logs_dir}")
     if cluster.registry_host:
         print(f"registry: {cluster.registry_host}  test image: {cluster.busybox_image}")
@@ -77,15 +82,15 @@ def down(workdir: Path) -> int:
 def status(workdir: Path) -> int:
     if (cluster := _found(workdir)) is None:
         return 1
-    for c in cluster.components:
+    for c in [*cluster.components, *(c for m in cluster.machines for c in m.components)]:
         print(f"{c.name:<24} pid {c.pid:<8} log {c.log}")
     ready = False
-    if cluster.node_name:
+    for name in cluster.node_names:
         try:
-            ready = cluster.node_ready()
+            ready = cluster.node_ready(name)
         except OSError:
             ready = False
-        print(f"node {cluster.node_name}: {'Ready' if ready else 'not Ready'}")
+        print(f"node {name}: {'Ready' if ready else 'not Ready'}")
     print(f"export KUBECONFIG={cluster.kubeconfig}")
     return 0 if cluster.components else 1
 
@@ -96,11 +101,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-node", action="store_true", help="up: etcd + kube-apiserver only (no kubelet)"
     )
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=int(os.environ.get("NODES") or 1),
+        help="up: how many nodes (default $NODES or 1); more than one gives each node its "
+        "own network namespace, with kube-proxy and CoreDNS",
+    )
     parser.add_argument("--dir", type=Path, default=None, help="state directory")
     args = parser.parse_args(argv)
     workdir = args.dir or state_dir()
     if args.command == "up":
-        return up(workdir, node=not args.no_node)
+        if args.nodes < 1:
+            parser.error("--nodes must be at least 1")
+        return up(workdir, node=not args.no_node, nodes=args.nodes)
     if args.command == "down":
         return down(workdir)
     return status(workdir)

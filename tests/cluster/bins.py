@@ -22,6 +22,7 @@ ALL = (
     "kubectl",
     "csi-sanity",
 )
+MULTINODE = (*ALL, "kube-proxy", "coredns")
 
 
 def cache_dir() -> Path:

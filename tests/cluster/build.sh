@@ -2,7 +2,8 @@
 # Builds the binaries of the test cluster (tests/cluster/localcluster.py) from upstream
 # sources through the Go module proxy: kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubelet, kubectl and etcd from the wrapper module in tests/cluster/go,
-# and csi-sanity from its pinned tag. Output: $RUKPAK_CACHE/bin/<k8s version>/.
+# kube-proxy, and csi-sanity and CoreDNS (static, for the multi-node cluster's DNS pod) from
+# their pinned tags. Output: $RUKPAK_CACHE/bin/<k8s version>/.
 #
 # A stamp (hash of the module files, the Go version and the flags) makes a second run
 # return at once; without the stamp, `go install` relinks only what changed.
@@ -14,9 +15,10 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 MOD="$HERE/go"
 K8S_VERSION="$(awk '$1 == "k8s.io/kubernetes" { print $2; exit } $1 == "require" && $2 == "k8s.io/kubernetes" { print $3; exit }' "$MOD/go.mod")"
 CSI_TEST_VERSION="v5.6.0"
+COREDNS_VERSION="v1.12.4"
 CACHE="${RUKPAK_CACHE:-$HOME/.cache/rukpak}"
 OUT="$CACHE/bin/$K8S_VERSION"
-BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd)
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd kube-proxy)
 MINOR="${K8S_VERSION#v1.}"
 MINOR="${MINOR%%.*}"
 # Stamp the version as upstream's release build does (hack/lib/version.sh), so that
@@ -36,7 +38,7 @@ fi
 stamp() {
     {
         go version
-        echo "$LDFLAGS $CSI_TEST_VERSION"
+        echo "$LDFLAGS $CSI_TEST_VERSION $COREDNS_VERSION"
         cat "$MOD/go.mod" "$MOD/go.sum"
         find "$MOD/cmd" -name '*.go' -print0 | sort -z | xargs -0 cat
     } | sha256sum | cut -d' ' -f1
@@ -49,7 +51,7 @@ exec 9>"$OUT/.lock"
 flock 9
 if [[ -f "$OUT/.stamp" && "$(cat "$OUT/.stamp")" == "$want" ]]; then
     missing=0
-    for b in "${BINARIES[@]}" csi-sanity; do [[ -x "$OUT/$b" ]] || missing=1; done
+    for b in "${BINARIES[@]}" csi-sanity coredns; do [[ -x "$OUT/$b" ]] || missing=1; done
     if [[ $missing == 0 ]]; then
         [[ "${1:-}" == "--quiet" ]] || echo "k8s-bins: up to date in $OUT (kubernetes $K8S_VERSION)"
         exit 0
@@ -71,5 +73,10 @@ echo "k8s-bins: [$((SECONDS - start))s] csi-sanity $CSI_TEST_VERSION ..."
 (cd / && GOBIN="$OUT" go install -ldflags="$LDFLAGS" \
     "github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@$CSI_TEST_VERSION")
 echo "k8s-bins: [$((SECONDS - start))s] csi-sanity done in $((SECONDS - t))s"
+t=$SECONDS
+echo "k8s-bins: [$((SECONDS - start))s] coredns $COREDNS_VERSION ..."
+(cd / && CGO_ENABLED=0 GOBIN="$OUT" go install -ldflags="-s -w" \
+    "github.com/coredns/coredns@$COREDNS_VERSION")
+echo "k8s-bins: [$((SECONDS - start))s] coredns done in $((SECONDS - t))s"
 echo "$want" > "$OUT/.stamp"
 echo "k8s-bins: all built in $((SECONDS - start))s in $OUT"

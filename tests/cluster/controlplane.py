@@ -17,6 +17,7 @@ import requests
 import urllib3
 
 from tests.cluster import pki
+from tests.cluster.network import LOOPBACK, Place
 from tests.cluster.process import Component, free_port
 
 SERVICE_CIDR = "10.0.0.0/24"
@@ -34,7 +35,8 @@ class Pki:
     apiserver_kubelet_client: pki.Pair
 
     @classmethod
-    def make(cls, directory: Path) -> Pki:
+    def make(cls, directory: Path, *, addresses: Sequence[str] = ()) -> Pki:
+        """The cluster's CA and certificates; ``addresses`` are more IP SANs of the apiserver."""
         ca = pki.make_ca(directory)
         return cls(
             ca=ca,
@@ -47,6 +49,7 @@ class Pki:
                 sans=(
                     "IP:127.0.0.1",
                     "IP:10.0.0.1",
+                    *(f"IP:{a}" for a in addresses),
                     "DNS:localhost",
                     "DNS:kubernetes",
                     "DNS:kubernetes.default",
@@ -71,25 +74,26 @@ def _get_ok(url: str, **kwargs: object) -> bool:
     return False
 
 
-def start_etcd(bin_: Path, workdir: Path) -> tuple[Component, str]:
+def start_etcd(bin_: Path, workdir: Path, *, place: Place = LOOPBACK) -> tuple[Component, str]:
     """etcd with its data in ``workdir``/etcd, no fsync (test data only); and its URL."""
     client, peer = free_port(), free_port()
+    host = place.address
     data = workdir / "etcd"
     data.mkdir(parents=True, exist_ok=True)
     argv = [
         str(bin_),
         "--name=default",
         f"--data-dir={data}",
-        f"--listen-client-urls=http://127.0.0.1:{client}",
-        f"--advertise-client-urls=http://127.0.0.1:{client}",
-        f"--listen-peer-urls=http://127.0.0.1:{peer}",
-        f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-        f"--initial-cluster=default=http://127.0.0.1:{peer}",
+        f"--listen-client-urls=http://{host}:{client}",
+        f"--advertise-client-urls=http://{host}:{client}",
+        f"--listen-peer-urls=http://{host}:{peer}",
+        f"--initial-advertise-peer-urls=http://{host}:{peer}",
+        f"--initial-cluster=default=http://{host}:{peer}",
         "--unsafe-no-fsync",
         "--log-level=warn",
     ]
-    etcd = Component.start("etcd", argv, log=workdir / "logs" / "etcd.log")
-    url = f"http://127.0.0.1:{client}"
+    etcd = Component.start("etcd", place.argv(argv), log=workdir / "logs" / "etcd.log")
+    url = f"http://{host}:{client}"
     etcd.wait_ready(lambda: _get_ok(f"{url}/health"), timeout=START_TIMEOUT)
     return etcd, url
 
@@ -102,15 +106,16 @@ def start_kube_apiserver(
     files: Pki,
     port: int | None = None,
     extra_args: Sequence[str] = (),
+    place: Place = LOOPBACK,
 ) -> tuple[Component, str]:
     """kube-apiserver with RBAC and Node authorization; returns it and its URL."""
     port = port or free_port()
-    server = f"https://127.0.0.1:{port}"
+    server = f"https://{place.address}:{port}"
     argv = [
         str(bin_),
         f"--etcd-servers={etcd_url}",
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
+        f"--bind-address={place.address}",
+        f"--advertise-address={place.address}",
         f"--secure-port={port}",
         f"--cert-dir={workdir / 'apiserver'}",
         f"--tls-cert-file={files.apiserver.cert}",
@@ -124,13 +129,17 @@ def start_kube_apiserver(
         "--allow-privileged=true",
         f"--kubelet-client-certificate={files.apiserver_kubelet_client.cert}",
         f"--kubelet-client-key={files.apiserver_kubelet_client.key}",
-        # the kubelet listens on loopback only: dial the Node's Hostname ("localhost")
-        "--kubelet-preferred-address-types=Hostname,InternalIP,ExternalIP",
+        # on loopback the kubelet listens there only: dial the Node's Hostname ("localhost");
+        # a node in its own namespace is reached at its address
+        "--kubelet-preferred-address-types="
+        + ("Hostname,InternalIP,ExternalIP" if place == LOOPBACK else "InternalIP,Hostname"),
         "--profiling=false",
         "--v=1",
         *extra_args,
     ]
-    apiserver = Component.start("kube-apiserver", argv, log=workdir / "logs" / "kube-apiserver.log")
+    apiserver = Component.start(
+        "kube-apiserver", place.argv(argv), log=workdir / "logs" / "kube-apiserver.log"
+    )
     cert = (str(files.admin.cert), str(files.admin.key))
     apiserver.wait_ready(
         lambda: _get_ok(f"{server}/readyz", cert=cert, verify=str(files.ca.cert)),
@@ -140,9 +149,9 @@ def start_kube_apiserver(
     return apiserver, server
 
 
-def _healthz_insecure(port: int) -> bool:
+def _healthz_insecure(address: str, port: int) -> bool:
     with contextlib.suppress(requests.RequestException), urllib3_quiet():
-        return requests.get(f"https://127.0.0.1:{port}/healthz", timeout=2, verify=False).ok
+        return requests.get(f"https://{address}:{port}/healthz", timeout=2, verify=False).ok
     return False
 
 
@@ -156,27 +165,30 @@ def urllib3_quiet():  # type: ignore[no-untyped-def]
         yield
 
 
-def _secure_serving(bin_: Path, kubeconfig: Path, port: int, cert_dir: Path) -> list[str]:
+def _secure_serving(
+    bin_: Path, kubeconfig: Path, port: int, cert_dir: Path, place: Place
+) -> list[str]:
     """The binary and the flags the controller manager and the scheduler share: the
-    kubeconfig for everything, HTTPS on 127.0.0.1:PORT, self-signed certs in CERT_DIR."""
+    kubeconfig for everything, HTTPS on ADDRESS:PORT, self-signed certs in CERT_DIR."""
     return [
+        *place.prefix,
         str(bin_),
         f"--kubeconfig={kubeconfig}",
         f"--authentication-kubeconfig={kubeconfig}",
         f"--authorization-kubeconfig={kubeconfig}",
-        "--bind-address=127.0.0.1",
+        f"--bind-address={place.address}",
         f"--secure-port={port}",
         f"--cert-dir={cert_dir}",
     ]
 
 
 def start_kube_controller_manager(
-    bin_: Path, workdir: Path, *, kubeconfig: Path, files: Pki
+    bin_: Path, workdir: Path, *, kubeconfig: Path, files: Pki, place: Place = LOOPBACK
 ) -> Component:
     """kube-controller-manager with every default controller, signing with the cluster CA."""
     port = free_port()
     argv = [
-        *_secure_serving(bin_, kubeconfig, port, workdir / "kube-controller-manager"),
+        *_secure_serving(bin_, kubeconfig, port, workdir / "kube-controller-manager", place),
         f"--service-account-private-key-file={files.sa.key}",
         f"--root-ca-file={files.ca.cert}",
         f"--cluster-signing-cert-file={files.ca.cert}",
@@ -191,19 +203,25 @@ def start_kube_controller_manager(
     kcm = Component.start(
         "kube-controller-manager", argv, log=workdir / "logs" / "kube-controller-manager.log"
     )
-    kcm.wait_ready(lambda: _healthz_insecure(port), timeout=START_TIMEOUT, interval=0.25)
+    kcm.wait_ready(
+        lambda: _healthz_insecure(place.address, port), timeout=START_TIMEOUT, interval=0.25
+    )
     return kcm
 
 
-def start_kube_scheduler(bin_: Path, workdir: Path, *, kubeconfig: Path) -> Component:
+def start_kube_scheduler(
+    bin_: Path, workdir: Path, *, kubeconfig: Path, place: Place = LOOPBACK
+) -> Component:
     """kube-scheduler with the default profile."""
     port = free_port()
     argv = [
-        *_secure_serving(bin_, kubeconfig, port, workdir / "kube-scheduler"),
+        *_secure_serving(bin_, kubeconfig, port, workdir / "kube-scheduler", place),
         "--leader-elect=false",
         "--profiling=false",
         "--v=1",
     ]
     scheduler = Component.start("kube-scheduler", argv, log=workdir / "logs" / "kube-scheduler.log")
-    scheduler.wait_ready(lambda: _healthz_insecure(port), timeout=START_TIMEOUT, interval=0.25)
+    scheduler.wait_ready(
+        lambda: _healthz_insecure(place.address, port), timeout=START_TIMEOUT, interval=0.25
+    )
     return scheduler

@@ -22,6 +22,7 @@ from typing import Protocol
 
 import requests
 
+from tests.cluster.network import LOOPBACK, Place
 from tests.cluster.process import Component, free_port
 
 BUSYBOX = Path("/bin/busybox")
@@ -164,10 +165,11 @@ class LocalRegistry:
 
     component: Component
     port: int
+    address: str = "127.0.0.1"
 
     @property
     def host(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.address}:{self.port}"
 
     @property
     def url(self) -> str:
@@ -178,7 +180,11 @@ class LocalRegistry:
 
 
 def start_registry(
-    workdir: Path, *, log: Path | None = None, binary: str = "docker-registry"
+    workdir: Path,
+    *,
+    log: Path | None = None,
+    binary: str = "docker-registry",
+    place: Place = LOOPBACK,
 ) -> LocalRegistry:
     """Start a registry storing blobs under ``workdir``; returns once ``/v2/`` answers."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -193,14 +199,16 @@ def start_registry(
                     "filesystem": {"rootdirectory": str(workdir / "storage")},
                     "delete": {"enabled": True},
                 },
-                "http": {"addr": f"127.0.0.1:{port}", "secret": "rukpak-test-cluster"},
+                "http": {"addr": f"{place.address}:{port}", "secret": "rukpak-test-cluster"},
             }
         )
     )
     component = Component.start(
-        "registry", [binary, "serve", str(config)], log=log or workdir / "registry.log"
+        "registry",
+        place.argv([binary, "serve", str(config)]),
+        log=log or workdir / "registry.log",
     )
-    registry = LocalRegistry(component=component, port=port)
+    registry = LocalRegistry(component=component, port=port, address=place.address)
 
     def answers() -> bool:
         return requests.get(f"{registry.url}/v2/", timeout=2).status_code == 200

@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from tests.cluster import pki, teardown
+from tests.cluster.network import LOOPBACK, Place
 from tests.cluster.process import Component, free_port
 from tests.derived import below
 
@@ -55,8 +56,11 @@ def _pick_network() -> tuple[str, str]:
             return f"rkp{a:02x}{b:02x}{random.randint(0, 255):02x}", subnet
 
 
-def write_containerd_config(layout: NodeLayout, *, registry_host: str, pause: str) -> Path:
-    """containerd's config.toml, the registry's hosts.toml and the CNI conflist."""
+def write_containerd_config(
+    layout: NodeLayout, *, registry_host: str, pause: str, subnet: str | None = None
+) -> Path:
+    """containerd's config.toml, the registry's hosts.toml and the CNI conflist (pods on
+    ``subnet``, or on a /24 picked here that no host route uses)."""
     d = layout.containerd_dir
     certs_d = d / "certs.d"
     (certs_d / registry_host).mkdir(parents=True, exist_ok=True)
@@ -65,7 +69,8 @@ def write_containerd_config(layout: NodeLayout, *, registry_host: str, pause: st
         f'[host."http://{registry_host}"]\n'
         '  capabilities = ["pull", "resolve", "push"]\n'
     )
-    bridge, subnet = _pick_network()
+    bridge, picked = _pick_network()
+    subnet = subnet or picked
     cni_conf = layout.workdir / "cni" / "net.d"
     cni_conf.mkdir(parents=True, exist_ok=True)
     layout.network_file.write_text(json.dumps({"bridge": bridge, "subnet": subnet}))
@@ -140,14 +145,23 @@ disabled_plugins = [
     return path
 
 
-def start_containerd(layout: NodeLayout, *, registry_host: str, pause: str) -> Component:
+def start_containerd(
+    layout: NodeLayout,
+    *,
+    registry_host: str,
+    pause: str,
+    subnet: str | None = None,
+    place: Place = LOOPBACK,
+) -> Component:
     """containerd serving CRI on ``layout.containerd_socket``."""
-    config = write_containerd_config(layout, registry_host=registry_host, pause=pause)
+    config = write_containerd_config(
+        layout, registry_host=registry_host, pause=pause, subnet=subnet
+    )
     with contextlib.suppress(FileNotFoundError):
         layout.containerd_socket.unlink()
     containerd = Component.start(
         "containerd",
-        ["containerd", "--config", str(config)],
+        place.argv(["containerd", "--config", str(config)]),
         log=layout.workdir / "logs" / "containerd.log",
     )
     containerd.wait_ready(layout.containerd_socket.exists, timeout=30)
@@ -155,23 +169,30 @@ def start_containerd(layout: NodeLayout, *, registry_host: str, pause: str) -> C
 
 
 def write_kubelet_config(
-    layout: NodeLayout, *, ca: pki.Pair, node_name: str, server: str
+    layout: NodeLayout,
+    *,
+    ca: pki.Pair,
+    node_name: str,
+    server: str,
+    address: str = "127.0.0.1",
+    cluster_dns: str | None = None,
 ) -> tuple[Path, Path, int]:
-    """The kubelet's config file and kubeconfig; and its healthz port."""
+    """The kubelet's config file and kubeconfig; and its healthz port. The kubelet serves
+    on ``address``; pods resolve names through ``cluster_dns`` when given."""
     d = layout.kubelet_dir
     d.mkdir(parents=True, exist_ok=True)
     client = pki.issue(
         ca,
-        "kubelet-client",
+        f"kubelet-client-{node_name}",
         cn=f"system:node:{node_name}",
         orgs=("system:nodes",),
         client=True,
     )
     serving = pki.issue(
         ca,
-        "kubelet-serving",
+        f"kubelet-serving-{node_name}",
         cn=node_name,
-        sans=("IP:127.0.0.1", f"DNS:{node_name}", "DNS:localhost"),
+        sans=("IP:127.0.0.1", f"IP:{address}", f"DNS:{node_name}", "DNS:localhost"),
         server=True,
     )
     kubeconfig = pki.kubeconfig(
@@ -186,7 +207,7 @@ def write_kubelet_config(
     config = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
-        "address": "127.0.0.1",
+        "address": address,
         "port": free_port(),
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
@@ -224,6 +245,8 @@ def write_kubelet_config(
         "rotateCertificates": False,
         "serverTLSBootstrap": False,
     }
+    if cluster_dns:
+        config |= {"clusterDNS": [cluster_dns], "clusterDomain": "cluster.local"}
     path = layout.workdir / "kubelet-config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path, kubeconfig, healthz_port
@@ -240,20 +263,40 @@ def make_shared_mount(path: Path) -> None:
 
 
 def start_kubelet(
-    bin_: Path, layout: NodeLayout, *, ca: pki.Pair, node_name: str, server: str
+    bin_: Path,
+    layout: NodeLayout,
+    *,
+    ca: pki.Pair,
+    node_name: str,
+    server: str,
+    place: Place = LOOPBACK,
+    root_dir: Path | None = None,
+    cluster_dns: str | None = None,
 ) -> tuple[Component, int]:
-    """The kubelet (started; the caller waits for its Node to be Ready) and its healthz port."""
+    """The kubelet (started; the caller waits for its Node to be Ready) and its healthz port.
+
+    On loopback the kubelet dir is made a shared mount here; in a node's namespaces
+    (``place``) its holder did that, and ``root_dir`` is the dir as the node sees it."""
     config, kubeconfig, healthz_port = write_kubelet_config(
-        layout, ca=ca, node_name=node_name, server=server
+        layout,
+        ca=ca,
+        node_name=node_name,
+        server=server,
+        address=place.address,
+        cluster_dns=cluster_dns,
     )
-    make_shared_mount(layout.kubelet_dir)
+    if place == LOOPBACK:
+        make_shared_mount(layout.kubelet_dir)
+    root = root_dir or layout.kubelet_dir
     argv = [
+        *place.prefix,
         str(bin_),
         f"--config={config}",
         f"--kubeconfig={kubeconfig}",
-        f"--root-dir={layout.kubelet_dir}",
-        f"--cert-dir={layout.kubelet_dir / 'pki'}",
+        f"--root-dir={root}",
+        f"--cert-dir={root / 'pki'}",
         f"--hostname-override={node_name}",
+        *([] if place == LOOPBACK else [f"--node-ip={place.address}"]),
         "--v=2",
     ]
     kubelet = Component.start("kubelet", argv, log=layout.workdir / "logs" / "kubelet.log")
