@@ -27,11 +27,19 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy rukpak csi provisioner tests contrib/helm-provisioner/rukpak_helm
 
-## test: the whole suite (lint, types, proto drift, unit and integration tests)
+## test: the whole suite (lint, types, proto drift, unit and integration tests), then the
+## multi-node tests in a pytest run of their own (one local cluster at a time on 2 cores);
+## with PYTEST_ARGS, one run with exactly those arguments
 test: setup proto-check lint typecheck k8s-bins helm
-	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5): that is a failure, not a pass" >&2; fi; \
-	exit $$rc
+	@check() { rc=$$1; shift; \
+	  if [ $$rc -eq 5 ]; then echo "make test: pytest $$* collected no tests (exit 5): that is a failure, not a pass" >&2; fi; \
+	  return $$rc; }; \
+	if [ -n '$(strip $(PYTEST_ARGS))' ]; then \
+	  $(PY) -m pytest $(PYTEST_ARGS); check $$? $(PYTEST_ARGS); \
+	else \
+	  $(PY) -m pytest -m 'not multinode'; check $$? -m 'not multinode' \
+	  && { $(PY) -m pytest -m multinode; check $$? -m multinode; }; \
+	fi
 
 ## run: the project's main job on a local cluster: install RukPak from deploy/, then a
 ## BundleDeployment's life (install, drift, pivot, bad image, delete), each step timed

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make run`: the project's main job, end to end, on loopback.
+# `make run`: the project's main job, end to end, on this machine only.
 #
 # Part 1, bundles (no cluster needed):
 #  1. start a throwaway OCI registry (Debian's docker-registry) on a free port;
@@ -7,14 +7,15 @@
 #     linux/arm64 into an OCI layout, and push it;
 #  3. inspect what the registry now holds, the way the CSI driver will see it.
 # Part 2, RukPak installed and used (without KUBECONFIG):
-#  4. start a single-node Kubernetes (tests/cluster: etcd, kube-apiserver,
-#     controller-manager, scheduler, containerd, kubelet, and the registry the
-#     node pulls from), in this run's work directory;
+#  4. start a Kubernetes of $NODES nodes (default 2; tests/cluster: etcd, kube-apiserver,
+#     controller-manager, scheduler and the registry the nodes pull from in a network
+#     namespace of their own; each node with containerd, kubelet and kube-proxy in its
+#     own; CoreDNS), in this run's work directory;
 #  5. build the project's image (hack/image/build.sh, no container engine) and push
-#     it to the node's registry;
-#  6. install RukPak from the shipped manifests: an overlay of deploy/ with the two
-#     shipped components this cluster needs (kubelet-root: its kubelet dir is a temp
-#     dir; host-network: no kube-proxy), the image, `kubectl apply -k`;
+#     it to the cluster's registry;
+#  6. install RukPak from the shipped manifests as users do, everything reached through
+#     Services: an overlay of deploy/ with the kubelet-root component (the kubelet dir
+#     is a temp dir), the image, and the cluster's plain-HTTP registries; `kubectl apply -k`;
 #  7. a pod reads the bundle through an inline CSI volume (the DaemonSet's plugin);
 #  8. a BundleDeployment of hello: Installed and Healthy; a deleted managed Deployment
 #     comes back; a template change pivots to a new Bundle; a bad image keeps the old
@@ -22,7 +23,7 @@
 #  9. a v1alpha2 BundleDeployment (content named inline, no Bundle) created paused shows
 #     its permission preview, installs once approved, and reads as v1alpha1 through the
 #     manager's conversion webhook; a failing upgrade misses its progress deadline and is
-#     rolled back from the node cache with the registry stopped.
+#     rolled back from the node cache with its registry stopped.
 # Each step prints its wall time; every wait is bounded and shows `kubectl describe`
 # when it fails.
 # With KUBECONFIG set, part 2 only runs `rukpak apply/status/uninstall` into a
@@ -69,6 +70,8 @@ done
 
 WORK=$(mktemp -d -t rukpak-run.XXXXXX)
 SERVER_PID=""        # the Python process that keeps the demo registry
+RUN_REGISTRY_PID=""  # the Python process that keeps the registry of the v1alpha2 bundle
+NODES=${NODES:-2}
 OVERLAY=""           # the install overlay (local cluster)
 CLUSTER_DIR=""       # set once `python -m tests.cluster up` was started
 RUN_NS=""            # a user's cluster: the namespace of this run
@@ -100,6 +103,9 @@ cleanup() {
   if [ -n "$RUN_NS" ] && [ -n "$KUBECTL" ]; then
     "$RUKPAK" uninstall hello-run --system-namespace "$RUN_NS" >/dev/null 2>&1 || true
     "$KUBECTL" delete namespace "$RUN_NS" --wait=false >/dev/null 2>&1 || true
+  fi
+  if [ -n "$RUN_REGISTRY_PID" ]; then
+    stop_pid "$RUN_REGISTRY_PID" 10
   fi
   if [ -n "$CLUSTER_DIR" ]; then
     "$PY" -m tests.cluster down --dir "$CLUSTER_DIR" || status=1
@@ -264,44 +270,77 @@ show() { printf '$ kubectl %s\n' "$*"; "$KUBECTL" "$@"; }
 
 local_cluster() {
   CLUSTER_DIR="$WORK/cluster"
-  say "Starting a single-node Kubernetes on loopback"
-  echo "etcd, kube-apiserver, kube-controller-manager, kube-scheduler, a registry for the"
-  echo "node, containerd and a kubelet, all built from upstream v1.34 sources (cached):"
-  run "$PY" -m tests.cluster up --dir "$CLUSTER_DIR"
+  say "Starting a Kubernetes of $NODES nodes"
+  echo "etcd, kube-apiserver, kube-controller-manager, kube-scheduler and a registry in a"
+  echo "network namespace of their own; each node in its own network and mount namespaces"
+  echo "with containerd, a kubelet and kube-proxy; CoreDNS. All built from upstream sources"
+  echo "(Kubernetes v1.34, CoreDNS; cached); no address leads out of this machine:"
+  run "$PY" -m tests.cluster up --nodes "$NODES" --dir "$CLUSTER_DIR"
   export KUBECONFIG="$CLUSTER_DIR/admin.kubeconfig"
   local info
   info=$("$PY" - "$CLUSTER_DIR" <<'PY'
 import sys
 from pathlib import Path
 
-from tests.cluster import bins
+from tests.cluster import bins, machines
 from tests.cluster.localcluster import LocalCluster
 
 c = LocalCluster.load(Path(sys.argv[1]))
-print(c.registry_host, c.busybox_image, c.kubelet_dir, c.api_port, bins.find("kubectl"))
+state = machines.common_dir(c.workdir) / "rukpak-csi"
+print(c.registry_host, c.busybox_image, c.kubelet_dir, state, bins.find("kubectl"))
 PY
 )
-  local node_registry busybox kubelet_dir api_port
-  read -r node_registry busybox kubelet_dir api_port KUBECTL <<<"$info"
+  local node_registry busybox kubelet_dir state_dir
+  read -r node_registry busybox kubelet_dir state_dir KUBECTL <<<"$info"
+  show get nodes -o wide
   T_CLUSTER=$(since "$T0")
+
+  say "Starting a second registry the nodes reach (for the v1alpha2 bundle, stopped later)"
+  # in the control plane's namespace, like the cluster's own; kept by a Python process
+  "$PY" - "$WORK/run-registry" "$CLUSTER_DIR" >"$WORK/run-registry.addr" <<'PY' &
+import signal
+import sys
+from pathlib import Path
+
+from tests.cluster import images
+from tests.cluster.localcluster import LocalCluster
+
+cluster = LocalCluster.load(Path(sys.argv[2]))
+assert cluster.network is not None
+registry = images.start_registry(Path(sys.argv[1]), place=cluster.network.control_plane)
+signal.signal(signal.SIGTERM, lambda *_: (registry.stop(), sys.exit(0)))
+print(registry.host, registry.component.pid, flush=True)
+while True:
+    signal.pause()
+PY
+  RUN_REGISTRY_PID=$!
+  for _ in $(seq 300); do
+    [ -s "$WORK/run-registry.addr" ] && break
+    kill -0 "$RUN_REGISTRY_PID" 2>/dev/null || { echo "run.sh: the registry did not start" >&2; exit 1; }
+    sleep 0.1
+  done
+  local run_registry run_registry_pid
+  read -r run_registry run_registry_pid <"$WORK/run-registry.addr"
+  echo "docker-registry (pid $run_registry_pid) serves http://$run_registry"
 
   say "Building the project's image and pushing it to the node's registry"
   echo "hack/image/build.sh needs no container engine: a cached Debian base layer and the"
   echo "project's wheel as a second layer. One image runs every component: the node"
   echo "plugin, the manager, and the instance and unpack pods the manager starts."
   local image_ref="$node_registry/rukpak/rukpak-python:run"
-  bash hack/image/build.sh --digest-file "$WORK/image.digest" "$image_ref" 2>&1 \
+  bash hack/image/build.sh --insecure "$node_registry" --digest-file "$WORK/image.digest" "$image_ref" 2>&1 \
     | grep -E '^==> .*(cached|wheel|push|done)' || true
   [ -s "$WORK/image.digest" ] || { echo "run.sh: the image build failed" >&2; exit 1; }
   local image="${image_ref%:*}@$(cat "$WORK/image.digest")"
   echo "image: $image"
 
   say "Installing RukPak from the shipped manifests (deploy/)"
-  echo "This cluster differs from a standard one in two ways, and the shipped components"
-  echo "cover both: its kubelet root is a temp dir (deploy/components/kubelet-root) and it"
-  echo "has no kube-proxy, so pods reach the API server on the host network at"
-  echo "127.0.0.1:$api_port (deploy/components/host-network). The overlay holds only"
-  echo "those values and the image:"
+  echo "The default install: the manager, its webhooks (the conversion too) and contentURL"
+  echo "are reached through Services, no pod but the node plugin uses the host network. This"
+  echo "cluster differs from a standard one in two ways: its kubelet root is a temp dir"
+  echo "(deploy/components/kubelet-root), and its registries speak plain HTTP on private"
+  echo "addresses (one --insecure-registry flag each for the plugin and the manager). The"
+  echo "overlay holds only those values and the image:"
   OVERLAY="$WORK/overlay"
   mkdir -p "$OVERLAY"
   local rel
@@ -310,13 +349,18 @@ PY
 resources: [$rel]
 components:
   - $rel/components/kubelet-root
-  - $rel/components/host-network
 configMapGenerator:
   - name: rukpak-node-paths
-    literals: [kubeletRoot=$kubelet_dir, stateDir=$WORK/plugin-state]
-  - name: rukpak-apiserver
-    namespace: rukpak-system
-    literals: [KUBERNETES_SERVICE_HOST=127.0.0.1, KUBERNETES_SERVICE_PORT=$api_port]
+    literals: [kubeletRoot=$kubelet_dir, stateDir=$state_dir]
+patches:
+  - target: {kind: DaemonSet, name: rukpak-csi-node}
+    patch: |-
+      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --insecure-registry=$node_registry}
+      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --insecure-registry=$run_registry}
+  - target: {kind: Deployment, name: rukpak-manager}
+    patch: |-
+      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --insecure-registry=$node_registry}
+      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --insecure-registry=$run_registry}
 images:
   - name: rukpak-python
     newName: ${image%@*}
@@ -329,6 +373,7 @@ YAML
     show rollout status -n rukpak-system "$d" --timeout=180s
   done
   show get pods -n rukpak-system -o wide
+  show get services -n rukpak-system
   poll 60 "a manager replica holding the rukpak-manager Lease" "rukpak-system:lease/rukpak-manager" -- \
     "$KUBECTL" get lease rukpak-manager -n rukpak-system -o jsonpath='{.spec.holderIdentity}'
   echo "Lease holder (the other replica waits): $("$KUBECTL" get lease rukpak-manager \
@@ -342,10 +387,10 @@ YAML
   cp -r "$BUNDLE" "$dir"
   sed -i "s|docker.io/library/busybox:1.36|$busybox|" "$dir/manifests/03_deployment.yaml"
   local v1="$node_registry/examples/hello:v1" v2="$node_registry/examples/hello:v2"
-  run "$RUKPAK" bundle build "$dir" --tag "$v1" --push
+  run "$RUKPAK" bundle build "$dir" --tag "$v1" --push --insecure
   echo "v2 differs in its greeting:"
   sed -i 's|Hello from a RukPak bundle|Hello from v2 of the bundle|' "$dir/manifests/02_configmap.yaml"
-  run "$RUKPAK" bundle build "$dir" --tag "$v2" --push
+  run "$RUKPAK" bundle build "$dir" --tag "$v2" --push --insecure
 
   say "A pod reads the bundle through an inline CSI volume"
   cat >"$WORK/bundle-reader.yaml" <<YAML
@@ -442,7 +487,7 @@ YAML
   cp "$dir/manifests/"*.yaml "$baddir/manifests/"
   cp "$dir/manifests/02_configmap.yaml" "$baddir/manifests/extra/"
   "$PY" hack/image/ocitool.py layer "$baddir" "$WORK/hello-bad.tar.gz" >/dev/null
-  "$PY" hack/image/ocitool.py push --layer "$WORK/hello-bad.tar.gz" --entrypoint /bin/false \
+  "$PY" hack/image/ocitool.py push --insecure "$node_registry" --layer "$WORK/hello-bad.tar.gz" --entrypoint /bin/false \
     --path /bin "$bad" | tail -n 1
   show patch bundledeployments.v1alpha1.core.rukpak.io hello --type=merge \
     -p "{\"spec\":{\"template\":{\"spec\":{\"source\":{\"image\":{\"ref\":\"$bad\"}}}}}}"
@@ -464,10 +509,10 @@ YAML
   echo "was created in. This one installs a copy of hello living in namespace hello-inline,"
   echo "pushed to this run's own registry (stopped later, to roll back with it gone). It is"
   echo "created paused: nothing is applied, a preview run reports what it would do."
-  local inline_dir="$WORK/hello-inline" inline="$REGISTRY/examples/hello-inline:v1"
+  local inline_dir="$WORK/hello-inline" inline="$run_registry/examples/hello-inline:v1"
   cp -r "$dir" "$inline_dir"
   sed -i 's/^\(  \(name\|namespace\)\): hello$/\1: hello-inline/' "$inline_dir/manifests/"*.yaml
-  run "$RUKPAK" bundle build "$inline_dir" --tag "$inline" --push
+  run "$RUKPAK" bundle build "$inline_dir" --tag "$inline" --push --insecure
   cat >"$WORK/bd-v1alpha2.yaml" <<YAML
 apiVersion: core.rukpak.io/v1alpha2
 kind: BundleDeployment
@@ -507,17 +552,17 @@ YAML
   echo "v2 runs an image that cannot be pulled: installed, never Healthy. Once it is applied"
   echo "this run's registry is stopped; 30 s after the upgrade (progressDeadlineSeconds) the"
   echo "manager rolls back to revision 1, whose pinned content the node cache still holds."
-  local broken="$REGISTRY/examples/hello-inline:v2-broken" broken_dir="$WORK/hello-inline-v2"
+  local broken="$run_registry/examples/hello-inline:v2-broken" broken_dir="$WORK/hello-inline-v2"
   cp -r "$inline_dir" "$broken_dir"
   sed -i 's|^\(\s*image:\).*$|\1 127.0.0.1:9/unreachable:v0|' "$broken_dir/manifests/03_deployment.yaml"
-  run "$RUKPAK" bundle build "$broken_dir" --tag "$broken" --push
+  run "$RUKPAK" bundle build "$broken_dir" --tag "$broken" --push --insecure
   show patch bundledeployment hello-inline --type=merge \
     -p "{\"spec\":{\"source\":{\"image\":{\"ref\":\"$broken\"}}}}"
   poll 120 "revision 2 to be applied" "bundledeployment/hello-inline" -- \
     revision_is hello-inline 2
-  echo "Stopping the registry (pid $REGISTRY_PID): nothing can be fetched from here on."
-  stop_pid "$SERVER_PID" 10
-  SERVER_PID=""
+  echo "Stopping its registry (pid $run_registry_pid): nothing can be fetched from it now."
+  stop_pid "$RUN_REGISTRY_PID" 10
+  RUN_REGISTRY_PID=""
   poll 120 "the progress deadline" "bundledeployment/hello-inline" -- \
     bd_is hello-inline Progressing False
   poll 180 "revision 1 to be back" "bundledeployment/hello-inline" -- revision_is hello-inline 1
@@ -558,16 +603,18 @@ if [ -z "$USER_KUBECONFIG" ]; then
 What happened:
   - examples/bundles/hello was packed into a deterministic OCI image (two platforms)
     and read back the way the CSI driver pulls bundles;
-  - a single-node Kubernetes started on loopback and RukPak was installed on it from
-    deploy/ (CRDs, CSIDriver, node plugin DaemonSet, two manager replicas with leader
-    election, least-privilege RBAC) with only the image and this node's paths changed;
+  - a Kubernetes of $NODES nodes started (own network namespaces, kube-proxy, CoreDNS)
+    and RukPak was installed on it from deploy/ as users do, reached through Services
+    (CRDs, CSIDriver, node plugin DaemonSet, two manager replicas on two nodes with
+    leader election, least-privilege RBAC) with only the image, the kubelet's path and
+    the plain-HTTP registries changed;
   - a BundleDeployment installed hello, undid a deletion, pivoted to v2, kept v2 when
     v3's content was invalid (HasValidBundle=False, upstream's message), and took
     everything away when deleted;
   - a v1alpha2 BundleDeployment (upstream v0.24's shape, the source inline) was
     previewed while paused, installed once approved, without any Bundle object, read as
     v1alpha1 through the manager's conversion webhook; its failing upgrade was rolled
-    back from the node cache after its progress deadline, the registry stopped.
+    back from the node cache after its progress deadline, its registry stopped.
 Total $(since "$T0")s; cluster up at ${T_CLUSTER}s. Everything started is being stopped now.
 TXT
 else

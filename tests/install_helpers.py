@@ -141,9 +141,8 @@ class RukpakSystem:
     image: str
     workdir: Path
     manifests: Path  # the rendered overlay, exactly what was applied
+    state_dir: Path  # the plugin's cache as the nodes see it
     namespace: str = NAMESPACE
-
-    state_dir: Path | None = None  # the plugin's cache as the node sees it
 
     kubeconfig = below("cluster.kubeconfig")
     kubelet_dir = below("cluster.kubelet_dir")
@@ -265,7 +264,12 @@ def all_csi_mounts(system: RukpakSystem) -> list[Path]:
     machines = getattr(system.cluster, "machines", [])
     if not machines:
         return csi_mounts(system.kubelet_dir)
-    return [p for m in machines for p in csi_mounts(system.kubelet_dir, pid=m.holder.pid)]
+    return [
+        p
+        for m in machines
+        if m.holder.running()  # a node taken down for good has no mounts left
+        for p in csi_mounts(system.kubelet_dir, pid=m.holder.pid)
+    ]
 
 
 def uninstall(system: RukpakSystem) -> None:

@@ -74,18 +74,8 @@ def multinode_system(
 ) -> Iterator[install_helpers.RukpakSystem]:
     """RukPak installed on the multi-node cluster from ``deploy/`` with the kubelet-root
     component only, the plugin's cache at the same path on every node (each its own)."""
-    cluster = multinode_cluster
-    ref = f"{cluster.registry_host}/rukpak/rukpak-python:e2e"
-    image = image_helpers.build_and_push(ref, request=request, insecure=(cluster.registry_host,))
     workdir = Path(tempfile.mkdtemp(prefix="rk-mn-install-"))
-    system = install_helpers.install(
-        cluster,
-        workdir,
-        image,
-        components=("kubelet-root",),
-        state_dir=machines.common_dir(cluster.workdir) / "rukpak-csi",
-        patches=(insecure_registry(cluster.registry_host),),
-    )
+    system = install_system(multinode_cluster, workdir, request=request)
     try:
         yield system
     finally:
@@ -96,21 +86,41 @@ def multinode_system(
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def insecure_registry(host: str) -> dict[str, Any]:
-    """A kustomize patch: the node plugin pulls from ``host`` over plain HTTP (the cluster's
-    registry is not on loopback here)."""
-    return {
-        "target": {"kind": "DaemonSet", "name": install_helpers.DAEMONSET},
-        "patch": yaml.safe_dump(
-            [
-                {
-                    "op": "add",
-                    "path": "/spec/template/spec/containers/0/args/-",
-                    "value": f"--insecure-registry={host}",
-                }
-            ]
-        ),
-    }
+def install_system(
+    cluster: LocalCluster, workdir: Path, *, request: pytest.FixtureRequest | None = None
+) -> install_helpers.RukpakSystem:
+    """Build and push the image, install ``deploy/`` with the kubelet-root component only
+    (and the cluster's plain-HTTP registries), wait for the rollouts."""
+    ref = f"{cluster.registry_host}/rukpak/rukpak-python:e2e"
+    image = image_helpers.build_and_push(ref, request=request, insecure=(cluster.registry_host,))
+    return install_helpers.install(
+        cluster,
+        workdir,
+        image,
+        components=("kubelet-root",),
+        state_dir=machines.common_dir(cluster.workdir) / "rukpak-csi",
+        # every registry the tests start lives at the control plane's address
+        patches=insecure_registry(cluster.registry_host.rsplit(":", 1)[0]),
+    )
+
+
+def insecure_registry(host: str) -> tuple[dict[str, Any], ...]:
+    """Kustomize patches: the node plugin and the manager speak plain HTTP to ``host`` (any
+    port of it without one; the cluster's registry is not on loopback here), as a user with
+    such a registry would."""
+    add = yaml.safe_dump(
+        [
+            {
+                "op": "add",
+                "path": "/spec/template/spec/containers/0/args/-",
+                "value": f"--insecure-registry={host}",
+            }
+        ]
+    )
+    return (
+        {"target": {"kind": "DaemonSet", "name": install_helpers.DAEMONSET}, "patch": add},
+        {"target": {"kind": "Deployment", "name": install_helpers.MANAGER}, "patch": add},
+    )
 
 
 def machine(cluster: LocalCluster, name: str) -> NodeMachine:

@@ -231,9 +231,15 @@ def test_pull_policy_never_for_an_absent_image_is_failed_precondition(
     assert code_of(lambda: node.NodePublishVolume(request)) == grpc.StatusCode.FAILED_PRECONDITION
 
 
-def test_a_dead_registry_is_unavailable(plugin: PluginProcess, node: csi_pb2_grpc.NodeStub) -> None:
+def test_a_dead_registry_is_unavailable_and_the_message_names_the_node(
+    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub
+) -> None:
     request = publish_request(target(plugin), f"127.0.0.1:{free_port()}/node/dead:v1")
-    assert code_of(lambda: node.NodePublishVolume(request)) == grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(grpc.RpcError) as caught:
+        node.NodePublishVolume(request)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    # another node may reach that registry: the event must say which node could not
+    assert caught.value.details().endswith("(from node test-node)"), caught.value.details()
 
 
 def test_credentials_from_the_secret_are_used_and_never_logged(

@@ -20,9 +20,11 @@ Checked here, in this order (the last test takes a node down for good):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,9 +34,11 @@ import pytest
 from kubernetes import client
 
 from provisioner.engine.objects import ObjectRef
+from provisioner.manager import actuate, model
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
 from tests import multinode_helpers as mn
+from tests.cluster import images
 from tests.cluster.localcluster import LocalCluster
 from tests.polling import eventually
 
@@ -81,6 +85,22 @@ def namespace(multinode_cluster: LocalCluster) -> Iterator[str]:
         yield name
     finally:
         kubectl(multinode_cluster, "delete", "namespace", name, "--wait=false", check=False)
+
+
+@contextlib.contextmanager
+def scratch_namespace(core: client.CoreV1Api, prefix: str) -> Iterator[str]:
+    """``e2e.temporary_namespace`` that also waits for its pods to be gone: a pod whose
+    volume is still being unpublished must not outlive the plugin that serves it."""
+    with e2e.temporary_namespace(core, prefix) as ns:
+        try:
+            yield ns
+        finally:
+            core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+            eventually(
+                lambda: not core.list_namespaced_pod(ns).items,
+                timeout=120,
+                what=f"the pods of {ns} to be gone",
+            )
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +229,7 @@ def test_each_node_caches_a_bundle_on_its_own_when_a_pod_there_needs_it(
     ref = push_hello(system, tmp_path / "b", "cache", "mn-cache", "per-node")
     first, second = cluster.node_names[0], cluster.node_names[1]
     before = {n: cached_blobs(cluster, n) for n in (first, second)}
-    with e2e.temporary_namespace(core, "mn-cache") as ns:
+    with scratch_namespace(core, "mn-cache") as ns:
         for i, node in enumerate((first, second)):
             pod = e2e.bundle_pod(
                 f"reader-{i}",
@@ -227,3 +247,219 @@ def test_each_node_caches_a_bundle_on_its_own_when_a_pod_there_needs_it(
                 assert cached_blobs(cluster, second) == before[second]
         gained = {n: cached_blobs(cluster, n) - before[n] for n in (first, second)}
     assert gained[first] and gained[first] == gained[second], gained
+
+
+# -- instances, plugins and registries per node ----------------------------------------------
+
+
+def installed(system: inst.RukpakSystem, name: str) -> bool:
+    live = system.kube.get(actuate.bd_ref(name)) or {}
+    c = inst.conditions(live).get("Installed") or {}
+    return (c.get("status"), c.get("reason")) == ("True", "InstallationSucceeded")
+
+
+def run_pod_nodes(system: inst.RukpakSystem, name: str) -> list[str]:
+    """The nodes the scheduler put ``name``'s instance run pods on (their Scheduled events:
+    run pods are gone once they finished)."""
+    out = system.kubectl(
+        "get", "events", "-n", inst.NAMESPACE, "--field-selector", "reason=Scheduled",
+        "-o", "jsonpath={range .items[*]}{.message}{'\\n'}{end}",
+    )  # fmt: skip
+    prefix = f"Successfully assigned {inst.NAMESPACE}/{model.instance_name(name)}-"
+    return [line.rsplit(" to ", 1)[1] for line in out.splitlines() if line.startswith(prefix)]
+
+
+def greeting(system: inst.RukpakSystem, ns: str) -> str:
+    cm = system.kube.get(ObjectRef("", "v1", "ConfigMap", ns, "hello-greeting")) or {}
+    return str((cm.get("data") or {}).get("greeting") or "")
+
+
+def test_an_instance_runs_on_another_node_than_the_manager_and_installs(
+    multinode_system: inst.RukpakSystem, tmp_path: Path
+) -> None:
+    system = multinode_system
+    manager_node = node_of(system, leader(system))
+    name = ns = f"mn-elsewhere-{SUFFIX}"
+    ref = push_hello(system, tmp_path / "b", "elsewhere", ns, "from-another-node")
+    # the leader's node takes no new pod: the instance must run elsewhere
+    system.kubectl("cordon", manager_node)
+    try:
+        system.kube.create(inst.bundle_deployment(name, ref))
+        eventually(lambda: installed(system, name), timeout=180, what=f"{name} Installed")
+    finally:
+        system.kubectl("uncordon", manager_node)
+    assert greeting(system, ns) == "from-another-node"
+    ran_on = run_pod_nodes(system, name)
+    assert ran_on and manager_node not in ran_on, (manager_node, ran_on)
+
+
+def plugin_nodes(system: inst.RukpakSystem) -> list[str]:
+    return sorted(
+        p["spec"]["nodeName"]
+        for p in pods(system, "app.kubernetes.io/component=node-plugin")
+        if p["status"].get("phase") == "Running"
+    )
+
+
+def wait_failed_mount(core: client.CoreV1Api, ns: str, pod: str, needle: str) -> str:
+    def found() -> str:
+        return next((m for m in e2e.failed_mount_messages(core, ns, pod) if needle in m), "")
+
+    try:
+        return eventually(found, timeout=150, what=f"a FailedMount event of {pod} with {needle!r}")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nevents:\n{e2e.pod_events(core, ns, pod)}") from None
+
+
+def reader(system: inst.RukpakSystem, name: str, node: str, ref: str) -> client.V1Pod:
+    pod = e2e.bundle_pod(
+        name,
+        image=system.busybox_image,
+        command="ls /bundle/manifests",
+        volume=e2e.inline_bundle_volume(ref),
+    )
+    pod.spec.node_name = node
+    return pod
+
+
+def wait_registered(cluster: LocalCluster, *, without: str = "") -> None:
+    """Until the kubelet of every node but ``without`` has the plugin registered (a
+    restarted plugin registers again a moment after its pod is Ready), and ``without``'s
+    has not."""
+
+    def settled() -> bool:
+        with e2e.api(cluster) as api:
+            return all(
+                (e2e.DRIVER in e2e.csinode_drivers(api, n)) == (n != without)
+                for n in cluster.node_names
+            )
+
+    eventually(settled, timeout=90, what=f"csi.rukpak.io registered on every node but {without!r}")
+
+
+def test_a_node_without_its_plugin_fails_its_pods_clearly_and_no_other(
+    multinode_system: inst.RukpakSystem, core: client.CoreV1Api, tmp_path: Path
+) -> None:
+    system, cluster = multinode_system, multinode_system.cluster
+    down, up = cluster.node_names[-1], cluster.node_names[0]
+    ref = push_hello(system, tmp_path / "b", "noplugin", "mn-noplugin", "x")
+    label = "rukpak.test/no-plugin"
+    away = {
+        "spec": {"template": {"spec": {"affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": label, "operator": "DoesNotExist"}]}
+            ]}
+        }}}}}
+    }  # fmt: skip
+    ds = ["-n", inst.NAMESPACE, f"daemonset/{inst.DAEMONSET}"]
+    system.kubectl("label", "node", down, f"{label}=true")
+    system.kubectl("patch", *ds, "--type=merge", "-p", json.dumps(away))
+    try:
+        system.kubectl("rollout", "status", *ds, "--timeout=180s", timeout=200)
+        assert down not in plugin_nodes(system)
+        wait_registered(cluster, without=down)
+        with scratch_namespace(core, "mn-noplugin") as ns:
+            e2e.create_pod(core, ns, reader(system, "there", down, ref))
+            e2e.create_pod(core, ns, reader(system, "elsewhere", up, ref))
+            message = wait_failed_mount(core, ns, "there", "csi.rukpak.io")
+            assert "not found in the list of registered CSI drivers" in message, message
+            done = e2e.wait_phase(core, ns, "elsewhere", ("Succeeded", "Failed"), timeout=120)
+            assert done.status.phase == "Succeeded", e2e.pod_events(core, ns, "elsewhere")
+            assert not e2e.failed_mount_messages(core, ns, "elsewhere")
+    finally:
+        system.kubectl("label", "node", down, f"{label}-")
+        system.kubectl(
+            "patch", *ds, "--type=json",
+            "-p", '[{"op": "remove", "path": "/spec/template/spec/affinity"}]', check=False,
+        )  # fmt: skip
+        system.kubectl("rollout", "status", *ds, "--timeout=180s", timeout=200)
+    assert plugin_nodes(system) == sorted(cluster.node_names)
+    wait_registered(cluster)
+
+
+def test_a_registry_one_node_cannot_reach_is_reported_with_that_node(
+    multinode_system: inst.RukpakSystem, core: client.CoreV1Api, tmp_path: Path
+) -> None:
+    system, cluster = multinode_system, multinode_system.cluster
+    assert cluster.network is not None
+    blocked, fine = cluster.node_names[1], cluster.node_names[0]
+    # a registry of its own, so the node still pulls its pods' images from the cluster's
+    own = images.start_registry(
+        tmp_path / "registry", log=tmp_path / "registry.log", place=cluster.network.control_plane
+    )
+    rule = ["OUTPUT", "-p", "tcp", "-d", own.address, "--dport", str(own.port), "-j", "REJECT",
+            "--reject-with", "tcp-reset"]  # fmt: skip
+    node = mn.machine(cluster, blocked)
+    try:
+        inst.hello_bundle(tmp_path / "b", namespace="mn-blocked", image=system.busybox_image)
+        ref = f"{own.host}/mn-{SUFFIX}/blocked:v1"
+        e2e.push_bundle(tmp_path / "b", ref, insecure=True)
+        added = node.run("iptables", "-I", *rule)
+        assert added.returncode == 0, added.stderr
+        with scratch_namespace(core, "mn-blocked") as ns:
+            e2e.create_pod(core, ns, reader(system, "blocked", blocked, ref))
+            e2e.create_pod(core, ns, reader(system, "fine", fine, ref))
+            message = wait_failed_mount(core, ns, "blocked", f"(from node {blocked})")
+            assert own.host in message, message
+            done = e2e.wait_phase(core, ns, "fine", ("Succeeded", "Failed"), timeout=120)
+            assert done.status.phase == "Succeeded", e2e.pod_events(core, ns, "fine")
+    finally:
+        node.run("iptables", "-D", *rule)
+        own.stop()
+
+
+# -- losing a node ----------------------------------------------------------------------------
+
+
+def test_the_leaders_node_is_lost_and_the_other_replica_takes_over(
+    multinode_system: inst.RukpakSystem, tmp_path: Path
+) -> None:
+    """Runs last: the node stays down (its pods are force-deleted, the Node removed)."""
+    system, cluster = multinode_system, multinode_system.cluster
+    name = ns = f"mn-before-{SUFFIX}"
+    ref = push_hello(system, tmp_path / "a", "before", ns, "before")
+    system.kube.create(inst.bundle_deployment(name, ref))
+    eventually(lambda: installed(system, name), timeout=180, what=f"{name} Installed")
+    eventually(lambda: not run_pods(system, name), timeout=60, what="no run pod at rest")
+    settings = ObjectRef("", "v1", "ConfigMap", ns, "hello-greeting")
+    version = (system.kube.get(settings) or {})["metadata"]["resourceVersion"]
+    runs = len(run_pod_nodes(system, name))
+
+    old = leader(system)
+    lost = node_of(system, old)
+    started = time.monotonic()
+    mn.machine(cluster, lost).stop()  # kubelet, containers, kube-proxy: the machine is off
+    try:
+        new = eventually(
+            lambda: next((h for h in [leader(system)] if h and h != old), None),
+            timeout=90,
+            what="a new Lease holder",
+        )
+        took = time.monotonic() - started
+        assert node_of(system, new) != lost
+        print(f"takeover after the leader's node was lost: {took:.1f}s")
+        # new work is done by the new leader, on the nodes that are left
+        system.kubectl(
+            "wait", "node", lost, "--for=condition=Ready=Unknown", "--timeout=90s", timeout=100
+        )
+        after = f"mn-after-{SUFFIX}"
+        ref2 = push_hello(system, tmp_path / "b", "after", after, "after")
+        system.kube.create(inst.bundle_deployment(after, ref2))
+        eventually(lambda: installed(system, after), timeout=180, what=f"{after} Installed")
+        assert greeting(system, after) == "after"
+        # what was installed before was not applied again
+        assert (system.kube.get(settings) or {})["metadata"]["resourceVersion"] == version
+        assert len(run_pod_nodes(system, name)) == runs
+        assert installed(system, name)
+    finally:
+        # what ran there can never say it stopped: remove it, as an operator would
+        system.kubectl(
+            "delete", "pods", "--all-namespaces", "--field-selector", f"spec.nodeName={lost}",
+            "--force", "--grace-period=0", check=False,
+        )  # fmt: skip
+        system.kubectl("delete", "node", lost, "--wait=false", check=False)
+
+
+def run_pods(system: inst.RukpakSystem, name: str) -> list[str]:
+    out = system.kubectl("get", "pods", "-n", inst.NAMESPACE, "-o", "name")
+    return [p for p in out.split() if p.startswith(f"pod/{model.instance_name(name)}-")]

@@ -23,6 +23,10 @@ from csi.volume import access
 from rukpak.common import errors
 from rukpak.sources.volume import VolumeSource, credentials_from_secrets
 
+# Failures that depend on where the plugin runs (its network, its clock); the message
+# names the node, as kubelet's event does not say which node's plugin answered.
+NODE_LOCAL = (errors.Unavailable, errors.DeadlineExceeded)
+
 
 def _require(volume_id: str, target_path: str) -> None:
     """Both publish and unpublish name the volume and the target path."""
@@ -52,15 +56,19 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         secrets = dict(request.secrets)
         source = VolumeSource.from_attributes(dict(request.volume_context)).with_secrets(secrets)
         deadline = self.publisher.deadline(context.time_remaining())
-        self.publisher.publish(
-            PublishRequest(
-                volume_id=request.volume_id,
-                target_path=request.target_path,
-                source=source,
-                credentials=credentials_from_secrets(secrets, source),
-            ),
-            deadline=deadline,
-        )
+        try:
+            self.publisher.publish(
+                PublishRequest(
+                    volume_id=request.volume_id,
+                    target_path=request.target_path,
+                    source=source,
+                    credentials=credentials_from_secrets(secrets, source),
+                ),
+                deadline=deadline,
+            )
+        except NODE_LOCAL as e:
+            # a source this node cannot reach may answer others: say which node asked
+            raise type(e)(f"{e} (from node {self.node_id})") from e
         return csi_pb2.NodePublishVolumeResponse()
 
     @rpc

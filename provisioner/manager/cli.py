@@ -22,6 +22,7 @@ from provisioner.manager import actuate, certs, content, controller, model, webh
 from provisioner.runtime import flags, service, signals
 from provisioner.runtime.metrics import Metrics
 from rukpak.common import errors
+from rukpak.oci import client as oci_client
 
 log = logging.getLogger("rukpak.manager")
 WATCH_TIMEOUT = 300
@@ -106,6 +107,14 @@ def register(subparsers: Any) -> None:
         "status.contentURL is <base>/bundles/<name>.tgz (default: "
         "https://<webhook-service>.<system-namespace>.svc; '' writes none)",
     )
+    p.add_argument(
+        "--insecure-registry",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT]",
+        help="registry spoken to over plain HTTP when resolving tags and packing content "
+        "(loopback always is); give the node plugin the same list; repeatable",
+    )
     flags.add_controller(p, lease=LEASE_NAME, workers="reconcile")
     p.add_argument(
         "--resync", type=float, default=30.0, help="seconds between full resyncs (default: 30)"
@@ -173,7 +182,13 @@ def start_webhook(
         host=args.webhook_bind,
         port=args.webhook_port,
         default_namespace=default_namespace,
-        content=content.Content(kube, system_namespace=namespace),
+        content=content.Content(
+            kube,
+            system_namespace=namespace,
+            registry=lambda creds: oci_client.RegistryClient(
+                credentials=creds, insecure=args.insecure_registry
+            ),
+        ),
         users=webhook.users_from(kube),
         metrics=metrics,
     )
@@ -228,7 +243,9 @@ def run_manager(args: argparse.Namespace) -> int:
         ctl = controller.Controller(
             kube,
             settings,
-            resolve=actuate.RegistryResolver(),
+            resolve=actuate.RegistryResolver(
+                oci_client.RegistryClient(insecure=args.insecure_registry)
+            ),
             resync=args.resync,
             metrics=metrics,
             watch_timeout=WATCH_TIMEOUT,

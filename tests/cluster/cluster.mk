@@ -5,9 +5,11 @@
 k8s-bins:
 	@bash tests/cluster/build.sh
 
-## cluster-up: start the single-node cluster detached; prints `export KUBECONFIG=...`
+## cluster-up: start the cluster detached; prints `export KUBECONFIG=...`. NODES=3 starts
+## three nodes, each in its own network and mount namespaces, with kube-proxy and CoreDNS
+NODES ?= 1
 cluster-up: setup k8s-bins
-	@$(PY) -m tests.cluster up
+	@$(PY) -m tests.cluster up --nodes $(NODES)
 
 ## cluster-down: stop the cluster cluster-up started (by its recorded pids)
 cluster-down:

@@ -183,7 +183,13 @@ def _secure_serving(
 
 
 def start_kube_controller_manager(
-    bin_: Path, workdir: Path, *, kubeconfig: Path, files: Pki, place: Place = LOOPBACK
+    bin_: Path,
+    workdir: Path,
+    *,
+    kubeconfig: Path,
+    files: Pki,
+    place: Place = LOOPBACK,
+    extra_args: Sequence[str] = (),
 ) -> Component:
     """kube-controller-manager with every default controller, signing with the cluster CA."""
     port = free_port()
@@ -199,6 +205,7 @@ def start_kube_controller_manager(
         "--controllers=*",
         "--profiling=false",
         "--v=1",
+        *extra_args,
     ]
     kcm = Component.start(
         "kube-controller-manager", argv, log=workdir / "logs" / "kube-controller-manager.log"

@@ -267,6 +267,8 @@ class LocalCluster:
                 kubeconfig=self.kubeconfig,
                 files=files,
                 place=cp,
+                # a lost node is NotReady (and unreachable-tainted) after 20 s, not 50 s
+                extra_args=("--node-monitor-grace-period=20s",),
             )
         )
         self.components.append(

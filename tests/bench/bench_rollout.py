@@ -1,0 +1,187 @@
+"""Benchmark: a new bundle version rolled out to every node of the multi-node cluster at
+once: time until every node serves it, and what the registry sent for it.
+
+Where it sits: ``make bench`` (``python -m tests.bench rollout``). Starts the multi-node
+local cluster (``NODES`` nodes, ``tests.cluster`` with kube-proxy and CoreDNS) and installs
+``deploy/`` as the multi-node tests do (``tests.multinode_helpers.install_system``). Each
+round pushes a version no node has seen (a layer of ``PAYLOAD`` random bytes, which no
+compression shrinks) to a registry of its own in the control plane's namespace, then
+creates one reader pod per node, all at once, each mounting that version through an inline
+CSI volume. An iptables counting rule in the control plane's namespace measures the bytes
+the registry sent.
+
+Figures (median over the rounds):
+
+- **rollout time**: the pods created -> every node's reader Running (its volume published);
+- **registry egress per rollout**, against the version's size in the registry (its blobs
+  and manifest): the number of full pulls a rollout costs. Today every node pulls the
+  image itself, so this is the node count; the figure is what a node-to-node blob source
+  or pre-staging would bring down (see docs/scale.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests import install_helpers as inst
+from tests import multinode_helpers as mn
+from tests.bench import Result, median, progress
+from tests.cluster import bins, images
+from tests.cluster.localcluster import LocalCluster
+
+NODES = 3
+ROUNDS = 3
+PAYLOAD = 4 * 1024 * 1024
+REPO_ROOT = Path(__file__).resolve().parents[2]
+OCITOOL = REPO_ROOT / "hack" / "image" / "ocitool.py"
+
+
+def _push_version(workdir: Path, ref: str, host: str) -> int:
+    """Push an image of one fresh random layer as ``ref``; its size in the registry."""
+    root = workdir / "content"
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "manifests").mkdir(parents=True)
+    (root / "manifests" / "payload.bin").write_bytes(os.urandom(PAYLOAD))
+    layer = workdir / "layer.tar.gz"
+    subprocess.run([sys.executable, str(OCITOOL), "layer", str(root), str(layer)], check=True,
+                   capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, str(OCITOOL), "push", "--insecure", host, "--layer", str(layer),
+         "--entrypoint", "/bin/false", "--path", "/bin", ref],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    size = layer.stat().st_size
+    return size
+
+
+def _egress(cluster: LocalCluster, port: int, *, reset: bool = False) -> int:
+    """Bytes the registry on ``port`` sent since the last reset (a counting rule)."""
+    assert cluster.network is not None
+    prefix = cluster.network.control_plane.prefix
+    out = subprocess.run(
+        [*prefix, "iptables", "-L", "OUTPUT", "-v", "-x", "-n", *(["-Z"] if reset else [])],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    for line in out.splitlines():
+        if f"spt:{port}" in line:
+            return int(line.split()[1])
+    raise RuntimeError(f"no counting rule for port {port} in:\n{out}")
+
+
+def _readers(system: inst.RukpakSystem, ns: str, ref: str) -> list[dict[str, object]]:
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"reader-{node}", "namespace": ns},
+            "spec": {
+                "nodeName": node,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [
+                    {
+                        "name": "reader",
+                        "image": system.busybox_image,
+                        "command": [
+                            "sh",
+                            "-c",
+                            "test -s /bundle/manifests/payload.bin && sleep 3600",
+                        ],
+                        "volumeMounts": [{"name": "bundle", "mountPath": "/bundle"}],
+                    }
+                ],
+                "volumes": [
+                    {
+                        "name": "bundle",
+                        "csi": {
+                            "driver": "csi.rukpak.io",
+                            "readOnly": True,
+                            "volumeAttributes": {"image": ref},
+                        },
+                    }
+                ],
+            },
+        }
+        for node in system.cluster.node_names
+    ]
+
+
+def _all_running(system: inst.RukpakSystem, ns: str) -> bool:
+    out = system.kubectl("get", "pods", "-n", ns, "-o", "json")
+    items = json.loads(out)["items"]
+    return len(items) == NODES and all(p["status"].get("phase") == "Running" for p in items)
+
+
+def _measure(system: inst.RukpakSystem, workdir: Path) -> list[Result]:
+    cluster = system.cluster
+    assert cluster.network is not None
+    registry = images.start_registry(
+        workdir / "registry", log=workdir / "registry.log", place=cluster.network.control_plane
+    )
+    rule = ["OUTPUT", "-p", "tcp", "--sport", str(registry.port)]
+    subprocess.run([*cluster.network.control_plane.prefix, "iptables", "-I", *rule], check=True)
+    times: list[float] = []
+    pulls: list[float] = []
+    sizes: list[float] = []
+    try:
+        for index in range(ROUNDS):
+            ref = f"{registry.host}/bench-rollout/app:v{index}"
+            size = _push_version(workdir, ref, registry.host)
+            ns = f"rollout-{index}"
+            system.kubectl("create", "namespace", ns)
+            _egress(cluster, registry.port, reset=True)
+            started = time.monotonic()
+            system.kubectl("apply", "-f", "-", stdin="\n---\n".join(
+                json.dumps(d) for d in _readers(system, ns, ref)))  # fmt: skip
+            deadline = started + 180
+            while not _all_running(system, ns):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"round {index}: not every reader Running")
+                time.sleep(0.1)
+            took = time.monotonic() - started
+            sent = _egress(cluster, registry.port)
+            times.append(took)
+            pulls.append(sent / size)
+            sizes.append(size)
+            progress(f"rollout: round {index}: {took:.2f}s, registry sent {sent} B "
+                     f"for a {size} B layer ({sent / size:.2f} pulls)")  # fmt: skip
+            system.kubectl("delete", "namespace", ns, "--wait=false")
+    finally:
+        registry.stop()
+    return [
+        Result(
+            f"{NODES}-node rollout of a new {PAYLOAD // 1024 // 1024} MiB bundle: all serving",
+            median(times),
+            "s",
+            note="pods created -> every node's reader Running",
+        ),
+        Result(
+            f"registry egress per {NODES}-node rollout (full pulls)",
+            median(pulls),
+            "pulls",
+            note=f"bytes sent / layer size ({median(sizes):.0f} B); every node pulls itself",
+        ),
+    ]
+
+
+def run(workdir: Path) -> list[Result]:
+    reason = mn.missing_capability()
+    if reason:
+        raise RuntimeError(reason)
+    found = bins.ensure(bins.MULTINODE)
+    progress(f"rollout: starting a {NODES}-node cluster")
+    cluster = LocalCluster.start(workdir / "cluster", nodes=NODES, binaries=found)
+    try:
+        progress("rollout: building the image and installing deploy/")
+        system = mn.install_system(cluster, workdir / "install")
+        try:
+            return _measure(system, workdir)
+        finally:
+            system.kube.close()
+    finally:
+        cluster.stop(remove=True)
