@@ -7,7 +7,7 @@
 #     linux/arm64 into an OCI layout, and push it;
 #  3. inspect what the registry now holds, the way the CSI driver will see it.
 # Part 2, RukPak installed and used (without KUBECONFIG):
-#  4. start a Kubernetes of $NODES nodes (default 2; tests/cluster: etcd, kube-apiserver,
+#  4. start a Kubernetes of $NODES nodes (default 1; tests/cluster: etcd, kube-apiserver,
 #     controller-manager, scheduler and the registry the nodes pull from in a network
 #     namespace of their own; each node with containerd, kubelet and kube-proxy in its
 #     own; CoreDNS), in this run's work directory;
@@ -71,7 +71,7 @@ done
 WORK=$(mktemp -d -t rukpak-run.XXXXXX)
 SERVER_PID=""        # the Python process that keeps the demo registry
 RUN_REGISTRY_PID=""  # the Python process that keeps the registry of the v1alpha2 bundle
-NODES=${NODES:-2}
+NODES=${NODES:-1}
 OVERLAY=""           # the install overlay (local cluster)
 CLUSTER_DIR=""       # set once `python -m tests.cluster up` was started
 RUN_NS=""            # a user's cluster: the namespace of this run
@@ -270,12 +270,12 @@ show() { printf '$ kubectl %s\n' "$*"; "$KUBECTL" "$@"; }
 
 local_cluster() {
   CLUSTER_DIR="$WORK/cluster"
-  say "Starting a Kubernetes of $NODES nodes"
+  say "Starting a Kubernetes of $NODES node(s)"
   echo "etcd, kube-apiserver, kube-controller-manager, kube-scheduler and a registry in a"
   echo "network namespace of their own; each node in its own network and mount namespaces"
   echo "with containerd, a kubelet and kube-proxy; CoreDNS. All built from upstream sources"
   echo "(Kubernetes v1.34, CoreDNS; cached); no address leads out of this machine:"
-  run "$PY" -m tests.cluster up --nodes "$NODES" --dir "$CLUSTER_DIR"
+  run "$PY" -m tests.cluster up --nodes "$NODES" --networked --dir "$CLUSTER_DIR"
   export KUBECONFIG="$CLUSTER_DIR/admin.kubeconfig"
   local info
   info=$("$PY" - "$CLUSTER_DIR" <<'PY'
@@ -603,11 +603,11 @@ if [ -z "$USER_KUBECONFIG" ]; then
 What happened:
   - examples/bundles/hello was packed into a deterministic OCI image (two platforms)
     and read back the way the CSI driver pulls bundles;
-  - a Kubernetes of $NODES nodes started (own network namespaces, kube-proxy, CoreDNS)
+  - a Kubernetes of $NODES node(s) started (own network namespaces, kube-proxy, CoreDNS)
     and RukPak was installed on it from deploy/ as users do, reached through Services
-    (CRDs, CSIDriver, node plugin DaemonSet, two manager replicas on two nodes with
-    leader election, least-privilege RBAC) with only the image, the kubelet's path and
-    the plain-HTTP registries changed;
+    (CRDs, CSIDriver, node plugin DaemonSet, two manager replicas with leader election,
+    least-privilege RBAC) with only the image, the kubelet's path and the plain-HTTP
+    registries changed;
   - a BundleDeployment installed hello, undid a deletion, pivoted to v2, kept v2 when
     v3's content was invalid (HasValidBundle=False, upstream's message), and took
     everything away when deleted;

@@ -40,7 +40,7 @@ def _found(workdir: Path) -> LocalCluster | None:
     return cluster
 
 
-def up(workdir: Path, *, node: bool, nodes: int = 1) -> int:
+def up(workdir: Path, *, node: bool, nodes: int = 1, networked: bool = False) -> int:
     existing = _running(workdir)
     if existing is not None and existing.components:
         print(f"cluster already running in {workdir} (`python -m tests.cluster down` first)")
@@ -50,7 +50,7 @@ def up(workdir: Path, *, node: bool, nodes: int = 1) -> int:
         existing.stop(remove=True)  # leftovers of a cluster whose processes are gone
     started = time.monotonic()
     try:
-        cluster = LocalCluster.start(workdir, node=node, nodes=nodes)
+        cluster = LocalCluster.start(workdir, node=node, nodes=nodes, networked=networked)
     except ComponentError as e:
         print(f"cluster-up failed: {e}", file=sys.stderr)
         return 1
@@ -108,13 +108,18 @@ def main(argv: list[str] | None = None) -> int:
         help="up: how many nodes (default $NODES or 1); more than one gives each node its "
         "own network namespace, with kube-proxy and CoreDNS",
     )
+    parser.add_argument(
+        "--networked",
+        action="store_true",
+        help="up: one node too in its own namespaces, with kube-proxy and CoreDNS",
+    )
     parser.add_argument("--dir", type=Path, default=None, help="state directory")
     args = parser.parse_args(argv)
     workdir = args.dir or state_dir()
     if args.command == "up":
         if args.nodes < 1:
             parser.error("--nodes must be at least 1")
-        return up(workdir, node=not args.no_node, nodes=args.nodes)
+        return up(workdir, node=not args.no_node, nodes=args.nodes, networked=args.networked)
     if args.command == "down":
         return down(workdir)
     return status(workdir)

@@ -3,8 +3,8 @@
 ``LocalCluster.start(workdir, node=False)`` runs etcd + kube-apiserver only (seconds;
 enough for apply-engine tests); ``node=True`` adds kube-controller-manager,
 kube-scheduler, a registry with the pause and busybox images, containerd and a kubelet,
-all on loopback, and returns once the Node is Ready. ``nodes=N`` (N > 1) starts a
-multi-node cluster instead: the control plane in a network namespace of its own, N nodes
+all on loopback, and returns once the Node is Ready. ``nodes=N`` (N > 1, or 1 with
+``networked``) starts a cluster with Service networking instead: the control plane in a network namespace of its own, N nodes
 each in their own network and mount namespaces (``machines``, ``network``) with
 kube-proxy, pods routed across nodes, and CoreDNS behind the ``kube-dns`` Service
 (``dns``). ``stop`` ends every process by pid and undoes the nodes' mounts and network.
@@ -117,17 +117,18 @@ class LocalCluster:
         *,
         node: bool = True,
         nodes: int = 1,
+        networked: bool = False,
         registry: images.Registry | None = None,
         binaries: dict[str, Path] | None = None,
     ) -> LocalCluster:
         """Start a cluster in ``workdir``; on any failure stop what started and re-raise.
 
         ``registry`` (host, url, stop) is used instead of starting one; the cluster does not
-        stop it. ``nodes`` > 1 starts the multi-node cluster (with its own registry, which
-        the nodes reach).
+        stop it. ``nodes`` > 1, or ``networked``, starts the cluster of nodes in their own
+        namespaces, with kube-proxy and CoreDNS (and its own registry, which the nodes reach).
         """
         workdir.mkdir(parents=True, exist_ok=True)
-        if nodes > 1:
+        if nodes > 1 or networked:
             return cls._start_multinode(workdir, nodes, binaries)
         names = bins.ALL if node else bins.CONTROL_PLANE
         found = binaries or bins.ensure(names)
