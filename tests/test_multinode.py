@@ -23,7 +23,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -38,7 +40,7 @@ from provisioner.manager import actuate, model
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
 from tests import multinode_helpers as mn
-from tests.cluster import images
+from tests.cluster import bins, images, process
 from tests.cluster.localcluster import LocalCluster
 from tests.polling import eventually
 
@@ -110,6 +112,38 @@ def core(multinode_cluster: LocalCluster) -> Iterator[client.CoreV1Api]:
 
 
 # -- the cluster ----------------------------------------------------------------------------
+
+
+def _netns() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def test_a_cluster_of_two_nodes_starts_and_stops_leaving_nothing_behind() -> None:
+    """Runs before the session's cluster starts: one cluster at a time."""
+    reason = mn.missing_capability()
+    if reason:
+        pytest.skip(reason)
+    # short: containerd's sockets below it must stay under 104 bytes
+    workdir = Path(tempfile.mkdtemp(prefix="rk-mn2-"))
+    cluster = LocalCluster.start(workdir, nodes=2, binaries=bins.ensure(bins.MULTINODE))
+    try:
+        assert cluster.network is not None
+        names = {ns for ns, _ in cluster.network.machines()}
+        assert names <= _netns()
+        assert all(cluster.node_ready(n) for n in cluster.node_names) and len(cluster.machines) == 2
+        # what `python -m tests.cluster down` loads from state.json stops the same things
+        loaded = LocalCluster.load(cluster.workdir)
+        assert sorted(loaded.pids()) == sorted(cluster.pids())
+    finally:
+        pids = cluster.pids()
+        LocalCluster.load(cluster.workdir).stop(remove=True)
+    assert not names & _netns()
+    gone = subprocess.run(["ip", "link", "show", cluster.network.bridge], capture_output=True)
+    assert gone.returncode != 0, "the bridge is left"
+    assert not [p for p in pids if Path(f"/proc/{p}").exists() and process.pid_alive(p)]
+    assert not (workdir / "nodes").exists()
+    shutil.rmtree(workdir)
 
 
 def test_pods_reach_each_other_across_nodes_by_address_service_and_name(
