@@ -4,6 +4,7 @@ RukPak installed without any host-network component.
 
 Checked here, in this order (the last test takes a node down for good):
 
+- a cluster of two nodes starts and stops, leaving no namespace, bridge or process;
 - pods reach each other across nodes, by pod address, by Service address and by DNS
   name; names outside the cluster do not resolve (nothing leads out);
 - the install as users run it: the node plugin on every node, the two manager replicas
@@ -14,6 +15,7 @@ Checked here, in this order (the last test takes a node down for good):
 - a node whose plugin is down: a pod needing a bundle there gets a clear event, a pod on
   another node is unaffected;
 - a registry that one node cannot reach: the pod's event names that node;
+- a node drained while an instance run of it is there: the install completes;
 - the leader's node is lost: the other replica takes over within the lease time, and
   nothing installed is applied again.
 """
@@ -440,6 +442,52 @@ def test_a_registry_one_node_cannot_reach_is_reported_with_that_node(
     finally:
         node.run("iptables", "-D", *rule)
         own.stop()
+
+
+def test_a_node_drained_while_an_instance_runs_there_and_the_install_completes(
+    multinode_system: inst.RukpakSystem, tmp_path: Path
+) -> None:
+    system, cluster = multinode_system, multinode_system.cluster
+    target, others = cluster.node_names[0], cluster.node_names[1:]
+    name = ns = f"mn-drain-{SUFFIX}"
+    ref = push_hello(system, tmp_path / "b", "drain", ns, "drained")
+    for node in others:  # the run must start on the node about to be drained
+        system.kubectl("cordon", node)
+    try:
+        system.kube.create(inst.bundle_deployment(name, ref))
+
+        def bound() -> str:
+            items, _ = system.kube.list("v1", "Pod", namespace=inst.NAMESPACE)
+            prefix = f"{model.instance_name(name)}-"
+            return next(
+                (
+                    p["metadata"]["name"]
+                    for p in items
+                    if p["metadata"]["name"].startswith(prefix)
+                    and p["spec"].get("nodeName") == target
+                ),
+                "",
+            )
+
+        first = eventually(bound, timeout=120, interval=0.05, what="a run pod bound to the node")
+        for node in others:
+            system.kubectl("uncordon", node)
+        drained = system.kubectl(
+            "drain", target, "--ignore-daemonsets", "--delete-emptydir-data", "--force",
+            "--timeout=120s", timeout=150,
+        )  # fmt: skip
+        assert target in drained
+        eventually(lambda: installed(system, name), timeout=180, what=f"{name} Installed")
+    finally:
+        for node in cluster.node_names:
+            system.kubectl("uncordon", node, check=False)
+    assert greeting(system, ns) == "drained"
+    ran_on = run_pod_nodes(system, name)
+    assert ran_on[0] == target and first.startswith(model.instance_name(name))
+    # the run either finished before its eviction, or was run again elsewhere; never twice
+    # on the drained node
+    assert ran_on.count(target) == 1, ran_on
+    eventually(lambda: not run_pods(system, name), timeout=60, what="no run pod at rest")
 
 
 # -- losing a node ----------------------------------------------------------------------------
