@@ -4,12 +4,12 @@
 enough for apply-engine tests); ``node=True`` adds kube-controller-manager,
 kube-scheduler, a registry with the pause and busybox images, containerd and a kubelet,
 all on loopback, and returns once the Node is Ready. ``nodes=N`` (N > 1, or 1 with
-``networked``) starts a cluster with Service networking instead: the control plane in a network namespace of its own, N nodes
-each in their own network and mount namespaces (``machines``, ``network``) with
-kube-proxy, pods routed across nodes, and CoreDNS behind the ``kube-dns`` Service
-(``dns``). ``stop`` ends every process by pid and undoes the nodes' mounts and network.
-``save``/``load`` keep the pids in ``state.json`` for the detached
-``python -m tests.cluster up|down``.
+``networked``) starts a cluster with Service networking instead: the control plane in a
+network namespace of its own, N nodes each in their own network and mount namespaces
+(``machines``, ``network``) with kube-proxy, pods routed across nodes, and CoreDNS
+behind the ``kube-dns`` Service (``dns``). ``stop`` ends every process by pid and undoes
+the nodes' mounts and network. ``save``/``load`` keep the pids in ``state.json`` for the
+detached ``python -m tests.cluster up|down``.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import requests
 
 from tests.cluster import bins, controlplane, dns, images, machines, node, pki, teardown
 from tests.cluster.machines import NodeMachine
-from tests.cluster.network import ClusterNetwork
+from tests.cluster.network import LOOPBACK, ClusterNetwork, Place
 from tests.cluster.process import Component, ComponentError, log_tail, pid_alive
 from tests.derived import below
 
@@ -136,27 +137,8 @@ class LocalCluster:
         started: list[Component] = []
         cluster: LocalCluster | None = None
         try:
-            etcd, etcd_url = controlplane.start_etcd(found["etcd"], workdir)
-            started.append(etcd)
-            apiserver, server = controlplane.start_kube_apiserver(
-                found["kube-apiserver"], workdir, etcd_url=etcd_url, files=files
-            )
-            started.append(apiserver)
-            kubeconfig = pki.kubeconfig(
-                workdir / "admin.kubeconfig",
-                server=server,
-                ca=files.ca.cert,
-                client=files.admin,
-                user="admin",
-            )
-            cluster = cls(
-                workdir=workdir,
-                server=server,
-                kubeconfig=kubeconfig,
-                ca_file=files.ca.cert,
-                admin_cert=(str(files.admin.cert), str(files.admin.key)),
-                components=started,
-                external_registry=registry,
+            cluster = cls._with_apiserver(
+                workdir, found, files, started, external_registry=registry
             )
             if node:
                 cluster._start_node(found, files)
@@ -169,6 +151,48 @@ class LocalCluster:
                 for c in reversed(started):
                     c.stop(grace=2)
             raise
+
+    @classmethod
+    def _with_apiserver(
+        cls,
+        workdir: Path,
+        found: dict[str, Path],
+        files: controlplane.Pki,
+        started: list[Component],
+        *,
+        place: Place = LOOPBACK,
+        extra_args: tuple[str, ...] = (),
+        **fields: Any,
+    ) -> LocalCluster:
+        """etcd and kube-apiserver started (appended to ``started``) and the admin
+        kubeconfig written: the cluster as far as that, with ``fields`` set."""
+        etcd, etcd_url = controlplane.start_etcd(found["etcd"], workdir, place=place)
+        started.append(etcd)
+        apiserver, server = controlplane.start_kube_apiserver(
+            found["kube-apiserver"],
+            workdir,
+            etcd_url=etcd_url,
+            files=files,
+            place=place,
+            extra_args=extra_args,
+        )
+        started.append(apiserver)
+        kubeconfig = pki.kubeconfig(
+            workdir / "admin.kubeconfig",
+            server=server,
+            ca=files.ca.cert,
+            client=files.admin,
+            user="admin",
+        )
+        return cls(
+            workdir=workdir,
+            server=server,
+            kubeconfig=kubeconfig,
+            ca_file=files.ca.cert,
+            admin_cert=(str(files.admin.cert), str(files.admin.key)),
+            components=started,
+            **fields,
+        )
 
     def _start_node(self, found: dict[str, Path], files: controlplane.Pki) -> None:
         wd = self.workdir
@@ -213,35 +237,15 @@ class LocalCluster:
         cluster: LocalCluster | None = None
         try:
             files = controlplane.Pki.make(workdir / "pki", addresses=(cp.address,))
-            etcd, etcd_url = controlplane.start_etcd(found["etcd"], workdir, place=cp)
-            started.append(etcd)
-            apiserver, server = controlplane.start_kube_apiserver(
-                found["kube-apiserver"],
+            cluster = cls._with_apiserver(
                 workdir,
-                etcd_url=etcd_url,
-                files=files,
+                found,
+                files,
+                started,
                 place=cp,
-                extra_args=(
-                    # webhooks and conversion are dialled at their endpoints (the control
-                    # plane has routes to every pod subnet, and no kube-proxy of its own)
-                    "--enable-aggregator-routing=true",
-                ),
-            )
-            started.append(apiserver)
-            kubeconfig = pki.kubeconfig(
-                workdir / "admin.kubeconfig",
-                server=server,
-                ca=files.ca.cert,
-                client=files.admin,
-                user="admin",
-            )
-            cluster = cls(
-                workdir=workdir,
-                server=server,
-                kubeconfig=kubeconfig,
-                ca_file=files.ca.cert,
-                admin_cert=(str(files.admin.cert), str(files.admin.key)),
-                components=started,
+                # webhooks and conversion are dialled at their endpoints (the control plane
+                # has routes to every pod subnet, and no kube-proxy of its own)
+                extra_args=("--enable-aggregator-routing=true",),
                 network=net,
             )
             cluster._start_machines(found, files, count)
