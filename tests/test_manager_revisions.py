@@ -148,6 +148,53 @@ def test_a_rollback_installs_the_kept_pin_without_resolving_anything() -> None:
     assert progressing["reason"] == "RolledBack"
 
 
+def test_the_node_that_installed_a_revision_is_kept_and_a_rollback_prefers_it() -> None:
+    """On several nodes only those whose run installed a revision hold it in their cache:
+    an offline rollback's run should go there."""
+    actions, the_bd = step(bd(), plan.Observed(now=T0))
+    run = next(a.pod for a in actions if isinstance(a, plan.CreateRun))
+    assert "affinity" not in run["spec"]  # an ordinary run goes wherever
+    done = {**run, "spec": {**run["spec"], "nodeName": "node-2"}, "status": {"phase": "Succeeded"}}
+    record = runs.InstallRecord(
+        by=model.name_of(run),
+        bundle=run["metadata"]["annotations"][model.BUNDLE_ANNOTATION],
+        applied={"a": "x"},
+    )
+    seen = plan.Observed(record=record, health=Health(True), now=T0, pods=(done,))
+    _, first = step(the_bd, seen)
+    assert revisionlog.of_status(first)[0].nodes == ("node-2",)
+    _, first = step(first, plan.Observed(record=record, health=Health(True), now=T0))
+    assert revisionlog.of_status(first)[0].nodes == ("node-2",), "kept once the pod is gone"
+
+    second, _ = installed(upgrade(first, D2, 2))
+    second["metadata"]["annotations"][revisions.ROLLBACK_ANNOTATION] = (
+        revisions.rollback_annotation(1, 2, revisions.MANUAL)
+    )
+    actions, _ = step(second, plan.Observed(now=T0))
+    back = next(a.pod for a in actions if isinstance(a, plan.CreateRun))
+    terms = back["spec"]["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert terms[0]["preference"]["matchFields"] == [
+        {"key": "metadata.name", "operator": "In", "values": ["node-2"]}
+    ]
+
+
+def test_a_revisions_nodes_are_newest_first_without_repeats_and_bounded() -> None:
+    kept = [revisionlog.Revision(1, "r", {}, 1, T0)]
+    for node in ("a", "b", "a", "c", "d", ""):
+        kept = revisions.settle(
+            kept, name="r", outcome=revisions.INSTALLED, objects=None, installed=True,
+            was_installed=None, now=T0, node=node,
+        )  # fmt: skip
+    assert kept[0].nodes == ("d", "c", "a")
+    back = revisionlog.Revision.of(kept[0].document())
+    assert back is not None and back.nodes == ("d", "c", "a")
+    hostile = revisionlog.Revision.of({**kept[0].document(), "nodes": [1, "", "x", None]})
+    assert hostile is not None and hostile.nodes == ("x",)
+    assert revisionlog.Revision.of({**kept[0].document(), "nodes": "x"}).nodes == ()  # type: ignore[union-attr]
+
+
 def test_a_rollback_reinstalls_even_when_the_record_names_that_revision() -> None:
     """A failed run of the newer revision may have applied part of it: a new run."""
     first, record = installed(bd())

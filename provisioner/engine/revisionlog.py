@@ -41,6 +41,9 @@ class Revision:
     installed_at: str = ""
     config: Obj | None = None
     """The spec's ``CONFIG_FIELDS`` it was installed with (a rollback restores them)."""
+    nodes: tuple[str, ...] = ()
+    """The nodes whose instance runs installed it, newest first (at most ``MAX_NODES``):
+    their caches hold its content, so an offline rollback prefers them."""
 
     def document(self) -> Obj:
         out: Obj = {
@@ -56,6 +59,8 @@ class Revision:
             out["installedAt"] = self.installed_at
         if self.config:
             out["config"] = copy.deepcopy(self.config)
+        if self.nodes:
+            out["nodes"] = list(self.nodes)
         return out
 
     @classmethod
@@ -79,7 +84,17 @@ class Revision:
             objects=objects if isinstance(objects, int) else 0,
             installed_at=str(doc.get("installedAt") or ""),
             config=doc["config"] if isinstance(doc.get("config"), dict) else None,
+            nodes=_names(doc.get("nodes")),
         )
+
+
+MAX_NODES = 3
+
+
+def _names(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple(n for n in value if isinstance(n, str) and n)[:MAX_NODES]
 
 
 def of_status(bd: Obj) -> list[Revision]:

@@ -184,7 +184,14 @@ PREVIEW_ANNOTATION = "core.rukpak.io/preview"
 
 
 def instance_run_pod(
-    bd: Obj, bundle: str, resolved: Obj, settings: Settings, run: int, *, preview: bool = False
+    bd: Obj,
+    bundle: str,
+    resolved: Obj,
+    settings: Settings,
+    run: int,
+    *,
+    preview: bool = False,
+    prefer: tuple[str, ...] = (),
 ) -> Obj:
     """Run ``run`` of the run-to-completion instance of ``bd``.
 
@@ -192,7 +199,9 @@ def instance_run_pod(
     body, so the same inputs give the same name (a repeated create is a no-op) and a new
     Bundle, image or setting gives a new one; ``run`` counts the runs of one revision
     (drift corrections, retries). A ``preview`` run applies nothing: it reports what the
-    install would do (``instance.preview``).
+    install would do (``instance.preview``). ``prefer`` names nodes the scheduler should
+    pick when it can (an offline rollback's: their caches hold the kept content); like
+    the retention attributes it is not part of the revision.
     """
     body: Obj = {
         "apiVersion": "v1",
@@ -209,6 +218,21 @@ def instance_run_pod(
     body["metadata"]["name"] = model.run_pod_name(model.name_of(bd), revision, run)
     body["metadata"]["annotations"][model.SPEC_HASH_ANNOTATION] = revision
     _retain(body, bd)  # (outside the hash: the kept set moving is no reason for a new run)
+    if prefer:
+        body["spec"]["affinity"] = {
+            "nodeAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "preference": {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": list(prefer)}
+                            ]
+                        },
+                    }
+                ]
+            }
+        }
     return body
 
 

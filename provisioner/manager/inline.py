@@ -254,7 +254,7 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
     poll: float | None = None
     if rollback is not None and rolled_to is not None and rolled_pin is not None:
         # the kept pin, as it was: nothing is resolved, no server is asked
-        target = runs.Target(rolled_to.name, rolled_pin)
+        target = runs.Target(rolled_to.name, rolled_pin, prefer_nodes=rolled_to.nodes)
         bd_run = revisions.with_config(bd, rolled_to.config)
     else:
         rollback = rolled_to = None
@@ -410,6 +410,15 @@ def _history(
         else revisions.IN_PROGRESS
     )
     objects = len(record.applied) if done and record is not None and record.applied else None
+    ran_on = next(
+        (
+            str((p.get("spec") or {}).get("nodeName") or "")
+            for p in observed.pods
+            if (p.get("status") or {}).get("phase") == "Succeeded"
+            and (meta_of(p).get("annotations") or {}).get(model.BUNDLE_ANNOTATION) == target.bundle
+        ),
+        "",
+    )
     kept = revisions.settle(
         kept,
         name=target.bundle,
@@ -418,6 +427,7 @@ def _history(
         installed=installed_now,
         was_installed=was if isinstance(was, int) else None,
         now=observed.now,
+        node=ran_on,
     )
     installed = revisions.installed_of(kept, record.bundle) if record is not None else None
     newest = (

@@ -25,6 +25,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
+from provisioner.engine import revisionlog
 from provisioner.engine.objects import Obj
 from provisioner.engine.revisionlog import DEADLINE as DEADLINE
 from provisioner.engine.revisionlog import FAILED as FAILED
@@ -169,9 +170,11 @@ def settle(
     installed: bool,
     was_installed: int | None,
     now: str,
+    node: str = "",
 ) -> list[Revision]:
-    """Record what became of revision ``name``: its outcome, object count, and when it
-    became the installed one (``installed`` now, while ``was_installed`` named another)."""
+    """Record what became of revision ``name``: its outcome, object count, when it became
+    the installed one (``installed`` now, while ``was_installed`` named another), and the
+    ``node`` whose run installed it (first among its nodes; none given keeps them)."""
     out: list[Revision] = []
     for rev in revisions:
         if rev.name == name:
@@ -180,6 +183,9 @@ def settle(
                 changes["objects"] = objects
             if installed and was_installed != rev.number:
                 changes["installed_at"] = now
+            if installed and node:
+                others = [n for n in rev.nodes if n != node]
+                changes["nodes"] = (node, *others)[: revisionlog.MAX_NODES]
             rev = replace(rev, **changes)
         out.append(rev)
     return out

@@ -142,6 +142,8 @@ class Target:
 
     bundle: str
     resolved: Obj
+    prefer_nodes: tuple[str, ...] = ()
+    """Nodes the run should go to when it can (a kept revision's: their caches hold it)."""
 
 
 @dataclass(frozen=True)
@@ -218,7 +220,9 @@ def decide(
             )
             return Decision(out, verdict or ("False", "InstallPending", pending), installed_bundle)
         if not any(is_active(p) for p in pods):
-            run = instance_run_pod(bd, target.bundle, target.resolved, settings, keep)
+            run = instance_run_pod(
+                bd, target.bundle, target.resolved, settings, keep, prefer=target.prefer_nodes
+            )
             out.append(actions.CreateRun(run))
         pending = f"waiting for the instance run of Bundle {target.bundle}"
         return Decision(out, verdict or ("False", "InstallPending", pending), installed_bundle)

@@ -17,6 +17,11 @@ Figures (median over the rounds):
   and manifest): the number of full pulls a rollout costs. Today every node pulls the
   image itself, so this is the node count; the figure is what a node-to-node blob source
   or pre-staging would bring down (see docs/scale.md).
+
+Then, once: ``BURST`` pods on one node mounting the same new version at once: the time
+until all are Running, and the p50 and p99 of the plugin's NodePublishVolume latency on
+that node, read from its own histogram (``rukpak_csi_rpc_duration_seconds``, so the
+figures are bucket bounds: "at most").
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from tests.cluster.localcluster import LocalCluster
 
 NODES = 3
 ROUNDS = 3
+BURST = 100
 PAYLOAD = 4 * 1024 * 1024
 REPO_ROOT = Path(__file__).resolve().parents[2]
 OCITOOL = REPO_ROOT / "hack" / "image" / "ocitool.py"
@@ -74,12 +80,14 @@ def _egress(cluster: LocalCluster, port: int, *, reset: bool = False) -> int:
     raise RuntimeError(f"no counting rule for port {port} in:\n{out}")
 
 
-def _readers(system: inst.RukpakSystem, ns: str, ref: str) -> list[dict[str, object]]:
+def _readers(
+    system: inst.RukpakSystem, ns: str, ref: str, nodes: list[str] | None = None
+) -> list[dict[str, object]]:
     return [
         {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": f"reader-{node}", "namespace": ns},
+            "metadata": {"name": f"reader-{i}-{node}", "namespace": ns},
             "spec": {
                 "nodeName": node,
                 "terminationGracePeriodSeconds": 0,
@@ -107,14 +115,75 @@ def _readers(system: inst.RukpakSystem, ns: str, ref: str) -> list[dict[str, obj
                 ],
             },
         }
-        for node in system.cluster.node_names
+        for i, node in enumerate(nodes or system.cluster.node_names)
     ]
 
 
-def _all_running(system: inst.RukpakSystem, ns: str) -> bool:
-    out = system.kubectl("get", "pods", "-n", ns, "-o", "json")
+def _all_running(system: inst.RukpakSystem, ns: str, count: int = NODES) -> bool:
+    out = system.kubectl("get", "pods", "-n", ns, "-o", "json", timeout=120)
     items = json.loads(out)["items"]
-    return len(items) == NODES and all(p["status"].get("phase") == "Running" for p in items)
+    return len(items) == count and all(p["status"].get("phase") == "Running" for p in items)
+
+
+def _publish_buckets(cluster: LocalCluster, node: str) -> dict[float, float]:
+    """The node plugin's cumulative NodePublishVolume latency buckets (le -> count)."""
+    scrape = mn.machine(cluster, node).run("curl", "-fsS", "http://127.0.0.1:9809/metrics")
+    if scrape.returncode != 0:
+        raise RuntimeError(f"cannot read {node}'s plugin metrics: {scrape.stderr}")
+    found: dict[float, float] = {}
+    for line in scrape.stdout.splitlines():
+        if line.startswith("rukpak_csi_rpc_duration_seconds_bucket{") and (
+            'method="NodePublishVolume"' in line
+        ):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            found[float(le)] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def _quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
+    """The upper bound of the bucket holding quantile ``q`` of the calls in between."""
+    bounds = sorted(after)
+    total = after[bounds[-1]] - before.get(bounds[-1], 0.0)
+    for bound in bounds:
+        if after[bound] - before.get(bound, 0.0) >= q * total:
+            return bound
+    return bounds[-1]
+
+
+def _burst(
+    system: inst.RukpakSystem, workdir: Path, registry: images.LocalRegistry
+) -> list[Result]:
+    cluster = system.cluster
+    node = cluster.node_names[0]
+    ref = f"{registry.host}/bench-rollout/burst:v1"
+    _push_version(workdir, ref, registry.host)
+    ns = "burst"
+    system.kubectl("create", "namespace", ns)
+    before = _publish_buckets(cluster, node)
+    started = time.monotonic()
+    system.kubectl("apply", "-f", "-", timeout=300, stdin="\n---\n".join(
+        json.dumps(d) for d in _readers(system, ns, ref, [node] * BURST)))  # fmt: skip
+    deadline = started + 900
+    while not _all_running(system, ns, BURST):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not all {BURST} readers Running on {node}")
+        time.sleep(1.0)
+    took = time.monotonic() - started
+    after = _publish_buckets(cluster, node)
+    calls = after[max(after)] - before.get(max(after), 0.0)
+    p50, p99 = _quantile(before, after, 0.5), _quantile(before, after, 0.99)
+    progress(f"rollout: {BURST} pods on {node}: all Running in {took:.1f}s; "
+             f"{calls:.0f} publishes, p50 <= {p50}s, p99 <= {p99}s")  # fmt: skip
+    system.kubectl("delete", "namespace", ns, "--wait=false")
+    return [
+        Result(
+            f"{BURST} pods on one node mounting the same new bundle at once: publish p99",
+            p99,
+            "s",
+            note=f"at most (histogram bucket); p50 <= {p50} s; {calls:.0f} NodePublishVolume "
+            f"calls; all pods Running in {took:.0f} s",
+        )
+    ]
 
 
 def _measure(system: inst.RukpakSystem, workdir: Path) -> list[Result]:
@@ -151,9 +220,11 @@ def _measure(system: inst.RukpakSystem, workdir: Path) -> list[Result]:
             progress(f"rollout: round {index}: {took:.2f}s, registry sent {sent} B "
                      f"for a {size} B layer ({sent / size:.2f} pulls)")  # fmt: skip
             system.kubectl("delete", "namespace", ns, "--wait=false")
+        burst = _burst(system, workdir, registry)
     finally:
         registry.stop()
     return [
+        *burst,
         Result(
             f"{NODES}-node rollout of a new {PAYLOAD // 1024 // 1024} MiB bundle: all serving",
             median(times),

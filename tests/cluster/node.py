@@ -247,6 +247,8 @@ def write_kubelet_config(
     }
     if cluster_dns:
         config |= {"clusterDNS": [cluster_dns], "clusterDomain": "cluster.local"}
+        # a node of its own /24: room for the benchmarks' bursts (kubelet's default is 110)
+        config["maxPods"] = 250
     path = layout.workdir / "kubelet-config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path, kubeconfig, healthz_port
