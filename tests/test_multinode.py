@@ -15,6 +15,7 @@ Checked here, in this order (the last test takes a node down for good):
 - a node whose plugin is down: a pod needing a bundle there gets a clear event, a pod on
   another node is unaffected;
 - a registry that one node cannot reach: the pod's event names that node;
+- an offline rollback (the registry gone) runs on the node that installed the revision;
 - a node drained while an instance run of it is there: the install completes;
 - the leader's node is lost: the other replica takes over within the lease time, and
   nothing installed is applied again.
@@ -38,7 +39,7 @@ import pytest
 from kubernetes import client
 
 from provisioner.engine.objects import ObjectRef
-from provisioner.manager import actuate, model
+from provisioner.manager import actuate, model, revisions
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
 from tests import multinode_helpers as mn
@@ -442,6 +443,62 @@ def test_a_registry_one_node_cannot_reach_is_reported_with_that_node(
     finally:
         node.run("iptables", "-D", *rule)
         own.stop()
+
+
+def revision_state(system: inst.RukpakSystem, name: str) -> tuple[int, list[list[str]]]:
+    status = inst.live_v2(system, name).get("status") or {}
+    installed_now = inst.cond_v2(system, name, "Installed")[0] == "True"
+    number = int(status.get("installedRevision") or 0) if installed_now else 0
+    return number, [list(r.get("nodes") or []) for r in status.get("revisions") or []]
+
+
+def only_on(system: inst.RukpakSystem, node: str) -> None:
+    """Every node but ``node`` cordoned (new pods go there)."""
+    for other in system.cluster.node_names:
+        system.kubectl("uncordon" if other == node else "cordon", other)
+
+
+def test_an_offline_rollback_runs_on_a_node_that_holds_the_revision(
+    multinode_system: inst.RukpakSystem, tmp_path: Path
+) -> None:
+    """Revision 1 installed on one node, revision 2 on another; with the registry gone,
+    the rollback's run must go where revision 1 is cached (it prefers the nodes that
+    installed it), whatever node would have been picked otherwise."""
+    system, cluster = multinode_system, multinode_system.cluster
+    assert cluster.network is not None
+    first, second = cluster.node_names[1], cluster.node_names[2]
+    own = images.start_registry(
+        tmp_path / "registry", log=tmp_path / "registry.log", place=cluster.network.control_plane
+    )
+    name = ns = f"mn-rollback-{SUFFIX}"
+    refs = []
+    for tag, text in (("v1", "one"), ("v2", "two")):
+        inst.hello_bundle(tmp_path / tag, namespace=ns, image=system.busybox_image, greeting=text)
+        refs.append(f"{own.host}/mn-{SUFFIX}/rollback:{tag}")
+        e2e.push_bundle(tmp_path / tag, refs[-1], insecure=True)
+    try:
+        only_on(system, first)
+        system.kube.create(inst.bd_v2(name, refs[0]))
+        eventually(lambda: revision_state(system, name)[0] == 1, timeout=180, what="revision 1")
+        only_on(system, second)
+        patch = {"spec": {"source": {"type": "image", "image": {"ref": refs[1]}}}}
+        system.kube.merge_patch(actuate.bd_ref(name, model.API_VERSION_V2), patch)
+        eventually(lambda: revision_state(system, name)[0] == 2, timeout=180, what="revision 2")
+        assert revision_state(system, name)[1] == [[first], [second]]
+    finally:
+        for node in cluster.node_names:
+            system.kubectl("uncordon", node)
+    own.stop()  # from here on, nothing can be fetched
+    runs_before = len(run_pod_nodes(system, name))
+    generation = int(inst.live_v2(system, name)["metadata"]["generation"])
+    rollback = revisions.rollback_annotation(1, generation, revisions.MANUAL)
+    system.kube.merge_patch(
+        actuate.bd_ref(name, model.API_VERSION_V2),
+        {"metadata": {"annotations": {revisions.ROLLBACK_ANNOTATION: rollback}}},
+    )
+    eventually(lambda: revision_state(system, name)[0] == 1, timeout=180, what="revision 1 back")
+    assert greeting(system, ns) == "one"
+    assert run_pod_nodes(system, name)[runs_before:] == [first]
 
 
 def test_a_node_drained_while_an_instance_runs_there_and_the_install_completes(
