@@ -5,6 +5,7 @@ v1alpha2 planner (``inline``) does with them. The same flows on the local kubele
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from provisioner.engine import revisionlog
@@ -178,6 +179,26 @@ def test_the_node_that_installed_a_revision_is_kept_and_a_rollback_prefers_it() 
     assert terms[0]["preference"]["matchFields"] == [
         {"key": "metadata.name", "operator": "In", "values": ["node-2"]}
     ]
+
+
+def test_the_record_names_the_node_even_when_the_pod_is_gone() -> None:
+    """The run writes its node (env NODE_NAME from spec.nodeName) into the install record:
+    the revision keeps it although the manager never saw the pod on that node."""
+    actions, the_bd = step(bd(), plan.Observed(now=T0))
+    run = next(a.pod for a in actions if isinstance(a, plan.CreateRun))
+    env = {e["name"]: e for e in run["spec"]["containers"][0]["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    record = runs.InstallRecord(
+        by=model.name_of(run),
+        bundle=run["metadata"]["annotations"][model.BUNDLE_ANNOTATION],
+        applied={"a": "x"},
+        node="node-3",
+    )
+    _, after = step(the_bd, plan.Observed(record=record, health=Health(True), now=T0))
+    assert revisionlog.of_status(after)[0].nodes == ("node-3",)
+    cm = {"data": {"install-record": json.dumps(record.document())}}
+    back = runs.InstallRecord.of_inventory(cm)
+    assert back is not None and (back.by, back.node) == (record.by, "node-3")
 
 
 def test_a_revisions_nodes_are_newest_first_without_repeats_and_bounded() -> None:

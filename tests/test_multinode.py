@@ -484,7 +484,9 @@ def test_an_offline_rollback_runs_on_a_node_that_holds_the_revision(
         patch = {"spec": {"source": {"type": "image", "image": {"ref": refs[1]}}}}
         system.kube.merge_patch(actuate.bd_ref(name, model.API_VERSION_V2), patch)
         eventually(lambda: revision_state(system, name)[0] == 2, timeout=180, what="revision 2")
-        assert revision_state(system, name)[1] == [[first], [second]]
+        assert revision_state(system, name)[1] == [[first], [second]], system.kubectl(
+            "logs", "-n", inst.NAMESPACE, leader(system), "--tail=60"
+        )
     finally:
         for node in cluster.node_names:
             system.kubectl("uncordon", node)

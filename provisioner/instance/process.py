@@ -191,6 +191,8 @@ class Instance:
             "applied": appliedrecord.encode(appliedrecord.of(result.applied)),
             "awaiting": [list(api) for api in sorted(optional.awaited(result.optional))],
         }
+        if os.environ.get("NODE_NAME"):
+            doc["node"] = os.environ["NODE_NAME"]  # whose cache now holds the content
         body = inventory.record_configmap(cfg.name, doc, system_namespace=cfg.system_namespace)
         self.kube.apply(body, manager=inventory.RECORD_MANAGER)
 

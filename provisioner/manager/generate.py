@@ -136,6 +136,8 @@ def _instance_pod_spec(bd: Obj, bundle: str, resolved: Obj, settings: Settings) 
         command += ["--source-dir", str(mount["mountPath"])]
     env: list[Obj] = [{"name": k, "value": v} for k, v in settings.env]
     env.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    # the run names its node in the install record: that node's cache holds the content
+    env.append({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     pod_spec: dict[str, Any] = {
         "serviceAccountName": spec.get("serviceAccountName") or settings.service_account,
         "terminationGracePeriodSeconds": 30,

@@ -410,12 +410,12 @@ def _history(
         else revisions.IN_PROGRESS
     )
     objects = len(record.applied) if done and record is not None and record.applied else None
-    ran_on = next(
+    # the node of the run that wrote the record: the record says (or its pod, if there)
+    ran_on = (record.node if done and record is not None else "") or next(
         (
             str((p.get("spec") or {}).get("nodeName") or "")
             for p in observed.pods
-            if (p.get("status") or {}).get("phase") == "Succeeded"
-            and (meta_of(p).get("annotations") or {}).get(model.BUNDLE_ANNOTATION) == target.bundle
+            if done and record is not None and model.name_of(p) == record.by
         ),
         "",
     )

@@ -44,15 +44,20 @@ class InstallRecord:
     applied: appliedrecord.Record | None = None
     """None when absent or unreadable: drift is then not judged from it."""
     awaiting: frozenset[Api] = field(default_factory=frozenset)
+    node: str = ""
+    """The node the run ran on ("" from a run that did not say)."""
 
     def document(self) -> dict[str, Any]:
         """The record as the instance writes it (``inventory.record_configmap``)."""
-        return {
+        doc: dict[str, Any] = {
             "by": self.by,
             "bundle": self.bundle,
             "applied": appliedrecord.encode(self.applied or {}),
             "awaiting": [list(api) for api in sorted(self.awaiting)],
         }
+        if self.node:
+            doc["node"] = self.node
+        return doc
 
     @classmethod
     def of_inventory(cls, cm: Obj | None) -> InstallRecord | None:
@@ -74,7 +79,8 @@ class InstallRecord:
             for item in doc.get("awaiting") or []
             if isinstance(item, list) and len(item) == 3
         )
-        return cls(by, bundle, applied, awaiting)
+        node = doc.get("node")
+        return cls(by, bundle, applied, awaiting, node if isinstance(node, str) else "")
 
     def run_of(self, bd_name: str) -> tuple[str, int] | None:
         """(revision, run) of the pod that wrote the record."""
