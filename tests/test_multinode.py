@@ -482,22 +482,28 @@ def test_an_offline_rollback_runs_on_a_node_that_holds_the_revision(
     )
     name = ns = f"mn-rollback-{SUFFIX}"
     refs = []
-    for tag, text in (("v1", "one"), ("v2", "two")):
-        inst.hello_bundle(tmp_path / tag, namespace=ns, image=system.busybox_image, greeting=text)
-        refs.append(f"{own.host}/mn-{SUFFIX}/rollback:{tag}")
-        e2e.push_bundle(tmp_path / tag, refs[-1], insecure=True)
     try:
-        only_on(system, first)
-        system.kube.create(inst.bd_v2(name, refs[0]))
-        eventually(lambda: revision_state(system, name)[0] == 1, timeout=180, what="revision 1")
-        only_on(system, second)
-        patch = {"spec": {"source": {"type": "image", "image": {"ref": refs[1]}}}}
-        system.kube.merge_patch(actuate.bd_ref(name, model.API_VERSION_V2), patch)
-        eventually(lambda: revision_state(system, name)[0] == 2, timeout=180, what="revision 2")
-        assert revision_state(system, name)[1] == [[first], [second]]
-    finally:
-        for node in cluster.node_names:
-            system.kubectl("uncordon", node)
+        for tag, text in (("v1", "one"), ("v2", "two")):
+            inst.hello_bundle(
+                tmp_path / tag, namespace=ns, image=system.busybox_image, greeting=text
+            )
+            refs.append(f"{own.host}/mn-{SUFFIX}/rollback:{tag}")
+            e2e.push_bundle(tmp_path / tag, refs[-1], insecure=True)
+        try:
+            only_on(system, first)
+            system.kube.create(inst.bd_v2(name, refs[0]))
+            eventually(lambda: revision_state(system, name)[0] == 1, timeout=180, what="rev 1")
+            only_on(system, second)
+            patch = {"spec": {"source": {"type": "image", "image": {"ref": refs[1]}}}}
+            system.kube.merge_patch(actuate.bd_ref(name, model.API_VERSION_V2), patch)
+            eventually(lambda: revision_state(system, name)[0] == 2, timeout=180, what="rev 2")
+            assert revision_state(system, name)[1] == [[first], [second]]
+        finally:
+            for node in cluster.node_names:
+                system.kubectl("uncordon", node)
+    except BaseException:
+        own.stop()  # a test that fails leaves no registry behind
+        raise
     own.stop()  # from here on, nothing can be fetched
     before = run_pods_scheduled(system, name)
     generation = int(inst.live_v2(system, name)["metadata"]["generation"])

@@ -67,7 +67,11 @@ def _free_block() -> int:
     """``A`` of a ``10.A.0.0/16`` that no route or address of this host touches."""
     seen = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
     seen += subprocess.run(["ip", "-4", "addr"], capture_output=True, text=True).stdout
-    taken = {name for name in _netns_names() if name.startswith("rk")}
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    # names of this scheme in use: namespaces rkA-*, and interfaces rkA / rkAvN (a veth
+    # outlives its namespace's name while a process still holds the namespace)
+    taken = {name.split("-", 1)[0] for name in _netns_names()}
+    taken |= {f.split(":")[1].strip().split("@")[0].split("v")[0] for f in links.splitlines()}
     for _ in range(200):
         a = random.randint(100, 249)
         if f" 10.{a}." not in seen and f"\n10.{a}." not in seen and f"rk{a}" not in taken:
