@@ -145,11 +145,7 @@ class LocalCluster:
             cluster.save()
             return cluster
         except BaseException:
-            if cluster is not None:
-                cluster.stop(remove=False)
-            else:
-                for c in reversed(started):
-                    c.stop(grace=2)
+            _undo(cluster, started)
             raise
 
     @classmethod
@@ -252,12 +248,7 @@ class LocalCluster:
             cluster.save()
             return cluster
         except BaseException:
-            if cluster is not None:
-                cluster.stop(remove=False)
-            else:
-                for c in reversed(started):
-                    c.stop(grace=2)
-                net.teardown()
+            _undo(cluster, started, net)
             raise
 
     def _start_machines(self, found: dict[str, Path], files: controlplane.Pki, count: int) -> None:
@@ -426,6 +417,20 @@ class LocalCluster:
             machines=nodes,
             network=ClusterNetwork.load(workdir),
         )
+
+
+def _undo(
+    cluster: LocalCluster | None, started: list[Component], network: ClusterNetwork | None = None
+) -> None:
+    """After a failed start: stop the cluster as far as it got (its ``stop`` removes its
+    network too), or the processes started before it existed, and the network."""
+    if cluster is not None:
+        cluster.stop(remove=False)
+        return
+    for c in reversed(started):
+        c.stop(grace=2)
+    if network is not None:
+        network.teardown()
 
 
 def _record(c: Component) -> dict[str, object]:
