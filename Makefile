@@ -6,7 +6,7 @@ GRPC_TOOLS := $(PY) -m grpc_tools.protoc
 PROTOS := csi/proto/csi.proto csi/proto/pluginregistration.proto
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint typecheck proto proto-check run bench image manifests clean helm helm-image
+.PHONY: setup test lint typecheck proto proto-check run bench image manifests clean helm helm-image cosign
 
 setup:
 	@bash hack/setup.sh
@@ -30,7 +30,7 @@ typecheck: setup
 ## test: the whole suite (lint, types, proto drift, unit and integration tests), then the
 ## multi-node tests in a pytest run of their own (one local cluster at a time on 2 cores);
 ## with PYTEST_ARGS, one run with exactly those arguments
-test: setup proto-check lint typecheck k8s-bins helm
+test: setup proto-check lint typecheck k8s-bins helm cosign
 	@check() { rc=$$1; shift; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest $$* collected no tests (exit 5): that is a failure, not a pass" >&2; fi; \
 	  return $$rc; }; \
@@ -61,6 +61,11 @@ manifests: setup k8s-bins
 ## helm: build the helm binary (helm.sh/helm/v3, hack/helm.sh) the helm provisioner runs (cached)
 helm:
 	@bash hack/helm.sh --quiet
+
+## cosign: build cosign (github.com/sigstore/cosign/v2, hack/gotool.sh), which the signature
+## tests sign and verify with (cached)
+cosign:
+	@bash hack/gotool.sh cosign --quiet
 
 ## helm-image: the helm provisioner's image (contrib/helm-provisioner): RukPak's image plus helm
 ## and its package, pushed to IMAGE; deploy with `kubectl apply -k contrib/helm-provisioner/manifests`

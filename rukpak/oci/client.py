@@ -213,6 +213,40 @@ class RegistryClient:
         child_desc.platform = entry.platform
         return child_desc, child
 
+    def referrers(self, ref: Reference, digest: str, artifact_type: str) -> Index | None:
+        """The OCI 1.1 referrers of manifest ``digest`` with ``artifact_type``, or None when
+        the registry has no referrers API (a 404: the caller falls back to the tag schema).
+
+        The answer is checked against the filter, as a registry may ignore it.
+        """
+        digests.check(digest, what="subject digest")
+        target = transport.image_target(ref)
+        response = self.transport.request(
+            "GET",
+            target,
+            f"/v2/{ref.repository}/referrers/{digest}",
+            params={"artifactType": artifact_type},
+            headers={"Accept": mediatypes.OCI_INDEX},
+            stream=True,
+        )
+        if response.status_code in (404, 405):
+            response.close()
+            return None
+        self.transport.check(response, target, ok=(200,))
+        with response:
+            body = _read_capped(
+                response,
+                MANIFEST_MAX,
+                f"referrers of {ref.name}@{digest}",
+                deadline=backoff.current(),
+                doing=self.transport.doing(target),
+            )
+        parsed = parse_manifest(mediatypes.OCI_INDEX, body, what=f"referrers of {ref.name}")
+        if not isinstance(parsed, Index):
+            raise errors.InvalidArgument(f"referrers of {ref.name}@{digest} is not an index")
+        parsed.manifests = [m for m in parsed.manifests if m.artifact_type == artifact_type]
+        return parsed
+
     def push_manifest(self, ref: Reference, body: bytes, media_type: str) -> str:
         """PUT a manifest or index under ``ref``'s tag (or its digest); return its digest."""
         return upload.push_manifest(self.transport, ref, body, media_type)

@@ -1,0 +1,112 @@
+"""One policy against the signatures found for a digest: satisfied, or why not.
+
+Where it sits: between ``rukpak.signing.discover`` (the signatures) and
+``rukpak.signing.gate`` (every policy selecting an image, remembered). Pure but for
+``read_secret``, which the edge gives: it returns the PEM a policy's ``secretRef`` names
+(read from the system namespace) or raises NotFound.
+
+A signature counts for an authority when its payload names the digest and
+
+- ``key``: it verifies with one of the authority's public keys;
+- ``keyless``: its certificate chains to the authority's Fulcio root, names one of its
+  identities and holds the signing key, and (with a Rekor key) its Rekor bundle is signed
+  by that log and records this very signature (``rukpak.signing.keyless``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rukpak.common import errors
+from rukpak.signing import cosign, keyless, keys
+from rukpak.signing.discover import Found
+from rukpak.signing.policy import Authority, KeyAuthority, Policy
+
+SecretReader = Callable[[str], bytes]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    policy: str
+    ok: bool
+    reason: str
+    """What satisfied the policy, or why nothing did (for conditions, events, errors)."""
+
+
+def check(policy: Policy, found: Found, digest: str, *, read_secret: SecretReader) -> Outcome:
+    """Whether ``found`` satisfies ``policy`` for ``digest``. Never raises for bad input."""
+    if policy.problem:
+        return Outcome(policy.name, False, f"the policy is not valid: {policy.problem}")
+    if not found.signatures:
+        skipped = f" (skipped: {'; '.join(found.skipped[:3])})" if found.skipped else ""
+        return Outcome(
+            policy.name,
+            False,
+            f"no signature found for {digest} (looked for the tag "
+            f"{cosign.signature_tag(digest)} and OCI 1.1 referrers){skipped}",
+        )
+    own: list[cosign.Signature] = []
+    reasons: list[str] = []
+    for sig in found.signatures:
+        try:
+            signed = cosign.signed_digest(sig.payload)
+        except errors.InvalidArgument as exc:
+            reasons.append(f"{sig.where}: {exc.message}")
+            continue
+        if signed != digest:
+            reasons.append(f"{sig.where}: a signature of {signed}, not of {digest}")
+            continue
+        own.append(sig)
+    for authority in policy.authorities:
+        try:
+            if _satisfies(authority, own, read_secret, reasons):
+                return Outcome(policy.name, True, f"signed for authority {authority.name!r}")
+        except errors.RukpakError as exc:
+            reasons.append(f"authority {authority.name!r}: {exc.message}")
+    detail = "; ".join(dict.fromkeys(reasons)) or "no authority accepted a signature"
+    count = len(found.signatures)
+    return Outcome(
+        policy.name,
+        False,
+        f"none of the {count} signature{'s' if count != 1 else ''} of {digest} verifies: "
+        f"{detail[:900]}",
+    )
+
+
+def _satisfies(
+    authority: Authority,
+    signatures: list[cosign.Signature],
+    read_secret: SecretReader,
+    reasons: list[str],
+) -> bool:
+    if isinstance(authority, KeyAuthority):
+        pem = authority.pem or read_secret(authority.secret)
+        what = f"authority {authority.name!r}"
+        public = keys.load_public_keys(pem, what=f"{what} key")
+        for sig in signatures:
+            if any(keys.verifies(key, sig.signature, sig.payload) for key in public):
+                return True
+        names = ", ".join(keys.fingerprint(k) for k in public)
+        if signatures:
+            reasons.append(f"{what}: no signature verifies with key {names}")
+        return False
+    for sig in signatures:
+        if sig.certificate is None:
+            reasons.append(f"authority {authority.name!r}: {sig.where} has no certificate")
+            continue
+        try:
+            keyless.verify(
+                cert_pem=sig.certificate,
+                chain_pem=sig.chain,
+                bundle_json=sig.bundle,
+                signature_b64=sig.signature_b64,
+                payload=sig.payload,
+                root=authority.root,
+                identities=authority.identities,
+            )
+        except errors.RukpakError as exc:
+            reasons.append(f"authority {authority.name!r}: {exc.message}")
+            continue
+        return True
+    return False
