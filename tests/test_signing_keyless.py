@@ -49,9 +49,10 @@ def make_ca(
     ca: bool = True,
     path_length: int | None = None,
     until: datetime = NOW + timedelta(days=1),
+    cert_sign: bool | None = None,
 ) -> CA:
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
+    builder = (
         x509.CertificateBuilder()
         .subject_name(_name(cn))
         .issuer_name(issuer.cert.subject if issuer else _name(cn))
@@ -60,9 +61,11 @@ def make_ca(
         .not_valid_before(NOW - timedelta(days=1))
         .not_valid_after(until)
         .add_extension(x509.BasicConstraints(ca=ca, path_length=path_length), critical=True)
-        .sign(issuer.key if issuer else key, hashes.SHA256())
     )
-    return CA(key, cert)
+    if cert_sign is not None:
+        usage = x509.KeyUsage(True, False, False, False, False, cert_sign, True, False, False)
+        builder = builder.add_extension(usage, critical=True)
+    return CA(key, builder.sign(issuer.key if issuer else key, hashes.SHA256()))
 
 
 def der_utf8(text: str) -> bytes:
@@ -305,6 +308,18 @@ def test_an_issuer_that_is_not_a_ca_cannot_issue(scene: Scene) -> None:
     _, leaf = make_leaf(not_ca)
     with pytest.raises(KeylessError, match="is not a CA"):
         keyless.verify_certificate(pem(leaf), pem(not_ca.cert), scene.trust(), scene.identities)
+
+
+def test_an_issuer_whose_key_usage_forbids_certificate_signing_cannot_issue(
+    scene: Scene,
+) -> None:
+    no_sign = make_ca("no cert sign", scene.root, cert_sign=False)
+    _, leaf = make_leaf(no_sign)
+    with pytest.raises(KeylessError, match="may not sign certificates"):
+        keyless.verify_certificate(pem(leaf), pem(no_sign.cert), scene.trust(), scene.identities)
+    signs = make_ca("cert sign", scene.root, cert_sign=True)
+    _, leaf = make_leaf(signs)
+    assert keyless.verify_certificate(pem(leaf), pem(signs.cert), scene.trust(), scene.identities)
 
 
 def test_a_path_longer_than_the_root_allows_is_refused() -> None:

@@ -73,7 +73,7 @@ class FusePublisher:
                 f"{known['image']}; unpublish it first"
             )
         ready = self.images.ensure(
-            source.image,
+            source.pinned or source.image,
             platform=source.platform or platform,
             pull_policy=source.pull_policy,
             credentials=credentials,

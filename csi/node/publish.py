@@ -36,6 +36,7 @@ treats the volume as possibly in progress and calls again later.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -53,6 +54,7 @@ from rukpak.image.cachestate import Holder
 from rukpak.image.locks import KeyedLocks
 from rukpak.oci.auth import Credentials
 from rukpak.oci.manifest import Platform
+from rukpak.signing.gate import Gate
 from rukpak.sources.cache import SourceCache
 from rukpak.sources.volume import VolumeSource
 
@@ -93,6 +95,7 @@ class Publisher:
         sources: SourceCache | None = None,
         deadline: float = PUBLISH_DEADLINE,
         slots: int = PUBLISH_SLOTS,
+        gate: Gate | None = None,
     ) -> None:
         self.images = images
         self.sources = sources or SourceCache(images)  # git and http volumes
@@ -105,6 +108,7 @@ class Publisher:
         self.slots = slots
         self._slots = threading.BoundedSemaphore(slots)
         self._locks = KeyedLocks()
+        self.gate = gate  # signature policies (rukpak.signing.gate); None: none checked
 
     def deadline(self, client_seconds: float | None = None) -> Deadline:
         """A new publish's deadline: ``--publish-deadline`` from now, or sooner when the
@@ -168,6 +172,8 @@ class Publisher:
         with self._locks.hold(key):
             if req.source.fetch is not None:
                 return self._publish_fetched(req, target, deadline)
+            if self.gate is not None and mounts.find_on(self.mounter, target) is None:
+                req = self._checked(req)  # a mounted target was checked when it was mounted
             if (req.source.publish_mode or self.default_mode) == "fuse":
                 if self.fuse is None:
                     raise errors.FailedPrecondition(
@@ -208,7 +214,7 @@ class Publisher:
             holder = Holder(target=key, volume_id=req.volume_id, image=req.source.image)
             with self._slot(deadline, req.source.image):
                 unpacked = self.images.ensure(
-                    req.source.image,
+                    req.source.pinned or req.source.image,
                     platform=req.source.platform or self.platform,
                     pull_policy=req.source.pull_policy,
                     credentials=req.credentials,
@@ -235,6 +241,21 @@ class Publisher:
             )
             self._retain(req.source)
             return unpacked.path
+
+    def _checked(self, req: PublishRequest) -> PublishRequest:
+        """The request to fetch: with every signature policy selecting its image satisfied,
+        pinned to the digest verified (so the bytes fetched are those); unchanged when no
+        policy selects it. PermissionDenied naming the policy when one refuses it: nothing
+        is fetched or cached then."""
+        assert self.gate is not None
+        verdict = self.gate.check(req.source.image, req.credentials)
+        if verdict is None:
+            return req
+        for warning in verdict.warnings:
+            log.warning("msg=%r image=%s %s", "signature policy warning", req.source.image, warning)
+        return dataclasses.replace(
+            req, source=dataclasses.replace(req.source, pinned=verdict.pinned)
+        )
 
     def _retain(self, source: VolumeSource) -> None:
         """Record what ``source``'s owner retains (see the module docstring); never raises."""

@@ -55,6 +55,7 @@ from rukpak.image.eviction import RETAIN_TTL
 from rukpak.image.seams import Puller
 from rukpak.oci.auth import Credentials
 from rukpak.oci.client import RegistryClient
+from rukpak.signing.gate import ClientFactory, Gate
 
 log = logging.getLogger("csi.plugin")
 
@@ -199,8 +200,32 @@ def build_parser() -> argparse.ArgumentParser:
         "e.g. a container of this pod): the plugin waits for it; unset, the plugin starts "
         "one on <state-dir>/fuse/holder.sock when none answers",
     )
+    p.add_argument(
+        "--signature-policies",
+        choices=("off", "cluster"),
+        default=env("SIGNATURE_POLICIES", "off"),
+        help="cluster: follow the ClusterBundlePolicy objects (in-cluster credentials, or "
+        "$KUBECONFIG) and refuse images they select whose signatures do not satisfy them, "
+        "before anything is fetched; off: check no signature (env SIGNATURE_POLICIES)",
+    )
+    p.add_argument(
+        "--system-namespace",
+        default=env("POD_NAMESPACE", "rukpak-system"),
+        help="namespace of the key Secrets policies name (env POD_NAMESPACE)",
+    )
     add_log_level(p)
     return p
+
+
+def signature_gate(args: argparse.Namespace, client: ClientFactory) -> Gate | None:
+    """The publish spine's signature gate, following the cluster's policies; None when
+    ``--signature-policies=off``."""
+    if args.signature_policies == "off":
+        return None
+    from csi.node.policies import PolicyWatch  # the kubernetes client only when it is on
+
+    watch = PolicyWatch.from_environment(namespace=args.system_namespace).start()
+    return Gate(policies=watch.policies, read_secret=watch.read_secret, client=client)
 
 
 def socket_path(endpoint: str) -> Path:
@@ -272,7 +297,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shared_grants=images.grants,  # one credential re-check for both modes
             )
             fuse.start()
+        gate = signature_gate(
+            args,
+            lambda creds: RegistryClient(credentials=creds, insecure=insecure, timeout=timeout),
+        )
         publisher = Publisher(
+            gate=gate,
             images=images,
             mounter=Mounter(),
             kubelet_dir=args.kubelet_dir,

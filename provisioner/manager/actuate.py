@@ -30,12 +30,14 @@ from provisioner.manager import (
     plan,
     resolution,
     revisions,
+    signatures,
     sources,
 )
 from provisioner.runtime import lease
 from rukpak.common import errors
 from rukpak.oci import client as oci_client
 from rukpak.oci import reference
+from rukpak.signing.gate import SignatureDenied
 
 log = logging.getLogger("rukpak.manager")
 
@@ -118,7 +120,9 @@ def resolve_bundle(kube: Kube, bundle: Obj, action: bundleplan.Resolve, resolve:
         )
     except errors.RukpakError as err:
         failing = action.source.get("type") != "image" and resolution.permanent(err)
-        if failing:
+        if isinstance(err, SignatureDenied):  # retried too: a signature may be pushed
+            phase, reason, message = bundleplan.PHASE_FAILING, signatures.REASON, err.message
+        elif failing:
             phase, reason, message = (
                 bundleplan.PHASE_FAILING,
                 bundleplan.REASON_FAILED,
@@ -168,7 +172,9 @@ def resolve_source(kube: Kube, bd: Obj, action: plan.ResolveSource, resolve: Res
             )
         except errors.RukpakError as err:
             where = f" (spec.sources[{index}], at {destination})" if several else ""
-            if source.get("type") != "image" and resolution.permanent(err):
+            if isinstance(err, SignatureDenied):
+                verdict = ("False", signatures.REASON, f"{err.message}{where}")
+            elif source.get("type") != "image" and resolution.permanent(err):
                 message = f"{resolution.SOURCE_PREFIX}{err.message}{where}"
                 verdict = ("False", bundleplan.REASON_FAILED, message)
             else:

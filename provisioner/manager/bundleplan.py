@@ -49,6 +49,8 @@ REASON_PENDING = "UnpackPending"
 REASON_UNPACKING = "Unpacking"
 REASON_SUCCESSFUL = "UnpackSuccessful"
 REASON_FAILED = "UnpackFailed"
+REASON_SIGNATURE = "SignatureVerificationFailed"
+"""A ClusterBundlePolicy refused the image (``signatures``); the Bundle is Failing."""
 FINAL_PHASES = frozenset({PHASE_UNPACKED, PHASE_FAILING})
 PENDING_POLL = 5.0
 """While a pod pends, look again this often (a stuck mount reports through events)."""
@@ -143,7 +145,7 @@ def _write(bundle: Obj, status: Obj) -> list[Action]:
     before = unpacked_condition(bundle) or {}
     if before.get("reason") != cond["reason"]:
         kind: Literal["Normal", "Warning"] = (
-            "Warning" if cond["reason"] == REASON_FAILED else "Normal"
+            "Warning" if cond["reason"] in (REASON_FAILED, REASON_SIGNATURE) else "Normal"
         )
         actions.append(RecordEvent(kind, cond["reason"], cond["message"] or status["phase"]))
     return actions

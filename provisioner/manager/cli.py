@@ -249,6 +249,9 @@ def run_manager(args: argparse.Namespace) -> int:
             resync=args.resync,
             metrics=metrics,
             watch_timeout=WATCH_TIMEOUT,
+            signature_client=lambda creds: oci_client.RegistryClient(
+                credentials=creds, insecure=args.insecure_registry
+            ),
         )
         ctl.start(workers=args.workers)
         leading.append(ctl)

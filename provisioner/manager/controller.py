@@ -51,17 +51,21 @@ from provisioner.manager import (
     revisions,
     runs,
     runwatch,
+    signatures,
 )
 from provisioner.manager.model import Settings
 from provisioner.runtime.metrics import Metrics
 from provisioner.runtime.queue import WorkQueue
 from provisioner.runtime.workers import Reconciler
 from rukpak.common import errors
+from rukpak.signing import policy as signing_policy
+from rukpak.signing.gate import ClientFactory
 
 log = logging.getLogger("rukpak.manager")
 
 BD_KEY = "bd:"
 BUNDLE_KEY = "bundle:"
+POLICY_KEY = "policy:"
 BD_CONTROLLER = "bundledeployment"
 BUNDLE_CONTROLLER = "bundle"
 QUEUE_NAME = "rukpak-manager"
@@ -91,6 +95,7 @@ class Controller(Reconciler):
         watch_timeout: int = 60,
         read_health: bool = True,
         metrics: Metrics | None = None,
+        signature_client: ClientFactory | None = None,
     ) -> None:
         super().__init__(
             kube,
@@ -125,6 +130,19 @@ class Controller(Reconciler):
             on_change=self._unpack_pod_changed,
         )
         self.events = caches.add("v1", "Event", namespace=ns, on_change=self._event_seen)
+        # signature policies: their status here, their check before an image is pinned
+        self.policies = caches.add(
+            signatures.API_VERSION,
+            signing_policy.KIND,
+            on_change=lambda obj: self.queue.add(POLICY_KEY + model.name_of(obj)),
+        )
+        if signature_client is not None:
+            self.resolve = signatures.SignedResolver(
+                resolve,
+                signatures.gate(
+                    kube, self.policies.items, namespace=ns, client=signature_client
+                ),
+            )
         self.health = healthwatch.HealthWatch(
             kube,
             ns,
@@ -398,6 +416,13 @@ class Controller(Reconciler):
     # -- workers ---------------------------------------------------------------------------
 
     def _reconcile_key(self, key: str) -> float | None:
+        if key.startswith(POLICY_KEY):
+            policy = self.policies.get("", key[len(POLICY_KEY) :])
+            if policy is not None:
+                signatures.reconcile_policy(
+                    self.kube, policy, namespace=self.settings.system_namespace, now=now_text()
+                )
+            return None
         if key.startswith(BUNDLE_KEY):
             return self.reconcile_bundle(key[len(BUNDLE_KEY) :])
         return self.reconcile(key[len(BD_KEY) :])

@@ -45,7 +45,7 @@ from typing import Literal
 
 from provisioner.engine.health import Health as Health
 from provisioner.engine.objects import Obj, meta_of
-from provisioner.manager import model, runs, sources
+from provisioner.manager import bundleplan, model, runs, sources
 from provisioner.manager.actions import Action as Action
 from provisioner.manager.actions import AddFinalizer as AddFinalizer
 from provisioner.manager.actions import CreateBundle as CreateBundle
@@ -275,7 +275,9 @@ def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
         actions.append(CreateBundle(desired_bundle(bd)))
         valid = ("True", "UnpackPending", f"Waiting for the {wanted} Bundle to be unpacked")
     elif (failure := _failure(current)) is not None:
-        valid = ("False", "UnpackFailed", f"Failed to unpack the {wanted} Bundle: {failure}")
+        why = (bundleplan.unpacked_condition(current) or {}).get("reason")
+        reason = why if why == bundleplan.REASON_SIGNATURE else "UnpackFailed"
+        valid = ("False", reason, f"Failed to unpack the {wanted} Bundle: {failure}")
     elif (current.get("status") or {}).get("phase") != "Unpacked" or not (
         resolved := sources.pinned(current)
     ):

@@ -84,9 +84,7 @@ class Gate:
         self._ttl = ttl
         self._clock = clock
         self._lock = threading.Lock()
-        self._memo: OrderedDict[tuple[str, tuple[str, ...]], tuple[Verdict, float]] = (
-            OrderedDict()
-        )
+        self._memo: OrderedDict[tuple[str, tuple[str, ...]], tuple[Verdict, float]] = OrderedDict()
 
     def selecting(self, ref: Reference) -> list[Policy]:
         return [p for p in self._policies() if p.selects(ref)]

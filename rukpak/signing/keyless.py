@@ -1,28 +1,22 @@
 """Cosign "keyless" signatures: a Fulcio certificate, its identity, and a Rekor bundle.
 
-``rukpak.signing.verify`` calls :func:`verify` for each policy authority of kind
-keyless, with the annotations of a cosign signature layer (certificate, chain,
-bundle, signature) and the layer blob (the simple-signing payload). This module is
-pure: no network, no clock other than "now" when asked, trust roots given as data
-(:class:`TrustRoot`: Fulcio CA certificates, optionally Rekor public keys).
+Where it sits: ``rukpak.signing.verify`` calls :func:`verify` for each policy authority
+of kind keyless, with a cosign signature layer's annotations (certificate, chain, bundle,
+signature) and its blob (the simple-signing payload). Pure: no network; trust roots are
+data (:class:`TrustRoot`: Fulcio CA certificates, optionally Rekor public keys).
 
-What is verified:
+Verified: the leaf chains, signature by signature, to a trusted certificate, through
+chain-annotation intermediates only when those chain there too; every issuer is a CA
+(basicConstraints, path length, keyCertSign if keyUsage is present); the leaf has the
+codeSigning EKU; its OIDC issuer and subject (email or URI SAN) match a policy identity;
+the payload signature verifies with the leaf key. With Rekor keys, also: a bundle is
+required, its SignedEntryTimestamp verifies with a trusted Rekor key, its hashedrekord
+body names this payload's hash, this signature and this certificate, and every
+certificate of the path is valid at the integrated time.
 
-* the leaf certificate chains, signature by signature, to a certificate of the trust
-  root, through intermediates of the chain annotation only when those chain there too;
-  every issuer is a CA (basicConstraints, keyCertSign when keyUsage is present, path
-  length) and the leaf carries the codeSigning extended key usage;
-* the leaf's OIDC issuer and subject (email or URI SAN) match one policy identity;
-* the signature over the payload, with the leaf key;
-* when the trust root has Rekor keys: a bundle is required, its SignedEntryTimestamp
-  verifies with a trusted Rekor key, its hashedrekord body names this payload's hash,
-  this signature and this certificate, and every certificate of the path is valid at
-  the integrated time.
-
-What is NOT verified: the certificate transparency SCTs embedded by Fulcio, Rekor
-inclusion proofs or any online lookup, and revocation. Without Rekor keys there is no
-trusted time, and Fulcio certificates live ten minutes, so :func:`verify` then checks
-no validity period at all; only the chain, the identity and the signature.
+NOT verified: Fulcio's embedded certificate-transparency SCTs, Rekor inclusion proofs or
+any online lookup, revocation. Without Rekor keys there is no trusted time and Fulcio
+certificates live ten minutes, so :func:`verify` checks no validity period at all.
 """
 
 from __future__ import annotations
@@ -49,6 +43,7 @@ ISSUER_OID = x509.ObjectIdentifier("1.3.6.1.4.1.57264.1.8")
 LEGACY_ISSUER_OID = x509.ObjectIdentifier("1.3.6.1.4.1.57264.1.1")
 MAX_BUNDLE_BYTES = 1 << 20
 MAX_CHAIN_CERTS = 10
+_Ed25519 = ed25519.Ed25519PublicKey
 _PEM_KEY = re.compile(rb"-----BEGIN PUBLIC KEY-----.+?-----END PUBLIC KEY-----", re.DOTALL)
 
 
@@ -101,24 +96,18 @@ class TrustRoot:
         try:
             certs = tuple(x509.load_pem_x509_certificates(fulcio_pem))
         except ValueError as e:
-            raise errors.InvalidArgument(
-                f"Fulcio trust root is not a PEM bundle of certificates: {e}"
-            ) from e
+            raise errors.InvalidArgument(f"Fulcio trust root is not PEM certificates: {e}") from e
         keys: list[PublicKeyTypes] = []
-        if rekor_pem is not None:
-            blocks = _PEM_KEY.findall(rekor_pem)
-            if not blocks:
-                raise errors.InvalidArgument("Rekor key holds no PEM PUBLIC KEY block")
-            for block in blocks:
-                try:
-                    key = serialization.load_pem_public_key(block)
-                except (ValueError, UnsupportedAlgorithm) as e:
-                    raise errors.InvalidArgument(f"Rekor key is not a valid public key: {e}") from e
-                if not isinstance(
-                    key, ec.EllipticCurvePublicKey | rsa.RSAPublicKey | ed25519.Ed25519PublicKey
-                ):
-                    raise errors.InvalidArgument("Rekor key must be an ECDSA, RSA or Ed25519 key")
-                keys.append(key)
+        for block in _PEM_KEY.findall(rekor_pem or b""):
+            try:
+                key = serialization.load_pem_public_key(block)
+            except (ValueError, UnsupportedAlgorithm) as e:
+                raise errors.InvalidArgument(f"Rekor key is not a valid public key: {e}") from e
+            if not isinstance(key, ec.EllipticCurvePublicKey | rsa.RSAPublicKey | _Ed25519):
+                raise errors.InvalidArgument("Rekor key must be an ECDSA, RSA or Ed25519 key")
+            keys.append(key)
+        if rekor_pem is not None and not keys:
+            raise errors.InvalidArgument("Rekor key holds no PEM PUBLIC KEY block")
         return cls(certificates=certs, rekor_keys=tuple(keys))
 
 
@@ -163,7 +152,7 @@ def certificate_identity(cert: x509.Certificate) -> tuple[str, str]:
             san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         except x509.ExtensionNotFound:
             return issuer, ""
-    except (ValueError, UnicodeDecodeError) as e:
+    except ValueError as e:  # UnicodeDecodeError included
         raise KeylessError(f"certificate extensions are malformed: {e}") from e
     names = san.get_values_for_type(x509.RFC822Name) or san.get_values_for_type(
         x509.UniformResourceIdentifier
@@ -231,12 +220,11 @@ def _check_validity(path: list[x509.Certificate], at: datetime) -> None:
     at = at if at.tzinfo is not None else at.replace(tzinfo=UTC)
     for i, cert in enumerate(path):
         what = "certificate" if i == 0 else f"chain certificate {_name(cert)}"
-        if at > cert.not_valid_after_utc:
-            raise KeylessError(f"{what} expired at {cert.not_valid_after_utc.isoformat()}")
-        if at < cert.not_valid_before_utc:
-            raise KeylessError(
-                f"{what} is not valid before {cert.not_valid_before_utc.isoformat()}"
-            )
+        start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+        if at > end:
+            raise KeylessError(f"{what} expired at {end.isoformat()}")
+        if at < start:
+            raise KeylessError(f"{what} is not valid before {start.isoformat()}")
 
 
 def _verify_chain(
@@ -289,14 +277,17 @@ def verify_certificate(
     return _verify_chain(cert_pem, chain_pem, root, identities, at or datetime.now(UTC))
 
 
-def _verify_signature(key: PublicKeyTypes, signature: bytes, data: bytes, ec_hash: str) -> bool:
+def _verifies(key: PublicKeyTypes, signature: bytes, data: bytes, *, by_curve: bool) -> bool:
+    """ECDSA (SHA-256; SHA-384 on P-384 if ``by_curve``), RSA PKCS#1 v1.5 SHA-256, Ed25519."""
     try:
         if isinstance(key, ec.EllipticCurvePublicKey):
-            algo: hashes.HashAlgorithm = hashes.SHA384() if ec_hash == "sha384" else hashes.SHA256()
-            key.verify(signature, data, ec.ECDSA(algo))
+            if by_curve and not isinstance(key.curve, ec.SECP256R1 | ec.SECP384R1):
+                raise KeylessError(f"unsupported certificate key curve {key.curve.name}")
+            p384 = by_curve and isinstance(key.curve, ec.SECP384R1)
+            key.verify(signature, data, ec.ECDSA(hashes.SHA384() if p384 else hashes.SHA256()))
         elif isinstance(key, rsa.RSAPublicKey):
             key.verify(signature, data, padding.PKCS1v15(), hashes.SHA256())
-        elif isinstance(key, ed25519.Ed25519PublicKey):
+        elif isinstance(key, _Ed25519):
             key.verify(signature, data)
         else:
             raise KeylessError(f"unsupported public key type {type(key).__name__}")
@@ -329,13 +320,8 @@ def _json(text: str | bytes, what: str) -> Any:
         raise KeylessError(f"{what} is not valid JSON") from e
 
 
-def _load_cert(data: bytes) -> x509.Certificate | None:
-    for load in (x509.load_pem_x509_certificate, x509.load_der_x509_certificate):
-        try:
-            return load(data)
-        except ValueError:
-            continue
-    return None
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def verify_rekor_bundle(
@@ -355,26 +341,14 @@ def verify_rekor_bundle(
             raise KeylessError(f"rekor bundle Payload.{name} is not a non-negative integer")
     if not isinstance(log_id, str) or not isinstance(body_b64, str):
         raise KeylessError("rekor bundle Payload.logID and Payload.body must be strings")
-    keys = [
-        key
-        for key in root.rekor_keys
-        if hashlib.sha256(
-            key.public_bytes(
-                serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
-        ).hexdigest()
-        == log_id.lower()
-    ]
+    spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    keys = [k for k in root.rekor_keys if _sha256(k.public_bytes(*spki)) == log_id.lower()]
     if not keys:
         raise KeylessError(f"rekor bundle logID {log_id!r} matches none of the trusted Rekor keys")
-    signed = {
-        "body": body_b64,
-        "integratedTime": integrated,
-        "logIndex": log_index,
-        "logID": log_id,
-    }
+    # What Rekor signs: the canonical JSON (sorted keys, no whitespace) of these 4 fields.
+    signed = dict(body=body_b64, integratedTime=integrated, logIndex=log_index, logID=log_id)
     canonical = json.dumps(signed, sort_keys=True, separators=(",", ":")).encode()
-    if not any(_verify_signature(key, set_sig, canonical, "sha256") for key in keys):
+    if not any(_verifies(key, set_sig, canonical, by_curve=False) for key in keys):
         raise KeylessError("rekor bundle SignedEntryTimestamp does not verify with the Rekor key")
 
     body = _json(_b64(body_b64, "rekor bundle body"), "rekor bundle body")
@@ -384,14 +358,17 @@ def verify_rekor_bundle(
     digest = _field(body, "spec", "data", "hash", "value")
     if algorithm != "sha256" or not isinstance(digest, str):
         raise KeylessError("rekor entry hash is not a sha256 hash")
-    if digest.lower() != hashlib.sha256(payload).hexdigest():
+    if digest.lower() != _sha256(payload):
         raise KeylessError("rekor entry hash does not match the signed payload")
     logged_sig = _b64(_field(body, "spec", "signature", "content"), "rekor entry signature")
     if logged_sig != _b64(signature_b64, "signature"):
         raise KeylessError("rekor entry signature does not match the image signature")
     logged = _b64(_field(body, "spec", "signature", "publicKey", "content"), "rekor entry key")
-    logged_cert, cert = _load_cert(logged), _load_cert(cert_pem)
-    if logged_cert is None or cert is None or logged_cert != cert:
+    try:
+        same = x509.load_pem_x509_certificate(logged) == x509.load_pem_x509_certificate(cert_pem)
+    except ValueError:
+        same = False
+    if not same:
         raise KeylessError("rekor entry certificate does not match the signing certificate")
     try:
         return datetime.fromtimestamp(integrated, tz=UTC)
@@ -423,11 +400,5 @@ def verify(
             bundle_json, root, signature_b64=signature_b64, payload=payload, cert_pem=cert_pem
         )
     key = _verify_chain(cert_pem, chain_pem, root, identities, at)
-    signature = _b64(signature_b64, "signature")
-    ec_hash = "sha256"
-    if isinstance(key, ec.EllipticCurvePublicKey):
-        if not isinstance(key.curve, ec.SECP256R1 | ec.SECP384R1):
-            raise KeylessError(f"unsupported certificate key curve {key.curve.name}")
-        ec_hash = "sha384" if isinstance(key.curve, ec.SECP384R1) else "sha256"
-    if not _verify_signature(key, signature, payload, ec_hash):
+    if not _verifies(key, _b64(signature_b64, "signature"), payload, by_curve=True):
         raise KeylessError("signature does not verify over the payload with the certificate key")

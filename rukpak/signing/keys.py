@@ -92,7 +92,9 @@ def _pem_blocks(data: bytes) -> list[bytes]:
         rest = rest[close + 5 :]
 
 
-def load_private_key(data: bytes, password: bytes | None, *, what: str = "private key") -> PrivateKey:
+def load_private_key(
+    data: bytes, password: bytes | None, *, what: str = "private key"
+) -> PrivateKey:
     """A private key from PEM (PKCS#8, SEC1 or PKCS#1, encrypted or not) or from cosign's
     ``ENCRYPTED SIGSTORE PRIVATE KEY``; InvalidArgument with what to do otherwise."""
     if len(data) > KEY_MAX:
@@ -104,7 +106,9 @@ def load_private_key(data: bytes, password: bytes | None, *, what: str = "privat
             try:
                 key = serialization.load_der_private_key(der, password=None)
             except (ValueError, UnsupportedAlgorithm) as exc:
-                raise errors.InvalidArgument(f"{what}: decrypted key is not PKCS#8: {exc}") from None
+                raise errors.InvalidArgument(
+                    f"{what}: decrypted key is not PKCS#8: {exc}"
+                ) from None
             return _supported_private(key, what)
     try:
         loaded = serialization.load_pem_private_key(text, password=password or None)
@@ -188,5 +192,7 @@ def verifies(key: PublicKeyTypes, signature: bytes, data: bytes) -> bool:
 
 def fingerprint(key: PublicKey) -> str:
     """A short name for a key in messages: the first 12 hex digits of its SPKI's SHA-256."""
-    der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    der = key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
     return hashlib.sha256(der).hexdigest()[:12]

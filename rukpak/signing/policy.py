@@ -34,7 +34,7 @@ from typing import Any, Final, Literal
 
 from rukpak.common import errors
 from rukpak.oci.reference import Reference
-from rukpak.signing import keys, keyless
+from rukpak.signing import keyless, keys
 
 GROUP: Final[str] = "core.rukpak.io"
 VERSION: Final[str] = "v1alpha1"

@@ -4,8 +4,8 @@ Where it sits: under ``rukpak bundle sign`` (``provisioner.cli.bundle``), on the
 client of ``rukpak.oci``. The image is resolved to its digest first (a tag is never
 signed, only what it names now); the payload (``cosign.payload``) is signed with the key
 (``keys.sign``) and stored as one more layer of the manifest tagged ``sha256-<hex>.sig``:
-cosign's tag scheme, which every cosign release reads. A signature already there with the
-same payload and a signature by the same key is not added again, so signing again is idempotent, and other
+cosign's tag scheme, which every cosign release reads. A signature of the same payload by
+the same key already there is not added again, so signing again is idempotent; other
 signatures in that manifest are kept.
 """
 

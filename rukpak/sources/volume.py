@@ -134,6 +134,9 @@ class VolumeSource:
     """The owner whose kept images ``retain`` lists (empty: no retention)."""
     retain: tuple[str, ...] = ()
     """Image references pinned by digest the node cache keeps for ``retain_for``."""
+    pinned: str = ""
+    """Set by the publish spine, never by attributes: ``image`` pinned to the digest a
+    signature check verified (``rukpak.signing.gate``); what is fetched when set."""
 
     def with_secrets(self, secrets: Mapping[str, str]) -> VolumeSource:
         """For a git or http volume: the publish secret's data as the fetch's auth."""

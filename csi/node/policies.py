@@ -1,0 +1,185 @@
+"""The node plugin's view of the cluster's ClusterBundlePolicy objects and key Secrets.
+
+Where it sits: the one place the node plugin reads the Kubernetes API (with
+``--signature-policies=cluster``, as the DaemonSet runs it). A thread lists and watches
+the policies (``rukpak.signing.policy.parse``, lenient: a broken policy fails closed) and
+keeps the current set for the publish spine's gate (``rukpak.signing.gate``, built in
+``csi.plugin.main``); :meth:`PolicyWatch.read_secret` reads a key Secret of the system
+namespace when a check needs it (never cached, never logged).
+
+Until the first list has answered, :meth:`PolicyWatch.policies` waits (up to
+``SYNC_WAIT`` seconds) and then refuses with UNAVAILABLE: a publish never passes
+unchecked because the plugin has not heard from the API server yet. A cluster without the
+CRD has no policies. A broken watch is re-listed after a pause; the last known set stays
+in force meanwhile.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client, config, watch
+from kubernetes.client.exceptions import ApiException
+
+from rukpak.common import errors
+from rukpak.signing import policy as signing
+
+log = logging.getLogger(__name__)
+
+SYNC_WAIT = 10.0
+"""Seconds a publish waits for the first list of policies before it is refused."""
+WATCH_SECONDS = 300
+RETRY_SECONDS = 5.0
+NO_CRD_RETRY_SECONDS = 30.0
+REQUEST_TIMEOUT = 10.0
+
+
+class PolicyWatch:
+    """The current ClusterBundlePolicy set, followed from the API server."""
+
+    def __init__(self, api: client.ApiClient, *, namespace: str) -> None:
+        self._custom = client.CustomObjectsApi(api)
+        self._core = client.CoreV1Api(api)
+        self.namespace = namespace
+        self._lock = threading.Lock()
+        self._objects: dict[str, signing.Policy] = {}
+        self._current: list[signing.Policy] = []
+        self._synced = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="policy-watch", daemon=True)
+
+    @classmethod
+    def from_environment(cls, *, namespace: str) -> PolicyWatch:
+        """A watch with the pod's in-cluster credentials, or $KUBECONFIG's when set."""
+        cfg = client.Configuration()
+        loader: Callable[..., None] = (
+            config.load_kube_config
+            if os.environ.get("KUBECONFIG")
+            else config.load_incluster_config
+        )
+        try:
+            loader(client_configuration=cfg)
+        except config.ConfigException as exc:
+            raise errors.FailedPrecondition(
+                f"--signature-policies=cluster needs in-cluster credentials or $KUBECONFIG: {exc}"
+            ) from None
+        return cls(client.ApiClient(cfg), namespace=namespace)
+
+    def start(self) -> PolicyWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    def policies(self) -> list[signing.Policy]:
+        """The policies in force; UNAVAILABLE when none could be listed yet."""
+        if not self._synced.wait(SYNC_WAIT):
+            raise errors.Unavailable(
+                "the node plugin has not yet listed the ClusterBundlePolicy objects from the "
+                "API server, so it cannot tell whether this image must be signed; retrying"
+            )
+        with self._lock:
+            return self._current
+
+    def read_secret(self, name: str) -> bytes:
+        """The PEM in Secret ``name`` of the system namespace: its ``cosign.pub`` entry, or
+        its only entry. NotFound or InvalidArgument with what to fix."""
+        try:
+            secret = self._core.read_namespaced_secret(
+                name, self.namespace, _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                raise errors.NotFound(
+                    f"Secret {self.namespace}/{name} not found: create it in the system "
+                    f"namespace with the public key as {signing.SECRET_KEY}"
+                ) from None
+            raise errors.Unavailable(
+                f"cannot read Secret {self.namespace}/{name}: {exc.status} {exc.reason}"
+            ) from None
+        data: dict[str, Any] = secret.data or {}
+        entry = data.get(signing.SECRET_KEY)
+        if entry is None and len(data) == 1:
+            entry = next(iter(data.values()))
+        if entry is None:
+            raise errors.InvalidArgument(
+                f"Secret {self.namespace}/{name} has no {signing.SECRET_KEY} entry and more "
+                "than one other: name the public key's entry cosign.pub"
+            )
+        return base64.b64decode(entry)
+
+    def _set(self, objects: dict[str, signing.Policy]) -> None:
+        with self._lock:
+            self._objects = objects
+            self._current = sorted(objects.values(), key=lambda p: p.name)
+        log.info(
+            "msg=%r policies=%s",
+            "signature policies loaded",
+            ",".join(f"{p.name}@{p.generation}" for p in self._current) or "-",
+        )
+
+    def _apply(self, kind: str, obj: dict[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        objects = dict(self._objects)
+        if kind == "DELETED":
+            objects.pop(name, None)
+        else:
+            objects[name] = signing.parse(obj, strict=False)
+        self._set(objects)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._list_and_watch()
+            except ApiException as exc:
+                if exc.status == 404:  # the CRD is not installed: no policies
+                    self._set({})
+                    self._synced.set()
+                    self._stop.wait(NO_CRD_RETRY_SECONDS)
+                    continue
+                log.warning("msg=%r status=%s", "policy watch failed", exc.status)
+                self._stop.wait(RETRY_SECONDS)
+            except Exception as exc:  # the API server away, a broken stream: list again
+                log.warning("msg=%r error=%r", "policy watch failed", str(exc)[:300])
+                self._stop.wait(RETRY_SECONDS)
+
+    def _list_and_watch(self) -> None:
+        args = (signing.GROUP, signing.VERSION, signing.PLURAL)
+        listing: Any = self._custom.list_cluster_custom_object(
+            *args, _request_timeout=REQUEST_TIMEOUT
+        )
+        self._set(
+            {
+                str(item["metadata"]["name"]): signing.parse(item, strict=False)
+                for item in listing.get("items") or []
+            }
+        )
+        self._synced.set()
+        version = listing["metadata"]["resourceVersion"]
+        make: Callable[[], Any] = watch.Watch  # untyped in the client
+        stream = make()
+        for event in stream.stream(
+            self._custom.list_cluster_custom_object,
+            *args,
+            resource_version=version,
+            timeout_seconds=WATCH_SECONDS,
+            allow_watch_bookmarks=True,
+        ):
+            if self._stop.is_set():
+                stream.stop()
+                return
+            kind, obj = event["type"], event["object"]
+            if kind == "ERROR":
+                return  # e.g. 410 Gone: list again
+            if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(obj, dict):
+                self._apply(kind, obj)

@@ -1,0 +1,148 @@
+"""The manager's half of signed bundles: a Bundle's image is checked against the
+ClusterBundlePolicy objects before it is pinned, and each policy's status says whether it
+is valid.
+
+Where it sits: the controller (``controller``) follows ClusterBundlePolicy objects in one
+more informer and hands them here. :class:`SignedResolver` wraps the tag resolver that
+``actuate.resolve_bundle`` and ``actuate.resolve_source`` call: a resolved digest that a
+policy refuses raises ``rukpak.signing.gate.SignatureDenied``, which those turn into
+``Unpacked=False`` with reason :data:`REASON` (the Bundle is Failing; a v1alpha1
+BundleDeployment's ``HasValidBundle`` says so with the same reason) and a Warning event,
+instead of a pod stuck in ContainerCreating. The node plugin checks again at publish
+(``csi.node.publish``): the manager's answer is a fast, early report, the plugin's is the
+enforcement.
+
+:func:`policy_status` is the status of one policy: ``Valid`` True, or False with what to
+fix (a broken spec, a key Secret that is missing or holds no public key).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from provisioner.engine.kube import Kube
+from provisioner.engine.objects import Obj, ObjectRef
+from provisioner.manager import bundleplan
+from rukpak.common import errors
+from rukpak.signing import keys
+from rukpak.signing import policy as signing
+from rukpak.signing.gate import ClientFactory, Gate
+from rukpak.signing.policy import KeyAuthority
+
+log = logging.getLogger("rukpak.manager")
+
+REASON = bundleplan.REASON_SIGNATURE
+"""The reason of ``Unpacked`` (and of ``HasValidBundle``) when a policy refused the image."""
+API_VERSION = f"{signing.GROUP}/{signing.VERSION}"
+VALID = "Valid"
+
+
+def read_secret(kube: Kube, namespace: str, name: str) -> bytes:
+    """The PEM a policy's ``secretRef`` names: its ``cosign.pub`` entry, or its only one."""
+    secret = kube.get(ObjectRef("", "v1", "Secret", namespace, name))
+    if secret is None:
+        raise errors.NotFound(
+            f"Secret {namespace}/{name} not found: create it in the system namespace with the "
+            f"public key as {signing.SECRET_KEY}"
+        )
+    data: dict[str, Any] = secret.get("data") or {}
+    entry = data.get(signing.SECRET_KEY)
+    if entry is None and len(data) == 1:
+        entry = next(iter(data.values()))
+    if not isinstance(entry, str):
+        raise errors.InvalidArgument(
+            f"Secret {namespace}/{name} has no {signing.SECRET_KEY} entry and more than one "
+            "other: name the public key's entry cosign.pub"
+        )
+    return base64.b64decode(entry)
+
+
+def gate(
+    kube: Kube, objects: Callable[[], list[Obj]], *, namespace: str, client: ClientFactory
+) -> Gate:
+    """The manager's gate: the policies of the informer's cache, Secrets read when needed."""
+    return Gate(
+        policies=lambda: [signing.parse(o, strict=False) for o in objects()],
+        read_secret=lambda name: read_secret(kube, namespace, name),
+        client=client,
+    )
+
+
+class SignedResolver:
+    """A tag resolver whose pinned digest must satisfy every policy selecting it."""
+
+    def __init__(self, resolve: Callable[[str], str], checker: Gate) -> None:
+        self._resolve = resolve
+        self._gate = checker
+
+    def __call__(self, ref: str) -> str:
+        pinned = self._resolve(ref)
+        verdict = self._gate.check(pinned)
+        if verdict is not None:
+            for warning in verdict.warnings:
+                log.warning("msg=%r image=%s %s", "signature policy warning", ref, warning)
+        return pinned
+
+
+def policy_status(obj: Obj, *, read: Callable[[str], bytes], now: str) -> Obj:
+    """The status a ClusterBundlePolicy should have (``observedGeneration``, ``Valid``)."""
+    generation = int((obj.get("metadata") or {}).get("generation") or 0)
+    parsed = signing.parse(obj, strict=False)
+    status, reason, message = "True", "Valid", _summary(parsed)
+    if parsed.problem:
+        status, reason, message = "False", "InvalidSpec", parsed.problem
+    else:
+        for authority in parsed.authorities:
+            if isinstance(authority, KeyAuthority) and authority.secret:
+                try:
+                    keys.load_public_keys(read(authority.secret), what=f"{authority.name} key")
+                except errors.RukpakError as exc:
+                    status, reason = "False", "KeyUnavailable"
+                    message = f"authority {authority.name!r}: {exc.message}"
+                    break
+    old = next(
+        (
+            c
+            for c in (obj.get("status") or {}).get("conditions") or []
+            if isinstance(c, dict) and c.get("type") == VALID
+        ),
+        {},
+    )
+    since = old.get("lastTransitionTime", now) if old.get("status") == status else now
+    return {
+        "observedGeneration": generation,
+        "conditions": [
+            {
+                "type": VALID,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": since,
+                "observedGeneration": generation,
+            }
+        ],
+    }
+
+
+def _summary(parsed: signing.Policy) -> str:
+    count = len(parsed.authorities)
+    verb = "refuses" if parsed.mode == "enforce" else "reports (warn mode)"
+    return (
+        f"{verb} images matching {', '.join(parsed.globs)} unless signed for "
+        f"{count} authorit{'y' if count == 1 else 'ies'}: "
+        + ", ".join(a.name for a in parsed.authorities)
+    )
+
+
+def reconcile_policy(kube: Kube, obj: Obj, *, namespace: str, now: str) -> None:
+    """Write the policy's status when it differs from what it should be."""
+    wanted = policy_status(obj, read=lambda name: read_secret(kube, namespace, name), now=now)
+    current = obj.get("status") or {}
+    if all(current.get(k) == v for k, v in wanted.items()):
+        return
+    name = str((obj.get("metadata") or {}).get("name") or "")
+    ref = ObjectRef(signing.GROUP, signing.VERSION, signing.KIND, "", name)
+    kube.merge_patch_status(ref, {"status": wanted})
