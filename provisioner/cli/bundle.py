@@ -1,4 +1,5 @@
-"""``rukpak bundle build|push|inspect``: bundle images from the command line.
+"""``rukpak bundle build|push|inspect``: bundle images from the command line (``sign`` and
+``verify`` are ``provisioner.cli.signing``'s).
 
 The edge over ``provisioner.bundle.build`` (build into an OCI layout),
 ``provisioner.bundle.push`` (layout to registry) and
@@ -24,6 +25,7 @@ from provisioner.bundle import build as bundle_build
 from provisioner.bundle import inspect as bundle_inspect
 from provisioner.bundle import push as bundle_push
 from provisioner.bundle.layout import OciLayout
+from provisioner.cli import signing
 from provisioner.runtime import flags
 from rukpak.common import errors
 from rukpak.oci import client as oci_client
@@ -89,6 +91,7 @@ def register(subparsers: Any) -> None:
     inspect.add_argument("--json", action="store_true", help="print JSON")
     _add_registry_options(inspect, progress=False)
     inspect.set_defaults(func=run_inspect)
+    signing.register(commands)
 
 
 def _add_platform_options(parser: argparse.ArgumentParser) -> None:

@@ -139,9 +139,7 @@ class Controller(Reconciler):
         if signature_client is not None:
             self.resolve = signatures.SignedResolver(
                 resolve,
-                signatures.gate(
-                    kube, self.policies.items, namespace=ns, client=signature_client
-                ),
+                signatures.gate(kube, self.policies.items, namespace=ns, client=signature_client),
             )
         self.health = healthwatch.HealthWatch(
             kube,
