@@ -18,105 +18,22 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from rukpak.common import errors
 from rukpak.signing import keyless
 from rukpak.signing.keyless import Identity, KeylessError, TrustRoot
+from tests.signing_helpers import (
+    CA,
+    EMAIL,
+    NOW,
+    OIDC,
+    SigningKey,
+    make_ca,
+    make_leaf,
+    pem,
+)
 
-NOW = datetime.now(UTC).replace(microsecond=0)
-OIDC = "https://accounts.example.com"
-EMAIL = "dev@example.com"
 PAYLOAD = b'{"critical":{"identity":{"docker-reference":"example.com/b"}},"optional":null}'
-
-SigningKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey
-
-
-@dataclass
-class CA:
-    key: ec.EllipticCurvePrivateKey
-    cert: x509.Certificate
-
-
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
-def make_ca(
-    cn: str,
-    issuer: CA | None = None,
-    *,
-    ca: bool = True,
-    path_length: int | None = None,
-    until: datetime = NOW + timedelta(days=1),
-    cert_sign: bool | None = None,
-) -> CA:
-    key = ec.generate_private_key(ec.SECP256R1())
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(cn))
-        .issuer_name(issuer.cert.subject if issuer else _name(cn))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(NOW - timedelta(days=1))
-        .not_valid_after(until)
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=path_length), critical=True)
-    )
-    if cert_sign is not None:
-        usage = x509.KeyUsage(True, False, False, False, False, cert_sign, True, False, False)
-        builder = builder.add_extension(usage, critical=True)
-    return CA(key, builder.sign(issuer.key if issuer else key, hashes.SHA256()))
-
-
-def der_utf8(text: str) -> bytes:
-    raw = text.encode()
-    return bytes([0x0C, len(raw)]) + raw
-
-
-def make_leaf(
-    issuer: CA,
-    *,
-    key: SigningKey | None = None,
-    email: str | None = EMAIL,
-    uri: str | None = None,
-    oidc: str | None = OIDC,
-    legacy_oidc: str | None = None,
-    issuer_ext: bytes | None = None,
-    code_signing: bool = True,
-    not_before: datetime = NOW - timedelta(minutes=1),
-) -> tuple[SigningKey, x509.Certificate]:
-    key = key or ec.generate_private_key(ec.SECP256R1())
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([]))
-        .issuer_name(issuer.cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_before + timedelta(minutes=10))
-    )
-    sans: list[x509.GeneralName] = []
-    if email:
-        sans.append(x509.RFC822Name(email))
-    if uri:
-        sans.append(x509.UniformResourceIdentifier(uri))
-    if sans:
-        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-    usage = ExtendedKeyUsageOID.CODE_SIGNING if code_signing else ExtendedKeyUsageOID.CLIENT_AUTH
-    builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-    if issuer_ext is None and oidc is not None:
-        issuer_ext = der_utf8(oidc)
-    if issuer_ext is not None:
-        ext = x509.UnrecognizedExtension(keyless.ISSUER_OID, issuer_ext)
-        builder = builder.add_extension(ext, critical=False)
-    if legacy_oidc is not None:
-        ext = x509.UnrecognizedExtension(keyless.LEGACY_ISSUER_OID, legacy_oidc.encode())
-        builder = builder.add_extension(ext, critical=False)
-    return key, builder.sign(issuer.key, hashes.SHA256())
-
-
-def pem(*certs: x509.Certificate) -> bytes:
-    return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certs)
 
 
 def sign(key: SigningKey, data: bytes) -> bytes:
