@@ -187,7 +187,9 @@ class Cosign:
             env={"HOME": str(self.home), "PATH": "/usr/bin:/bin"},
         )  # fmt: skip
         if done.returncode != 0 and "no matching signatures" not in done.stderr:
-            raise AssertionError(f"cosign verify failed otherwise ({done.returncode}): {done.stderr}")
+            raise AssertionError(
+                f"cosign verify failed otherwise ({done.returncode}): {done.stderr}"
+            )
         return done.returncode == 0
 
 

@@ -72,8 +72,8 @@ def signed_digest(body: bytes) -> str:
         raise errors.InvalidArgument(f"signature payload of {len(body)} bytes is too large")
     try:
         document: Any = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise errors.InvalidArgument(f"signature payload is not JSON: {exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise errors.InvalidArgument(f"signature payload is not JSON: {exc!s:.200}") from None
     critical = document.get("critical") if isinstance(document, dict) else None
     if not isinstance(critical, dict) or critical.get("type") != PAYLOAD_TYPE:
         raise errors.InvalidArgument(f"signature payload is not a {PAYLOAD_TYPE!r}")

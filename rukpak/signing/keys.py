@@ -113,6 +113,8 @@ def load_private_key(
     try:
         loaded = serialization.load_pem_private_key(text, password=password or None)
     except TypeError:
+        if password:  # a password for a key that has none: $COSIGN_PASSWORD set for another
+            return load_private_key(data, None, what=what)
         raise errors.InvalidArgument(
             f"{what} is encrypted: give its password (COSIGN_PASSWORD)"
         ) from None
@@ -135,14 +137,19 @@ def _open_cosign(text: bytes, kind: str, password: bytes, what: str) -> bytes:
             raise ValueError(f"kdf {kdf['name']!r} / cipher {cipher['name']!r}")
         params = kdf["params"]
         n, r, p = int(params["N"]), int(params["r"]), int(params["p"])
-        if not (2 <= n <= 1 << 20 and 1 <= r <= 32 and 1 <= p <= 16):
+        if not (2 <= n <= 1 << 20 and n & (n - 1) == 0 and 1 <= r <= 32 and 1 <= p <= 16):
             raise ValueError("scrypt parameters out of range")
+        if 128 * r * n > SCRYPT_MAXMEM // 2:
+            raise ValueError(f"scrypt N={n} r={r} needs more memory than allowed")
         salt = base64.b64decode(kdf["salt"], validate=True)
         nonce = base64.b64decode(cipher["nonce"], validate=True)
         ciphertext = base64.b64decode(envelope["ciphertext"], validate=True)
     except (KeyError, TypeError, ValueError, binascii.Error) as exc:
         raise errors.InvalidArgument(f"{what}: malformed {kind}: {exc}") from None
-    secret = hashlib.scrypt(password, salt=salt, n=n, r=r, p=p, dklen=32, maxmem=SCRYPT_MAXMEM)
+    try:
+        secret = hashlib.scrypt(password, salt=salt, n=n, r=r, p=p, dklen=32, maxmem=SCRYPT_MAXMEM)
+    except ValueError as exc:
+        raise errors.InvalidArgument(f"{what}: malformed {kind}: scrypt: {exc}") from None
     try:
         return bytes(nacl.secret.SecretBox(secret).decrypt(ciphertext, nonce))
     except (nacl.exceptions.CryptoError, ValueError):

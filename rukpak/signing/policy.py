@@ -33,7 +33,7 @@ from functools import lru_cache
 from typing import Any, Final, Literal
 
 from rukpak.common import errors
-from rukpak.oci.reference import Reference
+from rukpak.oci.reference import DOCKER_HUB, DOCKER_HUB_ALIASES, Reference
 from rukpak.signing import keyless, keys
 
 GROUP: Final[str] = "core.rukpak.io"
@@ -109,8 +109,11 @@ def _compiled(glob: str) -> re.Pattern[str]:
 
 
 def normalize_glob(glob: str) -> str:
-    """A glob as matched: ``x`` and ``library/x`` name Docker Hub as references do."""
-    first = glob.split("/", 1)[0]
+    """A glob as matched: ``x`` and ``library/x`` name Docker Hub as references do, and
+    so do ``docker.io/x`` and Docker Hub's other names (references use ``docker.io``)."""
+    first, _, rest = glob.partition("/")
+    if rest and (first == DOCKER_HUB or first in DOCKER_HUB_ALIASES):
+        return f"{DOCKER_HUB}/{rest if '/' in rest or '*' in rest else 'library/' + rest}"
     if "/" in glob and ("." in first or ":" in first or first == "localhost"):
         return glob
     if "/" not in glob and glob != "**":
@@ -167,6 +170,9 @@ def _authority(raw: Any, path: str, problems: list[str]) -> Authority | None:
         return None
     name = _text(raw.get("name"), f"{path}.name", problems) or path
     key, free = raw.get("key"), raw.get("keyless")
+    if key is not None and not isinstance(key, dict):
+        problems.append(f"{path}.key must be an object")
+        return None
     if (key is None) == (free is None):
         problems.append(f"{path} needs exactly one of key and keyless")
         return None
@@ -245,9 +251,16 @@ def parse(obj: dict[str, Any], *, strict: bool = True) -> Policy:
     return Policy(
         name=str(meta.get("name") or ""),
         uid=str(meta.get("uid") or ""),
-        generation=int(meta.get("generation") or 0),
+        generation=_generation(meta.get("generation")),
         globs=tuple(globs),
         authorities=tuple(a for a in authorities if a is not None),
         mode="warn" if mode == "warn" else "enforce",
         problem="; ".join(problems),
     )
+
+
+def _generation(raw: Any) -> int:
+    try:
+        return int(raw or 0)
+    except (TypeError, ValueError):
+        return 0
