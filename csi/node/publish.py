@@ -172,9 +172,13 @@ class Publisher:
         with self._locks.hold(key):
             if req.source.fetch is not None:
                 return self._publish_fetched(req, target, deadline)
-            if self.gate is not None and mounts.find_on(self.mounter, target) is None:
+            fuse_mode = (req.source.publish_mode or self.default_mode) == "fuse"
+            current = None
+            if self.gate is not None or not fuse_mode:
+                current = mounts.find_on(self.mounter, target)
+            if self.gate is not None and current is None:
                 req = self._checked(req)  # a mounted target was checked when it was mounted
-            if (req.source.publish_mode or self.default_mode) == "fuse":
+            if fuse_mode:
                 if self.fuse is None:
                     raise errors.FailedPrecondition(
                         "publishMode fuse is not enabled on this node: start the plugin with "
@@ -189,7 +193,6 @@ class Publisher:
                         credentials=req.credentials,
                         mounter=self.mounter,
                     )
-            current = mounts.find_on(self.mounter, target)
             if current is not None:
                 known = self.images.holders().get(key)
                 same = (

@@ -58,7 +58,7 @@ INSTANCE_BINARY = "/opt/rukpak/bin/rukpak-provisioner"
 
 
 def crd_files() -> list[Path]:
-    """The CRD manifests (Bundle, BundleDeployment), in install order."""
+    """The CRD manifests (Bundle, BundleDeployment, ClusterBundlePolicy), in install order."""
     return sorted(CRDS_DIR.glob("*.yaml"))
 
 
