@@ -6,8 +6,9 @@ users install them:
 
 - the manager says the policy is Valid, and says what is wrong with one whose Secret is
   missing (``kubectl get clusterbundlepolicies`` shows both);
-- a pod mounting an unsigned bundle (bind and FUSE mode) never starts: its FailedMount
-  event names the policy, and the node's cache holds nothing of that image;
+- a pod mounting an unsigned bundle (bind and FUSE mode), or one signed with another key,
+  never starts: its FailedMount event names the policy and the reason, and the node's
+  cache holds nothing of that image;
 - a bundle signed by ``cosign`` (built from its Go module) mounts and is read;
 - a v1alpha2 BundleDeployment of an unsigned image reports ``Unpacked=False`` with reason
   SignatureVerificationFailed and installs nothing, and once the image is signed (``rukpak
@@ -164,17 +165,29 @@ def test_the_manager_says_which_policies_are_valid(
         system.kubectl("delete", "clusterbundlepolicy", broken, "--ignore-not-found")
 
 
-@pytest.mark.parametrize("mode", ["bind", "fuse"])
-def test_an_unsigned_bundle_never_reaches_a_pod(
+@pytest.mark.parametrize(
+    ("mode", "signer_key", "reason"),
+    [
+        ("bind", None, "no signature found"),
+        ("fuse", None, "no signature found"),
+        ("bind", "another", "no signature verifies with key"),
+    ],
+)
+def test_an_unsigned_or_wrongly_signed_bundle_never_reaches_a_pod(
     signed: Signed,
     core: client.CoreV1Api,
     namespace: str,
     tmp_path: Path,
     mode: str,
+    signer_key: str | None,
+    reason: str,
 ) -> None:
-    ref = signed.push(tmp_path, f"unsigned-{mode}")
+    ref = signed.push(tmp_path, f"refused-{mode}-{signer_key or 'none'}")
+    if signer_key is not None:
+        with RegistryClient(timeout=10) as c:
+            signer.sign(c, ref, ec.generate_private_key(ec.SECP256R1()))
     digest = RegistryClient(timeout=10).resolve(Reference.parse(ref)).digest
-    name = f"unsigned-{mode}-{uuid.uuid4().hex[:6]}"
+    name = f"refused-{mode}-{uuid.uuid4().hex[:6]}"
     volume = e2e.inline_bundle_volume(ref)
     volume.csi.volume_attributes = {"image": ref, "publishMode": mode}
     e2e.start_bundle_pod(
@@ -192,7 +205,7 @@ def test_an_unsigned_bundle_never_reaches_a_pod(
     )
     assert "PermissionDenied" in messages[0]
     assert f"refused by ClusterBundlePolicy '{POLICY}'" in messages[0]
-    assert "no signature found" in messages[0]
+    assert reason in messages[0]
     assert core.read_namespaced_pod(name, namespace).status.phase == "Pending"
     hex_digest = digest.partition(":")[2]
     state = signed.system.state_dir

@@ -295,7 +295,10 @@ def test_a_verified_tag_is_remembered_until_its_policy_changes(registry: Registr
     with client() as c:
         signer.sign(c, pushed.ref, key)
     current = [policy_for(f"{registry.host}/signing/**", key_authority(public_pem(key)))]
-    gate = Gate(policies=lambda: current, read_secret=lambda n: b"", client=client)
+    seen: list[str] = []
+    gate = Gate(
+        policies=lambda: current, read_secret=lambda n: b"", client=client, observe=seen.append
+    )
     first = gate.check(pushed.ref)
     asked = registry.count_requests("GET", r"/signing/remembered/manifests/sha256-")
     second = gate.check(pushed.ref)
@@ -307,6 +310,7 @@ def test_a_verified_tag_is_remembered_until_its_policy_changes(registry: Registr
     )
     third = gate.check(pushed.ref)
     assert third is not None and not third.remembered
+    assert seen == ["verified", "remembered", "verified"]  # what the plugin's metrics count
     assert registry.count_requests("GET", r"/signing/remembered/manifests/sha256-") > asked
 
 
@@ -452,3 +456,37 @@ def test_the_publish_spine_serves_a_signed_image_pinned_to_the_verified_digest(
         assert moved.manifest_digest != pushed.manifest_digest
         again = publish(pub, tmp_path, pushed.ref, name="w")
         assert again == pub.images.tree_path(pushed.manifest_digest)
+
+
+def test_a_removed_signature_is_refused_once_the_remembered_verdict_expires(
+    registry: RegistryServer,
+) -> None:
+    pushed = image(registry, "signing/removed")
+    key = ec.generate_private_key(ec.SECP256R1())
+    with client() as c:
+        signer.sign(c, pushed.ref, key)
+    now = [0.0]
+    gate = Gate(
+        policies=lambda: [
+            policy_for(f"{registry.host}/signing/**", key_authority(public_pem(key)))
+        ],
+        read_secret=lambda n: b"",
+        client=client,
+        ttl=60.0,
+        clock=lambda: now[0],
+    )
+    assert gate.check(pushed.ref) is not None
+    ref = Reference.parse(pushed.ref)
+    with client() as c:  # the signature tag now holds no signature
+        config = c.push_blob(ref, b"{}", media_type=mediatypes.OCI_CONFIG)
+        empty = Manifest(media_type=mediatypes.OCI_MANIFEST, config=config, layers=[])
+        c.push_manifest(
+            ref.with_tag(cosign_format.signature_tag(pushed.manifest_digest)),
+            empty.to_json(),
+            mediatypes.OCI_MANIFEST,
+        )
+    now[0] = 30.0
+    assert gate.check(pushed.ref) is not None  # remembered within the TTL
+    now[0] = 61.0
+    with pytest.raises(SignatureDenied, match="no signature found"):
+        gate.check(pushed.ref)

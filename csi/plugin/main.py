@@ -217,7 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def signature_gate(args: argparse.Namespace, client: ClientFactory) -> Gate | None:
+def signature_gate(
+    args: argparse.Namespace, client: ClientFactory, m: metrics.Metrics
+) -> Gate | None:
     """The publish spine's signature gate, following the cluster's policies; None when
     ``--signature-policies=off``."""
     if args.signature_policies == "off":
@@ -225,7 +227,12 @@ def signature_gate(args: argparse.Namespace, client: ClientFactory) -> Gate | No
     from csi.node.policies import PolicyWatch  # the kubernetes client only when it is on
 
     watch = PolicyWatch.from_environment(namespace=args.system_namespace).start()
-    return Gate(policies=watch.policies, read_secret=watch.read_secret, client=client)
+    return Gate(
+        policies=watch.policies,
+        read_secret=watch.read_secret,
+        client=client,
+        observe=m.signature_check,
+    )
 
 
 def socket_path(endpoint: str) -> Path:
@@ -300,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         gate = signature_gate(
             args,
             lambda creds: RegistryClient(credentials=creds, insecure=insecure, timeout=timeout),
+            m,
         )
         publisher = Publisher(
             gate=gate,

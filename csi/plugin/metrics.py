@@ -118,8 +118,18 @@ class Metrics:
             "Registrations kubelet reported as failed.",
             registry=r,
         )
+        self.signature_checks = Counter(
+            "rukpak_csi_signature_checks",
+            "Publishes of images a ClusterBundlePolicy selects, by outcome: verified (checked "
+            "now), remembered (a verdict kept), warned (a warn-mode policy not satisfied), "
+            "refused.",
+            ["result"],
+            registry=r,
+        )
         for result in ("hit", "miss"):
             self.cache.labels(result=result)
+        for outcome in ("verified", "remembered", "warned", "refused"):
+            self.signature_checks.labels(result=outcome)
 
     def track_cache(self, usage: Callable[[], int], budget: int) -> None:
         """Read the node cache's size from ``usage`` at scrape; ``budget`` is its limit."""
@@ -144,6 +154,9 @@ class Metrics:
         self.pull_seconds.inc(seconds)
         self.pull_duration.observe(seconds)
         self.pull_bytes.inc(nbytes)
+
+    def signature_check(self, result: str) -> None:
+        self.signature_checks.labels(result=result).inc()
 
     def registration(self, *, accepted: bool) -> None:
         self.registered.set(1 if accepted else 0)

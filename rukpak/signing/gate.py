@@ -77,12 +77,14 @@ class Gate:
         client: ClientFactory,
         ttl: float = TAG_TTL,
         clock: Callable[[], float] = time.monotonic,
+        observe: Callable[[str], object] = lambda result: None,
     ) -> None:
         self._policies = policies
         self._read_secret = read_secret
         self._client = client
         self._ttl = ttl
         self._clock = clock
+        self._observe = observe  # "verified", "remembered", "warned" or "refused" (metrics)
         self._lock = threading.Lock()
         self._memo: OrderedDict[tuple[str, tuple[str, ...]], tuple[Verdict, float]] = OrderedDict()
 
@@ -103,6 +105,7 @@ class Gate:
             if hit is not None and (ref.digest is not None or now - hit[1] < self._ttl):
                 self._memo.move_to_end(key)
                 verdict = hit[0]
+                self._observe("remembered")
                 return Verdict(
                     verdict.digest, verdict.pinned, verdict.policies, verdict.warnings, True
                 )
@@ -123,8 +126,10 @@ class Gate:
                     policy.name,
                     outcome.reason[:400],
                 )
+                self._observe("refused")
                 raise SignatureDenied(str(ref), policy.name, outcome.reason)
             warnings.append(f"ClusterBundlePolicy {policy.name!r} (warn): {outcome.reason}")
+        self._observe("warned" if warnings else "verified")
         verdict = Verdict(
             digest=digest,
             pinned=str(ref.with_digest(digest)),
