@@ -17,10 +17,9 @@ import requests
 import urllib3
 
 from tests.cluster import pki
-from tests.cluster.network import LOOPBACK, Place
+from tests.cluster.network import LOOPBACK, SERVICE_CIDR, Place
 from tests.cluster.process import Component, free_port
 
-SERVICE_CIDR = "10.0.0.0/24"
 START_TIMEOUT = 90.0
 
 

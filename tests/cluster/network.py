@@ -12,8 +12,11 @@ node. Every address lives in ``10.A.0.0/16``, a block no route of this host uses
 
 Each namespace has routes to every other node's pod subnet through that node's address,
 so pods reach each other across nodes, and the control plane reaches pods (webhooks,
-``--enable-aggregator-routing``). No namespace has a default route and nothing is
-masqueraded to the outside: no address here leads out of the machine.
+``--enable-aggregator-routing``). A node routes the Service range (:data:`SERVICE_CIDR`)
+to the control plane, as a real node's default route would: a host-network process
+(the node plugin) dialing a Service address needs a route for the lookup that precedes
+kube-proxy's rewrite. No namespace has a default route and nothing is masqueraded to the
+outside: no address here leads out of the machine.
 
 ``Place`` says where a component runs (loopback on the host, or inside a namespace) and
 prefixes its argv with ``nsenter``. ``teardown`` removes the namespaces and the bridge
@@ -32,6 +35,10 @@ from pathlib import Path
 NETNS_DIR = Path("/run/netns")
 RECORD = "network.json"
 NODE_OFFSET = 10
+
+
+SERVICE_CIDR = "10.0.0.0/24"
+"""The cluster's Service addresses (kube-apiserver's ``--service-cluster-ip-range``)."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +169,15 @@ class ClusterNetwork:
             for j, (netns, _) in enumerate(self.machines()):
                 if j != i:
                     _ip("-n", netns, "route", "add", self.pod_subnet(i), "via", via)
+            _ip(
+                "-n",
+                self.node_netns(i),
+                "route",
+                "add",
+                SERVICE_CIDR,
+                "via",
+                self.control_plane.address,
+            )
             # Services to a pod on the same node go out and back over the node's bridge:
             # let them pass kube-proxy's rules on the way back too
             _sysctl(self.node_netns(i), "net.bridge.bridge-nf-call-iptables", "1")
