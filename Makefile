@@ -6,7 +6,7 @@ GRPC_TOOLS := $(PY) -m grpc_tools.protoc
 PROTOS := csi/proto/csi.proto csi/proto/pluginregistration.proto
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint typecheck proto proto-check run bench image manifests clean helm helm-image cosign
+.PHONY: setup test lint typecheck proto proto-check run bench image manifests clean helm helm-image cosign kind-run kind-down
 
 setup:
 	@bash hack/setup.sh
@@ -45,6 +45,16 @@ test: setup proto-check lint typecheck k8s-bins helm cosign
 ## BundleDeployment's life (install, drift, pivot, bad image, delete), each step timed
 run: setup k8s-bins
 	@bash hack/run.sh
+
+## kind-run: the same as `make run` on a kind cluster (created, or reused; KIND_CLUSTER=name
+## uses an existing one): the Docker engine from Debian, kind from its Go module and a node
+## image built here (tests/kind); the cluster stays up for `make kind-down`
+kind-run: setup k8s-bins
+	@CLUSTER=kind bash hack/run.sh
+
+## kind-down: delete the kind cluster and its registries, stop a dockerd kind-run started
+kind-down: setup
+	@$(PY) -m tests.kind down
 
 ## image: build the project's container image (no container engine) and push it to IMAGE;
 ## it runs every component (node plugin, manager, instance and unpack pods)

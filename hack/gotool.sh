@@ -6,6 +6,7 @@
 #
 #   helm    the helm provisioner's renderer (contrib/helm-provisioner); cold: about 90 s
 #   cosign  signs and verifies test bundles in the signature tests; cold: about 140 s
+#   kind    runs the system on a kind cluster (make kind-run, hack/kind); cold: about 60 s
 #
 #   hack/gotool.sh NAME [--print-path] [--quiet]
 set -euo pipefail
@@ -29,7 +30,14 @@ cosign)
     CHECK=(version --json)
     COLD="about 140 s"
     ;;
-*) echo "usage: hack/gotool.sh helm|cosign [--print-path] [--quiet]" >&2; exit 2 ;;
+kind)
+    VERSION="${KIND_VERSION:-v0.33.0}"
+    PACKAGE="sigs.k8s.io/kind"
+    LDFLAGS="-s -w"
+    CHECK=(version)
+    COLD="about 60 s"
+    ;;
+*) echo "usage: hack/gotool.sh helm|cosign|kind [--print-path] [--quiet]" >&2; exit 2 ;;
 esac
 CACHE="${RUKPAK_CACHE:-$HOME/.cache/rukpak}"
 OUT="$CACHE/bin/$name-$VERSION"

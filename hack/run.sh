@@ -73,7 +73,9 @@ SERVER_PID=""        # the Python process that keeps the demo registry
 RUN_REGISTRY_PID=""  # the Python process that keeps the registry of the v1alpha2 bundle
 NODES=${NODES:-1}
 OVERLAY=""           # the install overlay (local cluster)
+CLUSTER=${CLUSTER:-local}  # local (tests/cluster) or kind (tests/kind: make kind-run)
 CLUSTER_DIR=""       # set once `python -m tests.cluster up` was started
+KIND_RUN_REGISTRY="" # kind: the container of the v1alpha2 bundle's registry
 RUN_NS=""            # a user's cluster: the namespace of this run
 KUBECTL=""
 
@@ -87,6 +89,17 @@ stop_pid() {  # SIGTERM, then SIGKILL after $2 seconds
   done
   kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
+}
+
+stop_run_registry() {  # the registry of the v1alpha2 bundle, whichever kind it is
+  if [ -n "$RUN_REGISTRY_PID" ]; then
+    stop_pid "$RUN_REGISTRY_PID" 10
+    RUN_REGISTRY_PID=""
+  fi
+  if [ -n "$KIND_RUN_REGISTRY" ]; then
+    "$PY" -m tests.kind registry stop "$KIND_RUN_REGISTRY" || true
+    KIND_RUN_REGISTRY=""
+  fi
 }
 
 cleanup() {
@@ -104,9 +117,7 @@ cleanup() {
     "$RUKPAK" uninstall hello-run --system-namespace "$RUN_NS" >/dev/null 2>&1 || true
     "$KUBECTL" delete namespace "$RUN_NS" --wait=false >/dev/null 2>&1 || true
   fi
-  if [ -n "$RUN_REGISTRY_PID" ]; then
-    stop_pid "$RUN_REGISTRY_PID" 10
-  fi
+  stop_run_registry
   if [ -n "$CLUSTER_DIR" ]; then
     "$PY" -m tests.cluster down --dir "$CLUSTER_DIR" || status=1
   fi
@@ -290,7 +301,6 @@ state = machines.common_dir(c.workdir) / "rukpak-csi"
 print(c.registry_host, c.busybox_image, c.kubelet_dir, state, bins.find("kubectl"))
 PY
 )
-  local node_registry busybox kubelet_dir state_dir
   read -r node_registry busybox kubelet_dir state_dir KUBECTL <<<"$info"
   show get nodes -o wide
   T_CLUSTER=$(since "$T0")
@@ -319,10 +329,42 @@ PY
     kill -0 "$RUN_REGISTRY_PID" 2>/dev/null || { echo "run.sh: the registry did not start" >&2; exit 1; }
     sleep 0.1
   done
-  local run_registry run_registry_pid
   read -r run_registry run_registry_pid <"$WORK/run-registry.addr"
-  echo "docker-registry (pid $run_registry_pid) serves http://$run_registry"
+  run_registry_pid="pid $run_registry_pid"
+  echo "docker-registry ($run_registry_pid) serves http://$run_registry"
 
+  install_and_use
+}
+
+# Part 2c: a kind cluster (make kind-run): created or reused, left up (make kind-down).
+kind_cluster() {
+  say "Starting (or reusing) a kind cluster"
+  echo "The Docker engine (Debian's docker.io, started here when none answers), the kind CLI"
+  echo "(sigs.k8s.io/kind) and a node image built on this machine (Debian, containerd, the"
+  echo "same Kubernetes v1.34 binaries; nothing pulled); a registry container on kind's"
+  echo "network:"
+  local info
+  info=$("$PY" -m tests.kind up --dir "$WORK/kind") || {
+    echo "run.sh: the kind cluster is not up (the reason is above; see README, On kind)" >&2
+    exit 1
+  }
+  local kubeconfig
+  read -r kind_name kubeconfig node_registry busybox <<<"$info"
+  export KUBECONFIG="$kubeconfig"
+  KUBECTL=$("$PY" -c 'from tests.cluster import bins; print(bins.find("kubectl") or "")')
+  kubelet_dir=/var/lib/kubelet state_dir=/var/lib/rukpak-csi  # kind's and the install's defaults
+  show get nodes -o wide
+  echo "cluster: $kind_name; registry: $node_registry"
+  T_CLUSTER=$(since "$T0")
+  say "Starting a second registry the node reaches (for the v1alpha2 bundle, stopped later)"
+  KIND_RUN_REGISTRY=rukpak-kind-registry-run
+  run_registry=$("$PY" -m tests.kind registry start "$KIND_RUN_REGISTRY")
+  run_registry_pid="container $KIND_RUN_REGISTRY"
+  echo "docker-registry ($run_registry_pid) serves http://$run_registry"
+  install_and_use
+}
+
+install_and_use() {
   say "Building the project's image and pushing it to the node's registry"
   echo "hack/image/build.sh needs no container engine: a cached Debian base layer and the"
   echo "project's wheel as a second layer. One image runs every component: the node"
@@ -560,9 +602,8 @@ YAML
     -p "{\"spec\":{\"source\":{\"image\":{\"ref\":\"$broken\"}}}}"
   poll 120 "revision 2 to be applied" "bundledeployment/hello-inline" -- \
     revision_is hello-inline 2
-  echo "Stopping its registry (pid $run_registry_pid): nothing can be fetched from it now."
-  stop_pid "$RUN_REGISTRY_PID" 10
-  RUN_REGISTRY_PID=""
+  echo "Stopping its registry ($run_registry_pid): nothing can be fetched from it now."
+  stop_run_registry
   poll 120 "the progress deadline" "bundledeployment/hello-inline" -- \
     bd_is hello-inline Progressing False
   poll 180 "revision 1 to be back" "bundledeployment/hello-inline" -- revision_is hello-inline 1
@@ -588,7 +629,9 @@ YAML
 }
 
 T_CLUSTER="" T_CSI=""
-if [ -n "$USER_KUBECONFIG" ]; then
+if [ "$CLUSTER" = kind ]; then
+  kind_cluster
+elif [ -n "$USER_KUBECONFIG" ]; then
   user_cluster
 else
   local_cluster
@@ -598,12 +641,17 @@ step_end
 printf '\n\033[1m== Done\033[0m  (at %ss)\n' "$(since "$T0")"
 echo "Wall time per step:"
 printf '%s\n' "${TIMES[@]}"
-if [ -z "$USER_KUBECONFIG" ]; then
+if [ "$CLUSTER" = kind ]; then
+  WHERE="the kind cluster $kind_name (a node image built here; left up: make kind-down removes it)"
+else
+  WHERE="a Kubernetes of $NODES node(s) started (own network namespaces, kube-proxy, CoreDNS)"
+fi
+if [ "$CLUSTER" = kind ] || [ -z "$USER_KUBECONFIG" ]; then
   cat <<TXT
 What happened:
   - examples/bundles/hello was packed into a deterministic OCI image (two platforms)
     and read back the way the CSI driver pulls bundles;
-  - a Kubernetes of $NODES node(s) started (own network namespaces, kube-proxy, CoreDNS)
+  - $WHERE,
     and RukPak was installed on it from deploy/ as users do, reached through Services
     (CRDs, CSIDriver, node plugin DaemonSet, two manager replicas with leader election,
     least-privilege RBAC) with only the image, the kubelet's path and the plain-HTTP

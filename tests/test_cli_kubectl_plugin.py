@@ -53,7 +53,7 @@ COMMANDS = [
             4,
         ),
         (["bu"], ["bundle"], 4),
-        (["bundle", ""], ["build", "inspect", "push"], 4),
+        (["bundle", ""], ["build", "inspect", "push", "sign", "verify"], 4),
         (["apply", "--na"], ["--name", "--namespace"], 4),
         (["-v", "bundle", "p"], ["push"], 4),
         (["apply", "--name", ""], [], 0),  # a flag's value: file names are fine
@@ -85,7 +85,7 @@ def test_kubectl_runs_the_cli_as_its_rukpak_plugin() -> None:
 def test_kubectl_completes_the_plugin_through_kubectl_complete_rukpak() -> None:
     done = kubectl("__complete", "rukpak", "bundle", "")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["build", "inspect", "push", ":4"]
+    assert done.stdout.splitlines() == ["build", "inspect", "push", "sign", "verify", ":4"]
     flags = kubectl("__complete", "rukpak", "apply", "--no")
     assert flags.stdout.splitlines() == ["--no-prune", ":4"]
 

@@ -23,6 +23,7 @@ ALL = (
     "csi-sanity",
 )
 MULTINODE = (*ALL, "kube-proxy", "coredns")
+KIND = (*MULTINODE, "kubeadm")  # the kind node image (tests/kind)
 
 
 def cache_dir() -> Path:

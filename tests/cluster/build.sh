@@ -2,7 +2,7 @@
 # Builds the binaries of the test cluster (tests/cluster/localcluster.py) from upstream
 # sources through the Go module proxy: kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubelet, kubectl and etcd from the wrapper module in tests/cluster/go,
-# kube-proxy, and csi-sanity and CoreDNS (static, for the multi-node cluster's DNS pod) from
+# kube-proxy, kubeadm (for the kind node image, tests/kind), and csi-sanity and CoreDNS (static, for the multi-node cluster's DNS pod) from
 # their pinned tags. Output: $RUKPAK_CACHE/bin/<k8s version>/.
 #
 # A stamp (hash of the module files, the Go version and the flags) makes a second run
@@ -18,7 +18,7 @@ CSI_TEST_VERSION="v5.6.0"
 COREDNS_VERSION="v1.12.4"
 CACHE="${RUKPAK_CACHE:-$HOME/.cache/rukpak}"
 OUT="$CACHE/bin/$K8S_VERSION"
-BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd kube-proxy)
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd kube-proxy kubeadm)
 MINOR="${K8S_VERSION#v1.}"
 MINOR="${MINOR%%.*}"
 # Stamp the version as upstream's release build does (hack/lib/version.sh), so that
