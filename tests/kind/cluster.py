@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tests.cluster import images
 from tests.kind import engine as engines
-from tests.kind import nodeimage, ociarchive
+from tests.kind import capfilter, nodeimage, ociarchive
 
 REPO = Path(__file__).resolve().parents[2]
 GOTOOL = REPO / "hack" / "gotool.sh"
@@ -131,10 +131,18 @@ def config(node_image: str, registry: str) -> str:
             "name": CLUSTER,
             "networking": {"disableDefaultCNI": True},
             "nodes": [{"role": "control-plane", "image": node_image}],
-            "containerdConfigPatches": [mirror],
+            "containerdConfigPatches": [mirror, *_oom_patch()],
         },
         indent=1,
     )
+
+
+def _oom_patch() -> list[str]:
+    """Without CAP_SYS_RESOURCE (sandboxes) no process may lower its oom_score_adj, which
+    kind's containerd config asks runc to do for every pod: keep it at containerd's own."""
+    if "CAP_SYS_RESOURCE" not in capfilter.missing():
+        return []
+    return ['[plugins."io.containerd.grpc.v1.cri"]\n  restrict_oom_score_adj = true']
 
 
 def trust_registry(engine: engines.Engine, cluster: str, registry: str) -> None:

@@ -82,7 +82,7 @@ CNI_CONFIG = {
         {"type": "portmap", "capabilities": {"portMappings": True}},
     ],
 }
-KIND_ENV = ["container=docker"]
+XTABLES = Path("/usr/lib/x86_64-linux-gnu/xtables")
 ENTRYPOINT = '["/usr/local/bin/entrypoint", "/sbin/init"]'
 
 
@@ -269,8 +269,14 @@ def control_plane_images(binaries: dict[str, Path]) -> dict[str, images.Image]:
         elif repo == "kube-proxy":
             tools = ["iptables", "iptables-save", "iptables-restore"]
             tools += [t.replace("iptables", "ip6tables") for t in tools]
+            # iptables' matches and targets are plugins it loads itself (not in ldd's list)
+            plugins = {str(p): p for p in sorted(XTABLES.glob("*.so"))}
             layer = ociarchive.layer(
-                {"/usr/local/bin/kube-proxy": binaries["kube-proxy"], str(iptables): iptables},
+                {
+                    "/usr/local/bin/kube-proxy": binaries["kube-proxy"],
+                    str(iptables): iptables,
+                    **plugins,
+                },
                 links={f"/usr/sbin/{t}": iptables.name for t in tools},
             )
             out[name] = images.make_image(layer, entrypoint=[], cmd=[])
