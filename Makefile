@@ -6,7 +6,7 @@ GRPC_TOOLS := $(PY) -m grpc_tools.protoc
 PROTOS := csi/proto/csi.proto csi/proto/pluginregistration.proto
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint typecheck proto proto-check run bench image manifests clean helm helm-image cosign kind-run kind-down
+.PHONY: setup test lint typecheck proto proto-check run bench image manifests clean helm helm-image cosign kind kind-run kind-down
 
 setup:
 	@bash hack/setup.sh
@@ -28,23 +28,28 @@ typecheck: setup
 	$(VENV)/bin/mypy rukpak csi provisioner tests contrib/helm-provisioner/rukpak_helm
 
 ## test: the whole suite (lint, types, proto drift, unit and integration tests), then the
-## multi-node tests in a pytest run of their own (one local cluster at a time on 2 cores);
-## with PYTEST_ARGS, one run with exactly those arguments
-test: setup proto-check lint typecheck k8s-bins helm cosign
+## multi-node tests, then the kind tests, each in a pytest run of its own (one cluster at
+## a time on 2 cores); with PYTEST_ARGS, one run with exactly those arguments
+test: setup proto-check lint typecheck k8s-bins helm cosign kind
 	@check() { rc=$$1; shift; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest $$* collected no tests (exit 5): that is a failure, not a pass" >&2; fi; \
 	  return $$rc; }; \
 	if [ -n '$(strip $(PYTEST_ARGS))' ]; then \
 	  $(PY) -m pytest $(PYTEST_ARGS); check $$? $(PYTEST_ARGS); \
 	else \
-	  $(PY) -m pytest -m 'not multinode'; check $$? -m 'not multinode' \
-	  && { $(PY) -m pytest -m multinode; check $$? -m multinode; }; \
+	  $(PY) -m pytest -m 'not multinode and not kind'; check $$? -m 'not multinode and not kind' \
+	  && { $(PY) -m pytest -m multinode; check $$? -m multinode; } \
+	  && { $(PY) -m pytest -m kind; check $$? -m kind; }; \
 	fi
 
 ## run: the project's main job on a local cluster: install RukPak from deploy/, then a
 ## BundleDeployment's life (install, drift, pivot, bad image, delete), each step timed
 run: setup k8s-bins
 	@bash hack/run.sh
+
+## kind: build the kind CLI (sigs.k8s.io/kind, hack/gotool.sh; cached)
+kind:
+	@bash hack/gotool.sh kind --quiet
 
 ## kind-run: the same as `make run` on a kind cluster (created, or reused; KIND_CLUSTER=name
 ## uses an existing one): the Docker engine from Debian, kind from its Go module and a node

@@ -357,9 +357,9 @@ kind_cluster() {
   echo "cluster: $kind_name; registry: $node_registry"
   T_CLUSTER=$(since "$T0")
   say "Starting a second registry the node reaches (for the v1alpha2 bundle, stopped later)"
-  KIND_RUN_REGISTRY=rukpak-kind-registry-run
+  KIND_RUN_REGISTRY=run
   run_registry=$("$PY" -m tests.kind registry start "$KIND_RUN_REGISTRY")
-  run_registry_pid="container $KIND_RUN_REGISTRY"
+  run_registry_pid="container ${kind_name}-registry-run"
   echo "docker-registry ($run_registry_pid) serves http://$run_registry"
   install_and_use
 }

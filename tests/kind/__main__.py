@@ -2,7 +2,7 @@
 for ``hack/run.sh`` (``make kind-run``, ``make kind-down``); see ``tests.kind.cluster``.
 
 ``up --dir DIR`` prints one line, ``NAME KUBECONFIG REGISTRY BUSYBOX``; ``registry start
-NAME`` prints the registry's ``host:port``.
+SUFFIX`` starts ``<cluster>-registry-SUFFIX`` and prints its ``host:port``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("node-image", help="build the node image (cached)")
     reg = commands.add_parser("registry", help="start or stop a registry on kind's network")
     reg.add_argument("action", choices=("start", "stop"))
-    reg.add_argument("name")
+    reg.add_argument("suffix", help="the registry is <cluster>-registry-SUFFIX")
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
@@ -35,9 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "node-image":
             print(nodeimage.ensure(engine.ensure()))
         elif args.action == "start":
-            print(cluster.start_registry(engine.ensure(), args.name))
+            print(cluster.start_registry(engine.ensure(), f"{cluster.REGISTRY}-{args.suffix}"))
         else:
-            cluster.stop_registry(engine.ensure(), args.name)
+            cluster.stop_registry(engine.ensure(), f"{cluster.REGISTRY}-{args.suffix}")
     except engine.EngineUnavailable as exc:
         print(f"kind: no container engine: {exc}", file=sys.stderr)
         return 3

@@ -4,12 +4,13 @@ Where it sits: ``python -m tests.kind up|down|registry`` (``tests.kind.__main__`
 ``hack/run.sh`` calls with ``CLUSTER=kind``. ``up`` makes sure of the engine
 (``tests.kind.engine``), the kind CLI (``hack/gotool.sh kind``) and the node image
 (``tests.kind.nodeimage``), starts a registry container on kind's Docker network (Debian's
-``docker-registry`` in an image made here) and creates the cluster ``rukpak`` (one node,
-``disableDefaultCNI``: the node image carries its CNI config; containerd pulls from the
-registry over plain HTTP), or reuses it when it exists. With ``KIND_CLUSTER=name`` it uses
-that existing cluster instead (made with kind's own node images): its nodes are told
-about the registry (``/etc/containerd/certs.d/<host>/hosts.toml``, where kind's images
-look) and nothing else of it is changed.
+``docker-registry`` in an image made here) and creates the cluster ``rukpak``
+(``$RUKPAK_KIND_NAME``; one node, ``disableDefaultCNI``: the node image carries its CNI
+config; containerd pulls from the registry over plain HTTP), or reuses it when it exists.
+With ``KIND_CLUSTER=name`` it uses that existing cluster instead (made with kind's own
+node images): its nodes are told about the registry
+(``/etc/containerd/certs.d/<host>/hosts.toml``, where kind's images look) and nothing
+else of it is changed.
 
 Addresses: registries listen inside their containers, on kind's network; this machine
 reaches them over the bridge (as the nodes and, masqueraded by the CNI, the pods do).
@@ -20,6 +21,7 @@ Nothing is published on this machine but the API server's port, which kind publi
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -27,14 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.cluster import images
-from tests.kind import engine as engines
 from tests.kind import capfilter, nodeimage, ociarchive
+from tests.kind import engine as engines
 
 REPO = Path(__file__).resolve().parents[2]
 GOTOOL = REPO / "hack" / "gotool.sh"
 NETWORK = "kind"
-CLUSTER = "rukpak"
-REGISTRY = "rukpak-kind-registry"
+CLUSTER = os.environ.get("RUKPAK_KIND_NAME", "rukpak")
+"""The cluster ``up`` makes (``RUKPAK_KIND_NAME``; the tests use their own)."""
+REGISTRY = f"{CLUSTER}-registry"
+"""Registry containers are named after it: ``<cluster>-registry`` and ``<...>-<suffix>``."""
 REGISTRY_PORT = 5000
 REGISTRY_CONFIG = b"""version: 0.1
 storage:
