@@ -16,7 +16,6 @@ in force meanwhile.
 
 from __future__ import annotations
 
-import base64
 import logging
 import os
 import threading
@@ -107,16 +106,7 @@ class PolicyWatch:
             raise errors.Unavailable(
                 f"cannot read Secret {self.namespace}/{name}: {exc.status} {exc.reason}"
             ) from None
-        data: dict[str, Any] = secret.data or {}
-        entry = data.get(signing.SECRET_KEY)
-        if entry is None and len(data) == 1:
-            entry = next(iter(data.values()))
-        if entry is None:
-            raise errors.InvalidArgument(
-                f"Secret {self.namespace}/{name} has no {signing.SECRET_KEY} entry and more "
-                "than one other: name the public key's entry cosign.pub"
-            )
-        return base64.b64decode(entry)
+        return signing.key_from_secret(secret.data or {}, f"{self.namespace}/{name}")
 
     def _set(self, objects: dict[str, signing.Policy]) -> None:
         with self._lock:

@@ -18,10 +18,8 @@ fix (a broken spec, a key Secret that is missing or holds no public key).
 
 from __future__ import annotations
 
-import base64
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
@@ -48,16 +46,7 @@ def read_secret(kube: Kube, namespace: str, name: str) -> bytes:
             f"Secret {namespace}/{name} not found: create it in the system namespace with the "
             f"public key as {signing.SECRET_KEY}"
         )
-    data: dict[str, Any] = secret.get("data") or {}
-    entry = data.get(signing.SECRET_KEY)
-    if entry is None and len(data) == 1:
-        entry = next(iter(data.values()))
-    if not isinstance(entry, str):
-        raise errors.InvalidArgument(
-            f"Secret {namespace}/{name} has no {signing.SECRET_KEY} entry and more than one "
-            "other: name the public key's entry cosign.pub"
-        )
-    return base64.b64decode(entry)
+    return signing.key_from_secret(secret.get("data") or {}, f"{namespace}/{name}")
 
 
 def gate(

@@ -27,6 +27,8 @@ satisfied (policies are ANDed, authorities within one are ORed), as in policy-co
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -264,3 +266,20 @@ def _generation(raw: Any) -> int:
         return int(raw or 0)
     except (TypeError, ValueError):
         return 0
+
+
+def key_from_secret(data: dict[str, Any], where: str) -> bytes:
+    """The PEM a key Secret's ``data`` holds (base64 values, as the API gives them): its
+    ``cosign.pub`` entry, or its only entry; InvalidArgument naming ``where`` otherwise."""
+    entry = data.get(SECRET_KEY)
+    if entry is None and len(data) == 1:
+        entry = next(iter(data.values()))
+    if not isinstance(entry, str):
+        raise errors.InvalidArgument(
+            f"Secret {where} has no {SECRET_KEY} entry and more than one other: name the "
+            "public key's entry cosign.pub"
+        )
+    try:
+        return base64.b64decode(entry, validate=True)
+    except (binascii.Error, ValueError):
+        raise errors.InvalidArgument(f"Secret {where}: {SECRET_KEY} is not base64") from None

@@ -1,0 +1,99 @@
+"""The manager's half of signed bundles, without a cluster: a policy's ``Valid`` status
+(``provisioner.manager.signatures.policy_status``) and the key a Secret holds."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from provisioner.manager import signatures
+from rukpak.common import errors
+from rukpak.signing import keys
+from rukpak.signing import policy as signing
+
+NOW = "2026-11-26T00:00:00Z"
+PEM = keys.public_pem(ec.generate_private_key(ec.SECP256R1()))
+
+
+def policy(*authorities: dict[str, Any], generation: int = 3, **extra: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p", "generation": generation},
+        "spec": {"images": [{"glob": "r.example/**"}], "authorities": list(authorities), **extra},
+    }
+
+
+def valid_of(status: dict[str, Any]) -> tuple[str, str, str]:
+    (cond,) = status["conditions"]
+    assert cond["type"] == "Valid" and cond["observedGeneration"] == status["observedGeneration"]
+    return cond["status"], cond["reason"], cond["message"]
+
+
+def no_secret(name: str) -> bytes:
+    raise errors.NotFound(f"Secret rukpak-system/{name} not found")
+
+
+def test_a_valid_policy_says_what_it_refuses_and_for_whom() -> None:
+    status = signatures.policy_status(
+        policy({"name": "release", "key": {"data": PEM.decode()}}), read=no_secret, now=NOW
+    )
+    assert status["observedGeneration"] == 3
+    assert valid_of(status) == (
+        "True",
+        "Valid",
+        "refuses images matching r.example/** unless signed for 1 authority: release",
+    )
+
+
+def test_an_invalid_spec_lists_its_problems() -> None:
+    status = signatures.policy_status(
+        policy({"name": "k", "key": {"data": "not a key"}}, mode="sometimes"),
+        read=no_secret,
+        now=NOW,
+    )
+    state, reason, message = valid_of(status)
+    assert (state, reason) == ("False", "InvalidSpec")
+    assert "PUBLIC KEY" in message and "'sometimes' is not one of enforce, warn" in message
+
+
+def test_a_missing_key_secret_makes_the_policy_not_valid() -> None:
+    status = signatures.policy_status(
+        policy({"name": "k", "key": {"secretRef": {"name": "gone"}}}), read=no_secret, now=NOW
+    )
+    assert valid_of(status) == (
+        "False",
+        "KeyUnavailable",
+        "authority 'k': Secret rukpak-system/gone not found",
+    )
+
+
+def test_the_transition_time_holds_while_the_status_does() -> None:
+    obj = policy({"name": "k", "key": {"data": PEM.decode()}})
+    first = signatures.policy_status(obj, read=no_secret, now=NOW)
+    obj["status"] = first
+    again = signatures.policy_status(obj, read=no_secret, now="2026-11-27T00:00:00Z")
+    assert again["conditions"][0]["lastTransitionTime"] == NOW
+    obj["spec"]["authorities"][0]["key"] = {"secretRef": {"name": "gone"}}
+    changed = signatures.policy_status(obj, read=no_secret, now="2026-11-27T00:00:00Z")
+    assert changed["conditions"][0]["lastTransitionTime"] == "2026-11-27T00:00:00Z"
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"cosign.pub": base64.b64encode(PEM).decode(), "cosign.key": "eA=="}, PEM),
+        ({"release.pem": base64.b64encode(PEM).decode()}, PEM),
+    ],
+)
+def test_a_key_secret_gives_cosign_pub_or_its_only_entry(
+    data: dict[str, str], expected: bytes
+) -> None:
+    assert signing.key_from_secret(data, "ns/s") == expected
+
+
+@pytest.mark.parametrize("data", [{}, {"a": "eA==", "b": "eA=="}, {"cosign.pub": "%%% not base64"}])
+def test_a_key_secret_without_one_clear_key_is_refused(data: dict[str, str]) -> None:
+    with pytest.raises(errors.InvalidArgument, match="Secret ns/s"):
+        signing.key_from_secret(data, "ns/s")
