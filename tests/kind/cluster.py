@@ -214,5 +214,7 @@ def down(*, stop_engine: bool = True) -> None:
     for name in engine.text("ps", "-a", "--format", "{{.Names}}").split():
         if name.startswith(REGISTRY):
             stop_registry(engine, name)
+    if stop_engine and engines.ours() is not None:
+        engine.run("network", "rm", NETWORK, check=False)  # its bridge outlives dockerd
     if stop_engine and engines.stop():
         log("stopped the dockerd started for kind")

@@ -120,6 +120,7 @@ def ensure() -> Engine:
         f"--pidfile={PIDFILE}",
         "--iptables=false",
         "--ip6tables=false",
+        "--bridge=none",  # no docker0: kind makes its own network
     ]
     with LOG.open("ab") as log:
         process = subprocess.Popen(
@@ -159,6 +160,11 @@ def _runtime() -> list[str]:
     )
     wrapper.chmod(0o755)
     return [f"--add-runtime=runc-caps={wrapper}", "--default-runtime=runc-caps"]
+
+
+def ours() -> int | None:
+    """The pid of a ``dockerd`` started by :func:`ensure` that still runs, else None."""
+    return _ours()
 
 
 def _ours() -> int | None:
