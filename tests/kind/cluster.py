@@ -20,6 +20,7 @@ Nothing is published on this machine but the API server's port, which kind publi
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -52,6 +53,7 @@ def log(message: str) -> None:
     print(f"kind: {message}", file=sys.stderr, flush=True)
 
 
+@functools.cache
 def kind_binary() -> str:
     subprocess.run(["bash", str(GOTOOL), "kind", "--quiet"], check=True)
     out = subprocess.run(
@@ -168,7 +170,6 @@ class Up:
     kubeconfig: Path
     registry: str
     busybox: str
-    created: bool
 
 
 def up(workdir: Path, *, existing: str = "") -> Up:
@@ -180,7 +181,6 @@ def up(workdir: Path, *, existing: str = "") -> Up:
     )
     workdir.mkdir(parents=True, exist_ok=True)
     kubeconfig = workdir / "kubeconfig"
-    created = False
     name = existing or CLUSTER
     if existing:
         if existing not in clusters():
@@ -197,9 +197,8 @@ def up(workdir: Path, *, existing: str = "") -> Up:
         )
         if done.returncode != 0:
             raise RuntimeError(f"kind create cluster failed ({done.returncode}); see above")
-        created = True
     kubeconfig.write_text(_kind("get", "kubeconfig", "--name", name).stdout)
-    return Up(name, kubeconfig, registry, busybox, created)
+    return Up(name, kubeconfig, registry, busybox)
 
 
 def down(*, stop_engine: bool = True) -> None:

@@ -104,7 +104,7 @@ def ensure() -> Engine:
     """An engine that answers; see the module docstring."""
     docker = client()
     if docker is not None and answers(docker):
-        return Engine(docker, started_here=_ours() is not None)
+        return Engine(docker, started_here=ours() is not None)
     if shutil.which("dockerd") is None:
         _install()
     docker = client()
@@ -164,10 +164,6 @@ def _runtime() -> list[str]:
 
 def ours() -> int | None:
     """The pid of a ``dockerd`` started by :func:`ensure` that still runs, else None."""
-    return _ours()
-
-
-def _ours() -> int | None:
     try:
         pid = int(PIDFILE.read_text().strip())
     except (OSError, ValueError):
@@ -181,7 +177,7 @@ def _ours() -> int | None:
 
 def stop() -> bool:
     """Stop a ``dockerd`` started by :func:`ensure` (by pid); False when there is none."""
-    pid = _ours()
+    pid = ours()
     if pid is None:
         return False
     os.kill(pid, signal.SIGTERM)
