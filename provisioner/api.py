@@ -71,6 +71,7 @@ from provisioner.engine.listwatch import Informer
 from provisioner.engine.objects import FIELD_MANAGER, OWNER_LABEL, Obj, ObjectRef
 from provisioner.manager import actions
 from provisioner.manager.conversion import origin as created_in
+from provisioner.manager.conversion import to_v1alpha2 as as_v1alpha2
 from provisioner.manager.events import record as record_event
 from provisioner.manager.generate import desired_bundle
 from provisioner.runtime.leader import lead
@@ -121,6 +122,7 @@ __all__ = [
     "WorkQueue",
     "Workers",
     "actions",
+    "as_v1alpha2",
     "assess_health",
     "bundle_deployment_ref",
     "bundle_ref",

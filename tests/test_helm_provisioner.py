@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 import yaml
-from rukpak_helm import chart, content, plan
+from rukpak_helm import chart, content, inline, plan
 
 from provisioner import api
 from tests import csi_helpers
@@ -180,15 +180,119 @@ def test_a_new_bundle_deployment_gets_the_finalizer_and_the_core_s_bundle() -> N
     assert decided.valid is not None and decided.valid[:2] == ("True", "UnpackPending")
 
 
-def test_a_bundle_deployment_created_as_v1alpha2_gets_no_bundle_and_says_why() -> None:
-    """Read through the conversion, a v1alpha2-created object carries its v1alpha2 fields in
-    an annotation: the helm provisioner refuses it rather than make a Bundle object."""
-    created_v2 = bd()
-    created_v2["metadata"]["annotations"] = {"core.rukpak.io/v1alpha2-spec": "{}"}
-    decided = plan.plan(created_v2, plan.Observed(now=NOW), default_namespace="default")
-    assert "CreateBundle" not in kinds(decided.actions)
-    assert decided.valid is not None and decided.valid[:2] == ("False", "UnsupportedApiVersion")
-    assert "create it as v1alpha1" in decided.valid[2]
+def bd_v2(name: str = "greeter", **spec: Any) -> api.Obj:
+    """A BundleDeployment created as v1alpha2 (its v1alpha2 view): the chart image inline."""
+    return {
+        "apiVersion": "core.rukpak.io/v1alpha2",
+        "kind": "BundleDeployment",
+        "metadata": {"name": name, "uid": "u-2", "generation": 4},
+        "spec": {
+            "provisionerClassName": plan.CLASS,
+            "installNamespace": name,
+            "source": {"type": "image", "image": {"ref": "r.example/greeter:v1"}},
+            **spec,
+        },
+    }
+
+
+def pinned_v2(obj: api.Obj, *, generation: int = 4, ok: bool = True) -> api.Obj:
+    """``obj`` with the status a pin for ``generation`` writes."""
+    obj["metadata"]["finalizers"] = [plan.FINALIZER]
+    reason = "UnpackSuccessful" if ok else "UnpackFailed"
+    obj["status"] = {
+        "resolvedSource": inline.resolved_status(PINNED),
+        "conditions": [
+            {"type": "Unpacked", "status": str(ok), "reason": reason,
+             "message": "m", "observedGeneration": generation},
+        ],
+    }  # fmt: skip
+    return obj
+
+
+def test_a_v1alpha2_bundle_deployment_gets_the_finalizer_and_its_image_pinned_no_bundle() -> None:
+    decided = inline.plan_inline(bd_v2(), plan.Observed(now=NOW), default_namespace="default")
+    assert decided.actions == [plan.AddFinalizer(), plan.Resolve("r.example/greeter:v1")]
+    assert decided.valid is not None and decided.valid[:2] == ("False", "UnpackPending")
+
+
+def test_a_v1alpha2_pin_of_this_generation_is_installed_with_the_values() -> None:
+    of = pinned_v2(bd_v2(config={"values": "greeting: hi\n"}))
+    decided = inline.plan_inline(of, plan.Observed(now=NOW), default_namespace="default")
+    (install,) = decided.actions
+    assert isinstance(install, plan.Install)
+    assert install.desired.pinned == PINNED
+    assert install.desired.namespace == "greeter"
+    assert install.desired.bundle == inline.revision_name(of, PINNED)
+    assert install.desired.bundle.startswith("greeter-")
+    done = plan.Outcome(install.desired.key, plan.succeeded(install.desired.bundle))
+    again = inline.plan_inline(of, plan.Observed(last=done, now=NOW), default_namespace="x")
+    assert again.actions == []  # installed already: not again until the values change
+    of["spec"]["config"] = {"values": "greeting: bye\n"}
+    changed = inline.plan_inline(of, plan.Observed(last=done, now=NOW), default_namespace="x")
+    assert [type(a) for a in changed.actions] == [plan.Install]
+
+
+def test_a_v1alpha2_pin_of_an_older_generation_is_resolved_again_not_on_a_resync() -> None:
+    """A spec change (the values included) pins the tag again; the same generation never."""
+    stale = pinned_v2(bd_v2(), generation=3)
+    decided = inline.plan_inline(stale, plan.Observed(now=NOW), default_namespace="default")
+    assert decided.actions == [plan.Resolve("r.example/greeter:v1")]
+    assert inline.pin_of(stale) is None
+    assert inline.pin_of(pinned_v2(bd_v2())) == PINNED
+
+
+def test_a_v1alpha2_pin_without_a_valid_chart_installs_nothing() -> None:
+    bad = pinned_v2(bd_v2(), ok=False)
+    decided = inline.plan_inline(bad, plan.Observed(now=NOW), default_namespace="default")
+    assert decided.actions == []
+    assert decided.valid == ("False", "UnpackFailed", "m")
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ({"source": {"type": "git", "git": {"repository": "https://x/y"}}},
+         'source bundle content: bundle source type "git" not supported by core-rukpak-io-helm'),
+        ({"sources": [{"type": "image", "image": {"ref": "r/x:1"}, "destination": "a"}]},
+         "source bundle content: spec.sources is not supported"),
+        ({"requireImmutableRefs": True},
+         'spec.requireImmutableRefs is set: image reference "r.example/greeter:v1" is a tag'),
+    ],
+)  # fmt: skip
+def test_a_v1alpha2_source_the_helm_provisioner_cannot_install_is_refused(
+    spec: api.Obj, says: str
+) -> None:
+    decided = inline.plan_inline(bd_v2(**spec), plan.Observed(now=NOW), default_namespace="d")
+    assert decided.actions == [plan.AddFinalizer()]
+    assert decided.valid is not None and decided.valid[:2] == ("False", "UnpackFailed")
+    assert says in decided.valid[2]
+
+
+def test_a_v1alpha2_digest_is_accepted_under_require_immutable_refs() -> None:
+    of = bd_v2(requireImmutableRefs=True, source={"type": "image", "image": {"ref": PINNED}})
+    decided = inline.plan_inline(of, plan.Observed(now=NOW), default_namespace="d")
+    assert decided.actions == [plan.AddFinalizer(), plan.Resolve(PINNED)]
+
+
+def test_a_deleted_v1alpha2_bundle_deployment_uninstalls_with_its_policy() -> None:
+    of = pinned_v2(bd_v2(deletionPolicy="Orphan"))
+    of["metadata"]["deletionTimestamp"] = NOW
+    decided = inline.plan_inline(of, plan.Observed(now=NOW), default_namespace="d")
+    assert decided.actions == [plan.Uninstall("Orphan"), plan.RemoveFinalizer()]
+    paused = bd_v2(paused=True)
+    assert inline.plan_inline(paused, plan.Observed(now=NOW), default_namespace="d").actions == []
+
+
+def test_the_status_carries_extra_fields_and_removes_those_set_to_none() -> None:
+    of = pinned_v2(bd_v2())
+    verdicts = {"Unpacked": ("True", "UnpackSuccessful", "m")}
+    new, _ = plan.status(of, verdicts, active="", now=NOW, extra={"resolvedSource": None})
+    assert new is not None and new["resolvedSource"] is None
+    kept = {"resolvedSource": inline.resolved_status(PINNED)}
+    of["status"]["observedGeneration"] = 4
+    of["status"]["conditions"][0]["lastTransitionTime"] = NOW
+    unchanged, events = plan.status(of, verdicts, active="", now=NOW, extra=kept)
+    assert (unchanged, events) == (None, [])
 
 
 def test_an_unpacked_bundle_is_rendered_and_installed_with_the_values() -> None:
@@ -802,3 +906,86 @@ def test_the_core_manager_leaves_helm_bundle_deployments_alone(
     finally:
         system.kubectl("delete", "bundledeployment", name, "--timeout=120s", timeout=150,
                        check=False)  # fmt: skip
+
+
+def v2_ref(name: str) -> api.ObjectRef:
+    return api.ObjectRef(api.GROUP, "v1alpha2", "BundleDeployment", "", name)
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_v1alpha2_bundle_deployment_installs_a_chart_named_inline(
+    helm_system: inst.RukpakSystem,
+) -> None:
+    """Created as v1alpha2 with ``format: helm``: no Bundle object; the image pinned into
+    ``resolvedSource``; the chart rendered with the values, again when they change; the
+    core manager leaves it alone; deleting it uninstalls."""
+    system = helm_system
+    name = f"inline-{SUFFIX}"
+    ref = push_chart(system, "inline", chart_files())
+    system.kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    system.kube.create(
+        {
+            "apiVersion": f"{api.GROUP}/v1alpha2",
+            "kind": "BundleDeployment",
+            "metadata": {"name": name},
+            "spec": {
+                "format": "helm",
+                "installNamespace": name,
+                "source": {"type": "image", "image": {"ref": ref}},
+                "config": {"values": "greeting: inline\nextra: true\n"},
+            },
+        }
+    )
+    try:
+        live = eventually(
+            lambda: s if condition(s := system.kube.get(v2_ref(name)) or {}, "Installed")[0]
+            == "True" else None,
+            timeout=120,
+            what=f"v1alpha2 BundleDeployment {name} Installed",
+        )  # fmt: skip
+        pinned = live["status"]["resolvedSource"]["image"]["ref"]
+        assert pinned.startswith(ref.rsplit(":", 1)[0] + "@sha256:"), pinned
+        assert condition(live, "Unpacked")[:2] == ("True", "UnpackSuccessful")
+        assert condition(live, "HasValidBundle")[:2] == ("True", "UnpackSuccessful")
+        revision = inline.revision_name(live, pinned)
+        assert condition(live, "Installed")[1:] == (
+            "InstallationSucceeded",
+            f"Instantiated bundle {revision} successfully",
+        )
+        assert live["metadata"]["finalizers"] == [plan.FINALIZER]  # the core's is not there
+        owned = system.kubectl("get", "bundles", "-o", "name", "-l",
+                               f"{plan.OWNER_NAME_LABEL}={name}")  # fmt: skip
+        assert not owned.strip(), f"a v1alpha2 BundleDeployment got Bundles: {owned}"
+        assert (configmap(system, name, f"{name}-greeting") or {}).get("data") == {
+            "greeting": "inline"
+        }
+        assert configmap(system, name, f"{name}-extra") is not None
+
+        # new values: a new generation, pinned again (the same digest), re-rendered, pruned
+        system.kube.merge_patch(
+            v2_ref(name), {"spec": {"config": {"values": "greeting: again\nextra: false\n"}}}
+        )
+        eventually(
+            lambda: (configmap(system, name, f"{name}-greeting") or {}).get("data")
+            == {"greeting": "again"},
+            timeout=60,
+            what="the greeting re-rendered with the new values",
+        )  # fmt: skip
+        eventually(
+            lambda: configmap(system, name, f"{name}-extra") is None,
+            timeout=60,
+            what="the extra ConfigMap pruned",
+        )
+        again = system.kube.get(v2_ref(name)) or {}
+        assert again["status"]["resolvedSource"]["image"]["ref"] == pinned
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{diagnose(system, name)}") from None
+    finally:
+        system.kubectl("delete", "bundledeployment", name, "--timeout=120s", timeout=150,
+                       check=False)  # fmt: skip
+    eventually(
+        lambda: configmap(system, name, f"{name}-greeting") is None,
+        timeout=60,
+        what="the chart's ConfigMap uninstalled",
+    )

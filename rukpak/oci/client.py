@@ -149,16 +149,9 @@ class RegistryClient:
             "GET", target, _manifest_path(ref), headers={"Accept": _MANIFEST_ACCEPT}, stream=True
         )
         self.transport.check(response, target, ok=(200,))
-        with response:
-            body = _read_capped(
-                response,
-                MANIFEST_MAX,
-                f"manifest of {ref}",
-                deadline=deadline,
-                doing=self.transport.doing(target),
-            )
-            sent = response.headers.get("Docker-Content-Digest", "")
-            content_type = _base_type(response.headers.get("Content-Type", ""))
+        body = self._read_document(response, target, f"manifest of {ref}", deadline)
+        sent = response.headers.get("Docker-Content-Digest", "")
+        content_type = _base_type(response.headers.get("Content-Type", ""))
         expected = ref.digest or (sent if digests.is_valid(sent) else "")
         actual = digests.of(body, expected.partition(":")[0] if expected else "sha256")
         if expected and actual != expected:
@@ -233,19 +226,32 @@ class RegistryClient:
             response.close()
             return None
         self.transport.check(response, target, ok=(200,))
-        with response:
-            body = _read_capped(
-                response,
-                MANIFEST_MAX,
-                f"referrers of {ref.name}@{digest}",
-                deadline=backoff.current(),
-                doing=self.transport.doing(target),
-            )
+        body = self._read_document(
+            response, target, f"referrers of {ref.name}@{digest}", backoff.current()
+        )
         parsed = parse_manifest(mediatypes.OCI_INDEX, body, what=f"referrers of {ref.name}")
         if not isinstance(parsed, Index):
             raise errors.InvalidArgument(f"referrers of {ref.name}@{digest} is not an index")
         parsed.manifests = [m for m in parsed.manifests if m.artifact_type == artifact_type]
         return parsed
+
+    def _read_document(
+        self,
+        response: requests.Response,
+        target: transport.Target,
+        subject: str,
+        deadline: backoff.Deadline | None,
+    ) -> bytes:
+        """A manifest or index body (at most ``MANIFEST_MAX`` bytes) read within ``deadline``;
+        the response is closed after (its headers stay readable)."""
+        with response:
+            return _read_capped(
+                response,
+                MANIFEST_MAX,
+                subject,
+                deadline=deadline,
+                doing=self.transport.doing(target),
+            )
 
     def push_manifest(self, ref: Reference, body: bytes, media_type: str) -> str:
         """PUT a manifest or index under ``ref``'s tag (or its digest); return its digest."""

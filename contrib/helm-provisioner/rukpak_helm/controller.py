@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from provisioner import api
-from rukpak_helm import chart, content, plan
+from rukpak_helm import chart, content, inline, plan
 
 log = logging.getLogger("rukpak.helm")
 
@@ -156,6 +156,8 @@ class Controller(api.Reconciler):
             self._stop_watcher(name)
             self.outcomes.pop(name, None)
             return None
+        if api.created_in(bd) == "v1alpha2":
+            return self.reconcile_inline(api.as_v1alpha2(bd))
         observed = plan.Observed(self.owned_bundles(name), self.outcomes.get(name), now_text())
         decided = plan.plan(bd, observed, default_namespace=self.default_namespace)
         again: float | None = None
@@ -163,22 +165,76 @@ class Controller(api.Reconciler):
             again = self._perform(bd, action) or again
         if decided.valid is None:
             return again
+        self._write_status(bd, {plan.HAS_VALID_BUNDLE: decided.valid}, now=observed.now)
+        return self._retry_install(name) or again
+
+    def reconcile_inline(self, bd: api.Obj) -> float | None:
+        """One pass for a BundleDeployment created as v1alpha2 (``bd`` is its v1alpha2 view):
+        no Bundle object; its image is pinned into ``status.resolvedSource``."""
+        name = plan.name_of(bd)
+        observed = plan.Observed((), self.outcomes.get(name), now_text())
+        decided = inline.plan_inline(bd, observed, default_namespace=self.default_namespace)
+        again: float | None = None
+        valid, pinned, failure = decided.valid, inline.pin_of(bd), None
+        for action in decided.actions:
+            if isinstance(action, plan.Resolve):
+                valid, pinned, failure = self._resolve(action.ref)
+            else:
+                again = self._perform(bd, action) or again
+        if valid is None:
+            return again
+        resolved = inline.resolved_status(pinned) if pinned else None
+        verdicts = {inline.UNPACKED: valid, plan.HAS_VALID_BUNDLE: valid}
+        self._write_status(bd, verdicts, now=observed.now, extra={"resolvedSource": resolved})
+        if failure is not None:
+            raise failure  # retried with backoff: a tag may be pushed, a registry come back
+        return self._retry_install(name) or again
+
+    def _resolve(self, ref: str) -> tuple[plan.Verdict, str | None, api.RukpakError | None]:
+        """Pin ``ref`` and check its chart: (``Unpacked``, the pinned reference, the error
+        to retry on)."""
+        try:
+            pinned, root = self.store.fetch(ref)
+        except api.RukpakError as err:
+            why = f"{inline.SOURCE_PREFIX}cannot fetch {ref}: {err.message}"
+            return ("False", "UnpackFailed", why), None, err
+        try:
+            meta = chart.check(self.helm, chart.find_chart(root))
+        except chart.ChartError as err:
+            return ("False", "UnpackFailed", str(err)), pinned, None
+        message = (
+            f"Successfully unpacked chart {meta.get('name')} {meta.get('version')} from {pinned}"
+        )
+        return ("True", "UnpackSuccessful", message), pinned, None
+
+    def _write_status(
+        self,
+        bd: api.Obj,
+        verdicts: dict[str, plan.Verdict],
+        *,
+        now: str,
+        extra: api.Obj | None = None,
+    ) -> None:
+        """``verdicts`` plus ``Installed`` (what the last install in this process said) and
+        ``activeBundle``, written when they changed, with an event per transition."""
+        name = plan.name_of(bd)
         last = self.outcomes.get(name)
         active = plan.active_bundle(bd)
         if last is not None and last.installed[0] == "True":
             active = last.key[0]
-        verdicts = {
-            plan.HAS_VALID_BUNDLE: decided.valid,
-            plan.INSTALLED: plan.installed_verdict(bd, last),
-        }
-        new, events = plan.status(bd, verdicts, active=active, now=observed.now)
+        verdicts = {**verdicts, plan.INSTALLED: plan.installed_verdict(bd, last)}
+        new, events = plan.status(bd, verdicts, active=active, now=now, extra=extra)
         if new is not None:
             self.kube.merge_patch_status(api.bundle_deployment_ref(name), {"status": new})
             for event in events:
                 self._event(bd, "BundleDeployment", event)
+
+    def _retry_install(self, name: str) -> float | None:
+        """The delay before another try when the last install failed in a way worth one."""
+        last = self.outcomes.get(name)
         if last is not None and not last.final:
-            again = self.queue.retry(BD_KEY + name)
-        return again
+            return self.queue.retry(BD_KEY + name)
+        return None
 
     def _perform(self, bd: api.Obj, action: plan.Action) -> float | None:
         name = plan.name_of(bd)
@@ -289,8 +345,16 @@ class Controller(api.Reconciler):
             for bd in self.bds.items():
                 self._bd_changed(bd)
             pinned = [ref for b in self.bundles.items() if (ref := plan.pinned_ref(b))]
+            pinned += [ref for bd in self.bds.items() if (ref := self._inline_pin(bd))]
             for gone in self.store.forget(pinned):
                 log.info("msg='removed content no Bundle pins' path=%s", gone)
+
+    @staticmethod
+    def _inline_pin(bd: api.Obj) -> str | None:
+        """The image a BundleDeployment created as v1alpha2 has pinned, if any."""
+        if not plan.handles(bd) or api.created_in(bd) != "v1alpha2":
+            return None
+        return inline.pin_of(api.as_v1alpha2(bd))
 
     def start(self, *, sync_timeout: float = 60.0) -> None:
         """Start the informers, wait for their first lists, then one worker and the resync.

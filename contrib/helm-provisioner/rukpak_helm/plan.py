@@ -44,7 +44,6 @@ INSTALLED = "Installed"
 UNPACKED = "Unpacked"
 WARNING_REASONS = frozenset(
     {
-        "UnsupportedApiVersion",
         "UnsupportedProvisionerClass",
         "UnsupportedSource",
         "UnpackFailed",
@@ -181,7 +180,17 @@ class Install:
     desired: Desired
 
 
-Action = AddFinalizer | RemoveFinalizer | CreateBundle | DeleteBundle | Uninstall | Install
+@dataclass(frozen=True)
+class Resolve:
+    """Pin ``ref`` for a BundleDeployment created as v1alpha2 (``inline``): fetch it, check
+    its chart, write ``resolvedSource`` and ``Unpacked``."""
+
+    ref: str
+
+
+Action = (
+    AddFinalizer | RemoveFinalizer | CreateBundle | DeleteBundle | Uninstall | Install | Resolve
+)
 
 
 @dataclass
@@ -207,7 +216,8 @@ def active_bundle(bd: api.Obj) -> str:
 
 
 def plan(bd: api.Obj, observed: Observed, *, default_namespace: str) -> Plan:
-    """What to do for ``bd`` now (see the module doc)."""
+    """What to do for ``bd``, created as v1alpha1, now (see the module doc; ``inline``
+    plans those created as v1alpha2)."""
     meta = _meta(bd)
     if meta.get("deletionTimestamp"):
         if FINALIZER not in (meta.get("finalizers") or []):
@@ -229,16 +239,7 @@ def plan(bd: api.Obj, observed: Observed, *, default_namespace: str) -> Plan:
     wanted = name_of(desired_bundle)
     bundles = {name_of(b): b for b in observed.bundles}
     current = bundles.get(wanted)
-    if api.created_in(bd) == "v1alpha2":
-        # its Bundle would be a Bundle object, which a v1alpha2 BundleDeployment never has
-        out.valid = (
-            "False",
-            "UnsupportedApiVersion",
-            f"{CLASS} installs BundleDeployments created as {api.API_VERSION} (a template "
-            "that generates Bundles); this one was created as core.rukpak.io/v1alpha2: "
-            "create it as v1alpha1",
-        )
-    elif template_spec.get("provisionerClassName") != CLASS:
+    if template_spec.get("provisionerClassName") != CLASS:
         out.valid = (
             "False",
             "UnsupportedProvisionerClass",
@@ -318,11 +319,17 @@ class Event:
 
 
 def status(
-    bd: api.Obj, verdicts: dict[str, Verdict], *, active: str, now: str
+    bd: api.Obj,
+    verdicts: dict[str, Verdict],
+    *,
+    active: str,
+    now: str,
+    extra: api.Obj | None = None,
 ) -> tuple[api.Obj | None, list[Event]]:
     """The status to write (None when it would not change) and an event per transition.
 
     Conditions keep their ``lastTransitionTime`` while their status stays the same.
+    ``extra`` holds more fields to write (``resolvedSource``); a None value removes one.
     """
     old_status = bd.get("status") or {}
     old = {c.get("type"): c for c in old_status.get("conditions") or [] if isinstance(c, dict)}
@@ -352,6 +359,7 @@ def status(
     new: api.Obj = {"observedGeneration": generation, "conditions": conditions}
     if active:
         new["activeBundle"] = active
-    if new == old_status:
+    new.update(extra or {})
+    if {k: v for k, v in new.items() if v is not None} == old_status:
         return None, []
     return new, events
