@@ -130,6 +130,7 @@ __all__ = [
     "desired_bundle",
     "diff",
     "fetch_bundle",
+    "fetch_tarball",
     "install",
     "lead",
     "load_bundle",
@@ -205,6 +206,47 @@ def fetch_bundle(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return pinned
+
+
+def fetch_tarball(url: str, dest: Path, *, insecure: bool = False) -> str:
+    """Download the tar (plain or gzip) at ``url`` and write its files to ``dest``; return
+    the pinned URL (``url#sha256=<hex of the bytes>``): the upstream ``http`` source.
+
+    The same pipeline as the CSI node plugin's http volumes: bounded download (no redirect
+    to another host), digest checked, the archive extracted by the image extractor's rules
+    (no path escapes, bounded sizes). A URL pinned already (``#sha256=<hex>``) is fetched
+    as is, and other bytes are ``FailedPrecondition``; otherwise the bytes are digested
+    first. ``dest`` must not exist; it appears complete or not at all, its files writable
+    by the caller. No credentials, for now. ``insecure`` skips TLS verification.
+    """
+    from rukpak.image.cache import ImageCache
+    from rukpak.oci import client as oci_client
+    from rukpak.sources import http
+    from rukpak.sources.cache import SourceCache
+    from rukpak.sources.volume import FetchSource
+
+    if dest.exists():
+        raise FileExistsError(f"{dest} exists: fetch_tarball writes a new directory")
+    http.check_url(url)
+    bare, digest = http.split_pinned(url)
+    if digest is None:
+        digest = http.fetch(bare, insecure=insecure)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        cache = ImageCache(
+            staging / "cache",
+            puller_factory=lambda creds: oci_client.RegistryClient(credentials=creds),
+            durable=False,
+        )
+        tree = SourceCache(cache).ensure(FetchSource("http", bare, digest, insecure=insecure))
+        shutil.copytree(tree.path, staging / "tree", symlinks=True)
+        _make_writable(staging / "tree")
+        os.rename(staging / "tree", dest)
+    finally:
+        _make_writable(staging)
+        shutil.rmtree(staging, ignore_errors=True)
+    return http.pin_url(bare, digest)
 
 
 def _make_writable(root: Path) -> None:

@@ -18,6 +18,7 @@ Three layers, cheapest first:
 from __future__ import annotations
 
 import ast
+import hashlib
 import os
 import subprocess
 import tempfile
@@ -31,7 +32,7 @@ import yaml
 from rukpak_helm import chart, content, inline, plan
 
 from provisioner import api
-from tests import csi_helpers
+from tests import csi_helpers, source_servers
 from tests import install_helpers as inst
 from tests.polling import eventually
 
@@ -45,14 +46,19 @@ NOW = "2026-01-01T00:00:00Z"
 
 CHART_YAML = "apiVersion: v2\nname: greeter\nversion: 0.1.0\n"
 VALUES_YAML = "greeting: hello\nextra: false\nimage: busybox\n"
-CONFIGMAP_TPL = """\
-apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: {{ .Release.Name }}-greeting
-data:
-  greeting: {{ .Values.greeting | quote }}
-"""
+
+
+def configmap_template(suffix: str, key: str, value: str) -> str:
+    """A chart template: the ConfigMap ``<release>-<suffix>`` holding ``key``: ``value`` (a
+    template expression, quoted)."""
+    return (
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n"
+        f"  name: {{{{ .Release.Name }}}}-{suffix}\n"
+        f"data:\n  {key}: {{{{ {value} | quote }}}}\n"
+    )
+
+
+CONFIGMAP_TPL = configmap_template("greeting", "greeting", ".Values.greeting")
 EXTRA_TPL = """\
 {{- if .Values.extra }}
 apiVersion: v1
@@ -272,6 +278,52 @@ def test_a_v1alpha2_digest_is_accepted_under_require_immutable_refs() -> None:
     of = bd_v2(requireImmutableRefs=True, source={"type": "image", "image": {"ref": PINNED}})
     decided = inline.plan_inline(of, plan.Observed(now=NOW), default_namespace="d")
     assert decided.actions == [plan.AddFinalizer(), plan.Resolve(PINNED)]
+
+
+HTTP_CHART = "http://127.0.0.1:8080/charts/greeter-0.1.0.tgz"
+
+
+def test_a_v1alpha2_http_source_is_pinned_then_installed_from_its_url() -> None:
+    """Upstream's own helm example names the chart's tarball by URL."""
+    of = bd_v2(source={"type": "http", "http": {"url": HTTP_CHART}})
+    decided = inline.plan_inline(of, plan.Observed(now=NOW), default_namespace="d")
+    assert decided.actions == [plan.AddFinalizer(), plan.Resolve(HTTP_CHART)]
+    pinned_url = HTTP_CHART + "#sha256=" + "b" * 64
+    of["metadata"]["finalizers"] = [plan.FINALIZER]
+    of["status"] = {
+        "resolvedSource": inline.resolved_status(pinned_url),
+        "conditions": [{"type": "Unpacked", "status": "True", "observedGeneration": 4}],
+    }
+    assert of["status"]["resolvedSource"] == {"type": "http", "http": {"url": pinned_url}}
+    (install,) = inline.plan_inline(of, plan.Observed(now=NOW), default_namespace="d").actions
+    assert isinstance(install, plan.Install) and install.desired.pinned == pinned_url
+
+
+@pytest.mark.parametrize(
+    ("source", "says"),
+    [
+        ({"type": "http", "http": {"url": HTTP_CHART, "auth": {"secret": {"name": "s"}}}},
+         "http sources with credentials are not supported"),
+        ({"type": "configMaps", "configMaps": []}, 'bundle source type "configMaps" not supported'),
+        ({"type": "image", "image": {}}, 'bundle source type "image" not supported'),
+    ],
+)  # fmt: skip
+def test_a_v1alpha2_source_of_no_use_to_helm_is_refused(source: api.Obj, says: str) -> None:
+    decided = inline.plan_inline(
+        bd_v2(source=source), plan.Observed(now=NOW), default_namespace="d"
+    )
+    assert decided.valid is not None and decided.valid[:2] == ("False", "UnpackFailed")
+    assert says in decided.valid[2]
+
+
+def test_require_immutable_refs_wants_a_digest_in_an_http_url() -> None:
+    loose = bd_v2(requireImmutableRefs=True, source={"type": "http", "http": {"url": HTTP_CHART}})
+    refused = inline.plan_inline(loose, plan.Observed(now=NOW), default_namespace="d").valid
+    assert refused is not None and "append #sha256=<hex of the tarball>" in refused[2]
+    pinned = HTTP_CHART + "#sha256=" + "c" * 64
+    tight = bd_v2(requireImmutableRefs=True, source={"type": "http", "http": {"url": pinned}})
+    decided = inline.plan_inline(tight, plan.Observed(now=NOW), default_namespace="d")
+    assert decided.actions == [plan.AddFinalizer(), plan.Resolve(pinned)]
 
 
 def test_a_deleted_v1alpha2_bundle_deployment_uninstalls_with_its_policy() -> None:
@@ -615,6 +667,68 @@ def test_the_store_fetches_a_pinned_reference_once(registry: Any, tmp_path: Path
     assert (root / "marker").exists()
     assert store.forget([]) == [root]
     assert not root.exists()
+
+
+@pytest.fixture
+def chart_server(tmp_path: Path) -> Iterator[source_servers.SourceServer]:
+    """A real HTTP server on loopback serving ``/files/<name>``."""
+    with source_servers.serving(tmp_path / "git") as server:
+        yield server
+
+
+def chart_tarball(files: dict[str, str], *, under: str = "greeter") -> bytes:
+    """A chart as ``helm package`` lays it out: a tar.gz with the chart in one directory."""
+    return source_servers.tarball({f"{under}/{name}": text for name, text in files.items()})
+
+
+def test_fetch_tarball_pins_the_url_and_writes_the_files(
+    chart_server: source_servers.SourceServer, tmp_path: Path
+) -> None:
+    body = chart_tarball(chart_files())
+    chart_server.files["greeter-0.1.0.tgz"] = body
+    url = f"{chart_server.url}/files/greeter-0.1.0.tgz"
+    pinned = api.fetch_tarball(url, tmp_path / "c")
+    assert pinned == f"{url}#sha256={hashlib.sha256(body).hexdigest()}"
+    assert (tmp_path / "c" / "greeter" / "Chart.yaml").read_text() == CHART_YAML
+    assert os.access(tmp_path / "c" / "greeter" / "templates", os.W_OK)
+    assert api.fetch_tarball(pinned, tmp_path / "d") == pinned  # a pinned URL, as is
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
+    with pytest.raises(FileExistsError):
+        api.fetch_tarball(pinned, tmp_path / "d")
+
+
+def test_fetch_tarball_refuses_changed_bytes_a_hostile_path_and_a_missing_file(
+    chart_server: source_servers.SourceServer, tmp_path: Path
+) -> None:
+    chart_server.files["chart.tgz"] = chart_tarball(chart_files())
+    url = f"{chart_server.url}/files/chart.tgz"
+    with pytest.raises(api.RukpakError) as changed:
+        api.fetch_tarball(f"{url}#sha256={'0' * 64}", tmp_path / "a")
+    assert changed.value.code == "FAILED_PRECONDITION"
+    with pytest.raises(api.RukpakError) as missing:
+        api.fetch_tarball(f"{chart_server.url}/files/nothing.tgz", tmp_path / "c")
+    assert missing.value.code == "NOT_FOUND"
+    assert list(tmp_path.iterdir()) == []  # nothing left behind
+    # a hostile entry is dropped (and logged), as the node plugin drops it: nothing escapes
+    evil = {"../escape.yaml": "x: 1\n", "greeter/Chart.yaml": CHART_YAML}
+    chart_server.files["evil.tgz"] = source_servers.tarball(evil)
+    api.fetch_tarball(f"{chart_server.url}/files/evil.tgz", tmp_path / "b")
+    kept = sorted(str(p.relative_to(tmp_path / "b")) for p in (tmp_path / "b").rglob("*"))
+    assert kept == ["greeter", "greeter/Chart.yaml"]
+    assert not (tmp_path / "escape.yaml").exists()
+
+
+def test_the_store_fetches_a_pinned_url_once_and_checks_its_chart(
+    chart_server: source_servers.SourceServer, tmp_path: Path, helm: Path
+) -> None:
+    chart_server.files["greeter.tgz"] = chart_tarball(chart_files())
+    store = content.Store(tmp_path / "store")
+    pinned, root = store.fetch(f"{chart_server.url}/files/greeter.tgz")
+    assert "#sha256=" in pinned
+    assert chart.check(helm, chart.find_chart(root))["name"] == "greeter"
+    served = len(chart_server.requests)
+    assert store.fetch(pinned) == (pinned, root)
+    assert len(chart_server.requests) == served  # fetched once
 
 
 # -- end to end on the local kubelet ------------------------------------------------------
@@ -989,3 +1103,46 @@ def test_a_v1alpha2_bundle_deployment_installs_a_chart_named_inline(
         timeout=60,
         what="the chart's ConfigMap uninstalled",
     )
+
+
+UPSTREAM_HELM_EXAMPLE = (
+    REPO / "tests" / "data" / "upstream-examples-v1alpha2" / "bundledeployment-helm.yaml"
+)
+AHOY_TPL = configmap_template("ahoy", "replicas", ".Values.replicaCount")
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_upstream_s_helm_example_installs_its_chart_from_an_http_url(
+    helm_system: inst.RukpakSystem, tmp_path: Path
+) -> None:
+    """Upstream v0.24's own helm example, with only its name, namespace and URL changed to
+    ones this machine has: the chart's tarball served over HTTP, its values applied."""
+    system = helm_system
+    name = f"ahoy-{SUFFIX}"
+    files = {"Chart.yaml": "apiVersion: v2\nname: hello-world\nversion: 0.1.0\n",
+             "values.yaml": "replicaCount: 1\n", "templates/ahoy.yaml": AHOY_TPL}  # fmt: skip
+    example = yaml.safe_load(UPSTREAM_HELM_EXAMPLE.read_text())
+    with source_servers.serving(tmp_path / "git") as server:
+        server.files["hello-world-0.1.0.tgz"] = chart_tarball(files, under="hello-world")
+        example["metadata"]["name"] = name
+        example["spec"]["installNamespace"] = name
+        example["spec"]["source"]["http"]["url"] = f"{server.url}/files/hello-world-0.1.0.tgz"
+        system.kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        system.kube.create(example)
+        try:
+            live = eventually(
+                lambda: s if condition(s := system.kube.get(v2_ref(name)) or {}, "Installed")[0]
+                == "True" else None,
+                timeout=120,
+                what=f"upstream's helm example {name} Installed",
+            )  # fmt: skip
+            assert condition(live, "Unpacked")[:2] == ("True", "UnpackSuccessful")
+            resolved = live["status"]["resolvedSource"]
+            assert resolved["type"] == "http" and "#sha256=" in resolved["http"]["url"]
+            assert (configmap(system, name, f"{name}-ahoy") or {}).get("data") == {"replicas": "3"}
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n{diagnose(system, name)}") from None
+        finally:
+            system.kubectl("delete", "bundledeployment", name, "--timeout=120s", timeout=150,
+                           check=False)  # fmt: skip

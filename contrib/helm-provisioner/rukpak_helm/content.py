@@ -1,7 +1,8 @@
-"""Bundle content on local disk: one directory per pinned image reference.
+"""Bundle content on local disk: one directory per pinned image reference or tarball URL.
 
 Where it sits: under the controller. A Bundle's content is fetched once by its pinned
-reference (``api.fetch_bundle``: digest-verified pull, safe extraction) into
+reference (``api.fetch_bundle``: digest-verified pull, safe extraction; a v1alpha2 http
+source through ``api.fetch_tarball``) into
 ``ROOT/<hash of the reference>``; later renders (a values change) read it from there.
 Content behind a pinned reference never changes, so an entry is never refreshed; a
 restarted process (its cache dir is an emptyDir) fetches again on first use.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import threading
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 
 from provisioner import api
@@ -30,13 +31,24 @@ class Store:
         return self.root / hashlib.sha256(pinned.encode()).hexdigest()[:32]
 
     def fetch(self, ref: str) -> tuple[str, Path]:
-        """Fetch ``ref`` (a tag is pinned first); the pinned reference and its files."""
+        """Fetch image ``ref``, or the tarball at ``ref`` when it is an ``http(s)://`` URL (a
+        tag or a bare URL is pinned first); the pinned reference or URL and its files."""
+        if ref.startswith(("http://", "https://")):
+            return self._fetch(ref, "#sha256=" in ref, self._tarball)
+        return self._fetch(ref, "@sha256:" in ref, api.fetch_bundle)
+
+    def _tarball(self, url: str, dest: Path, *, insecure: Iterable[str] = ()) -> str:
+        return api.fetch_tarball(url, dest)
+
+    def _fetch(
+        self, ref: str, pinned_already: bool, fetcher: Callable[..., str]
+    ) -> tuple[str, Path]:
         with self._lock:
-            if "@sha256:" in ref and self.path(ref).is_dir():
+            if pinned_already and self.path(ref).is_dir():
                 return ref, self.path(ref)
             staging = self.root / ".fetching"
             shutil.rmtree(staging, ignore_errors=True)
-            pinned = api.fetch_bundle(ref, staging, insecure=self.insecure)
+            pinned = str(fetcher(ref, staging, insecure=self.insecure))
             target = self.path(pinned)
             if target.is_dir():
                 shutil.rmtree(staging, ignore_errors=True)

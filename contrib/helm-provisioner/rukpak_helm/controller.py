@@ -191,8 +191,8 @@ class Controller(api.Reconciler):
         return self._retry_install(name) or again
 
     def _resolve(self, ref: str) -> tuple[plan.Verdict, str | None, api.RukpakError | None]:
-        """Pin ``ref`` and check its chart: (``Unpacked``, the pinned reference, the error
-        to retry on)."""
+        """Pin an image or URL and check its chart: (``Unpacked``, the pinned reference or
+        URL, the error to retry on)."""
         try:
             pinned, root = self.store.fetch(ref)
         except api.RukpakError as err:

@@ -182,8 +182,9 @@ class Install:
 
 @dataclass(frozen=True)
 class Resolve:
-    """Pin ``ref`` for a BundleDeployment created as v1alpha2 (``inline``): fetch it, check
-    its chart, write ``resolvedSource`` and ``Unpacked``."""
+    """Pin ``ref`` (an image, or the URL of an http source) for a BundleDeployment created
+    as v1alpha2 (``inline``): fetch it, check its chart, write ``resolvedSource`` and
+    ``Unpacked``."""
 
     ref: str
 
