@@ -57,6 +57,13 @@ say() {
   STEP=$* STEP_T=$(now)
 }
 run() { printf '$ %s\n' "$*"; "$@"; }
+wait_addr() {  # until the background process $2 has written its address line to $1
+  for _ in $(seq 300); do
+    [ -s "$1" ] && break
+    kill -0 "$2" 2>/dev/null || { echo "run.sh: the registry did not start" >&2; exit 1; }
+    sleep 0.1
+  done
+}
 now() { echo "${EPOCHREALTIME/./}"; }   # microseconds
 since() { local d=$(( $(now) - $1 )); printf '%d.%d' $((d / 1000000)) $((d % 1000000 / 100000)); }
 T0=$(now)
@@ -143,24 +150,16 @@ say "Starting a local OCI registry"
 # kept alive by a small Python process: the registry dies with its parent, and
 # SIGTERM to the parent stops it cleanly.
 "$PY" - "$WORK/registry" >"$WORK/registry.addr" <<'PY' &
-import signal
 import sys
 from pathlib import Path
 
-from tests.registry import RegistryServer
+from tests.registry import RegistryServer, hold
 
 server = RegistryServer.start(Path(sys.argv[1]))
-signal.signal(signal.SIGTERM, lambda *_: (server.stop(), sys.exit(0)))
-print(server.host, server.pid, flush=True)
-while True:
-    signal.pause()
+hold(server.stop, server.host, server.pid)
 PY
 SERVER_PID=$!
-for _ in $(seq 300); do
-  [ -s "$WORK/registry.addr" ] && break
-  kill -0 "$SERVER_PID" 2>/dev/null || { echo "run.sh: the registry did not start" >&2; exit 1; }
-  sleep 0.1
-done
+wait_addr "$WORK/registry.addr" "$SERVER_PID"
 read -r REGISTRY REGISTRY_PID <"$WORK/registry.addr"
 echo "docker-registry (pid $REGISTRY_PID) serves http://$REGISTRY; its log: $(ls "$WORK"/registry/registry-*.log)"
 
@@ -308,27 +307,20 @@ PY
   say "Starting a second registry the nodes reach (for the v1alpha2 bundle, stopped later)"
   # in the control plane's namespace, like the cluster's own; kept by a Python process
   "$PY" - "$WORK/run-registry" "$CLUSTER_DIR" >"$WORK/run-registry.addr" <<'PY' &
-import signal
 import sys
 from pathlib import Path
 
 from tests.cluster import images
 from tests.cluster.localcluster import LocalCluster
+from tests.registry import hold
 
 cluster = LocalCluster.load(Path(sys.argv[2]))
 assert cluster.network is not None
 registry = images.start_registry(Path(sys.argv[1]), place=cluster.network.control_plane)
-signal.signal(signal.SIGTERM, lambda *_: (registry.stop(), sys.exit(0)))
-print(registry.host, registry.component.pid, flush=True)
-while True:
-    signal.pause()
+hold(registry.stop, registry.host, registry.component.pid)
 PY
   RUN_REGISTRY_PID=$!
-  for _ in $(seq 300); do
-    [ -s "$WORK/run-registry.addr" ] && break
-    kill -0 "$RUN_REGISTRY_PID" 2>/dev/null || { echo "run.sh: the registry did not start" >&2; exit 1; }
-    sleep 0.1
-  done
+  wait_addr "$WORK/run-registry.addr" "$RUN_REGISTRY_PID"
   read -r run_registry run_registry_pid <"$WORK/run-registry.addr"
   run_registry_pid="pid $run_registry_pid"
   echo "docker-registry ($run_registry_pid) serves http://$run_registry"

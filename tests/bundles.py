@@ -112,6 +112,28 @@ def deployment(
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": spec}
 
 
+def role_binding(
+    name: str,
+    role: str,
+    subjects: list[dict[str, Any]],
+    *,
+    namespace: str = "",
+    role_kind: str = "ClusterRole",
+) -> dict[str, Any]:
+    """A binding of ``role`` (a ClusterRole unless ``role_kind`` says Role) to ``subjects``:
+    a RoleBinding in ``namespace`` when one is given, else a ClusterRoleBinding."""
+    meta: dict[str, Any] = {"name": name}
+    if namespace:
+        meta["namespace"] = namespace
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding" if namespace else "ClusterRoleBinding",
+        "metadata": meta,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": role},
+        "subjects": subjects,
+    }
+
+
 def bundle_doc(name: str, ref: str, *, cls: str = model.PLAIN_CLASS) -> dict[str, Any]:
     """A Bundle object (the manager's CRD) of the image ``ref``, for provisioner class ``cls``."""
     return {

@@ -363,3 +363,41 @@ def delete_pod_and_wait(
 def csi_target_path(kubelet_dir: Path, pod_uid: str, volume: str) -> Path:
     """Where the kubelet asks a CSI driver to publish a pod's volume."""
     return kubelet_dir / "pods" / pod_uid / "volumes" / "kubernetes.io~csi" / volume / "mount"
+
+
+@dataclass(frozen=True)
+class BundlePods:
+    """A test's busybox pods in ``namespace`` that mount a bundle volume at /bundle."""
+
+    core: client.CoreV1Api
+    namespace: str
+    image: str  # busybox, as the node has it
+    kubelet_dir: Path
+
+    @classmethod
+    def on(cls, cluster: Any, core: client.CoreV1Api, namespace: str) -> BundlePods:
+        return cls(core, namespace, str(cluster.busybox_image), Path(cluster.kubelet_dir))
+
+    def start(self, prefix: str, command: str, volume: client.V1Volume, **pod: Any) -> str:
+        """Start pod ``prefix-<random>`` running ``sh -c command`` with ``volume`` at
+        /bundle (``bundle_pod`` takes ``pod``); its name."""
+        name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        start_bundle_pod(
+            self.core, self.namespace, name, image=self.image, command=command, volume=volume, **pod
+        )
+        return name
+
+    def running(self, name: str) -> Any:
+        """Pod ``name`` once it runs."""
+        return wait_phase(self.core, self.namespace, name, ("Running",), timeout=90)
+
+    def log(self, name: str) -> str:
+        log: str = self.core.read_namespaced_pod_log(name, self.namespace)
+        return log
+
+    def delete(self, name: str) -> None:
+        delete_pod_and_wait(self.core, self.namespace, name)
+
+    def target(self, pod: Any) -> Path:
+        """Where the kubelet asked the driver to publish ``pod``'s "bundle" volume."""
+        return csi_target_path(self.kubelet_dir, pod.metadata.uid, "bundle").resolve()

@@ -39,6 +39,7 @@ import yaml
 
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import ObjectRef
+from provisioner.manager import model
 from tests import e2e_helpers as e2e
 from tests import image_helpers
 from tests.bundles import bundle_deployment as bundle_deployment
@@ -54,6 +55,7 @@ PART_OF = "app.kubernetes.io/part-of=rukpak"
 MANAGER = "rukpak-manager"
 DAEMONSET = "rukpak-csi-node"
 ROLLOUT_TIMEOUT = 240  # seconds: a cold node pulls the ~100 MB image once
+BDS_V2 = f"bundledeployments.{model.VERSION_V2}.{model.GROUP}"  # for kubectl
 
 
 def kubectl_binary() -> Path:
@@ -215,6 +217,17 @@ def hello_bundle(target: Path, *, namespace: str, image: str, greeting: str = ""
     return target
 
 
+def greeting_ref(ns: str) -> ObjectRef:
+    """The ConfigMap holding the greeting of a hello bundle installed into ``ns``."""
+    return ObjectRef("", "v1", "ConfigMap", ns, "hello-greeting")
+
+
+def greeting(system: RukpakSystem, ns: str) -> str:
+    """The greeting of the hello bundle installed into ``ns`` ("" while there is none)."""
+    cm = system.kube.get(greeting_ref(ns)) or {}
+    return str((cm.get("data") or {}).get("greeting") or "")
+
+
 def bd_v2(name: str, ref: str, **spec: object) -> dict[str, Any]:
     """A v1alpha2 BundleDeployment of the plain image ``ref`` into ``default``, with more
     ``spec`` fields."""
@@ -241,6 +254,24 @@ def cond_v2(system: RukpakSystem, name: str, kind: str) -> tuple[str, str, str]:
     """(status, reason, message) of its condition ``kind`` ("None" when absent)."""
     c = conditions(live_v2(system, name)).get(kind) or {}
     return str(c.get("status")), str(c.get("reason")), str(c.get("message"))
+
+
+def delete_v2(system: RukpakSystem, *names: str, timeout: float = 150) -> None:
+    """``kubectl delete`` the v1alpha2 BundleDeployments ``names``, one after the other,
+    each waited for until it is gone (its objects go right after it: ``gone``)."""
+    for name in names:
+        system.kubectl("delete", BDS_V2, name, timeout=timeout)
+
+
+def gone(system: RukpakSystem, ref: ObjectRef, *, timeout: float = 60) -> None:
+    """Wait until ``ref`` is gone, or at least being deleted (an uninstalled object: a
+    deleted BundleDeployment goes first, as upstream's garbage collection has it)."""
+
+    def deleted() -> bool:
+        live = system.kube.get(ref)
+        return live is None or bool((live.get("metadata") or {}).get("deletionTimestamp"))
+
+    eventually(deleted, timeout=timeout, what=f"{ref.kind} {ref.namespace}/{ref.name} deleted")
 
 
 def conditions(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:

@@ -24,11 +24,12 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NoReturn
 
 import pytest
 import requests
@@ -199,6 +200,15 @@ class RegistryServer:
             if match and re.search(path_pattern, match.group(1)):
                 count += 1
         return count
+
+
+def hold(stop: Callable[[], object], *announce: object) -> NoReturn:
+    """Keep a registry this process started until SIGTERM, which runs ``stop`` and exits 0;
+    first print ``announce`` on one line (``hack/run.sh`` reads it)."""
+    signal.signal(signal.SIGTERM, lambda *_: (stop(), sys.exit(0)))
+    print(*announce, flush=True)
+    while True:
+        signal.pause()
 
 
 def _serve(factory: pytest.TempPathFactory, name: str, auth: AuthMode) -> Iterator[RegistryServer]:

@@ -193,27 +193,27 @@ class Cosign:
         return done.returncode == 0
 
 
-def build_cosign() -> Path:
-    """cosign from its Go module (hack/gotool.sh, cached)."""
-    done = subprocess.run(
-        ["bash", str(GOTOOL), "cosign", "--quiet"],
+def _gotool_cosign(flag: str, *, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``hack/gotool.sh cosign FLAG``, its output captured."""
+    return subprocess.run(
+        ["bash", str(GOTOOL), "cosign", flag],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=timeout,
         check=False,
     )
+
+
+def build_cosign() -> Path:
+    """cosign from its Go module (hack/gotool.sh, cached)."""
+    done = _gotool_cosign("--quiet", timeout=900)
     if done.returncode != 0:
         pytest.fail(
             f"hack/gotool.sh cosign failed (it needs go, as make k8s-bins does):\n{done.stderr}"
         )
-    path = subprocess.run(
-        ["bash", str(GOTOOL), "cosign", "--print-path"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout.strip()
-    return Path(path)
+    found = _gotool_cosign("--print-path", timeout=30)
+    found.check_returncode()
+    return Path(found.stdout.strip())
 
 
 @pytest.fixture(scope="session")

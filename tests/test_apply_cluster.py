@@ -19,7 +19,15 @@ from provisioner.engine.errors import (
 )
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, ObjectRef
-from tests.bundles import configmap, crd, deployment, namespace, widget, write_bundle
+from tests.bundles import (
+    configmap,
+    crd,
+    deployment,
+    namespace,
+    role_binding,
+    widget,
+    write_bundle,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -290,35 +298,17 @@ def limited_user(kube: Kube, name: str, tmp_path: Path, deployment_verbs: list[s
             "rules": [{"apiGroups": [group], "resources": [resource], "verbs": verbs}],
         }
 
+    user = [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name}]
+
     def binding(role_name: str, ns: str) -> dict[str, Any]:
-        return {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": role_name, "namespace": ns},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": role_name,
-            },
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name}],
-        }
+        return role_binding(role_name, role_name, user, namespace=ns)
 
     all_verbs = ["get", "list", "watch", "create", "update", "patch", "delete"]
     kube.apply(namespace(system_ns))  # shared by every test: created unowned
     objects = [
         namespace(name),
         role(f"{name}-namespaces", "", "namespaces", ["get"]),
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": f"{name}-namespaces"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": f"{name}-namespaces",
-            },
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name}],
-        },
+        role_binding(f"{name}-namespaces", f"{name}-namespaces", user),
         role(f"{name}-configmaps", "", "configmaps", all_verbs),
         binding(f"{name}-configmaps", name),
         binding(f"{name}-configmaps", system_ns),

@@ -88,33 +88,18 @@ class Scene:
     bundle_image: str
     namespace: str
 
-    def start_pod(
-        self, prefix: str, command: str, volume: client.V1Volume, *, read_only: bool = True
-    ) -> str:
-        """Create a busybox pod running ``sh -c command`` with ``volume`` at /bundle; its name."""
-        name = _name(prefix)
-        e2e.start_bundle_pod(
-            self.core,
-            self.namespace,
-            name,
-            image=self.cluster.busybox_image,
-            command=command,
-            volume=volume,
-            read_only=read_only,
-        )
-        return name
+    @property
+    def pods(self) -> e2e.BundlePods:
+        return e2e.BundlePods.on(self.cluster, self.core, self.namespace)
 
     def finished(self, name: str) -> str:
         return _finished(self.core, self.namespace, name, self.plugin)
 
-    def delete_pod(self, name: str) -> None:
-        e2e.delete_pod_and_wait(self.core, self.namespace, name)
-
     def cat_manifest(self, prefix: str, volume: client.V1Volume) -> str:
         """What a pod with ``volume`` at /bundle prints for ``cat`` of the test manifest."""
-        name = self.start_pod(prefix, f"cat /bundle/manifests/{MANIFEST}", volume)
+        name = self.pods.start(prefix, f"cat /bundle/manifests/{MANIFEST}", volume)
         log = self.finished(name)
-        self.delete_pod(name)
+        self.pods.delete(name)
         return log
 
 
@@ -159,28 +144,24 @@ class TestInlineVolume:
             "ls /bundle/manifests"
         )
         volume = e2e.inline_bundle_volume(scene.bundle_image)
-        name = scene.start_pod("writer", script, volume, read_only=False)
+        name = scene.pods.start("writer", script, volume, read_only=False)
         log = scene.finished(name)
         assert "REFUSED" in log and "KEPT" in log, log
         assert "Read-only file system" in log
         assert "WROTE" not in log and "REMOVED" not in log
-        scene.delete_pod(name)
+        scene.pods.delete(name)
 
     def test_deleting_the_pod_unmounts_and_removes_the_published_volume(self, scene: Scene) -> None:
-        core, namespace = scene.core, scene.namespace
         volume = e2e.inline_bundle_volume(scene.bundle_image)
-        name = scene.start_pod("sleeper", "ls /bundle/manifests && exec sleep 3600", volume)
-        running: Any = e2e.wait_phase(core, namespace, name, ("Running",), timeout=90)
-        target = e2e.csi_target_path(
-            Path(scene.cluster.kubelet_dir), running.metadata.uid, "bundle"
-        ).resolve()
+        name = scene.pods.start("sleeper", "ls /bundle/manifests && exec sleep 3600", volume)
+        target = scene.pods.target(scene.pods.running(name))
         mounted = {Path(m.mount_point): m for m in e2e.mounts_under(target)}
         assert target in mounted, f"{target} is not in /proc/self/mountinfo"
         assert mounted[target].read_only
         expected = sorted(p.name for p in (e2e.HELLO_BUNDLE / "manifests").iterdir())
         assert sorted(p.name for p in (target / "manifests").iterdir()) == expected
 
-        scene.delete_pod(name)
+        scene.pods.delete(name)
         eventually(
             lambda: not e2e.mounts_under(target) and not target.exists(),
             timeout=60,
@@ -195,7 +176,7 @@ class TestBadInput:
     ) -> None:
         core, namespace = scene.core, scene.namespace
         missing = f"{scene.cluster.registry_host}/rukpak-e2e/does-not-exist:v9"
-        name = scene.start_pod("missing", "ls /bundle", e2e.inline_bundle_volume(missing))
+        name = scene.pods.start("missing", "ls /bundle", e2e.inline_bundle_volume(missing))
         messages = eventually(
             lambda: e2e.failed_mount_messages(core, namespace, name),
             timeout=60,
@@ -210,7 +191,7 @@ class TestBadInput:
         assert "check the name and tag" in message, message
         pending: Any = core.read_namespaced_pod(name, namespace)
         assert pending.status.phase == "Pending"
-        scene.delete_pod(name)
+        scene.pods.delete(name)
 
 
 class TestPersistentVolume:

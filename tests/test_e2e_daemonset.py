@@ -14,7 +14,6 @@ and re-applying it from the same rendered manifests brings a deleted plugin back
 from __future__ import annotations
 
 import subprocess
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,28 +37,52 @@ MANIFEST = "02_configmap.yaml"
 
 @dataclass
 class Deployment:
-    """The installed system and the mounts that existed before these tests."""
+    """The installed system, the API clients of its cluster and the mounts that existed
+    before these tests."""
 
     system: inst.RukpakSystem
     mounts_before: set[Path]
+    api_client: client.ApiClient
+    core: client.CoreV1Api
+
+    @property
+    def cluster(self) -> Any:
+        return self.system.cluster
 
     @property
     def state_dir(self) -> Path:
         return self.system.state_dir
 
+    def registered(self, what: str = "csi.rukpak.io on the CSINode") -> dict[str, str]:
+        """The drivers on the node's CSINode, once the kubelet lists ours."""
+        return eventually(
+            lambda: _registered(self.api_client, self.cluster.node_name), timeout=60, what=what
+        )
+
+    def plugin_gone(self) -> None:
+        """Wait until the DaemonSet's pod is gone."""
+        eventually(
+            lambda: _plugin_pod(self.core) is None, timeout=90, what="the plugin's pod to go"
+        )
+
+    def dropped(self) -> None:
+        """Wait until the kubelet has dropped the driver from the node's CSINode."""
+        eventually(
+            lambda: e2e.DRIVER not in e2e.csinode_drivers(self.api_client, self.cluster.node_name),
+            timeout=60,
+            what="the kubelet to drop csi.rukpak.io from the CSINode",
+        )
+
 
 @pytest.fixture(scope="module")
-def deployed(rukpak_system: inst.RukpakSystem) -> Deployment:
+def deployed(
+    rukpak_system: inst.RukpakSystem, api_client: client.ApiClient, core: client.CoreV1Api
+) -> Deployment:
     kubelet_dir = rukpak_system.kubelet_dir
     assert Path(rukpak_system.cluster.plugins_dir) == kubelet_dir / "plugins"
     assert Path(rukpak_system.cluster.plugins_registry_dir) == kubelet_dir / "plugins_registry"
     before = {m.mount_point for m in e2e.mounts_under(kubelet_dir)}
-    return Deployment(system=rukpak_system, mounts_before=before)
-
-
-@pytest.fixture(scope="module")
-def plugin_image(rukpak_system: inst.RukpakSystem) -> str:
-    return rukpak_system.image
+    return Deployment(rukpak_system, before, api_client, core)
 
 
 def _plugin_pod(core: client.CoreV1Api) -> Any:
@@ -100,14 +123,10 @@ def _registered(api_client: client.ApiClient, node: str) -> dict[str, str] | Non
     return drivers if e2e.DRIVER in drivers else None
 
 
-def _bundle(kube_cluster: Any) -> str:
-    return f"{kube_cluster.registry_host}/rukpak-e2e/hello-ds:v1"
-
-
 @pytest.fixture(scope="module")
 def bundle_image(kube_cluster: Any) -> str:
     """The hello bundle, pushed where the node pulls from."""
-    ref = _bundle(kube_cluster)
+    ref = f"{kube_cluster.registry_host}/rukpak-e2e/hello-ds:v1"
     e2e.push_bundle(e2e.HELLO_BUNDLE, ref)
     return ref
 
@@ -120,64 +139,21 @@ def _apply_daemonset(system: inst.RukpakSystem) -> None:
 
 
 @pytest.fixture
-def plugin_running(
-    kube_cluster: Any, api_client: client.ApiClient, core: client.CoreV1Api, deployed: Deployment
-) -> Iterator[Deployment]:
+def plugin_running(deployed: Deployment) -> Iterator[Deployment]:
     """The DaemonSet as installed, its pod ready and the driver on the CSINode; applied
     again afterwards, so a test that deleted it leaves the install as it found it."""
     _apply_daemonset(deployed.system)
-    _running_plugin(core)
-    eventually(
-        lambda: _registered(api_client, kube_cluster.node_name),
-        timeout=60,
-        what="csi.rukpak.io on the CSINode",
-    )
+    _running_plugin(deployed.core)
+    deployed.registered()
     yield deployed
     _apply_daemonset(deployed.system)
 
 
-def _delete_daemonset(
-    kube_cluster: Any,
-    api_client: client.ApiClient,
-    core: client.CoreV1Api,
-    system: inst.RukpakSystem,
-) -> None:
+def _delete_daemonset(deployed: Deployment) -> None:
     """Delete the DaemonSet and wait until its pod is gone and the kubelet dropped the driver."""
-    system.kubectl("delete", "daemonset", DAEMONSET, "-n", NAMESPACE, "--ignore-not-found")
-    eventually(lambda: _plugin_pod(core) is None, timeout=90, what="the plugin's pod to go")
-    eventually(
-        lambda: e2e.DRIVER not in e2e.csinode_drivers(api_client, kube_cluster.node_name),
-        timeout=60,
-        what="the kubelet to drop csi.rukpak.io from the CSINode",
-    )
-
-
-def _start_bundle_pod(
-    kube_cluster: Any,
-    core: client.CoreV1Api,
-    namespace: str,
-    prefix: str,
-    command: str,
-    **pod: Any,
-) -> str:
-    """Start a busybox pod named ``prefix-<random>`` that runs ``command`` with the hello
-    bundle as an inline volume (``e2e.bundle_pod`` takes ``pod``); returns its name."""
-    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    e2e.start_bundle_pod(
-        core,
-        namespace,
-        name,
-        image=kube_cluster.busybox_image,
-        command=command,
-        volume=e2e.inline_bundle_volume(_bundle(kube_cluster)),
-        **pod,
-    )
-    return name
-
-
-def _host_target(kube_cluster: Any, pod: Any) -> Path:
-    """Where the kubelet asked the plugin to publish ``pod``'s "bundle" volume."""
-    return e2e.csi_target_path(Path(kube_cluster.kubelet_dir), pod.metadata.uid, "bundle").resolve()
+    deployed.system.kubectl("delete", "daemonset", DAEMONSET, "-n", NAMESPACE, "--ignore-not-found")
+    deployed.plugin_gone()
+    deployed.dropped()
 
 
 @pytest.fixture(scope="module")
@@ -186,95 +162,76 @@ def namespace(core: client.CoreV1Api) -> Iterator[str]:
         yield name
 
 
+@pytest.fixture
+def bundle_pods(namespace: str, plugin_running: Deployment) -> e2e.BundlePods:
+    """Pods of this module's namespace, the DaemonSet's plugin running."""
+    return e2e.BundlePods.on(plugin_running.cluster, plugin_running.core, namespace)
+
+
 class TestTheShippedDaemonSet:
     """Each test stands alone: ``plugin_running`` gives it the installed DaemonSet
     running, and restores it after a test that deleted it."""
 
     def test_its_pod_runs_and_the_kubelet_registers_the_driver_on_the_csinode(
-        self,
-        kube_cluster: Any,
-        api_client: client.ApiClient,
-        core: client.CoreV1Api,
-        plugin_running: Deployment,
-        plugin_image: str,
+        self, plugin_running: Deployment
     ) -> None:
-        pod = _running_plugin(core)
-        assert pod.spec.containers[0].image == plugin_image
+        deployed = plugin_running
+        pod = _running_plugin(deployed.core)
+        assert pod.spec.containers[0].image == deployed.system.image
         assert pod.spec.host_network
-        drivers = eventually(
-            lambda: _registered(api_client, kube_cluster.node_name),
-            timeout=60,
-            what="csi.rukpak.io on the CSINode",
-        )
-        assert drivers[e2e.DRIVER] == kube_cluster.node_name
-        log = _plugin_log(core, pod)
+        drivers = deployed.registered()
+        assert drivers[e2e.DRIVER] == deployed.cluster.node_name
+        log = _plugin_log(deployed.core, pod)
         assert "msg='serving'" in log, log
         assert "registered with kubelet" in log, log
 
     def test_a_pod_reads_a_bundle_manifest_and_leaves_no_mount_behind(
-        self,
-        kube_cluster: Any,
-        core: client.CoreV1Api,
-        plugin_running: Deployment,
-        bundle_image: str,
-        namespace: str,
+        self, bundle_pods: e2e.BundlePods, bundle_image: str
     ) -> None:
-        name = _start_bundle_pod(
-            kube_cluster,
-            core,
-            namespace,
-            "reader",
-            f"cat /bundle/manifests/{MANIFEST} && exec sleep 3600",
-        )
-        plugin = _plugin_pod(core)
+        pods = bundle_pods
+        command = f"cat /bundle/manifests/{MANIFEST} && exec sleep 3600"
+        name = pods.start("reader", command, e2e.inline_bundle_volume(bundle_image))
+        plugin = _plugin_pod(pods.core)
         try:
-            running: Any = e2e.wait_phase(core, namespace, name, ("Running",), timeout=90)
+            running = pods.running(name)
         except AssertionError as e:
-            raise AssertionError(f"{e}\nplugin log:\n{_plugin_log(core, plugin)}") from None
+            raise AssertionError(f"{e}\nplugin log:\n{_plugin_log(pods.core, plugin)}") from None
         expected = (e2e.HELLO_BUNDLE / "manifests" / MANIFEST).read_text()
         eventually(
-            lambda: core.read_namespaced_pod_log(name, namespace) == expected,
+            lambda: pods.log(name) == expected,
             timeout=30,
             what="the manifest in the pod's log",
         )
         # the plugin mounted inside its container; Bidirectional propagation put it here
-        target = _host_target(kube_cluster, running)
+        target = pods.target(running)
         mounted = {m.mount_point for m in e2e.mounts_under(target)}
         assert target in mounted, f"{target} is not mounted on the host"
 
-        e2e.delete_pod_and_wait(core, namespace, name)
+        pods.delete(name)
         eventually(
             lambda: not e2e.mounts_under(target) and not target.exists(),
             timeout=60,
             what=f"{target} to be unmounted and removed",
         )
-        assert f"msg='unpublished' target={target}" in _plugin_log(core, plugin)
+        assert f"msg='unpublished' target={target}" in _plugin_log(pods.core, plugin)
 
     def test_the_volume_is_read_only_on_the_node_and_for_read_write_mounts(
-        self,
-        kube_cluster: Any,
-        core: client.CoreV1Api,
-        plugin_running: Deployment,
-        bundle_image: str,
-        namespace: str,
+        self, bundle_pods: e2e.BundlePods, bundle_image: str
     ) -> None:
+        pods = bundle_pods
         script = (
             "if touch /bundle/manifests/new.yaml; then echo WROTE; else echo REFUSED; fi; "
             "rm -f /bundle/manifests/new.yaml; exec sleep 3600"
         )
-        name = _start_bundle_pod(kube_cluster, core, namespace, "writer", script, read_only=False)
+        name = pods.start("writer", script, e2e.inline_bundle_volume(bundle_image), read_only=False)
         target: Path | None = None
         try:
-            running: Any = e2e.wait_phase(core, namespace, name, ("Running",), timeout=90)
-            log = eventually(
-                lambda: core.read_namespaced_pod_log(name, namespace),
-                timeout=30,
-                what="the writer's log",
-            )
-            target = _host_target(kube_cluster, running)
+            running = pods.running(name)
+            log = eventually(lambda: pods.log(name), timeout=30, what="the writer's log")
+            target = pods.target(running)
             host_view = {m.mount_point: m for m in e2e.mounts_under(target)}
         finally:
-            e2e.delete_pod_and_wait(core, namespace, name)
+            pods.delete(name)
             if target is not None:  # unpublished while the plugin still runs
                 eventually(
                     lambda: not e2e.mounts_under(target),
@@ -285,17 +242,14 @@ class TestTheShippedDaemonSet:
         assert host_view[target].read_only, host_view[target]
 
     def test_deleting_it_stops_the_plugin_cleanly_and_leaves_nothing_mounted(
-        self,
-        kube_cluster: Any,
-        api_client: client.ApiClient,
-        core: client.CoreV1Api,
-        plugin_running: Deployment,
+        self, plugin_running: Deployment
     ) -> None:
         deployed = plugin_running
-        pod = _running_plugin(core)
+        cluster = deployed.cluster
+        pod = _running_plugin(deployed.core)
         kubectl = inst.kubectl_binary()
         follow_log = deployed.system.workdir / "plugin-follow.log"
-        argv = [str(kubectl), "--kubeconfig", str(kube_cluster.kubeconfig), "logs", "-f"]
+        argv = [str(kubectl), "--kubeconfig", str(cluster.kubeconfig), "logs", "-f"]
         argv += ["-n", NAMESPACE, pod.metadata.name, "-c", "plugin"]
         with follow_log.open("wb") as out:
             follower = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
@@ -306,7 +260,7 @@ class TestTheShippedDaemonSet:
                 what="kubectl logs -f to follow the plugin",
             )
             deployed.system.kubectl("delete", "daemonset", DAEMONSET, "-n", NAMESPACE)
-            eventually(lambda: _plugin_pod(core) is None, timeout=90, what="the plugin's pod to go")
+            deployed.plugin_gone()
             follower.wait(timeout=30)
         finally:
             if follower.poll() is None:
@@ -316,20 +270,16 @@ class TestTheShippedDaemonSet:
         assert "msg='stopping' signal=SIGTERM" in log, log
         assert "msg='stopped'" in log, log
 
-        plugins_dir = Path(kube_cluster.plugins_dir) / e2e.DRIVER
-        registration = Path(kube_cluster.plugins_registry_dir) / f"{e2e.DRIVER}-reg.sock"
+        plugins_dir = Path(cluster.plugins_dir) / e2e.DRIVER
+        registration = Path(cluster.plugins_registry_dir) / f"{e2e.DRIVER}-reg.sock"
         assert not (plugins_dir / "csi.sock").exists()
         assert not registration.exists()
-        eventually(
-            lambda: e2e.DRIVER not in e2e.csinode_drivers(api_client, kube_cluster.node_name),
-            timeout=60,
-            what="the kubelet to drop csi.rukpak.io from the CSINode",
-        )
+        deployed.dropped()
         assert not e2e.mounts_under(deployed.state_dir)
         assert (deployed.state_dir / "images").is_dir()  # the cache survives, as on a node
 
         def leftover() -> set[Path]:
-            now = {m.mount_point for m in e2e.mounts_under(Path(kube_cluster.kubelet_dir))}
+            now = {m.mount_point for m in e2e.mounts_under(Path(cluster.kubelet_dir))}
             return now - deployed.mounts_before
 
         try:
@@ -340,19 +290,11 @@ class TestTheShippedDaemonSet:
             raise AssertionError(f"{e}: {sorted(map(str, leftover()))}") from None
 
     def test_reapplying_the_rendered_manifests_brings_the_plugin_back(
-        self,
-        kube_cluster: Any,
-        api_client: client.ApiClient,
-        core: client.CoreV1Api,
-        plugin_running: Deployment,
+        self, plugin_running: Deployment
     ) -> None:
-        system = plugin_running.system
-        _delete_daemonset(kube_cluster, api_client, core, system)
-        _apply_daemonset(system)
-        pod = _running_plugin(core)
-        assert pod.spec.containers[0].image == system.image
-        eventually(
-            lambda: _registered(api_client, system.cluster.node_name),
-            timeout=60,
-            what="csi.rukpak.io on the CSINode again",
-        )
+        deployed = plugin_running
+        _delete_daemonset(deployed)
+        _apply_daemonset(deployed.system)
+        pod = _running_plugin(deployed.core)
+        assert pod.spec.containers[0].image == deployed.system.image
+        deployed.registered("csi.rukpak.io on the CSINode again")

@@ -28,6 +28,7 @@ from provisioner.engine.objects import ObjectRef
 from provisioner.manager import model
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
+from tests.bundles import role_binding
 from tests.polling import eventually
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -232,7 +233,6 @@ def _narrow_account(system: inst.RukpakSystem, name: str, namespace: str) -> Non
     """A ServiceAccount in rukpak-system with the bookkeeping roles and ``admin`` in
     ``namespace`` only: the README's recipe for narrowing a BundleDeployment."""
     sa = {"kind": "ServiceAccount", "name": name, "namespace": inst.NAMESPACE}
-    rbac = "rbac.authorization.k8s.io"
     docs: list[dict[str, Any]] = [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
         {
@@ -240,31 +240,15 @@ def _narrow_account(system: inst.RukpakSystem, name: str, namespace: str) -> Non
             "kind": "ServiceAccount",
             "metadata": {"name": name, "namespace": inst.NAMESPACE},
         },
-        {
-            "apiVersion": f"{rbac}/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": f"{name}-bookkeeping"},
-            "roleRef": {
-                "apiGroup": rbac,
-                "kind": "ClusterRole",
-                "name": "rukpak-instance-bookkeeping",
-            },
-            "subjects": [sa],
-        },
-        {
-            "apiVersion": f"{rbac}/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": f"{name}-bookkeeping", "namespace": inst.NAMESPACE},
-            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": "rukpak-instance-bookkeeping"},
-            "subjects": [sa],
-        },
-        {
-            "apiVersion": f"{rbac}/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": name, "namespace": namespace},
-            "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": "admin"},
-            "subjects": [sa],
-        },
+        role_binding(f"{name}-bookkeeping", "rukpak-instance-bookkeeping", [sa]),
+        role_binding(
+            f"{name}-bookkeeping",
+            "rukpak-instance-bookkeeping",
+            [sa],
+            namespace=inst.NAMESPACE,
+            role_kind="Role",
+        ),
+        role_binding(name, "admin", [sa], namespace=namespace),
     ]
     for doc in docs:
         system.kube.apply(doc)

@@ -30,6 +30,7 @@ import yaml
 
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import actuate, model
+from tests import bundles
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
 from tests.polling import eventually
@@ -38,8 +39,7 @@ from tests.registry import RegistryServer
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 SUFFIX = uuid.uuid4().hex[:6]
-bd_v2, live, cond = inst.bd_v2, inst.live_v2, inst.cond_v2
-BDS = f"bundledeployments.{model.VERSION_V2}.{model.GROUP}"
+bd_v2, live, cond, greeting = inst.bd_v2, inst.live_v2, inst.cond_v2, inst.greeting
 
 
 @pytest.fixture
@@ -54,11 +54,6 @@ def own_registry(tmp_path: Path) -> Iterator[RegistryServer]:
 
 def status(system: inst.RukpakSystem, name: str) -> Obj:
     return live(system, name).get("status") or {}
-
-
-def greeting(system: inst.RukpakSystem, ns: str) -> str:
-    cm = system.kube.get(ObjectRef("", "v1", "ConfigMap", ns, "hello-greeting")) or {}
-    return str((cm.get("data") or {}).get("greeting") or "")
 
 
 def push(
@@ -104,12 +99,22 @@ def set_ref(system: inst.RukpakSystem, name: str, ref: str, **spec: object) -> N
     system.kube.merge_patch(actuate.bd_ref(name, model.API_VERSION_V2), patch)
 
 
+def install_then_change(
+    system: inst.RukpakSystem, name: str, first: str, then: str, **spec: object
+) -> None:
+    """Create the BundleDeployment ``name`` of ``first`` (with more ``spec``), wait until
+    that is installed as revision 1, then change its source to ``then``."""
+    system.kube.create(bd_v2(name, first, **spec))
+    eventually(lambda: ready(system, name, 1), timeout=180, what="revision 1 installed")
+    set_ref(system, name, then)
+
+
 def gone(system: inst.RukpakSystem, name: str) -> bool:
     return not live(system, name)
 
 
 def delete(system: inst.RukpakSystem, *names: str) -> None:
-    system.kubectl("delete", BDS, *names, "--wait=false")
+    system.kubectl("delete", inst.BDS_V2, *names, "--wait=false")
     for name in names:
         eventually(functools.partial(gone, system, name), timeout=180, what=f"{name} deleted")
 
@@ -121,9 +126,7 @@ def test_rollback_reinstalls_the_previous_revision_with_the_registry_stopped(
     name, ns = f"rollback-{SUFFIX}", f"rollback-{SUFFIX}"
     v1 = push(system, own_registry, tmp_path / "v1", "v1", ns, "one")
     v2 = push(system, own_registry, tmp_path / "v2", "v2", ns, "two")
-    system.kube.create(bd_v2(name, v1))
-    eventually(lambda: ready(system, name, 1), timeout=180, what="revision 1 installed")
-    set_ref(system, name, v2)
+    install_then_change(system, name, v1, v2)
     eventually(lambda: ready(system, name, 2), timeout=180, what="revision 2 installed")
     assert greeting(system, ns) == "two"
     history = rukpak(system, "history", name)
@@ -155,10 +158,7 @@ def test_a_missed_progress_deadline_rolls_back_from_the_node_cache(
     good = push(system, own_registry, tmp_path / "good", "good", ns, "good")
     # its Deployment's image cannot be pulled: installed, never Healthy
     bad = push(system, own_registry, tmp_path / "bad", "bad", ns, "bad", image="127.0.0.1:9/none:0")
-    spec = {"progressDeadlineSeconds": 25, "rollbackOnFailure": True}
-    system.kube.create(bd_v2(name, good, **spec))
-    eventually(lambda: ready(system, name, 1), timeout=180, what="revision 1 installed")
-    set_ref(system, name, bad)
+    install_then_change(system, name, good, bad, progressDeadlineSeconds=25, rollbackOnFailure=True)
     eventually(
         lambda: status(system, name).get("installedRevision") == 2,
         timeout=180,
@@ -226,7 +226,7 @@ def test_depends_on_installs_a_chain_in_order_refuses_a_cycle_and_deletes_in_rev
     assert f"{loop_a} -> {loop_b} -> {loop_a}" in refused[2]
 
     # deleting everything at once: dependents go first, the root waits and says so
-    system.kubectl("delete", BDS, *names, loop_a, loop_b, "--wait=false")
+    system.kubectl("delete", inst.BDS_V2, *names, loop_a, loop_b, "--wait=false")
 
     def waits_for(name: str, dependent: str) -> bool:
         deleting = inst.conditions(live(system, name)).get("Deleting") or {}
@@ -310,17 +310,11 @@ def secret_reader_bundle(root: Path, ns: str, *, exec_too: bool = False) -> Path
             "metadata": {"name": f"{ns}-secrets"},
             "rules": rules,
         },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": f"{ns}-secrets"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": f"{ns}-secrets",
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": ns}],
-        },
+        bundles.role_binding(
+            f"{ns}-secrets",
+            f"{ns}-secrets",
+            [{"kind": "ServiceAccount", "name": "reader", "namespace": ns}],
+        ),
     ]
     manifests = root / "manifests"
     manifests.mkdir(parents=True)

@@ -148,7 +148,12 @@ def test_a_registry_bundledeployment_installs_the_operator_and_uninstalls_it(
         what=f"Deployments {', '.join(DEPLOYMENTS)} Available",
     )
 
+    # upstream's order of checks: the CRDs go, and then the BD is NotFound at once
     kube.delete(actuate.bd_ref(name))
-    eventually(lambda: kube.get(actuate.bd_ref(name)) is None, timeout=180, what="the BD gone")
-    crd_ref = ObjectRef("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "", CRDS[0])
-    eventually(lambda: kube.get(crd_ref) is None, timeout=120, what="the CRDs removed")
+    crd_refs = [
+        ObjectRef("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "", crd) for crd in CRDS
+    ]
+    eventually(
+        lambda: all(kube.get(ref) is None for ref in crd_refs), timeout=180, what="CRDs removed"
+    )
+    assert kube.get(actuate.bd_ref(name)) is None

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import base64
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,27 @@ class Signed:
     def sign(self, ref: str) -> str:
         with RegistryClient(timeout=10) as c:
             return signer.sign(c, ref, self.key).digest
+
+    def deploy_unsigned(
+        self, root: Path, version: str, doc: Callable[[str, str], dict[str, Any]]
+    ) -> tuple[str, str]:
+        """Push the hello bundle unsigned and create the BundleDeployment ``doc(name, ref)``
+        of it, named ``sig-<version>-<suffix>``: (its name, the bundle's ref)."""
+        ref = self.push(root, f"{version}-deploy")
+        name = f"sig-{version}-{SUFFIX}"
+        self.system.kube.create(doc(name, ref))
+        return name, ref
+
+
+def signature_refusal(read: Callable[[], dict[str, Any] | None], condition: str) -> dict[str, Any]:
+    """Condition ``condition`` of the object ``read`` returns, once its reason says the
+    signature check refused the bundle."""
+
+    def found() -> dict[str, Any] | None:
+        c = inst.conditions(read()).get(condition)
+        return c if c and c.get("reason") == "SignatureVerificationFailed" else None
+
+    return eventually(found, timeout=90, what=f"{condition} SignatureVerificationFailed")
 
 
 @pytest.fixture(scope="module")
@@ -251,20 +272,10 @@ def test_a_bundledeployment_of_an_unsigned_image_fails_to_unpack_until_it_is_sig
     signed: Signed, rukpak_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
     system = rukpak_system
-    ref = signed.push(tmp_path, "v2-deploy")
-    name = f"sig-v2-{SUFFIX}"
-    system.kube.create(inst.bd_v2(name, ref))
-    status, _reason, message = eventually(
-        lambda: (
-            c
-            if (c := inst.cond_v2(system, name, "Unpacked"))[1] == "SignatureVerificationFailed"
-            else None
-        ),
-        timeout=90,
-        what="Unpacked=False SignatureVerificationFailed",
-    )
-    assert status == "False"
-    assert f"refused by ClusterBundlePolicy '{POLICY}'" in message
+    name, ref = signed.deploy_unsigned(tmp_path, "v2", inst.bd_v2)
+    unpacked = signature_refusal(lambda: inst.live_v2(system, name), "Unpacked")
+    assert unpacked["status"] == "False"
+    assert f"refused by ClusterBundlePolicy '{POLICY}'" in str(unpacked["message"])
     assert inst.cond_v2(system, name, "Installed")[0] != "True"
     events = system.kubectl(
         "get", "events", "-A", "--field-selector", f"involvedObject.name={name}"
@@ -276,25 +287,16 @@ def test_a_bundledeployment_of_an_unsigned_image_fails_to_unpack_until_it_is_sig
         timeout=180,
         what="Installed once the image is signed",
     )
-    system.kubectl(
-        "delete", f"bundledeployments.{model.VERSION_V2}.{model.GROUP}", name, timeout=150
-    )
+    inst.delete_v2(system, name)
 
 
 def test_a_v1alpha1_bundledeployment_says_its_bundle_is_not_valid(
     signed: Signed, rukpak_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
     system = rukpak_system
-    ref = signed.push(tmp_path, "v1-deploy")
-    name = f"sig-v1-{SUFFIX}"
-    system.kube.create(bundles.bundle_deployment(name, ref))
+    name, _ = signed.deploy_unsigned(tmp_path, "v1", bundles.bundle_deployment)
     bd = ObjectRef(model.GROUP, model.VERSION, model.BUNDLE_DEPLOYMENT, "", name)
-
-    def has_valid() -> dict[str, Any] | None:
-        found = inst.conditions(system.kube.get(bd)).get("HasValidBundle")
-        return found if found and found.get("reason") == "SignatureVerificationFailed" else None
-
-    found = eventually(has_valid, timeout=90, what="HasValidBundle SignatureVerificationFailed")
+    found = signature_refusal(lambda: system.kube.get(bd), "HasValidBundle")
     assert found["status"] == "False"
     assert POLICY in str(found["message"])
     system.kubectl("delete", "bundledeployment", name, timeout=150)

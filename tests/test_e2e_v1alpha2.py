@@ -40,7 +40,7 @@ from tests.polling import eventually
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 SUFFIX = uuid.uuid4().hex[:6]
-bd_v2, live, cond = inst.bd_v2, inst.live_v2, inst.cond_v2
+bd_v2, live, cond, greeting = inst.bd_v2, inst.live_v2, inst.cond_v2, inst.greeting
 
 
 def installed(system: inst.RukpakSystem, name: str) -> str:
@@ -58,28 +58,39 @@ def pinned(system: inst.RukpakSystem, name: str) -> str:
     return str((resolved.get("image") or {}).get("ref") or "")
 
 
-def push_hello(
-    system: inst.RukpakSystem, root: Path, repo: str, tag: str, ns: str, text: str
-) -> str:
-    inst.hello_bundle(root, namespace=ns, image=system.busybox_image, greeting=text)
+def push(system: inst.RukpakSystem, root: Path, repo: str, tag: str = "v1") -> str:
+    """Push the bundle at ``root`` as ``<registry>/e2e-v2-<suffix>/<repo>:<tag>``; its ref."""
     ref = f"{system.registry_host}/e2e-v2-{SUFFIX}/{repo}:{tag}"
     e2e.push_bundle(root, ref)
     return ref
 
 
-def greeting(system: inst.RukpakSystem, ns: str) -> str:
-    cm = system.kube.get(ObjectRef("", "v1", "ConfigMap", ns, "hello-greeting")) or {}
-    return str((cm.get("data") or {}).get("greeting") or "")
+def push_hello(
+    system: inst.RukpakSystem, root: Path, repo: str, tag: str, ns: str, text: str
+) -> str:
+    inst.hello_bundle(root, namespace=ns, image=system.busybox_image, greeting=text)
+    return push(system, root, repo, tag)
+
+
+def install_hello(
+    system: inst.RukpakSystem, root: Path, prefix: str, text: str
+) -> tuple[str, str, str]:
+    """The hello bundle greeting ``text``, pushed as ``<prefix>:v1`` and installed into
+    the namespace ``<prefix>-<suffix>`` by the v1alpha2 BundleDeployment of that name:
+    (the name, the ref, the installed revision) once Installed."""
+    name = ns = f"{prefix}-{SUFFIX}"
+    ref = push_hello(system, root, prefix, "v1", ns, text)
+    system.kube.create(bd_v2(name, ref))
+    revision = eventually(lambda: installed(system, name), timeout=180, what="Installed")
+    return name, ref, revision
 
 
 def test_a_v1alpha2_bundledeployment_installs_without_bundles_and_uninstalls(
     rukpak_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
     system = rukpak_system
-    name, ns = f"inline-{SUFFIX}", f"inline-{SUFFIX}"
-    ref = push_hello(system, tmp_path / "b", "inline", "v1", ns, "inline")
-    system.kube.create(bd_v2(name, ref))
-    revision = eventually(lambda: installed(system, name), timeout=180, what="Installed")
+    name, ref, revision = install_hello(system, tmp_path / "b", "inline", "inline")
+    ns = name
     assert revision.startswith(f"{name}-")
     assert cond(system, name, "Unpacked")[:2] == ("True", "UnpackSuccessful")
     assert cond(system, name, "HasValidBundle")[0] == "True"
@@ -95,10 +106,8 @@ def test_a_v1alpha2_bundledeployment_installs_without_bundles_and_uninstalls(
     assert as_v1["spec"]["template"]["spec"]["source"]["image"]["ref"] == ref
     table = system.kubectl("get", "bundledeployments", name)
     assert "InstallationSucceeded" in table and "INSTALL STATE" in table
-    system.kubectl(
-        "delete", f"bundledeployments.{model.VERSION_V2}.{model.GROUP}", name, timeout=150
-    )
-    assert system.kube.get(ObjectRef("", "v1", "ConfigMap", ns, "hello-greeting")) is None
+    inst.delete_v2(system, name)
+    inst.gone(system, inst.greeting_ref(ns))
 
 
 def test_require_immutable_refs_refuses_a_tag_before_fetching(
@@ -117,9 +126,7 @@ def test_require_immutable_refs_refuses_a_tag_before_fetching(
     assert message.startswith("source bundle content: spec.requireImmutableRefs is set: ")
     assert f'"{ref}" is a tag' in message
     assert pinned(system, name) == ""
-    system.kubectl(
-        "delete", f"bundledeployments.{model.VERSION_V2}.{model.GROUP}", name, timeout=120
-    )
+    inst.delete_v2(system, name, timeout=120)
 
 
 def test_poll_interval_follows_a_tag_and_without_it_the_pin_holds(
@@ -144,10 +151,7 @@ def test_poll_interval_follows_a_tag_and_without_it_the_pin_holds(
     # the polled one re-resolved at least once since the push; the other kept its pin
     assert pinned(system, fixed) == first_fixed
     assert greeting(system, ns_fixed) == "one"
-    for name in (polled, fixed):
-        system.kubectl(
-            "delete", f"bundledeployments.{model.VERSION_V2}.{model.GROUP}", name, timeout=150
-        )
+    inst.delete_v2(system, polled, fixed)
 
 
 def test_a_paused_bundledeployment_applies_nothing_and_previews(
@@ -168,12 +172,9 @@ def test_a_paused_bundledeployment_applies_nothing_and_previews(
     assert shown["objects"] == 3 and not shown.get("error"), shown
     assert installed(system, paused) == ""
     # nothing of it was applied: the preview's objects are the later one's, owned by it
-    cm = system.kube.get(ObjectRef("", "v1", "ConfigMap", ns, "hello-greeting")) or {}
+    cm = system.kube.get(inst.greeting_ref(ns)) or {}
     assert cm["metadata"]["labels"]["core.rukpak.io/owner-name"] == after
-    for name in (paused, after):
-        system.kubectl(
-            "delete", f"bundledeployments.{model.VERSION_V2}.{model.GROUP}", name, timeout=150
-        )
+    inst.delete_v2(system, paused, after)
 
 
 def split_hello(system: inst.RukpakSystem, root: Path, ns: str) -> tuple[Path, Path]:
@@ -188,23 +189,29 @@ def split_hello(system: inst.RukpakSystem, root: Path, ns: str) -> tuple[Path, P
     return app, config
 
 
+def create_of_sources(system: inst.RukpakSystem, name: str, sources: dict[str, str]) -> None:
+    """Create the v1alpha2 BundleDeployment ``name`` of several image sources, each
+    mounted at its destination (``sources``: destination -> ref)."""
+    doc = bd_v2(
+        name,
+        "",
+        sources=[
+            {"type": "image", "image": {"ref": ref}, "destination": destination}
+            for destination, ref in sources.items()
+        ],
+    )
+    del doc["spec"]["source"]
+    system.kube.create(doc)
+
+
 def test_several_sources_each_mount_at_their_destination_and_install_together(
     rukpak_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
     system = rukpak_system
     name, ns = f"multi-{SUFFIX}", f"multi-{SUFFIX}"
     app, config = split_hello(system, tmp_path, ns)
-    refs = {}
-    for part in (app, config):
-        refs[part.name] = f"{system.registry_host}/e2e-v2-{SUFFIX}/multi-{part.name}:v1"
-        e2e.push_bundle(part, refs[part.name])
-    sources = [
-        {"type": "image", "image": {"ref": refs["app"]}, "destination": "app"},
-        {"type": "image", "image": {"ref": refs["config"]}, "destination": "config"},
-    ]
-    doc = bd_v2(name, "", sources=sources)
-    del doc["spec"]["source"]
-    system.kube.create(doc)
+    refs = {part.name: push(system, part, f"multi-{part.name}") for part in (app, config)}
+    create_of_sources(system, name, refs)
     eventually(lambda: installed(system, name), timeout=180, what="Installed")
     assert greeting(system, ns) == "Hello from a RukPak bundle"
     deployment = ObjectRef("apps", "v1", "Deployment", ns, "hello")
@@ -212,10 +219,8 @@ def test_several_sources_each_mount_at_their_destination_and_install_together(
     resolved = (live(system, name).get("status") or {}).get("resolvedSources") or []
     assert [r["destination"] for r in resolved] == ["app", "config"]
     assert all("@sha256:" in r["image"]["ref"] for r in resolved)
-    system.kubectl(
-        "delete", f"bundledeployments.{model.VERSION_V2}.{model.GROUP}", name, timeout=150
-    )
-    assert system.kube.get(deployment) is None
+    inst.delete_v2(system, name)
+    inst.gone(system, deployment)
 
 
 def test_two_sources_with_the_same_object_fail_naming_both(
@@ -224,15 +229,8 @@ def test_two_sources_with_the_same_object_fail_naming_both(
     system = rukpak_system
     name, ns = f"clash-{SUFFIX}", f"clash-{SUFFIX}"
     _, config = split_hello(system, tmp_path, ns)
-    ref = f"{system.registry_host}/e2e-v2-{SUFFIX}/clash:v1"
-    e2e.push_bundle(config, ref)
-    sources = [
-        {"type": "image", "image": {"ref": ref}, "destination": "one"},
-        {"type": "image", "image": {"ref": ref}, "destination": "two"},
-    ]
-    doc = bd_v2(name, "", sources=sources)
-    del doc["spec"]["source"]
-    system.kube.create(doc)
+    ref = push(system, config, "clash")
+    create_of_sources(system, name, {"one": ref, "two": ref})
     status, _, message = eventually(
         lambda: c if (c := cond(system, name, "Installed"))[1] == "InstallFailed" else None,
         timeout=180,
@@ -240,9 +238,7 @@ def test_two_sources_with_the_same_object_fail_naming_both(
     )
     assert status == "False" and "two sources hold the same object" in message
     assert "one/manifests/" in message and "two/manifests/" in message
-    system.kubectl(
-        "delete", f"bundledeployments.{model.VERSION_V2}.{model.GROUP}", name, timeout=150
-    )
+    inst.delete_v2(system, name)
 
 
 def fetch(url: str, ca: bytes, token: str) -> tuple[int, bytes]:
@@ -284,10 +280,7 @@ def test_content_url_serves_the_bundle_to_a_bundle_reader_only(
     rukpak_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
     system = rukpak_system
-    name, ns = f"content-{SUFFIX}", f"content-{SUFFIX}"
-    ref = push_hello(system, tmp_path / "b", "content", "v1", ns, "content")
-    system.kube.create(bd_v2(name, ref))
-    eventually(lambda: installed(system, name), timeout=180, what="Installed")
+    name, ref, _ = install_hello(system, tmp_path / "b", "content", "content")
     url = str((live(system, name).get("status") or {}).get("contentURL") or "")
     assert url == f"https://127.0.0.1:9443/bundles/{name}.tgz"
     ca = webhook_ca(system)
@@ -317,9 +310,7 @@ def test_content_url_serves_the_bundle_to_a_bundle_reader_only(
     assert fetch(str(bundle_url), ca, tokens["allowed"])[0] == 200
     system.kubectl("delete", "bundle", bundle, "--wait=false")
     system.kubectl("delete", "clusterrolebinding", f"bundle-reader-{SUFFIX}")
-    system.kubectl(
-        "delete", f"bundledeployments.{model.VERSION_V2}.{model.GROUP}", name, timeout=150
-    )
+    inst.delete_v2(system, name)
 
 
 def test_the_manager_exports_controller_runtime_metrics_to_an_authorized_scraper(
@@ -376,10 +367,7 @@ def test_the_manager_exports_controller_runtime_metrics_to_an_authorized_scraper
     def installs(text: str) -> float:
         return sample(text, 'rukpak_install_duration_seconds_count{kind="install"}')
 
-    name, ns = f"metrics-{SUFFIX}", f"metrics-{SUFFIX}"
-    ref = push_hello(system, tmp_path / "b", "metrics", "v1", ns, "m")
-    system.kube.create(bd_v2(name, ref))
-    eventually(lambda: installed(system, name), timeout=180, what="Installed")
+    name, _, _ = install_hello(system, tmp_path / "b", "metrics", "m")
     after = eventually(
         lambda: (
             t
@@ -394,6 +382,4 @@ def test_the_manager_exports_controller_runtime_metrics_to_an_authorized_scraper
     )
     assert 'rukpak_bundledeployments{condition="Installed",status="True"}' in after
     system.kubectl("delete", "clusterrolebinding", f"metrics-{SUFFIX}")
-    system.kubectl(
-        "delete", f"bundledeployments.{model.VERSION_V2}.{model.GROUP}", name, timeout=150
-    )
+    inst.delete_v2(system, name)

@@ -18,6 +18,7 @@ import yaml
 
 from provisioner.engine import formats, formats_registry
 from provisioner.engine.errors import BundleInvalid
+from tests.bundles import role_binding
 
 FIXTURE = Path(__file__).parent / "data" / "registry-v1" / "cache-operator"
 CSV_FILE = "manifests/cache-operator.clusterserviceversion.yaml"
@@ -62,13 +63,7 @@ def refusal(root: Path) -> str:
 
 
 def binding(name: str, sa: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": name},
-        "subjects": [{"kind": "ServiceAccount", "namespace": NS, "name": sa}],
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-    }
+    return role_binding(name, name, [{"kind": "ServiceAccount", "namespace": NS, "name": sa}])
 
 
 def suggest_namespace(root: Path, namespace: str) -> None:

@@ -343,29 +343,28 @@ def test_no_probe_runs_before_the_initial_delay() -> None:
     assert state["c"].last_probe == 110
 
 
-def test_failing_takes_failure_threshold_consecutive_failures() -> None:
-    c = one({"name": "c", "failureThreshold": 3, "assertions": [EQUALS_ON]})
-    seen = [ON, OFF, OFF, ON, OFF, OFF, OFF]
-    assert probes(c, seen, [0, 10, 20, 30, 40, 50, 60]) == [
-        True,
-        True,
-        True,
-        True,
-        True,
-        True,
-        False,
-    ]
-
-
-def test_passing_takes_success_threshold_consecutive_successes() -> None:
-    c = one({"name": "c", "successThreshold": 2, "failureThreshold": 1, "assertions": [EQUALS_ON]})
-    assert probes(c, [ON, OFF, ON, ON, OFF], [0, 10, 20, 30, 40]) == [
-        None,
-        False,
-        False,
-        True,
-        False,
-    ]
+@pytest.mark.parametrize(
+    ("thresholds", "seen", "verdicts"),
+    [
+        pytest.param(
+            {"failureThreshold": 3},
+            [ON, OFF, OFF, ON, OFF, OFF, OFF],
+            [True, True, True, True, True, True, False],
+            id="failing takes failureThreshold consecutive failures",
+        ),
+        pytest.param(
+            {"successThreshold": 2, "failureThreshold": 1},
+            [ON, OFF, ON, ON, OFF],
+            [None, False, False, True, False],
+            id="passing takes successThreshold consecutive successes",
+        ),
+    ],
+)
+def test_a_verdict_changes_after_its_threshold_of_consecutive_probes(
+    thresholds: dict[str, int], seen: list[Objects], verdicts: list[bool | None]
+) -> None:
+    c = one({"name": "c", **thresholds, "assertions": [EQUALS_ON]})
+    assert probes(c, seen, [10 * step for step in range(len(seen))]) == verdicts
 
 
 def test_a_failing_check_that_passes_again_says_it_is_recovering() -> None:

@@ -109,3 +109,31 @@ def test_inventories_survive_a_configmap_round_trip_compressed_when_large(count:
     assert ("binaryData" in cm) == (count == 5000)
     assert len(str(cm)) < 100_000
     assert inventory.from_configmap(cm) == inv
+
+
+def test_an_uninstall_mark_round_trips_on_the_inventory_configmap() -> None:
+    mark = inventory.UninstallMark("Orphan", ("a", "b"))
+    cm = {"metadata": {"annotations": {inventory.UNINSTALL_ANNOTATION: mark.annotation()}}}
+    assert inventory.uninstall_mark(cm) == mark
+    assert inventory.uninstall_mark({"metadata": {}}) is None
+    assert inventory.uninstall_mark(None) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "not json", "[]", '{"policy": "Purge"}', '{"dependsOn": ["a"]}', '{"policy": 1}'],
+)
+def test_a_broken_uninstall_mark_is_no_mark(text: str) -> None:
+    """Nothing is deleted on the strength of a mark that does not say Delete or Orphan."""
+    cm = {"metadata": {"annotations": {inventory.UNINSTALL_ANNOTATION: text}}}
+    assert inventory.uninstall_mark(cm) is None
+
+
+def test_hostile_depends_on_names_in_a_mark_are_dropped() -> None:
+    text = '{"policy": "Delete", "dependsOn": ["a", 3, null, {"x": 1}]}'
+    cm = {"metadata": {"annotations": {inventory.UNINSTALL_ANNOTATION: text}}}
+    assert inventory.uninstall_mark(cm) == inventory.UninstallMark("Delete", ("a",))
+    odd = '{"policy": "Delete", "dependsOn": "a"}'
+    assert inventory.uninstall_mark(
+        {"metadata": {"annotations": {inventory.UNINSTALL_ANNOTATION: odd}}}
+    ) == inventory.UninstallMark("Delete")

@@ -36,7 +36,14 @@ from provisioner.manager import actuate, controller, healthwatch, model, runs, u
 from rukpak.common import errors
 from rukpak.oci import client as oci_client
 from tests import e2e_helpers as e2e
-from tests.bundles import bundle_deployment, bundle_doc, configmap, namespace, write_bundle
+from tests.bundles import (
+    bundle_deployment,
+    bundle_doc,
+    configmap,
+    namespace,
+    role_binding,
+    write_bundle,
+)
 from tests.crd_helpers import install_crds
 from tests.polling import eventually
 
@@ -351,12 +358,98 @@ def test_deleting_a_bundledeployment_uninstalls_through_its_finalizer(
     eventually(lambda: kube.get(actuate.bd_ref(name)) is None, timeout=30, what="the BD to go")
     assert instance_of(kube, name) is None
     assert bundles_of(kube, name) == []
-    assert inventorystore.read_inventory(kube, name, system_namespace=SYSTEM_NS) is None
+    # the BD goes first (its finalizer before the uninstall), its install record after
+    eventually(
+        lambda: inventorystore.read_inventory(kube, name, system_namespace=SYSTEM_NS) is None,
+        timeout=30,
+        what="the install record to go",
+    )
     live = kube.get(greeting)
     if policy == "Delete":
         assert live is None or live["metadata"].get("deletionTimestamp")
     else:
         assert live is not None and not live["metadata"].get("deletionTimestamp")
+
+
+def deleted_at(kube: Kube, ref: ObjectRef, since: str) -> int:
+    """The resourceVersion (the store's revision) at which ``ref`` was deleted, from the
+    watch history after ``since``."""
+    for kind, obj in kube.watch(
+        ref.api_version, ref.kind, resource_version=since, namespace=ref.namespace,
+        timeout_seconds=2,
+    ):  # fmt: skip
+        if kind == "DELETED" and obj["metadata"]["name"] == ref.name:
+            return int(obj["metadata"]["resourceVersion"])
+    raise AssertionError(f"no DELETED event for {ref} after resourceVersion {since}")
+
+
+def test_a_deleted_bundledeployment_is_gone_no_later_than_its_last_object(
+    kube: Kube, running: controller.Controller, images: dict[str, str], tmp_path: Path
+) -> None:
+    """Upstream's suite reads the BD as NotFound right after its objects are gone (its
+    objects go by garbage collection, after their owner): the finalizer goes before the
+    first delete is sent. The watch history of both kinds gives the order."""
+    name = unique("order")
+    target = unique("target")
+    bundle = write_bundle(
+        tmp_path, {"00.yaml": [namespace(target), configmap("greeting", target, hello="x")]}
+    )
+    apply.install(
+        kube, bundle, apply.Options(name=name, namespace=target, system_namespace=SYSTEM_NS)
+    )
+    kube.create(bundle_deployment(name, images["v1"]))
+    finish_unpack(kube, model.bundle_name(eventually(lambda: kube.get(actuate.bd_ref(name)))))
+    eventually(lambda: instance_of(kube, name), timeout=30, what="the instance run pod")
+    _, since = kube.list("v1", "ConfigMap", namespace=target)
+    greeting = ObjectRef("", "v1", "ConfigMap", target, "greeting")
+    kube.delete(actuate.bd_ref(name))
+    eventually(lambda: kube.get(greeting) is None, timeout=30, what="the ConfigMap to go")
+    assert kube.get(actuate.bd_ref(name)) is None  # upstream's check, at this very moment
+    assert deleted_at(kube, actuate.bd_ref(name), since) < deleted_at(kube, greeting, since)
+
+
+def test_an_uninstall_cut_short_after_the_finalizer_went_is_finished(
+    kube: Kube, running: controller.Controller, tmp_path: Path
+) -> None:
+    """A manager that stopped between removing the finalizer and uninstalling left a marked
+    install record and no BundleDeployment: the controller finishes from the mark (here the
+    record's watch event brings it, as the first list does after a restart)."""
+    name = unique("cut")
+    target = unique("target")
+    bundle = write_bundle(
+        tmp_path, {"00.yaml": [namespace(target), configmap("greeting", target, hello="x")]}
+    )
+    apply.install(
+        kube, bundle, apply.Options(name=name, namespace=target, system_namespace=SYSTEM_NS)
+    )
+    mark = inventory.UninstallMark("Delete")
+    assert inventorystore.mark_uninstall(kube, name, mark, system_namespace=SYSTEM_NS)
+    greeting = ObjectRef("", "v1", "ConfigMap", target, "greeting")
+    eventually(lambda: kube.get(greeting) is None, timeout=30, what="the ConfigMap uninstalled")
+    eventually(
+        lambda: inventorystore.read_inventory(kube, name, system_namespace=SYSTEM_NS) is None,
+        timeout=30,
+        what="the install record removed",
+    )
+    # an unmarked record of a deployment that is not there is left alone (a BD whose
+    # finalizer someone else removed: its objects are orphaned, as upstream would have it)
+    other = unique("orphan")
+    kept_ns = unique("kept")
+    apply.install(
+        kube,
+        write_bundle(
+            tmp_path / "o", {"00.yaml": [namespace(kept_ns), configmap("kept", kept_ns, hello="y")]}
+        ),
+        apply.Options(name=other, namespace=kept_ns, system_namespace=SYSTEM_NS),
+    )
+    eventually(
+        lambda: running.health.inventories.get(SYSTEM_NS, inventory.configmap_name(other)),
+        timeout=30,
+        what="the unmarked record in the manager's cache",
+    )
+    assert running.reconcile(other) is None  # a pass for it, done when this returns
+    assert kube.get(ObjectRef("", "v1", "ConfigMap", kept_ns, "kept")) is not None
+    assert inventorystore.read_inventory(kube, other, system_namespace=SYSTEM_NS) is not None
 
 
 # -- drift restored from the record, and a fight ----------------------------------------------
@@ -400,21 +493,8 @@ def test_drift_is_restored_by_the_manager_as_the_instance_and_a_fight_is_damped(
 ) -> None:
     name = unique("drift")
     target = unique("target")
-    kube.apply(
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": f"{SYSTEM_NS}-instance"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "cluster-admin",
-            },
-            "subjects": [
-                {"kind": "ServiceAccount", "name": "rukpak-instance", "namespace": SYSTEM_NS}
-            ],
-        }
-    )
+    instance = {"kind": "ServiceAccount", "name": "rukpak-instance", "namespace": SYSTEM_NS}
+    kube.apply(role_binding(f"{SYSTEM_NS}-instance", "cluster-admin", [instance]))
     kube.create(bundle_deployment(name, images["v1"], installNamespace=target))
     finish_unpack(kube, model.bundle_name(eventually(lambda: kube.get(actuate.bd_ref(name)))))
     run = play_the_run(kube, name, tmp_path, target)

@@ -362,13 +362,13 @@ def deleting(of: Obj, **spec: Any) -> Obj:
         pytest.param(
             deleting(B),
             plan.Observed(bundles=(bundle(B),)),
-            ["Uninstall", "DeleteLease", "DeleteBundle", "RemoveFinalizer"],
-            id="then uninstall, delete the Lease and the Bundles, drop the finalizer",
+            ["DeleteBundle", "MarkUninstall", "RemoveFinalizer", "Uninstall", "DeleteLease"],
+            id="then the Bundles, the mark, the finalizer: the BD goes before its objects",
         ),
         pytest.param(
             deleting(B, paused=True),
             plan.Observed(),
-            ["Uninstall", "DeleteLease", "RemoveFinalizer"],
+            ["MarkUninstall", "RemoveFinalizer", "Uninstall", "DeleteLease"],
             id="deletion runs even when paused",
         ),
         pytest.param(
@@ -387,6 +387,7 @@ def test_deletion(the_bd: Obj, observed: plan.Observed, expected: list[str]) -> 
 def test_uninstall_uses_the_deletion_policy(policy: str) -> None:
     actions = plan.plan(deleting(B, deletionPolicy=policy), plan.Observed(), settings=SETTINGS)
     assert plan.Uninstall(policy) in actions  # type: ignore[arg-type]
+    assert plan.MarkUninstall(policy) in actions  # type: ignore[arg-type]
 
 
 def test_a_long_bd_name_still_fits_upstreams_bundle_name_limit() -> None:

@@ -379,6 +379,18 @@ def test_deletion_waits_for_dependents_and_then_uninstalls() -> None:
     assert "Uninstall" in kinds(actions)
 
 
+def test_a_deletion_marks_the_deployments_it_depended_on_for_them_to_wait() -> None:
+    """The mark names them: they wait until this uninstall is done, not only until the
+    BundleDeployment is gone (its finalizer goes first)."""
+    doomed = bd(dependsOn=[{"name": "a"}, {"name": "b"}])
+    doomed["metadata"]["deletionTimestamp"] = T0
+    doomed["metadata"]["finalizers"] = [model.FINALIZER]
+    actions = inline.plan_inline(doomed, plan.Observed(now=T0), settings=SETTINGS)
+    assert plan.MarkUninstall("Delete", ("a", "b")) in actions
+    order = kinds(actions)
+    assert order.index("MarkUninstall") < order.index("RemoveFinalizer") < order.index("Uninstall")
+
+
 # -- the node cache keeps the kept revisions -------------------------------------------------
 
 

@@ -316,11 +316,6 @@ def run_pods_scheduled(system: inst.RukpakSystem, name: str) -> dict[str, str]:
     return found
 
 
-def greeting(system: inst.RukpakSystem, ns: str) -> str:
-    cm = system.kube.get(ObjectRef("", "v1", "ConfigMap", ns, "hello-greeting")) or {}
-    return str((cm.get("data") or {}).get("greeting") or "")
-
-
 def test_an_instance_runs_on_another_node_than_the_manager_and_installs(
     multinode_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
@@ -335,7 +330,7 @@ def test_an_instance_runs_on_another_node_than_the_manager_and_installs(
         eventually(lambda: installed(system, name), timeout=180, what=f"{name} Installed")
     finally:
         system.kubectl("uncordon", manager_node)
-    assert greeting(system, ns) == "from-another-node"
+    assert inst.greeting(system, ns) == "from-another-node"
     ran_on = run_pod_nodes(system, name)
     assert ran_on and manager_node not in ran_on, (manager_node, ran_on)
 
@@ -513,7 +508,7 @@ def test_an_offline_rollback_runs_on_a_node_that_holds_the_revision(
         {"metadata": {"annotations": {revisions.ROLLBACK_ANNOTATION: rollback}}},
     )
     eventually(lambda: revision_state(system, name)[0] == 1, timeout=180, what="revision 1 back")
-    assert greeting(system, ns) == "one"
+    assert inst.greeting(system, ns) == "one"
     after = run_pods_scheduled(system, name)
     assert [node for pod, node in after.items() if pod not in before] == [first], after
 
@@ -555,7 +550,7 @@ def test_a_node_drained_while_an_instance_runs_there_and_the_install_completes(
     finally:
         for node in cluster.node_names:
             system.kubectl("uncordon", node, check=False)
-    assert greeting(system, ns) == "drained"
+    assert inst.greeting(system, ns) == "drained"
     scheduled = run_pods_scheduled(system, name)
     ran_on = list(scheduled.values())
     assert scheduled[f"{inst.NAMESPACE}/{first}"] == target, scheduled
@@ -578,7 +573,7 @@ def test_the_leaders_node_is_lost_and_the_other_replica_takes_over(
     system.kube.create(inst.bundle_deployment(name, ref))
     eventually(lambda: installed(system, name), timeout=180, what=f"{name} Installed")
     eventually(lambda: not run_pods(system, name), timeout=60, what="no run pod at rest")
-    settings = ObjectRef("", "v1", "ConfigMap", ns, "hello-greeting")
+    settings = inst.greeting_ref(ns)
     version = (system.kube.get(settings) or {})["metadata"]["resourceVersion"]
     runs = len(run_pod_nodes(system, name))
 
@@ -603,7 +598,7 @@ def test_the_leaders_node_is_lost_and_the_other_replica_takes_over(
         ref2 = push_hello(system, tmp_path / "b", "after", after, "after")
         system.kube.create(inst.bundle_deployment(after, ref2))
         eventually(lambda: installed(system, after), timeout=180, what=f"{after} Installed")
-        assert greeting(system, after) == "after"
+        assert inst.greeting(system, after) == "after"
         # what was installed before was not applied again
         assert (system.kube.get(settings) or {})["metadata"]["resourceVersion"] == version
         assert len(run_pod_nodes(system, name)) == runs

@@ -9,15 +9,7 @@ import pytest
 
 from rukpak.common import errors
 from rukpak.oci import digest as digests
-from rukpak.oci import mediatypes
-from rukpak.oci.manifest import (
-    Descriptor,
-    Index,
-    Manifest,
-    Platform,
-    parse_manifest,
-    select_platform,
-)
+from rukpak.oci import manifest, mediatypes
 
 D1 = "sha256:" + "1" * 64
 D2 = "sha256:" + "2" * 64
@@ -35,24 +27,24 @@ def image_body(**overrides: Any) -> bytes:
     return json.dumps({k: v for k, v in doc.items() if v is not None}).encode()
 
 
-def index_of(*platforms: str | None, media_type: str = mediatypes.OCI_INDEX) -> Index:
+def index_of(*platforms: str | None, media_type: str = mediatypes.OCI_INDEX) -> manifest.Index:
     entries = [
-        Descriptor(
+        manifest.Descriptor(
             mediatypes.OCI_MANIFEST
             if media_type == mediatypes.OCI_INDEX
             else mediatypes.DOCKER_MANIFEST,
             "sha256:" + f"{i:x}" * 64,
             100 + i,
-            platform=Platform.parse(p) if p else None,
+            platform=manifest.Platform.parse(p) if p else None,
         )
         for i, p in enumerate(platforms)
     ]
-    return Index(media_type, entries)
+    return manifest.Index(media_type, entries)
 
 
 def test_an_oci_image_manifest_parses_into_config_and_layers() -> None:
-    parsed = parse_manifest(mediatypes.OCI_MANIFEST, image_body())
-    assert isinstance(parsed, Manifest)
+    parsed = manifest.parse_manifest(mediatypes.OCI_MANIFEST, image_body())
+    assert isinstance(parsed, manifest.Manifest)
     assert parsed.config.digest == D1
     assert [(layer.media_type, layer.digest, layer.size) for layer in parsed.layers] == [
         (mediatypes.OCI_LAYER_GZIP, D2, 10)
@@ -61,20 +53,20 @@ def test_an_oci_image_manifest_parses_into_config_and_layers() -> None:
 
 def test_a_docker_manifest_list_parses_with_platforms() -> None:
     body = index_of("linux/amd64", "linux/arm64", media_type=mediatypes.DOCKER_LIST).to_json()
-    parsed = parse_manifest(mediatypes.DOCKER_LIST, body)
-    assert isinstance(parsed, Index)
+    parsed = manifest.parse_manifest(mediatypes.DOCKER_LIST, body)
+    assert isinstance(parsed, manifest.Index)
     assert [str(m.platform) for m in parsed.manifests] == ["linux/amd64", "linux/arm64/v8"]
 
 
 def test_a_generic_content_type_defers_to_the_bodys_media_type() -> None:
-    parsed = parse_manifest("application/json", image_body())
+    parsed = manifest.parse_manifest("application/json", image_body())
     assert parsed.media_type == mediatypes.OCI_MANIFEST
 
 
 def test_a_manifest_round_trips_through_to_json() -> None:
-    parsed = parse_manifest(mediatypes.OCI_MANIFEST, image_body(annotations={"a": "b"}))
-    assert isinstance(parsed, Manifest)
-    again = parse_manifest(parsed.media_type, parsed.to_json())
+    parsed = manifest.parse_manifest(mediatypes.OCI_MANIFEST, image_body(annotations={"a": "b"}))
+    assert isinstance(parsed, manifest.Manifest)
+    again = manifest.parse_manifest(parsed.media_type, parsed.to_json())
     assert again == parsed
 
 
@@ -126,34 +118,36 @@ def test_malformed_manifests_are_invalid_argument_naming_the_problem(
     media_type: str, body: bytes, words: str
 ) -> None:
     with pytest.raises(errors.InvalidArgument) as caught:
-        parse_manifest(media_type, body, what="image reg/x:1")
+        manifest.parse_manifest(media_type, body, what="image reg/x:1")
     assert words in caught.value.message
     assert "image reg/x:1" in caught.value.message
 
 
 PLATFORMS = [
-    ("linux/amd64", Platform("linux", "amd64")),
-    ("linux/x86_64", Platform("linux", "amd64")),
-    ("linux/arm64", Platform("linux", "arm64", "v8")),
-    ("linux/aarch64", Platform("linux", "arm64", "v8")),
-    ("linux/arm64/v8", Platform("linux", "arm64", "v8")),
-    ("linux/arm", Platform("linux", "arm", "v7")),
-    ("linux/arm/v6", Platform("linux", "arm", "v6")),
-    ("linux/arm/7", Platform("linux", "arm", "v7")),
-    ("Linux/AMD64", Platform("linux", "amd64")),
-    ("linux/ppc64le", Platform("linux", "ppc64le")),
+    ("linux/amd64", manifest.Platform("linux", "amd64")),
+    ("linux/x86_64", manifest.Platform("linux", "amd64")),
+    ("linux/arm64", manifest.Platform("linux", "arm64", "v8")),
+    ("linux/aarch64", manifest.Platform("linux", "arm64", "v8")),
+    ("linux/arm64/v8", manifest.Platform("linux", "arm64", "v8")),
+    ("linux/arm", manifest.Platform("linux", "arm", "v7")),
+    ("linux/arm/v6", manifest.Platform("linux", "arm", "v6")),
+    ("linux/arm/7", manifest.Platform("linux", "arm", "v7")),
+    ("Linux/AMD64", manifest.Platform("linux", "amd64")),
+    ("linux/ppc64le", manifest.Platform("linux", "ppc64le")),
 ]
 
 
 @pytest.mark.parametrize(("text", "expected"), PLATFORMS)
-def test_platforms_parse_and_normalise_like_containerd(text: str, expected: Platform) -> None:
-    assert Platform.parse(text) == expected
+def test_platforms_parse_and_normalise_like_containerd(
+    text: str, expected: manifest.Platform
+) -> None:
+    assert manifest.Platform.parse(text) == expected
 
 
 @pytest.mark.parametrize("text", ["", "linux", "linux/", "/amd64", "a/b/c/d"])
 def test_malformed_platforms_are_invalid_argument(text: str) -> None:
     with pytest.raises(errors.InvalidArgument, match="os/architecture"):
-        Platform.parse(text)
+        manifest.Platform.parse(text)
 
 
 @pytest.mark.parametrize(
@@ -171,7 +165,7 @@ def test_current_platform_maps_uname_machine_names(
 ) -> None:
     monkeypatch.setattr("platform.machine", lambda: machine)
     monkeypatch.setattr("platform.system", lambda: "Linux")
-    assert str(Platform.current()) == expected
+    assert str(manifest.Platform.current()) == expected
 
 
 SELECTIONS = [
@@ -194,7 +188,10 @@ def test_select_platform_prefers_exact_then_compatible_variants(
     offered: list[str | None], wanted: str, expected: int
 ) -> None:
     index = index_of(*offered)
-    assert select_platform(index, Platform.parse(wanted)) is index.manifests[expected]
+    assert (
+        manifest.select_platform(index, manifest.Platform.parse(wanted))
+        is index.manifests[expected]
+    )
 
 
 @pytest.mark.parametrize(
@@ -210,16 +207,21 @@ def test_select_platform_names_what_is_offered_when_nothing_fits(
     offered: list[str], wanted: str
 ) -> None:
     with pytest.raises(errors.NotFound) as caught:
-        select_platform(index_of(*offered), Platform.parse(wanted), what="image r/x:1")
+        manifest.select_platform(
+            index_of(*offered), manifest.Platform.parse(wanted), what="image r/x:1"
+        )
     message = caught.value.message
-    assert "image r/x:1" in message and str(Platform.parse(wanted)) in message
+    assert "image r/x:1" in message and str(manifest.Platform.parse(wanted)) in message
     for platform in offered:
-        assert str(Platform.parse(platform)) in message
+        assert str(manifest.Platform.parse(platform)) in message
 
 
 def test_select_platform_skips_attestation_entries() -> None:
     index = index_of("unknown/unknown", "linux/amd64")
-    assert select_platform(index, Platform.parse("linux/amd64")) is index.manifests[1]
+    assert (
+        manifest.select_platform(index, manifest.Platform.parse("linux/amd64"))
+        is index.manifests[1]
+    )
 
 
 @pytest.mark.parametrize(

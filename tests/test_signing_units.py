@@ -12,23 +12,21 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any
 
 import nacl.secret
 import pytest
-from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, padding, rsa, x448
 from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
-from cryptography.x509.oid import NameOID
 
 from rukpak.common import errors
 from rukpak.oci.reference import Reference
 from rukpak.signing import cosign, keyless, keys, policy, verify
 from rukpak.signing.discover import Found
 from rukpak.signing.policy import KeyAuthority, KeylessAuthority, Policy
+from tests import signing_helpers
 
 DIGEST = "sha256:" + "a" * 64
 OTHER_DIGEST = "sha256:" + "b" * 64
@@ -137,21 +135,7 @@ def broken_envelope(change: Callable[[dict[str, Any]], None]) -> bytes:
 @cache
 def ca_pem() -> bytes:
     """A self-signed CA certificate, a keyless trust root."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test fulcio")])
-    now = datetime.now(UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(days=1))
-        .not_valid_after(now + timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM)
+    return signing_helpers.pem(signing_helpers.make_ca("test fulcio").cert)
 
 
 def policy_object(spec: dict[str, Any], **meta: Any) -> dict[str, Any]:
@@ -363,14 +347,23 @@ def test_a_layer_with_only_a_signature_has_no_certificate_chain_or_bundle() -> N
     assert (sig.certificate, sig.chain, sig.bundle) == (None, None, None)
 
 
-def test_a_keyless_layer_carries_its_certificate_chain_and_bundle() -> None:
+def keyless_layer(certificate: str, chain: str, bundle: str) -> cosign.Signature:
+    """The signature of a layer annotated with ``certificate``, ``chain`` and ``bundle``."""
     annotations = {
         cosign.SIGNATURE: b64(b"sig"),
-        cosign.CERTIFICATE: "-----BEGIN CERTIFICATE-----\nleaf\n",
-        cosign.CHAIN: "-----BEGIN CERTIFICATE-----\nchain\n",
-        cosign.BUNDLE: '{"SignedEntryTimestamp":"x"}',
+        cosign.CERTIFICATE: certificate,
+        cosign.CHAIN: chain,
+        cosign.BUNDLE: bundle,
     }
-    sig = cosign.Signature.from_layer(b"p", annotations, where=WHERE)
+    return cosign.Signature.from_layer(b"p", annotations, where=WHERE)
+
+
+def test_a_keyless_layer_carries_its_certificate_chain_and_bundle() -> None:
+    sig = keyless_layer(
+        "-----BEGIN CERTIFICATE-----\nleaf\n",
+        "-----BEGIN CERTIFICATE-----\nchain\n",
+        '{"SignedEntryTimestamp":"x"}',
+    )
     assert sig.certificate == b"-----BEGIN CERTIFICATE-----\nleaf\n"
     assert sig.chain == b"-----BEGIN CERTIFICATE-----\nchain\n"
     assert sig.bundle == '{"SignedEntryTimestamp":"x"}'
@@ -378,13 +371,7 @@ def test_a_keyless_layer_carries_its_certificate_chain_and_bundle() -> None:
 
 
 def test_empty_certificate_chain_and_bundle_annotations_count_as_absent() -> None:
-    annotations = {
-        cosign.SIGNATURE: b64(b"sig"),
-        cosign.CERTIFICATE: "",
-        cosign.CHAIN: "",
-        cosign.BUNDLE: "",
-    }
-    sig = cosign.Signature.from_layer(b"p", annotations, where=WHERE)
+    sig = keyless_layer("", "", "")
     assert (sig.certificate, sig.chain, sig.bundle) == (None, None, None)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -32,57 +33,64 @@ DEEP = "a/" * 1999 + "f"  # 2,000 components, 3,999 bytes: under PATH_MAX, far o
 _names = itertools.count()
 
 
+@pytest.fixture(params=MODES)
+def mode(request: pytest.FixtureRequest) -> str:
+    """A test taking ``mode`` runs in both publish modes."""
+    return str(request.param)
+
+
+@pytest.fixture(params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    """A test taking ``kind`` runs for every kind of source."""
+    return str(request.param)
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where each kind of volume comes from: the registry (images) and the git and http
+    server."""
+
+    registry: RegistryServer
+    server: SourceServer
+
+    def publish(self, node: Node, kind: str, files: dict[str, str]) -> dict[str, str]:
+        """Publish ``files`` (``symlink:`` values are links; names verbatim) as a ``kind``
+        volume on ``node``; what the pod sees."""
+        n = next(_names)
+        server = self.server
+        if kind in ("image", "estargz"):
+            entries: list[Entry] = [
+                (name, "symlink", body[len("symlink:") :])
+                if body.startswith("symlink:")
+                else (name, "file", body.encode())
+                for name, body in files.items()
+            ]
+            push = push_estargz if kind == "estargz" else _push_plain
+            image = push(self.registry.host, f"spine/{kind}{n}", entries)
+            return node.publish_image(image.ref)
+        if kind == "git":
+            commit = fast_import_repo(server.git_root / f"r{n}", files)
+            return node.publish_source({"git": server.repo_url(f"r{n}"), "commit": commit})
+        links = {k: v[len("symlink:") :] for k, v in files.items() if v.startswith("symlink:")}
+        plain = {k: v for k, v in files.items() if k not in links}
+        data = tarball(plain, symlinks=links)
+        server.files[f"t{n}.tgz"] = data
+        digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
+        return node.publish_source({"url": http.pin_url(f"{server.url}/files/t{n}.tgz", digest)})
+
+
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[SourceServer]:
-    with serving(tmp_path / "git") as s:
-        yield s
-
-
-def publish(
-    node: Node,
-    kind: str,
-    files: dict[str, str],
-    *,
-    registry: RegistryServer,
-    server: SourceServer,
-) -> dict[str, str]:
-    """Publish ``files`` (``symlink:`` values are links; names verbatim) as a ``kind``
-    volume on ``node``; what the pod sees."""
-    n = next(_names)
-    if kind in ("image", "estargz"):
-        entries: list[Entry] = [
-            (name, "symlink", body[len("symlink:") :])
-            if body.startswith("symlink:")
-            else (name, "file", body.encode())
-            for name, body in files.items()
-        ]
-        push = push_estargz if kind == "estargz" else _push_plain
-        image = push(registry.host, f"spine/{kind}{n}", entries)
-        return node.publish_image(image.ref)
-    if kind == "git":
-        commit = fast_import_repo(server.git_root / f"r{n}", files)
-        return node.publish_source({"git": server.repo_url(f"r{n}"), "commit": commit})
-    links = {k: v[len("symlink:") :] for k, v in files.items() if v.startswith("symlink:")}
-    plain = {k: v for k, v in files.items() if k not in links}
-    data = tarball(plain, symlinks=links)
-    server.files[f"t{n}.tgz"] = data
-    digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
-    return node.publish_source({"url": http.pin_url(f"{server.url}/files/t{n}.tgz", digest)})
+def sources(registry: RegistryServer, tmp_path: Path) -> Iterator[Sources]:
+    with serving(tmp_path / "git") as server:
+        yield Sources(registry, server)
 
 
 def _push_plain(host: str, repo: str, entries: list[Entry]) -> PushedImage:
     return push_image(host, repo, "v1", [entries])
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("mode", MODES)
 def test_hostile_entries_are_refused_alike(
-    tmp_path: Path,
-    registry: RegistryServer,
-    server: SourceServer,
-    mode: str,
-    kind: str,
-    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path, sources: Sources, mode: str, kind: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     files = {
         "ok.yaml": "ok",
@@ -94,7 +102,7 @@ def test_hostile_entries_are_refused_alike(
     }
     if kind != "git":  # a git tree cannot hold an absolute path
         files["/abs/x"] = "absolute"
-    seen = publish(Node(mode, tmp_path), kind, files, registry=registry, server=server)
+    seen = sources.publish(Node(mode, tmp_path), kind, files)
     expected = {
         "ok.yaml": "file:ok",
         "dir": "dir",
@@ -111,19 +119,16 @@ def test_hostile_entries_are_refused_alike(
     assert seen == expected
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("mode", MODES)
 def test_a_path_deeper_than_the_budget_is_invalid_argument_naming_it(
-    tmp_path: Path, registry: RegistryServer, server: SourceServer, mode: str, kind: str
+    tmp_path: Path, sources: Sources, mode: str, kind: str
 ) -> None:
     node = Node(mode, tmp_path)
     with pytest.raises(errors.InvalidArgument) as info:
         if kind == "estargz":
-            image = push_estargz_dirs(registry.host, f"spine/deep{next(_names)}", [DEEP])
+            image = push_estargz_dirs(sources.registry.host, f"spine/deep{next(_names)}", [DEEP])
             node.publish_image(image.ref)
         else:
-            files = {DEEP: "deep", "ok.yaml": "ok"}
-            publish(node, kind, files, registry=registry, server=server)
+            sources.publish(node, kind, {DEEP: "deep", "ok.yaml": "ok"})
     message = info.value.message
     assert "entry 'a/a/a/a" in message and "at most 128" in message
     # git's archive lists the parent directories first: the 129th is refused.
@@ -141,32 +146,24 @@ OVER_BUDGET: dict[str, tuple[dict[str, str], int]] = {
 
 
 @pytest.mark.parametrize("budget", OVER_BUDGET)
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("mode", MODES)
 def test_more_than_the_budget_is_resource_exhausted(
-    tmp_path: Path,
-    registry: RegistryServer,
-    server: SourceServer,
-    mode: str,
-    kind: str,
-    budget: str,
+    tmp_path: Path, sources: Sources, mode: str, kind: str, budget: str
 ) -> None:
     files, limit = OVER_BUDGET[budget]
     node = Node(mode, tmp_path, limits=SMALL)
     with pytest.raises(errors.ResourceExhausted) as info:
-        publish(node, kind, files, registry=registry, server=server)
+        sources.publish(node, kind, files)
     assert str(limit) in info.value.message
     assert f"--max-unpacked-{budget}" in info.value.message  # what to do about it
 
 
-@pytest.mark.parametrize("mode", MODES)
 def test_within_the_budgets_every_source_publishes(
-    tmp_path: Path, registry: RegistryServer, server: SourceServer, mode: str
+    tmp_path: Path, sources: Sources, mode: str
 ) -> None:
     node = Node(mode, tmp_path, limits=SMALL)
     files = {"manifests/a.yaml": "a", "manifests/b.yaml": "b"}
     for kind in KINDS:
-        seen = publish(node, kind, files, registry=registry, server=server)
+        seen = sources.publish(node, kind, files)
         if kind == "estargz" and mode == "bind":  # see test_hostile_entries_are_refused_alike
             seen.pop("stargz.index.json")
         assert seen == {

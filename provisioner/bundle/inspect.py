@@ -19,15 +19,8 @@ import zstandard
 from rukpak.common import errors
 from rukpak.image import layerio
 from rukpak.oci import client as oci_client
+from rukpak.oci import manifest as oci_manifest
 from rukpak.oci import mediatypes
-from rukpak.oci.manifest import (
-    Descriptor,
-    Index,
-    Manifest,
-    Platform,
-    parse_manifest,
-    select_platform,
-)
 from rukpak.oci.reference import Reference
 
 _CHUNK = 1 << 20
@@ -49,7 +42,7 @@ class LayerFile:
 
 @dataclass(frozen=True)
 class Layer:
-    descriptor: Descriptor
+    descriptor: oci_manifest.Descriptor
     files: tuple[LayerFile, ...]
 
 
@@ -58,9 +51,9 @@ class Inspection:
     reference: Reference  # what was asked for
     digest: str  # of what the reference names (index or manifest)
     media_type: str
-    platforms: tuple[Platform, ...]  # offered by an index; empty for a manifest
-    platform: Platform | None  # the one chosen from an index
-    manifest: Descriptor  # the image manifest whose layers are listed
+    platforms: tuple[oci_manifest.Platform, ...]  # offered by an index; empty for a manifest
+    platform: oci_manifest.Platform | None  # the one chosen from an index
+    manifest: oci_manifest.Descriptor  # the image manifest whose layers are listed
     annotations: dict[str, str] = field(default_factory=dict)
     layers: tuple[Layer, ...] = ()
 
@@ -70,7 +63,10 @@ class Inspection:
 
 
 def inspect(
-    client: oci_client.RegistryClient, ref: Reference, *, platform: Platform | None = None
+    client: oci_client.RegistryClient,
+    ref: Reference,
+    *,
+    platform: oci_manifest.Platform | None = None,
 ) -> Inspection:
     """Describe the image ``ref`` names and list its files.
 
@@ -78,15 +74,15 @@ def inspect(
     None; NotFound lists what the index offers).
     """
     top, body = client.get_manifest(ref)
-    document = parse_manifest(top.media_type, body, what=str(ref))
+    document = oci_manifest.parse_manifest(top.media_type, body, what=str(ref))
     pinned = ref.with_digest(top.digest)
-    platforms: tuple[Platform, ...] = ()
-    chosen: Platform | None = None
-    if isinstance(document, Index):
+    platforms: tuple[oci_manifest.Platform, ...] = ()
+    chosen: oci_manifest.Platform | None = None
+    if isinstance(document, oci_manifest.Index):
         platforms = tuple(m.platform for m in document.manifests if m.platform is not None)
-        wanted = platform or Platform.current()
+        wanted = platform or oci_manifest.Platform.current()
         try:
-            entry = select_platform(document, wanted, what=str(ref))
+            entry = oci_manifest.select_platform(document, wanted, what=str(ref))
         except errors.NotFound:
             offered = ", ".join(str(p) for p in platforms) or "no platforms"
             raise errors.NotFound(
@@ -95,8 +91,10 @@ def inspect(
             ) from None
         chosen = entry.platform
         manifest_desc, manifest_body = client.get_manifest(pinned.with_digest(entry.digest))
-        image = parse_manifest(manifest_desc.media_type, manifest_body, what=entry.digest)
-        if not isinstance(image, Manifest):
+        image = oci_manifest.parse_manifest(
+            manifest_desc.media_type, manifest_body, what=entry.digest
+        )
+        if not isinstance(image, oci_manifest.Manifest):
             raise errors.InvalidArgument(
                 f"{ref}: index entry {entry.digest} for {chosen} is not an image manifest"
             )
@@ -120,7 +118,7 @@ def inspect(
 
 
 def list_layer(
-    client: oci_client.RegistryClient, ref: Reference, layer: Descriptor
+    client: oci_client.RegistryClient, ref: Reference, layer: oci_manifest.Descriptor
 ) -> list[LayerFile]:
     """The members of one layer, read as a stream and verified against its digest
     (the client reads what tar leaves unread and checks it when the block ends)."""

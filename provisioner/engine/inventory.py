@@ -24,7 +24,13 @@ from typing import Any
 
 from provisioner.engine import ordering
 from provisioner.engine.errors import BundleInvalid
-from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, split_api_version
+from provisioner.engine.objects import (
+    OWNER_LABEL,
+    Obj,
+    ObjectRef,
+    json_annotation,
+    split_api_version,
+)
 
 FORMAT_VERSION = 1
 COMPRESS_ABOVE = 32 * 1024
@@ -37,6 +43,34 @@ RECORD_BINARY_KEY = "install-record.gz"
 RECORD_MANAGER = "rukpak-record"
 """Field manager of the install record: the inventory's own apply (manager ``rukpak``)
 then never removes it, and the record's apply never removes the inventory."""
+
+
+UNINSTALL_ANNOTATION = "core.rukpak.io/uninstall"
+"""On an inventory ConfigMap: ``{"policy": "Delete"|"Orphan", "dependsOn": [names]}``, written
+before the deployment's finalizer goes; what an interrupted uninstall is finished from."""
+
+
+@dataclass(frozen=True)
+class UninstallMark:
+    policy: str
+    """``Delete`` or ``Orphan``."""
+    depends_on: tuple[str, ...] = ()
+    """The deployments the deleted one depended on (they wait for this uninstall)."""
+
+    def annotation(self) -> str:
+        return json.dumps(
+            {"policy": self.policy, "dependsOn": list(self.depends_on)}, separators=(",", ":")
+        )
+
+
+def uninstall_mark(cm: Obj | None) -> UninstallMark | None:
+    """The uninstall mark on an inventory ConfigMap; None without one (or unreadable)."""
+    doc = json_annotation(cm, UNINSTALL_ANNOTATION) if cm is not None else None
+    if not isinstance(doc, dict) or doc.get("policy") not in ("Delete", "Orphan"):
+        return None
+    names = doc.get("dependsOn")
+    kept = tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
+    return UninstallMark(str(doc["policy"]), kept)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from provisioner.engine import inventory
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import ObjectRef
+from rukpak.common import errors
 
 
 def read_inventory(kube: Kube, name: str, *, system_namespace: str) -> inventory.Inventory | None:
@@ -41,3 +42,17 @@ def write_inventory(
 def delete_inventory(kube: Kube, name: str, *, system_namespace: str) -> None:
     ref = ObjectRef("", "v1", "ConfigMap", system_namespace, inventory.configmap_name(name))
     kube.delete(ref)
+
+
+def mark_uninstall(
+    kube: Kube, name: str, mark: inventory.UninstallMark, *, system_namespace: str
+) -> bool:
+    """Put ``mark`` on deployment ``name``'s inventory; False when it has none (nothing
+    was installed, so nothing is left to finish)."""
+    ref = ObjectRef("", "v1", "ConfigMap", system_namespace, inventory.configmap_name(name))
+    patch = {"metadata": {"annotations": {inventory.UNINSTALL_ANNOTATION: mark.annotation()}}}
+    try:
+        kube.merge_patch(ref, patch)
+    except errors.NotFound:
+        return False
+    return True

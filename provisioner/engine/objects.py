@@ -7,6 +7,7 @@ the inventory records and all pruning needs.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,18 @@ def labels_of(obj: Obj) -> dict[str, str]:
 def annotations_of(obj: Obj) -> dict[str, str]:
     found: dict[str, str] = meta_of(obj).get("annotations") or {}
     return found
+
+
+def json_annotation(obj: Obj, key: str) -> Any:
+    """The JSON document the annotation ``key`` of ``obj`` holds; None when there is no such
+    annotation or it is not JSON (callers check the document's shape)."""
+    text = annotations_of(obj).get(key)
+    if not isinstance(text, str):
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def split_api_version(api_version: str) -> tuple[str, str]:

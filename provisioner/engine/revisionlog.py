@@ -11,9 +11,8 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass
-from typing import Any
 
-from provisioner.engine.objects import Obj, meta_of
+from provisioner.engine.objects import Obj, json_annotation, meta_of
 
 ROLLBACK_ANNOTATION = "core.rukpak.io/rollback"
 """``{"revision": N, "generation": G, "reason": R}``: install kept revision N while the
@@ -113,11 +112,7 @@ class Rollback:
 
 def rollback_of(bd: Obj) -> Rollback | None:
     """The rollback in force: one whose generation is the BD's; None otherwise."""
-    text = (meta_of(bd).get("annotations") or {}).get(ROLLBACK_ANNOTATION)
-    try:
-        doc: Any = json.loads(str(text))
-    except ValueError:
-        return None
+    doc = json_annotation(bd, ROLLBACK_ANNOTATION)
     if not isinstance(doc, dict):
         return None
     revision, generation = doc.get("revision"), doc.get("generation")

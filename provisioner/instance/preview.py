@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 
-from provisioner.engine import formats, inventory, preflight, preview
+from provisioner.engine import apply, formats, inventory, preflight, preview
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 
@@ -60,18 +60,13 @@ def _clip(text: str) -> str:
     return raw[: preview.TEXT_LIMIT].decode(errors="ignore") + "\n... (cut)\n"
 
 
-def run(
-    kube: Kube,
-    bundle: formats.Bundle,
-    *,
-    name: str,
-    namespace: str,
-    system_namespace: str,
-    revision: str,
-) -> str:
-    """Preview ``bundle`` as deployment ``name``: write the ConfigMap, return the summary
-    (JSON, within ``preview.STATUS_LIMIT`` bytes)."""
-    prepared = [m.obj for m in preflight.prepare(kube, bundle, name=name, namespace=namespace)]
+def run(kube: Kube, bundle: formats.Bundle, options: apply.Options, *, revision: str) -> str:
+    """Preview ``bundle`` as installing it with ``options`` would go: write the ConfigMap,
+    return the summary (JSON, within ``preview.STATUS_LIMIT`` bytes)."""
+    name, system_namespace = options.name, options.system_namespace
+    prepared = [
+        m.obj for m in preflight.prepare(kube, bundle, name=name, namespace=options.namespace)
+    ]
     new = preview.preview(prepared)
     before = preview.preview(installed(kube, name, system_namespace=system_namespace))
     changes = preview.diff(new, before)

@@ -69,6 +69,13 @@ class Config:
     preview: bool = False
     """Apply nothing: write what the install would do (``instance.preview``) and exit."""
 
+    @property
+    def options(self) -> apply.Options:
+        """The deployment as the apply engine (and the preview) takes it."""
+        return apply.Options(
+            name=self.name, namespace=self.namespace, system_namespace=self.system_namespace
+        )
+
 
 def kv(msg: str, **fields: object) -> str:
     """``msg='...' key=value ...``: the log line format of every rukpak process."""
@@ -156,12 +163,9 @@ class Instance:
 
     def install(self, bundle: formats.Bundle) -> apply.Result:
         cfg = self.config
-        options = apply.Options(
-            name=cfg.name, namespace=cfg.namespace, system_namespace=cfg.system_namespace
-        )
         started = time.monotonic()
         result = apply.install(
-            self.kube, bundle, options, progress=lambda m: log.info(kv("progress", step=m))
+            self.kube, bundle, cfg.options, progress=lambda m: log.info(kv("progress", step=m))
         )
         log.info(
             kv(
@@ -226,14 +230,7 @@ class Instance:
         """What installing ``bundle`` would do, nothing applied (no Lease needed): the
         ConfigMap for ``rukpak preview``, the summary as the termination message."""
         cfg = self.config
-        summary = preview.run(
-            self.kube,
-            bundle,
-            name=cfg.name,
-            namespace=cfg.namespace,
-            system_namespace=cfg.system_namespace,
-            revision=cfg.bundle_name,
-        )
+        summary = preview.run(self.kube, bundle, cfg.options, revision=cfg.bundle_name)
         termination.write(cfg.termination_log, summary)
         return EXIT_OK
 

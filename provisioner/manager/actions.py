@@ -59,6 +59,16 @@ class DeleteBundle:
 
 
 @dataclass(frozen=True)
+class MarkUninstall:
+    """Write on the install record that it is to be uninstalled with ``policy`` (and which
+    BundleDeployments the deleted one depended on): the finalizer goes before the uninstall,
+    and a pass that finds the mark without its BundleDeployment finishes the uninstall."""
+
+    policy: Literal["Delete", "Orphan"]
+    depends_on: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Uninstall:
     policy: Literal["Delete", "Orphan"]
 
@@ -115,6 +125,7 @@ Action = (
     | DeletePod
     | DeleteLease
     | DeleteBundle
+    | MarkUninstall
     | Uninstall
     | WriteStatus
     | RecordEvent

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from provisioner.engine import lifecycle, preview
+from provisioner.engine import inventory, inventorystore, lifecycle, preview
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, meta_of
 from provisioner.manager import (
@@ -308,6 +308,9 @@ def perform(
                 )
             case plan.DeleteBundle(name=bundle_name):
                 kube.delete(bundle_ref(bundle_name))
+            case plan.MarkUninstall(policy=policy, depends_on=depends_on):
+                mark = inventory.UninstallMark(policy, depends_on)
+                inventorystore.mark_uninstall(kube, name, mark, system_namespace=system_namespace)
             case plan.Uninstall(policy=policy):
                 with contextlib.suppress(errors.NotFound):  # nothing was ever installed
                     lifecycle.uninstall(

@@ -33,10 +33,11 @@ import logging
 import threading
 import time
 from datetime import UTC, datetime
+from typing import Literal
 
-from provisioner.engine import listwatch, restore
+from provisioner.engine import inventory, listwatch, restore
 from provisioner.engine.kube import Kube
-from provisioner.engine.objects import Obj, meta_of
+from provisioner.engine.objects import Obj, meta_of, owner_of
 from provisioner.engine.objects import labels_of as _labels
 from provisioner.manager import (
     actuate,
@@ -261,7 +262,12 @@ class Controller(Reconciler):
         dependents: tuple[str, ...] = ()
         if meta_of(stored).get("deletionTimestamp") and not cycle:
             # (on a cycle nobody could go first: its members are deleted without waiting)
-            dependents = dependencies.dependents(name, self.bds.items())
+            # a dependent counts until its uninstall is done, not only until it is gone
+            dependents = tuple(
+                sorted(
+                    {*dependencies.dependents(name, self.bds.items()), *self._uninstalling(name)}
+                )
+            )
         return bd, plan.Observed(
             dependencies=dependencies.unmet(stored, lookup) if not cycle else (),
             cycle=cycle,
@@ -277,6 +283,40 @@ class Controller(Reconciler):
             health=self._probed(name, stored, record) if self.read_health else None,
             now=now_text(),
         )
+
+    def _uninstalling(self, dependency: str) -> list[str]:
+        """Deployments gone but not yet uninstalled (a marked inventory) that depended on
+        ``dependency``."""
+        out = []
+        for cm in self.health.inventories.items():
+            mark = inventory.uninstall_mark(cm)
+            owner = owner_of(cm)
+            if mark is not None and owner and dependency in mark.depends_on:
+                out.append(owner)
+        return out
+
+    def _finish_uninstall(self, name: str) -> None:
+        """The uninstall of BD ``name``, gone, that its marked inventory asks for (one cut
+        short after the finalizer went; the normal pass already did it, and then this finds
+        nothing); then the deployments it depended on look again."""
+        cm = self.health.inventories.get(
+            self.settings.system_namespace, inventory.configmap_name(name)
+        )
+        mark = inventory.uninstall_mark(cm)
+        if mark is None:
+            return
+        policy: Literal["Delete", "Orphan"] = "Orphan" if mark.policy == "Orphan" else "Delete"
+        log.info("msg='finishing an uninstall' bd=%s policy=%s", name, policy)
+        actuate.perform(
+            self.kube,
+            {"apiVersion": model.API_VERSION_V2, "metadata": {"name": name}},
+            [plan.Uninstall(policy), plan.DeleteLease()],
+            resolve=self.resolve,
+            system_namespace=self.settings.system_namespace,
+            now=now_text(),
+        )
+        for other in mark.depends_on:
+            self.queue.add(BD_KEY + other)
 
     def _lookup_bd(self, name: str) -> Obj | None:
         return self.bds.get("", name)
@@ -320,6 +360,7 @@ class Controller(Reconciler):
                 self._restore_failed.pop(name, None)
                 self._conflicts.pop(name, None)
                 self.damper.drop(name)
+            self._finish_uninstall(name)
             return None
         bd, observed = seen
         if bd.get("apiVersion") == model.API_VERSION_V2:
@@ -345,6 +386,10 @@ class Controller(Reconciler):
                     self._restore_failed[name] = observed.record.by
                 return 0.0
             raise
+        for action in actions:
+            if isinstance(action, plan.MarkUninstall):  # uninstalled: they may go now
+                for other in action.depends_on:
+                    self.queue.add(BD_KEY + other)
         if self.metrics is not None:
             self._count(bd, actions, observed.now)
         if restoring:

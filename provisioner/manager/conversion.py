@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, Literal
+from typing import Literal
 
-from provisioner.engine.objects import Obj
+from provisioner.engine.objects import Obj, json_annotation
 
 GROUP = "core.rukpak.io"
 V1ALPHA1 = f"{GROUP}/v1alpha1"
@@ -74,18 +74,13 @@ class ConversionError(ValueError):
     """An object that cannot be converted (not a BundleDeployment, an unknown version)."""
 
 
-def _annotation(meta: Obj, key: str) -> Obj | None:
-    text = (meta.get("annotations") or {}).get(key)
-    if not isinstance(text, str):
-        return None
-    try:
-        doc: Any = json.loads(text)
-    except ValueError:
-        return None
+def _annotation(bd: Obj, key: str) -> Obj | None:
+    doc = json_annotation(bd, key)
     return doc if isinstance(doc, dict) else None
 
 
-def _set_annotation(meta: Obj, key: str, value: Obj | None) -> None:
+def _set_annotation(bd: Obj, key: str, value: Obj | None) -> None:
+    meta = bd.setdefault("metadata", {})
     annotations = dict(meta.get("annotations") or {})
     if value is None:
         annotations.pop(key, None)
@@ -99,11 +94,10 @@ def _set_annotation(meta: Obj, key: str, value: Obj | None) -> None:
 
 def origin(bd: Obj) -> Origin:
     """The version ``bd`` (in either version) was created in."""
-    meta = bd.get("metadata") or {}
     version = bd.get("apiVersion")
     if version == V1ALPHA2:
-        return "v1alpha1" if _annotation(meta, V1ALPHA1_ANNOTATION) is not None else "v1alpha2"
-    return "v1alpha2" if _annotation(meta, V1ALPHA2_ANNOTATION) is not None else "v1alpha1"
+        return "v1alpha1" if _annotation(bd, V1ALPHA1_ANNOTATION) is not None else "v1alpha2"
+    return "v1alpha2" if _annotation(bd, V1ALPHA2_ANNOTATION) is not None else "v1alpha1"
 
 
 def class_of(spec: Obj) -> str:
@@ -118,17 +112,13 @@ def to_v1alpha2(bd: Obj, *, default_namespace: str = DEFAULT_INSTALL_NAMESPACE) 
     """``bd`` (either version) as v1alpha2."""
     if bd.get("apiVersion") == V1ALPHA2:
         return copy.deepcopy(bd)
-    _check(bd, V1ALPHA1)
-    out = copy.deepcopy(bd)
-    out["apiVersion"] = V1ALPHA2
-    meta = out.setdefault("metadata", {})
+    out, spec = _start(bd, source=V1ALPHA1, target=V1ALPHA2)
     spec_in: Obj = bd.get("spec") or {}
     template: Obj = spec_in.get("template") or {}
     template_spec: Obj = template.get("spec") or {}
-    spec: Obj = {k: copy.deepcopy(spec_in[k]) for k in COMMON if k in spec_in}
-    only = _annotation(meta, V1ALPHA2_ANNOTATION)
+    only = _annotation(bd, V1ALPHA2_ANNOTATION)
     if only is not None:  # created as v1alpha2: restore what v1alpha1 cannot hold
-        _set_annotation(meta, V1ALPHA2_ANNOTATION, None)
+        _set_annotation(out, V1ALPHA2_ANNOTATION, None)
         restored = {k: copy.deepcopy(v) for k, v in only.items() if k in V1ALPHA2_ONLY}
         if not only.get("classNamed", True):
             spec.pop("provisionerClassName", None)
@@ -151,7 +141,7 @@ def to_v1alpha2(bd: Obj, *, default_namespace: str = DEFAULT_INSTALL_NAMESPACE) 
         if not spec.get("installNamespace"):
             spec["installNamespace"] = default_namespace
             rest["defaultedInstallNamespace"] = default_namespace
-        _set_annotation(meta, V1ALPHA1_ANNOTATION, rest)
+        _set_annotation(out, V1ALPHA1_ANNOTATION, rest)
     out["spec"] = spec
     return out
 
@@ -160,20 +150,16 @@ def to_v1alpha1(bd: Obj) -> Obj:
     """``bd`` (either version) as v1alpha1."""
     if bd.get("apiVersion") == V1ALPHA1:
         return copy.deepcopy(bd)
-    _check(bd, V1ALPHA2)
-    out = copy.deepcopy(bd)
-    out["apiVersion"] = V1ALPHA1
-    meta = out.setdefault("metadata", {})
+    out, spec = _start(bd, source=V1ALPHA2, target=V1ALPHA1)
     spec_in: Obj = bd.get("spec") or {}
-    spec: Obj = {k: copy.deepcopy(spec_in[k]) for k in COMMON if k in spec_in}
     source = spec_in.get("source")
     if source is None:
         first = next(iter(spec_in.get("sources") or []), None)
         if isinstance(first, dict):
             source = {k: v for k, v in first.items() if k != "destination"}
-    rest = _annotation(meta, V1ALPHA1_ANNOTATION)
+    rest = _annotation(bd, V1ALPHA1_ANNOTATION)
     if rest is not None:  # created as v1alpha1: its template again
-        _set_annotation(meta, V1ALPHA1_ANNOTATION, None)
+        _set_annotation(out, V1ALPHA1_ANNOTATION, None)
         template: Obj = {}
         if rest.get("metadata"):
             template["metadata"] = copy.deepcopy(rest["metadata"])
@@ -197,7 +183,7 @@ def to_v1alpha1(bd: Obj) -> Obj:
         if source is not None:
             template_spec["source"] = copy.deepcopy(source)
         template = {"spec": template_spec}
-        _set_annotation(meta, V1ALPHA2_ANNOTATION, only)
+        _set_annotation(out, V1ALPHA2_ANNOTATION, only)
     spec["template"] = template
     out["spec"] = spec
     return out
@@ -212,6 +198,16 @@ def convert(bd: Obj, version: str, *, default_namespace: str = DEFAULT_INSTALL_N
     raise ConversionError(
         f"cannot convert to {version!r}: this webhook serves {V1ALPHA1} and {V1ALPHA2}"
     )
+
+
+def _start(bd: Obj, *, source: str, target: str) -> tuple[Obj, Obj]:
+    """A copy of ``bd`` (a BundleDeployment in ``source``) as ``target``, its spec yet to
+    convert; and a new spec holding the fields both versions have (``COMMON``)."""
+    _check(bd, source)
+    out = copy.deepcopy(bd)
+    out["apiVersion"] = target
+    spec_in: Obj = bd.get("spec") or {}
+    return out, {k: copy.deepcopy(spec_in[k]) for k in COMMON if k in spec_in}
 
 
 def _check(bd: Obj, version: str) -> None:

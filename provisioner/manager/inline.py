@@ -32,7 +32,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from provisioner.engine.objects import Obj, condition, meta_of
+from provisioner.engine.objects import Obj, condition, json_annotation, meta_of
 from provisioner.manager import conversion, generate, model, plan, revisions, runs, sources
 from provisioner.manager.actions import (
     Action,
@@ -63,11 +63,7 @@ def seconds_of(text: object) -> float | None:
 
 def pin_of(bd: Obj) -> tuple[int, str] | None:
     """(generation, time) the recorded pin was made for; None when there is none."""
-    text = (meta_of(bd).get("annotations") or {}).get(PIN_ANNOTATION)
-    try:
-        doc: Any = json.loads(str(text))
-    except ValueError:
-        return None
+    doc = json_annotation(bd, PIN_ANNOTATION)
     if not isinstance(doc, dict) or not isinstance(doc.get("generation"), int):
         return None
     return int(doc["generation"]), str(doc.get("at") or "")

@@ -33,9 +33,12 @@ uses the registry class for both; either works here). The flow for a live BD
 
 ``spec.paused`` plans nothing. Deletion (a ``deletionTimestamp`` with our
 finalizer) stops the instance runs first (so they cannot re-apply), waits for
-its pods to go, uninstalls with the BD's ``deletionPolicy``, deletes the
-Bundles, then removes the finalizer; deletion runs even when paused, or the
-BD could never go away.
+its pods to go and for the BundleDeployments that depend on it, deletes the
+Bundles, marks the install record for uninstall with the BD's
+``deletionPolicy``, removes the finalizer, then uninstalls: the BD is gone no
+later than its last object, as upstream's garbage collection has it, and the
+controller finishes an uninstall cut short from the mark. Deletion runs even
+when paused, or the BD could never go away.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from typing import Literal
 
 from provisioner.engine.health import Health as Health
 from provisioner.engine.objects import Obj, meta_of
-from provisioner.manager import bundleplan, model, runs, sources
+from provisioner.manager import bundleplan, dependencies, model, runs, sources
 from provisioner.manager.actions import Action as Action
 from provisioner.manager.actions import AddFinalizer as AddFinalizer
 from provisioner.manager.actions import CreateBundle as CreateBundle
@@ -53,6 +56,7 @@ from provisioner.manager.actions import CreateRun as CreateRun
 from provisioner.manager.actions import DeleteBundle as DeleteBundle
 from provisioner.manager.actions import DeleteLease as DeleteLease
 from provisioner.manager.actions import DeletePod as DeletePod
+from provisioner.manager.actions import MarkUninstall as MarkUninstall
 from provisioner.manager.actions import RecordEvent as RecordEvent
 from provisioner.manager.actions import RemoveFinalizer as RemoveFinalizer
 from provisioner.manager.actions import Requeue as Requeue
@@ -436,9 +440,15 @@ def plan_deletion(bd: Obj, observed: Observed) -> list[Action]:
     policy: Literal["Delete", "Orphan"] = (
         "Orphan" if (bd.get("spec") or {}).get("deletionPolicy") == "Orphan" else "Delete"
     )
-    actions: list[Action] = [Uninstall(policy), DeleteLease()]
-    actions += [DeleteBundle(model.name_of(b)) for b in observed.bundles]
-    actions.append(RemoveFinalizer())
+    # the BundleDeployment goes before its objects (as upstream's garbage collection has it):
+    # the mark on the install record lets a later pass finish an uninstall cut short
+    actions: list[Action] = [DeleteBundle(model.name_of(b)) for b in observed.bundles]
+    actions += [
+        MarkUninstall(policy, dependencies.depends_on(bd)),
+        RemoveFinalizer(),
+        Uninstall(policy),
+        DeleteLease(),
+    ]
     return actions
 
 

@@ -35,7 +35,7 @@ import posixpath
 import re
 from typing import Any
 
-from provisioner.engine.objects import Obj, meta_of
+from provisioner.engine.objects import Obj, json_annotation
 from rukpak.sources import http as httpsource
 
 VOLUME_NAME = "bundle"
@@ -79,19 +79,12 @@ def pinned(bundle: Obj) -> Obj | None:
         _url, digest = httpsource.split_pinned(str(_section(resolved, "http").get("url") or ""))
         return resolved if digest is not None else None
     if kind == "configMaps" and isinstance(resolved.get("configMaps"), list):
-        annotations = meta_of(bundle).get("annotations") or {}
-        items = _items(annotations.get(ITEMS_ANNOTATION))
+        items = _items(json_annotation(bundle, ITEMS_ANNOTATION))
         return {**resolved, ITEMS_KEY: items} if items is not None else None
     return None
 
 
-def _items(text: object) -> list[list[str]] | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        doc: Any = json.loads(text)
-    except ValueError:
-        return None
+def _items(doc: Any) -> list[list[str]] | None:
     if not isinstance(doc, list) or not all(
         isinstance(i, list) and len(i) == 3 and all(isinstance(s, str) for s in i) for i in doc
     ):

@@ -367,15 +367,31 @@ def on_installed_system(
     end-to-end tests do, run ``measure`` on it, and stop everything."""
     found = bins.ensure(bins.ALL)
     cluster = LocalCluster.start(workdir / "cluster", node=True, binaries=found)
-    try:
+
+    def install() -> inst.RukpakSystem:
         progress(f"{label}: building and pushing the image")
         image = image_helpers.build_and_push(f"{cluster.registry_host}/rukpak/rukpak-python:bench")
         progress(f"{label}: installing deploy/")
-        system = inst.install(cluster, workdir / "install", image)
+        return inst.install(cluster, workdir / "install", image)
+
+    try:
+        return measure_installed(cluster, install, lambda system: measure(system, workdir))
+    finally:
+        shutil.rmtree(workdir / "install", ignore_errors=True)
+
+
+def measure_installed(
+    cluster: LocalCluster,
+    install: Callable[[], inst.RukpakSystem],
+    measure: Callable[[inst.RukpakSystem], list[Result]],
+) -> list[Result]:
+    """``measure`` the system that ``install`` puts on ``cluster``; then close its client
+    and stop the cluster, removing its files, whatever happened."""
+    try:
+        system = install()
         try:
-            return measure(system, workdir)
+            return measure(system)
         finally:
             system.kube.close()
     finally:
         cluster.stop(remove=True)
-        shutil.rmtree(workdir / "install", ignore_errors=True)

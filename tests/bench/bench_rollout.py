@@ -36,7 +36,7 @@ from pathlib import Path
 
 from tests import install_helpers as inst
 from tests import multinode_helpers as mn
-from tests.bench import Result, median, progress
+from tests.bench import Result, bench_install, median, progress
 from tests.cluster import bins, images
 from tests.cluster.localcluster import LocalCluster
 
@@ -247,12 +247,11 @@ def run(workdir: Path) -> list[Result]:
     found = bins.ensure(bins.MULTINODE)
     progress(f"rollout: starting a {NODES}-node cluster")
     cluster = LocalCluster.start(workdir / "cluster", nodes=NODES, binaries=found)
-    try:
+
+    def install() -> inst.RukpakSystem:
         progress("rollout: building the image and installing deploy/")
-        system = mn.install_system(cluster, workdir / "install")
-        try:
-            return _measure(system, workdir)
-        finally:
-            system.kube.close()
-    finally:
-        cluster.stop(remove=True)
+        return mn.install_system(cluster, workdir / "install")
+
+    return bench_install.measure_installed(
+        cluster, install, lambda system: _measure(system, workdir)
+    )

@@ -110,18 +110,12 @@ def _holder(workdir: Path, name: str, netns: str, real: Path) -> Component:
 def _start_kube_proxy(
     bin_: Path, layout: NodeLayout, *, ca: pki.Pair, name: str, server: str, cidr: str, place: Place
 ) -> Component:
-    client = pki.issue(
+    kubeconfig = pki.client_kubeconfig(
         ca,
         f"kube-proxy-{name}",
-        cn="system:kube-proxy",  # bound to system:node-proxier by default
-        client=True,
-    )
-    kubeconfig = pki.kubeconfig(
         layout.workdir / "kube-proxy.kubeconfig",
         server=server,
-        ca=ca.cert,
-        client=client,
-        user="system:kube-proxy",
+        user="system:kube-proxy",  # bound to system:node-proxier by default
     )
     config = {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",

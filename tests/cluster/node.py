@@ -16,6 +16,7 @@ import random
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -56,6 +57,28 @@ def _pick_network() -> tuple[str, str]:
             return f"rkp{a:02x}{b:02x}{random.randint(0, 255):02x}", subnet
 
 
+def bridge_plugin(
+    bridge: str, subnet: str, *, ip_masq: bool, data_dir: Path | None = None
+) -> dict[str, Any]:
+    """The CNI ``bridge`` plugin's entry of a conflist: pods get addresses of ``subnet``
+    (host-local IPAM, kept in ``data_dir`` when given) behind ``bridge``, their gateway."""
+    ipam: dict[str, Any] = {
+        "type": "host-local",
+        "ranges": [[{"subnet": subnet}]],
+        "routes": [{"dst": "0.0.0.0/0"}],
+    }
+    if data_dir is not None:
+        ipam["dataDir"] = str(data_dir)
+    return {
+        "type": "bridge",
+        "bridge": bridge,
+        "isGateway": True,
+        "ipMasq": ip_masq,
+        "hairpinMode": True,
+        "ipam": ipam,
+    }
+
+
 def write_containerd_config(
     layout: NodeLayout, *, registry_host: str, pause: str, subnet: str | None = None
 ) -> Path:
@@ -78,19 +101,7 @@ def write_containerd_config(
         "cniVersion": "0.4.0",
         "name": f"rukpak-{bridge}",
         "plugins": [
-            {
-                "type": "bridge",
-                "bridge": bridge,
-                "isGateway": True,
-                "ipMasq": False,
-                "hairpinMode": True,
-                "ipam": {
-                    "type": "host-local",
-                    "ranges": [[{"subnet": subnet}]],
-                    "routes": [{"dst": "0.0.0.0/0"}],
-                    "dataDir": str(layout.workdir / "cni" / "ipam"),
-                },
-            },
+            bridge_plugin(bridge, subnet, ip_masq=False, data_dir=layout.workdir / "cni" / "ipam")
         ],
     }
     (cni_conf / "10-rukpak.conflist").write_text(json.dumps(conflist, indent=2))
@@ -181,12 +192,13 @@ def write_kubelet_config(
     on ``address``; pods resolve names through ``cluster_dns`` when given."""
     d = layout.kubelet_dir
     d.mkdir(parents=True, exist_ok=True)
-    client = pki.issue(
+    kubeconfig = pki.client_kubeconfig(
         ca,
         f"kubelet-client-{node_name}",
-        cn=f"system:node:{node_name}",
+        layout.workdir / "kubelet.kubeconfig",
+        server=server,
+        user=f"system:node:{node_name}",
         orgs=("system:nodes",),
-        client=True,
     )
     serving = pki.issue(
         ca,
@@ -194,13 +206,6 @@ def write_kubelet_config(
         cn=node_name,
         sans=("IP:127.0.0.1", f"IP:{address}", f"DNS:{node_name}", "DNS:localhost"),
         server=True,
-    )
-    kubeconfig = pki.kubeconfig(
-        layout.workdir / "kubelet.kubeconfig",
-        server=server,
-        ca=ca.cert,
-        client=client,
-        user=f"system:node:{node_name}",
     )
     healthz_port = free_port()
     socket = f"unix://{layout.containerd_socket}"

@@ -129,3 +129,12 @@ def kubeconfig(path: Path, *, server: str, ca: Path, client: Pair, user: str) ->
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     path.chmod(0o600)
     return path
+
+
+def client_kubeconfig(
+    ca: Pair, name: str, path: Path, *, server: str, user: str, orgs: tuple[str, ...] = ()
+) -> Path:
+    """A client certificate ``name`` for ``user`` (its CN; ``orgs`` its groups), signed by
+    ``ca``, and a kubeconfig at ``path`` that authenticates with it."""
+    client = issue(ca, name, cn=user, orgs=orgs, client=True)
+    return kubeconfig(path, server=server, ca=ca.cert, client=client, user=user)

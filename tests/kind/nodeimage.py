@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.cluster import bins, dns, images
+from tests.cluster import bins, dns, images, node
 from tests.kind import ociarchive
 from tests.kind.engine import Engine
 
@@ -67,18 +67,7 @@ CNI_CONFIG = {
     "cniVersion": "0.4.0",
     "name": "rukpak-kind",
     "plugins": [
-        {
-            "type": "bridge",
-            "bridge": "cni0",
-            "isGateway": True,
-            "ipMasq": True,
-            "hairpinMode": True,
-            "ipam": {
-                "type": "host-local",
-                "ranges": [[{"subnet": POD_SUBNET}]],
-                "routes": [{"dst": "0.0.0.0/0"}],
-            },
-        },
+        node.bridge_plugin("cni0", POD_SUBNET, ip_masq=True),
         {"type": "portmap", "capabilities": {"portMappings": True}},
     ],
 }
