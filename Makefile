@@ -6,7 +6,7 @@ GRPC_TOOLS := $(PY) -m grpc_tools.protoc
 PROTOS := csi/proto/csi.proto csi/proto/pluginregistration.proto
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint typecheck proto proto-check run bench image manifests clean helm helm-image cosign kind kind-run kind-down
+.PHONY: setup test lint typecheck proto proto-check run bench image manifests clean helm helm-image cosign kind kind-run kind-down docs
 
 setup:
 	@bash hack/setup.sh
@@ -90,6 +90,11 @@ helm-image: setup
 
 bench: setup
 	$(PY) -m tests.bench
+
+## docs: regenerate docs/reference/ from the code: the API reference from provisioner/crds/,
+## the CLI reference from --help (hack/gendocs.py; tests/test_docs.py fails when they are stale)
+docs: setup
+	$(PY) hack/gendocs.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

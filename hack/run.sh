@@ -337,7 +337,7 @@ kind_cluster() {
   echo "network:"
   local info
   info=$("$PY" -m tests.kind up --dir "$WORK/kind") || {
-    echo "run.sh: the kind cluster is not up (the reason is above; see README, On kind)" >&2
+    echo "run.sh: the kind cluster is not up (the reason is above; see docs/development.md, "On kind")" >&2
     exit 1
   }
   local kubeconfig

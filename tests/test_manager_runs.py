@@ -246,14 +246,13 @@ def test_an_unpack_failure_keeps_correcting_the_installed_bundle() -> None:
     ]
 
 
-def test_deletion_stops_every_run_then_uninstalls_and_deletes_the_lease() -> None:
+def test_deletion_stops_every_run_then_drops_the_finalizer_and_uninstalls() -> None:
     gone: Obj = copy.deepcopy(B)
     gone["metadata"]["deletionTimestamp"] = NOW
     actions = planned(gone, observe(gone, pods=(run_pod(B, 0),)))
     assert kinds(actions) == ["DeletePod", "Requeue"]
     actions = planned(gone, observe(gone))
-    assert kinds(actions)[:2] == ["Uninstall", "DeleteLease"]
-    assert kinds(actions)[-1] == "RemoveFinalizer"
+    assert kinds(actions)[-4:] == ["MarkUninstall", "RemoveFinalizer", "Uninstall", "DeleteLease"]
 
 
 def test_run_pods_and_unpack_pods_run_as_non_root_without_privilege() -> None:
