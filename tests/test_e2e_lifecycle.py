@@ -28,8 +28,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from provisioner.engine import inventory
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.manager import actuate, model
+from provisioner.manager import actuate, model, runs
 from tests import bundles
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
@@ -109,6 +110,27 @@ def install_then_change(
     set_ref(system, name, then)
 
 
+def events_about(system: inst.RukpakSystem, namespace: str, name: str) -> str:
+    """The events about object ``name`` in ``namespace`` (kubectl's table; "" for none)."""
+    return system.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}",
+        "--ignore-not-found",
+    ).strip()  # fmt: skip
+
+
+def events_of(system: inst.RukpakSystem, name: str, reason: str) -> str:
+    """The events about BundleDeployment ``name`` with ``reason``, as a table."""
+    return system.kubectl(
+        "get", "events", "-n", "default", "--field-selector",
+        f"involvedObject.name={name},reason={reason}",
+    )  # fmt: skip
+
+
+def install_record(system: inst.RukpakSystem, name: str) -> runs.InstallRecord | None:
+    cm = ObjectRef("", "v1", "ConfigMap", inst.NAMESPACE, inventory.configmap_name(name))
+    return runs.InstallRecord.of_inventory(system.kube.get(cm))
+
+
 def gone(system: inst.RukpakSystem, name: str) -> bool:
     return not live(system, name)
 
@@ -141,6 +163,14 @@ def test_rollback_reinstalls_the_previous_revision_with_the_registry_stopped(
     assert "revision 1 installed" in out, out
     eventually(lambda: ready(system, name, 1), timeout=120, what="revision 1 healthy again")
     assert greeting(system, ns) == "one"
+    # and no pod was needed: the manager re-applied what it kept of revision 1, and the
+    # record names the run that would have installed it, which never existed
+    reverted = events_of(system, name, "RevertedWithoutRun")
+    assert "went back to" in reverted and "no instance run" in reverted, reverted
+    record = install_record(system, name)
+    assert record is not None and record.bundle == kept[0]["name"]
+    assert not system.kube.get(ObjectRef("", "v1", "Pod", inst.NAMESPACE, record.by))
+    assert not events_about(system, inst.NAMESPACE, record.by), "the run pod existed"
     assert status(system, name)["previousRevision"] == 2
     assert cond(system, name, "Progressing")[1] == "RolledBack"
     # the next spec change ends the rollback; naming revision 2 by digest needs no registry
@@ -175,10 +205,7 @@ def test_a_missed_progress_deadline_rolls_back_from_the_node_cache(
     eventually(lambda: ready(system, name, 1), timeout=180, what="rolled back to revision 1")
     assert greeting(system, ns) == "good"
     assert "rolled back to revision 1" in cond(system, name, "Progressing")[2]
-    events = system.kubectl(
-        "get", "events", "-n", "default", "--field-selector", f"involvedObject.name={name}"
-    )
-    assert "RollingBack" in events
+    assert "RollingBack" in events_of(system, name, "RollingBack")
     delete(system, name)
 
 

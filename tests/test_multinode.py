@@ -466,9 +466,10 @@ def only_on(system: inst.RukpakSystem, node: str) -> None:
 def test_an_offline_rollback_runs_on_a_node_that_holds_the_revision(
     multinode_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
-    """Revision 1 installed on one node, revision 2 on another; with the registry gone,
-    the rollback's run must go where revision 1 is cached (it prefers the nodes that
-    installed it), whatever node would have been picked otherwise."""
+    """Revision 1 installed on one node, revision 2 on another; with the registry gone and
+    the manager restarted (a new manager has not kept revision 1's objects, so a run must
+    install it), the rollback's run must go where revision 1 is cached (it prefers the
+    nodes that installed it), whatever node would have been picked otherwise."""
     system, cluster = multinode_system, multinode_system.cluster
     assert cluster.network is not None
     first, second = cluster.node_names[1], cluster.node_names[2]
@@ -500,6 +501,9 @@ def test_an_offline_rollback_runs_on_a_node_that_holds_the_revision(
         own.stop()  # a test that fails leaves no registry behind
         raise
     own.stop()  # from here on, nothing can be fetched
+    manager = ("-n", inst.NAMESPACE, "deployment/rukpak-manager")
+    system.kubectl("rollout", "restart", *manager)
+    system.kubectl("rollout", "status", *manager, "--timeout=240s", timeout=260)
     before = run_pods_scheduled(system, name)
     generation = int(inst.live_v2(system, name)["metadata"]["generation"])
     rollback = revisions.rollback_annotation(1, generation, revisions.MANUAL)

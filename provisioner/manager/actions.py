@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from provisioner.engine.objects import Obj
+from provisioner.engine.objects import Obj, ObjectRef
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,22 @@ class DeleteLease:
 @dataclass(frozen=True)
 class DeleteBundle:
     name: str
+
+
+@dataclass(frozen=True)
+class Revert:
+    """Go back to a revision installed before without a run: keep the inventory's objects
+    and ``refs`` listed while ``bodies`` are applied as ``user`` (the instance's
+    ServiceAccount) and ``prune`` is deleted, then store the inventory of ``refs`` in
+    ``namespace`` and the install ``record`` (a document, its ``by`` the run that would
+    have installed it)."""
+
+    bodies: tuple[Obj, ...]
+    user: str
+    prune: tuple[ObjectRef, ...]
+    refs: tuple[ObjectRef, ...]
+    namespace: str
+    record: Obj
 
 
 @dataclass(frozen=True)
@@ -126,6 +142,7 @@ Action = (
     | DeleteLease
     | DeleteBundle
     | MarkUninstall
+    | Revert
     | Uninstall
     | WriteStatus
     | RecordEvent

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from provisioner.engine import inventory, inventorystore, lifecycle, preview
+from provisioner.engine import deletion, inventory, inventorystore, lifecycle, preview
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, meta_of
 from provisioner.manager import (
@@ -308,6 +308,8 @@ def perform(
                 )
             case plan.DeleteBundle(name=bundle_name):
                 kube.delete(bundle_ref(bundle_name))
+            case plan.Revert():
+                revert(kube, name, action, system_namespace=system_namespace)
             case plan.MarkUninstall(policy=policy, depends_on=depends_on):
                 mark = inventory.UninstallMark(policy, depends_on)
                 inventorystore.mark_uninstall(kube, name, mark, system_namespace=system_namespace)
@@ -332,6 +334,32 @@ def perform(
             case plan.Requeue(after=after):
                 requeue = after if requeue is None else min(requeue, after)
     return requeue
+
+
+def revert(kube: Kube, name: str, action: plan.Revert, *, system_namespace: str) -> None:
+    """Go back to a kept revision without a run (``plan.Revert``). The inventory lists
+    both installs while objects change, so an uninstall meanwhile misses none; the record
+    is written last: until then the previous one stands and this is tried again."""
+    stored = inventorystore.read_inventory(kube, name, system_namespace=system_namespace)
+    refs = frozenset(action.refs)
+    both = inventory.merged(stored.refs if stored is not None else (), refs)
+    inventorystore.write_inventory(
+        kube,
+        inventory.Inventory(name, action.namespace, both),
+        system_namespace=system_namespace,
+        stored=stored,
+    )
+    as_instance = kube.impersonating(action.user)
+    for body in action.bodies:
+        as_instance.apply(body)
+    gone = deletion.delete_owned(kube, action.prune, name, policy="Delete", concurrency=8)
+    if gone.skipped:
+        log.info("msg='revert left objects alone' bd=%s skipped=%s", name, gone.skipped[:5])
+    inventorystore.write_inventory(
+        kube, inventory.Inventory(name, action.namespace, refs), system_namespace=system_namespace
+    )
+    record = inventory.record_configmap(name, action.record, system_namespace=system_namespace)
+    kube.apply(record, manager=inventory.RECORD_MANAGER)
 
 
 def _ensure_namespace(kube: Kube, namespace: str) -> None:

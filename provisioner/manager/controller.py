@@ -163,6 +163,9 @@ class Controller(Reconciler):
         self._restore_failed: dict[str, str] = {}
         """BD -> the record (its writer) whose restore failed: that record gets a run."""
         self._conflicts: dict[str, str] = {}
+        self._kept_records: dict[str, dict[str, runs.InstallRecord]] = {}
+        """BD -> revision -> the install record it had: what a rollback goes back to
+        without a run (this process's memory; after a restart a run does it)."""
         # CRDs are followed for what they serve; no cache (their schemas are large)
         self.crds = listwatch.ListWatch(
             kube,
@@ -269,6 +272,7 @@ class Controller(Reconciler):
                 )
             )
         return bd, plan.Observed(
+            revert=self._revert(name, stored, record, tuple(pods)),
             dependencies=dependencies.unmet(stored, lookup) if not cycle else (),
             cycle=cycle,
             dependents=dependents,
@@ -283,6 +287,38 @@ class Controller(Reconciler):
             health=self._probed(name, stored, record) if self.read_health else None,
             now=now_text(),
         )
+
+    def _revert(
+        self, name: str, stored: Obj, record: runs.InstallRecord | None, pods: tuple[Obj, ...]
+    ) -> runs.Revert | None:
+        """Keep ``record`` among the BD's kept revisions' records (those its status still
+        lists), and when a rollback is in force to a revision other than the recorded one
+        and no run is active: how to go back without a run (``runwatch.revert_to``)."""
+        kept_revisions = revisions.of_status(stored)
+        names = {r.name for r in kept_revisions}
+        with self._repairs:
+            kept = self._kept_records.setdefault(name, {})
+            if record is not None and record.applied is not None:
+                kept[record.bundle] = record
+            current = record.bundle if record is not None else ""
+            for stale in [b for b in kept if b not in names and b != current]:
+                del kept[stale]
+        rollback = revisions.rollback_of(stored)
+        if rollback is None or record is None or any(runs.is_active(p) for p in pods):
+            return None
+        to = revisions.find(kept_revisions, rollback.revision)
+        with self._repairs:
+            target = kept.get(to.name) if to is not None and to.name != record.bundle else None
+        if target is None:
+            return None
+        cm = self.health.inventories.get(
+            self.settings.system_namespace, inventory.configmap_name(name)
+        )
+        try:
+            installed = inventory.from_configmap(cm).refs if cm is not None else frozenset()
+        except (KeyError, ValueError, TypeError, errors.RukpakError):
+            return None
+        return runwatch.revert_to(self.health, name, target, installed)
 
     def _uninstalling(self, dependency: str) -> list[str]:
         """Deployments gone but not yet uninstalled (a marked inventory) that depended on
@@ -359,6 +395,7 @@ class Controller(Reconciler):
                 self._probe_waits.pop(name, None)
                 self._restore_failed.pop(name, None)
                 self._conflicts.pop(name, None)
+                self._kept_records.pop(name, None)
                 self.damper.drop(name)
             self._finish_uninstall(name)
             return None

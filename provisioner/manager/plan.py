@@ -43,9 +43,10 @@ when paused, or the BD could never go away.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from provisioner.engine import appliedrecord
 from provisioner.engine.health import Health as Health
 from provisioner.engine.objects import Obj, meta_of
 from provisioner.manager import bundleplan, dependencies, model, runs, sources
@@ -62,10 +63,11 @@ from provisioner.manager.actions import RemoveFinalizer as RemoveFinalizer
 from provisioner.manager.actions import Requeue as Requeue
 from provisioner.manager.actions import ResolveSource as ResolveSource
 from provisioner.manager.actions import RestoreDrift as RestoreDrift
+from provisioner.manager.actions import Revert as Revert
 from provisioner.manager.actions import SetRollback as SetRollback
 from provisioner.manager.actions import Uninstall as Uninstall
 from provisioner.manager.actions import WriteStatus as WriteStatus
-from provisioner.manager.generate import desired_bundle
+from provisioner.manager.generate import desired_bundle, instance_run_pod
 from provisioner.manager.model import Settings
 
 HAS_VALID_BUNDLE = "HasValidBundle"
@@ -137,6 +139,9 @@ class Observed:
     """The cycle ``spec.dependsOn`` makes (``a -> b -> a``); "" when none."""
     dependents: tuple[str, ...] = ()
     """BundleDeployments whose ``spec.dependsOn`` names this one (deletion waits for them)."""
+    revert: runs.Revert | None = None
+    """How a rollback in force goes back to its revision without a run (the manager kept
+    that revision's record and a good version of each of its objects); None otherwise."""
     now: str = "1970-01-01T00:00:00Z"
 
 
@@ -339,6 +344,11 @@ def run_install(
         and record.bundle == target.bundle
     ):
         actions += repair_actions(bd, observed.repair, settings)
+    reverting = revert_actions(bd, target, observed, settings)
+    if reverting:
+        pending = f"going back to {target.bundle if target else ''} without an instance run"
+        installed = record.bundle if record is not None else ""
+        return reverting, runs.Decision([], ("False", "InstallPending", pending), installed)
     decision = runs.decide(
         bd,
         target,
@@ -371,6 +381,42 @@ def dependency_gate(observed: Observed, target: runs.Target | None) -> Verdict |
             + "; ".join(observed.dependencies),
         )
     return None
+
+
+def revert_actions(
+    bd: Obj, target: runs.Target | None, observed: Observed, settings: Settings
+) -> list[Action]:
+    """A rollback's install without a run: the kept record of ``target`` adopted, its
+    objects' good versions re-applied as the instance, what it lacks pruned; the record
+    names the run that would have installed it, so ``runs.decide`` sees it installed. No
+    actions unless ``observed.revert`` is for ``target``, another revision is recorded and
+    no run of this BundleDeployment is active."""
+    revert, record = observed.revert, observed.record
+    if revert is None or target is None or revert.record.bundle != target.bundle:
+        return []
+    if record is None or record.bundle == target.bundle or revert.record.applied is None:
+        return []
+    if any(runs.is_active(p) for p in observed.pods):
+        return []
+    run = instance_run_pod(bd, target.bundle, target.resolved, settings, 0)
+    adopted = replace(revert.record, by=model.name_of(run))
+    refs = tuple(sorted(appliedrecord.ref_of(key) for key in revert.record.applied))
+    return [
+        Revert(
+            revert.bodies,
+            instance_user(bd, settings),
+            revert.prune,
+            refs,
+            str((bd.get("spec") or {}).get("installNamespace") or ""),
+            adopted.document(),
+        ),
+        RecordEvent(
+            "Normal",
+            "RevertedWithoutRun",
+            f"went back to {target.bundle} from what the manager kept of it: re-applied "
+            f"{len(revert.bodies)} object(s), pruned {len(revert.prune)}; no instance run",
+        ),
+    ]
 
 
 def instance_user(bd: Obj, settings: Settings) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provisioner.engine import appliedrecord, inventory
-from provisioner.engine.objects import Obj, meta_of
+from provisioner.engine.objects import Obj, ObjectRef, meta_of
 from provisioner.manager import actions, model
 from provisioner.manager.generate import instance_run_pod
 from provisioner.manager.model import Settings
@@ -85,6 +85,20 @@ class InstallRecord:
     def run_of(self, bd_name: str) -> tuple[str, int] | None:
         """(revision, run) of the pod that wrote the record."""
         return model.parse_run_pod_name(bd_name, self.by)
+
+
+@dataclass(frozen=True)
+class Revert:
+    """Going back to a kept install record without a run (``runwatch.revert_to``): what to
+    apply and what to prune."""
+
+    record: InstallRecord
+    """The record of the revision to go back to (as its run wrote it)."""
+    bodies: tuple[Obj, ...]
+    """Apply bodies of our fields, one per object whose live version differs from the
+    record's (from the health watch's good versions), in apply order."""
+    prune: tuple[ObjectRef, ...]
+    """What the install holds now and the record does not, in deletion order."""
 
 
 def phase(pod: Obj) -> str:

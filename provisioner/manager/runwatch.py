@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from provisioner.engine import appliedrecord, inventory, listwatch, restore
+from provisioner.engine import appliedrecord, inventory, listwatch, ordering, restore
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, meta_of
 from provisioner.engine.ownership import applied_fields
@@ -182,6 +182,39 @@ class RunWatch:
         if reasons or bodies:
             log.info("msg='drift' bd=%s run=%s restore=%s", name, reasons[:5], restored[:5])
         return Drift(tuple(reasons), tuple(bodies), tuple(restored), tuple(taken))
+
+
+def revert_to(
+    health: healthwatch.HealthWatch,
+    name: str,
+    record: runs.InstallRecord,
+    installed: frozenset[ObjectRef],
+) -> runs.Revert | None:
+    """How BundleDeployment ``name`` goes back to ``record`` (a revision installed before)
+    without a run: every object the record lists is as it recorded it, or the health
+    watch holds a version that was (kept when our fields last changed or the object went);
+    ``installed`` (the inventory's refs now) minus the record's is pruned. None when some
+    object has no such version, or its kind is not known yet, or a CustomResourceDefinition
+    would change (a run checks that the existing custom resources still validate): then a
+    run installs it."""
+    if record.applied is None:
+        return None
+    bodies: list[tuple[int, Obj]] = []
+    for key, recorded in sorted(record.applied.items()):
+        ref = appliedrecord.ref_of(key)
+        live = health.lookup(ref)
+        if isinstance(live, appliedrecord.Unknown):
+            return None
+        if appliedrecord.drift_of(recorded, live, name) is None:
+            continue
+        body = _restore_body(health.last_good(key, recorded))
+        if body is None or ref.kind == "CustomResourceDefinition":
+            return None
+        bodies.append((ordering.phase_index(ref), body))
+    wanted = [appliedrecord.ref_of(key) for key in record.applied]
+    prune = tuple(inventory.plan_prune(installed, wanted))
+    ordered = tuple(body for _, body in sorted(bodies, key=lambda pair: pair[0]))
+    return runs.Revert(record, ordered, prune)
 
 
 def _restore_body(kept: Obj | None) -> Obj | None:

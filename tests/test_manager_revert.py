@@ -1,0 +1,171 @@
+"""Going back to a kept revision without an instance run (``runwatch.revert_to``, then
+``plan.revert_actions``), pure: a health watch stand-in answers lookups and good
+versions. The run-free rollback on a real cluster is in tests/test_e2e_lifecycle.py."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from provisioner.engine import appliedrecord
+from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef
+from provisioner.manager import model, plan, runs, runwatch
+from provisioner.manager.generate import instance_run_pod
+from tests.plan_helpers import bd_v2
+
+SETTINGS = model.Settings(image="registry.example/rukpak:1", system_namespace="rukpak-system")
+NOW = "2026-01-01T00:00:00Z"
+
+
+def cm(name: str, value: str, *, kind: str = "ConfigMap", api: str = "v1") -> Obj:
+    """An object as the cluster holds it: our fields recorded for manager ``rukpak``."""
+    return {
+        "apiVersion": api,
+        "kind": kind,
+        "metadata": {
+            "name": name,
+            "namespace": "" if kind == "CustomResourceDefinition" else "demo",
+            "labels": {OWNER_LABEL: "hello"},
+            "managedFields": [
+                {
+                    "manager": "rukpak",
+                    "operation": "Apply",
+                    "apiVersion": api,
+                    "fieldsV1": {
+                        "f:metadata": {"f:labels": {f"f:{OWNER_LABEL}": {}}},
+                        "f:data": {f"f:{value}": {}},
+                    },
+                }
+            ],
+        },
+        "data": {value: "x"},
+    }
+
+
+def key(obj: Obj) -> str:
+    return appliedrecord.key_of(ObjectRef.of(obj))
+
+
+def record_of(bundle: str, *objs: Obj) -> runs.InstallRecord:
+    applied = {key(o): appliedrecord.fields_hash(o) for o in objs}
+    return runs.InstallRecord(f"rukpak-instance-hello-{bundle}-0", bundle, applied)
+
+
+@dataclass
+class Health:
+    """What the health watch answers: live objects by ref, good versions by (key, hash)."""
+
+    live: dict[ObjectRef, Obj | None] = field(default_factory=dict)
+    kept: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    unknown: set[str] = field(default_factory=set)
+
+    def lookup(self, ref: ObjectRef) -> Any:
+        if ref.kind in self.unknown:
+            return appliedrecord.UNKNOWN
+        return self.live.get(ref)
+
+    def last_good(self, k: str, fields: str) -> Obj | None:
+        return self.kept.get((k, fields))
+
+    def keep(self, obj: Obj) -> None:
+        self.kept[(key(obj), appliedrecord.fields_hash(obj))] = obj
+
+
+def two_revisions() -> tuple[Health, runs.InstallRecord, Obj, Obj, Obj]:
+    """Revision one had ``a`` (value one) and ``b``; revision two has ``a`` (value two) and
+    ``c``; the health watch saw ``a`` change and ``b`` go."""
+    a1, a2, b, c = cm("a", "one"), cm("a", "two"), cm("b", "kept"), cm("c", "new")
+    health = Health(live={ObjectRef.of(a2): a2, ObjectRef.of(b): None, ObjectRef.of(c): c})
+    health.keep(a1)
+    health.keep(b)
+    return health, record_of("one", a1, b), a1, b, c
+
+
+def test_a_revision_whose_objects_were_all_kept_is_reverted_with_a_prune() -> None:
+    health, one, a1, _, c = two_revisions()
+    installed = frozenset(ObjectRef.of(o) for o in (a1, c))
+    revert = runwatch.revert_to(health, "hello", one, installed)  # type: ignore[arg-type]
+    assert revert is not None
+    assert [body["metadata"]["name"] for body in revert.bodies] == ["a", "b"]
+    assert revert.bodies[0]["data"] == {"one": "x"}  # our fields of the kept version
+    assert "managedFields" not in revert.bodies[0]["metadata"]
+    assert revert.prune == (ObjectRef.of(c),)
+
+
+def test_an_object_already_as_recorded_is_not_sent() -> None:
+    health, one, a1, _, _ = two_revisions()
+    health.live[ObjectRef.of(a1)] = a1  # ``a`` is back at revision one's fields
+    revert = runwatch.revert_to(health, "hello", one, frozenset())  # type: ignore[arg-type]
+    assert revert is not None
+    assert [body["metadata"]["name"] for body in revert.bodies] == ["b"]
+
+
+def test_a_missing_good_version_an_unknown_kind_or_a_crd_needs_a_run() -> None:
+    health, one, a1, _, _ = two_revisions()
+    health.kept.pop((key(a1), appliedrecord.fields_hash(a1)))
+    assert runwatch.revert_to(health, "hello", one, frozenset()) is None  # type: ignore[arg-type]
+    health, one, _, _, _ = two_revisions()
+    health.unknown.add("ConfigMap")
+    assert runwatch.revert_to(health, "hello", one, frozenset()) is None  # type: ignore[arg-type]
+    old = cm("widgets.example.com", "v1", kind="CustomResourceDefinition",
+             api="apiextensions.k8s.io/v1")  # fmt: skip
+    new = cm("widgets.example.com", "v2", kind="CustomResourceDefinition",
+             api="apiextensions.k8s.io/v1")  # fmt: skip
+    crds = Health(live={ObjectRef.of(new): new})
+    crds.keep(old)
+    assert runwatch.revert_to(crds, "hello", record_of("one", old), frozenset()) is None  # type: ignore[arg-type]
+
+
+def test_a_record_without_its_applied_fields_needs_a_run() -> None:
+    health, _, _, _, _ = two_revisions()
+    blind = runs.InstallRecord("rukpak-instance-hello-x-0", "one", None)
+    assert runwatch.revert_to(health, "hello", blind, frozenset()) is None  # type: ignore[arg-type]
+
+
+# -- the plan ----------------------------------------------------------------------------
+
+
+def target_of(bundle: str) -> runs.Target:
+    return runs.Target(bundle, {"type": "image", "image": {"ref": "r/x@sha256:" + "1" * 64}})
+
+
+def observed(revert: runs.Revert | None, record: runs.InstallRecord, *pods: Obj) -> plan.Observed:
+    return plan.Observed(record=record, revert=revert, pods=pods, now=NOW)
+
+
+def test_the_plan_adopts_the_kept_record_under_the_run_that_would_have_installed_it() -> None:
+    health, one, a1, b, c = two_revisions()
+    revert = runwatch.revert_to(health, "hello", one, frozenset())  # type: ignore[arg-type]
+    two = record_of("two", cm("a", "two"), c)
+    the_bd = bd_v2(installNamespace="demo")
+    actions = plan.revert_actions(the_bd, target_of("one"), observed(revert, two), SETTINGS)
+    assert [type(a).__name__ for a in actions] == ["Revert", "RecordEvent"]
+    action = actions[0]
+    assert isinstance(action, plan.Revert)
+    run = instance_run_pod(the_bd, "one", target_of("one").resolved, SETTINGS, 0)
+    adopted = runs.InstallRecord.of_inventory(
+        {"data": {"install-record": json.dumps(action.record)}}
+    )
+    assert adopted is not None and adopted.by == model.name_of(run)
+    assert adopted.bundle == "one" and adopted.applied == one.applied
+    assert set(action.refs) == {ObjectRef.of(a1), ObjectRef.of(b)}
+    assert action.namespace == "demo"
+    assert action.user == plan.instance_user(the_bd, SETTINGS)
+    # and runs.decide then sees revision one installed by that run: nothing to run
+    decided = runs.decide(the_bd, target_of("one"), (), adopted, (), settings=SETTINGS, now=NOW)
+    assert decided.actions == [] and decided.installed[0] == "True"
+
+
+def test_no_revert_while_a_run_is_active_for_another_target_or_when_installed() -> None:
+    health, one, _, _, c = two_revisions()
+    revert = runwatch.revert_to(health, "hello", one, frozenset())  # type: ignore[arg-type]
+    two = record_of("two", cm("a", "two"), c)
+    the_bd = bd_v2()
+    active = {"metadata": {"name": "rukpak-instance-hello-x-0"}, "status": {"phase": "Running"}}
+    assert (
+        plan.revert_actions(the_bd, target_of("one"), observed(revert, two, active), SETTINGS) == []
+    )
+    assert plan.revert_actions(the_bd, target_of("two"), observed(revert, two), SETTINGS) == []
+    assert plan.revert_actions(the_bd, target_of("one"), observed(revert, one), SETTINGS) == []
+    assert plan.revert_actions(the_bd, target_of("one"), observed(None, two), SETTINGS) == []
