@@ -54,10 +54,9 @@ def record_of(bundle: str, *objs: Obj) -> runs.InstallRecord:
 
 @dataclass
 class Health:
-    """What the health watch answers: live objects by ref, good versions by (key, hash)."""
+    """What the health watch's cache answers: live objects by ref."""
 
     live: dict[ObjectRef, Obj | None] = field(default_factory=dict)
-    kept: dict[tuple[str, str], Obj] = field(default_factory=dict)
     unknown: set[str] = field(default_factory=set)
 
     def lookup(self, ref: ObjectRef) -> Any:
@@ -65,62 +64,78 @@ class Health:
             return appliedrecord.UNKNOWN
         return self.live.get(ref)
 
-    def last_good(self, k: str, fields: str) -> Obj | None:
-        return self.kept.get((k, fields))
-
-    def keep(self, obj: Obj) -> None:
-        self.kept[(key(obj), appliedrecord.fields_hash(obj))] = obj
+    def get(self, ref: ObjectRef) -> Obj | None:  # as ``Kube.get``: a fresh read
+        return self.live.get(ref)
 
 
-def two_revisions() -> tuple[Health, runs.InstallRecord, Obj, Obj, Obj]:
-    """Revision one had ``a`` (value one) and ``b``; revision two has ``a`` (value two) and
-    ``c``; the health watch saw ``a`` change and ``b`` go."""
-    a1, a2, b, c = cm("a", "one"), cm("a", "two"), cm("b", "kept"), cm("c", "new")
+def two_revisions() -> tuple[Health, runwatch.Kept, Obj, Obj, Obj]:
+    """Revision one installed ``a`` (value one) and ``b``, and was kept then; revision two
+    has ``a`` (value two, the same fields) and ``c``, and ``b`` went."""
+    a1, b, c = cm("a", "one"), cm("b", "kept"), cm("c", "new")
+    at_one = Health(live={ObjectRef.of(a1): a1, ObjectRef.of(b): b})
+    kept = runwatch.snapshot(at_one, "hello", record_of("one", a1, b))  # type: ignore[arg-type]
+    a2 = cm("a", "one")
+    a2["data"] = {"one": "changed by revision two"}
     health = Health(live={ObjectRef.of(a2): a2, ObjectRef.of(b): None, ObjectRef.of(c): c})
-    health.keep(a1)
-    health.keep(b)
-    return health, record_of("one", a1, b), a1, b, c
+    return health, kept, a1, b, c
 
 
-def test_a_revision_whose_objects_were_all_kept_is_reverted_with_a_prune() -> None:
-    health, one, a1, _, c = two_revisions()
+def test_a_snapshot_keeps_our_fields_of_each_object_as_the_run_left_it() -> None:
+    _, kept, a1, b, _ = two_revisions()
+    assert kept.bodies is not None
+    assert kept.bodies[key(a1)]["data"] == {"one": "x"}
+    assert "managedFields" not in kept.bodies[key(a1)]["metadata"]
+    assert set(kept.bodies) == {key(a1), key(b)}
+
+
+def test_nothing_is_kept_of_a_gone_foreign_or_drifted_object_or_a_huge_revision() -> None:
+    a1, b = cm("a", "one"), cm("b", "kept")
+    record = record_of("one", a1, b)
+    gone = Health(live={ObjectRef.of(a1): a1})
+    assert runwatch.snapshot(gone, "hello", record).bodies is None  # type: ignore[arg-type]
+    foreign = Health(live={ObjectRef.of(a1): a1, ObjectRef.of(b): cm("b", "kept")})
+    foreign.live[ObjectRef.of(b)]["metadata"]["labels"][OWNER_LABEL] = "someone-else"  # type: ignore[index]
+    assert runwatch.snapshot(foreign, "hello", record).bodies is None  # type: ignore[arg-type]
+    taken = Health(live={ObjectRef.of(a1): a1, ObjectRef.of(b): cm("b", "other")})
+    assert runwatch.snapshot(taken, "hello", record).bodies is None  # type: ignore[arg-type]
+    many = {f"v1|ConfigMap|demo|n{i}": "h" for i in range(runwatch.SNAPSHOT_LIMIT + 1)}
+    huge = runs.InstallRecord("rukpak-instance-hello-x-0", "one", many)
+    assert runwatch.snapshot(Health(), "hello", huge).bodies is None  # type: ignore[arg-type]
+
+
+def test_a_kept_revision_is_reverted_sending_what_differs_and_pruning_what_it_lacked() -> None:
+    health, kept, a1, _, c = two_revisions()
     installed = frozenset(ObjectRef.of(o) for o in (a1, c))
-    revert = runwatch.revert_to(health, "hello", one, installed)  # type: ignore[arg-type]
+    revert = runwatch.revert_to(health, "hello", kept, installed)  # type: ignore[arg-type]
     assert revert is not None
     assert [body["metadata"]["name"] for body in revert.bodies] == ["a", "b"]
-    assert revert.bodies[0]["data"] == {"one": "x"}  # our fields of the kept version
-    assert "managedFields" not in revert.bodies[0]["metadata"]
+    assert revert.bodies[0]["data"] == {"one": "x"}  # the value revision one applied
     assert revert.prune == (ObjectRef.of(c),)
 
 
-def test_an_object_already_as_recorded_is_not_sent() -> None:
-    health, one, a1, _, _ = two_revisions()
-    health.live[ObjectRef.of(a1)] = a1  # ``a`` is back at revision one's fields
-    revert = runwatch.revert_to(health, "hello", one, frozenset())  # type: ignore[arg-type]
+def test_an_object_already_as_kept_is_not_sent() -> None:
+    health, kept, a1, _, _ = two_revisions()
+    health.live[ObjectRef.of(a1)] = a1  # ``a`` is back at revision one's values
+    revert = runwatch.revert_to(health, "hello", kept, frozenset())  # type: ignore[arg-type]
     assert revert is not None
     assert [body["metadata"]["name"] for body in revert.bodies] == ["b"]
 
 
-def test_a_missing_good_version_an_unknown_kind_or_a_crd_needs_a_run() -> None:
-    health, one, a1, _, _ = two_revisions()
-    health.kept.pop((key(a1), appliedrecord.fields_hash(a1)))
-    assert runwatch.revert_to(health, "hello", one, frozenset()) is None  # type: ignore[arg-type]
-    health, one, _, _, _ = two_revisions()
+def test_nothing_kept_an_unknown_kind_or_a_changed_crd_needs_a_run() -> None:
+    health, kept, _, _, _ = two_revisions()
+    blind = runwatch.Kept(kept.record, None)
+    assert runwatch.revert_to(health, "hello", blind, frozenset()) is None  # type: ignore[arg-type]
     health.unknown.add("ConfigMap")
-    assert runwatch.revert_to(health, "hello", one, frozenset()) is None  # type: ignore[arg-type]
+    assert runwatch.revert_to(health, "hello", kept, frozenset()) is None  # type: ignore[arg-type]
     old = cm("widgets.example.com", "v1", kind="CustomResourceDefinition",
              api="apiextensions.k8s.io/v1")  # fmt: skip
-    new = cm("widgets.example.com", "v2", kind="CustomResourceDefinition",
+    at_one = Health(live={ObjectRef.of(old): old})
+    crd = runwatch.snapshot(at_one, "hello", record_of("one", old))  # type: ignore[arg-type]
+    new = cm("widgets.example.com", "v1", kind="CustomResourceDefinition",
              api="apiextensions.k8s.io/v1")  # fmt: skip
-    crds = Health(live={ObjectRef.of(new): new})
-    crds.keep(old)
-    assert runwatch.revert_to(crds, "hello", record_of("one", old), frozenset()) is None  # type: ignore[arg-type]
-
-
-def test_a_record_without_its_applied_fields_needs_a_run() -> None:
-    health, _, _, _, _ = two_revisions()
-    blind = runs.InstallRecord("rukpak-instance-hello-x-0", "one", None)
-    assert runwatch.revert_to(health, "hello", blind, frozenset()) is None  # type: ignore[arg-type]
+    new["data"] = {"v1": "a newer schema"}
+    later = Health(live={ObjectRef.of(new): new})
+    assert runwatch.revert_to(later, "hello", crd, frozenset()) is None  # type: ignore[arg-type]
 
 
 # -- the plan ----------------------------------------------------------------------------
@@ -135,8 +150,9 @@ def observed(revert: runs.Revert | None, record: runs.InstallRecord, *pods: Obj)
 
 
 def test_the_plan_adopts_the_kept_record_under_the_run_that_would_have_installed_it() -> None:
-    health, one, a1, b, c = two_revisions()
-    revert = runwatch.revert_to(health, "hello", one, frozenset())  # type: ignore[arg-type]
+    health, kept, a1, b, c = two_revisions()
+    one = kept.record
+    revert = runwatch.revert_to(health, "hello", kept, frozenset())  # type: ignore[arg-type]
     two = record_of("two", cm("a", "two"), c)
     the_bd = bd_v2(installNamespace="demo")
     actions = plan.revert_actions(the_bd, target_of("one"), observed(revert, two), SETTINGS)
@@ -158,8 +174,9 @@ def test_the_plan_adopts_the_kept_record_under_the_run_that_would_have_installed
 
 
 def test_no_revert_while_a_run_is_active_for_another_target_or_when_installed() -> None:
-    health, one, _, _, c = two_revisions()
-    revert = runwatch.revert_to(health, "hello", one, frozenset())  # type: ignore[arg-type]
+    health, kept, _, _, c = two_revisions()
+    one = kept.record
+    revert = runwatch.revert_to(health, "hello", kept, frozenset())  # type: ignore[arg-type]
     two = record_of("two", cm("a", "two"), c)
     the_bd = bd_v2()
     active = {"metadata": {"name": "rukpak-instance-hello-x-0"}, "status": {"phase": "Running"}}

@@ -163,9 +163,9 @@ class Controller(Reconciler):
         self._restore_failed: dict[str, str] = {}
         """BD -> the record (its writer) whose restore failed: that record gets a run."""
         self._conflicts: dict[str, str] = {}
-        self._kept_records: dict[str, dict[str, runs.InstallRecord]] = {}
-        """BD -> revision -> the install record it had: what a rollback goes back to
-        without a run (this process's memory; after a restart a run does it)."""
+        self._kept_records: dict[str, dict[str, runwatch.Kept]] = {}
+        """BD -> revision -> its install record and what it installed: what a rollback goes
+        back to without a run (this process's memory; after a restart a run does it)."""
         # CRDs are followed for what they serve; no cache (their schemas are large)
         self.crds = listwatch.ListWatch(
             kube,
@@ -291,15 +291,22 @@ class Controller(Reconciler):
     def _revert(
         self, name: str, stored: Obj, record: runs.InstallRecord | None, pods: tuple[Obj, ...]
     ) -> runs.Revert | None:
-        """Keep ``record`` among the BD's kept revisions' records (those its status still
-        lists), and when a rollback is in force to a revision other than the recorded one
-        and no run is active: how to go back without a run (``runwatch.revert_to``)."""
+        """Keep what ``record``'s revision installed the first time it is seen (the kept
+        revisions of the BD's status only), and when a rollback is in force to a revision
+        other than the recorded one and no run is active: how to go back without a run
+        (``runwatch.revert_to``)."""
         kept_revisions = revisions.of_status(stored)
         names = {r.name for r in kept_revisions}
+        limit = revisions.limit_of(stored.get("spec") or {})
+        if record is not None and record.applied is not None and names and limit > 1:
+            with self._repairs:
+                have = self._kept_records.get(name, {}).get(record.bundle)
+            if have is None or have.record.by != record.by:
+                taken = runwatch.snapshot(self.kube, name, record)
+                with self._repairs:
+                    self._kept_records.setdefault(name, {})[record.bundle] = taken
         with self._repairs:
             kept = self._kept_records.setdefault(name, {})
-            if record is not None and record.applied is not None:
-                kept[record.bundle] = record
             current = record.bundle if record is not None else ""
             for stale in [b for b in kept if b not in names and b != current]:
                 del kept[stale]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from provisioner.engine import appliedrecord, inventory, listwatch, ordering, restore
 from provisioner.engine.kube import Kube
-from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, meta_of
+from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, meta_of, owner_of
 from provisioner.engine.ownership import applied_fields
 from provisioner.manager import healthwatch, model, runs
 from rukpak.common import errors
@@ -184,37 +184,62 @@ class RunWatch:
         return Drift(tuple(reasons), tuple(bodies), tuple(restored), tuple(taken))
 
 
+SNAPSHOT_LIMIT = 500
+"""Objects of one revision the manager keeps for a rollback without a run (more: a run)."""
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A revision's install record and what it installed, as the manager kept them."""
+
+    record: runs.InstallRecord
+    bodies: dict[str, Obj] | None
+    """Object key -> our fields as the record's run left them; None when not kept."""
+
+
+def snapshot(kube: Kube, name: str, record: runs.InstallRecord) -> Kept:
+    """Keep our fields of every object ``record`` lists, read afresh (the run that wrote
+    it has just finished): what a rollback to that revision re-applies without a run. The
+    bodies are None when the record lists more than ``SNAPSHOT_LIMIT`` objects, or some
+    object is gone, not ours, no longer as recorded, or cannot be projected."""
+    if record.applied is None or len(record.applied) > SNAPSHOT_LIMIT:
+        return Kept(record, None)
+    bodies: dict[str, Obj] = {}
+    for key, recorded in sorted(record.applied.items()):
+        live = kube.get(appliedrecord.ref_of(key))
+        body = _restore_body(live)
+        if body is None or appliedrecord.drift_of(recorded, live, name) is not None:
+            return Kept(record, None)
+        bodies[key] = body
+    return Kept(record, bodies)
+
+
 def revert_to(
-    health: healthwatch.HealthWatch,
-    name: str,
-    record: runs.InstallRecord,
-    installed: frozenset[ObjectRef],
+    health: healthwatch.HealthWatch, name: str, kept: Kept, installed: frozenset[ObjectRef]
 ) -> runs.Revert | None:
-    """How BundleDeployment ``name`` goes back to ``record`` (a revision installed before)
-    without a run: every object the record lists is as it recorded it, or the health
-    watch holds a version that was (kept when our fields last changed or the object went);
-    ``installed`` (the inventory's refs now) minus the record's is pruned. None when some
-    object has no such version, or its kind is not known yet, or a CustomResourceDefinition
-    would change (a run checks that the existing custom resources still validate): then a
-    run installs it."""
-    if record.applied is None:
+    """How BundleDeployment ``name`` goes back to a kept revision without a run: every
+    object whose live version (the health watch's cache) differs from what was kept is
+    re-applied, and ``installed`` (the inventory's refs now) minus the revision's objects
+    is pruned. None when nothing was kept, a kind is not known yet, or a
+    CustomResourceDefinition would change (a run checks that the existing custom resources
+    still validate): then a run installs it."""
+    if kept.bodies is None:
         return None
     bodies: list[tuple[int, Obj]] = []
-    for key, recorded in sorted(record.applied.items()):
+    for key, body in sorted(kept.bodies.items()):
         ref = appliedrecord.ref_of(key)
         live = health.lookup(ref)
         if isinstance(live, appliedrecord.Unknown):
             return None
-        if appliedrecord.drift_of(recorded, live, name) is None:
+        if live is not None and owner_of(live) == name and _restore_body(live) == body:
             continue
-        body = _restore_body(health.last_good(key, recorded))
-        if body is None or ref.kind == "CustomResourceDefinition":
+        if ref.kind == "CustomResourceDefinition":
             return None
         bodies.append((ordering.phase_index(ref), body))
-    wanted = [appliedrecord.ref_of(key) for key in record.applied]
+    wanted = [appliedrecord.ref_of(key) for key in kept.bodies]
     prune = tuple(inventory.plan_prune(installed, wanted))
     ordered = tuple(body for _, body in sorted(bodies, key=lambda pair: pair[0]))
-    return runs.Revert(record, ordered, prune)
+    return runs.Revert(kept.record, ordered, prune)
 
 
 def _restore_body(kept: Obj | None) -> Obj | None:
