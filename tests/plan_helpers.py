@@ -13,6 +13,7 @@ from typing import Any
 from provisioner.engine.objects import Obj
 from provisioner.manager import generate as build
 from provisioner.manager import inline, model, plan, sources
+from rukpak.oci.auth import Credentials
 
 DIGEST = "registry.example/hello@sha256:" + "a" * 64
 
@@ -110,3 +111,8 @@ def cond(actions: list[plan.Action], kind: str) -> tuple[str, str]:
 
 
 B = bd()
+
+
+def as_is(ref: str, /, *, credentials: Credentials | None = None) -> str:
+    """An image resolver that pins nothing (for tests whose sources need no registry)."""
+    return ref

@@ -21,6 +21,7 @@ import yaml
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import actuate, controller, generate, model
+from tests import plan_helpers
 from tests.bundles import bundle_deployment
 from tests.cluster import bins
 from tests.cluster.localcluster import LocalCluster
@@ -126,7 +127,7 @@ def test_v1alpha1_objects_of_the_previous_release_keep_working_after_the_upgrade
     # the new manager plans it as v1alpha1: the same Bundle, no pivot
     settings = model.Settings(image=IMAGE, system_namespace=SYSTEM_NS, host_network=True)
     ctl = controller.Controller(
-        kube, settings, resolve=lambda ref: ref, resync=2.0, watch_timeout=10
+        kube, settings, resolve=plan_helpers.as_is, resync=2.0, watch_timeout=10
     )
     ctl.start()
     try:

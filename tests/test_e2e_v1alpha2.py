@@ -29,13 +29,15 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 
 from provisioner.engine.objects import ObjectRef
 from provisioner.manager import actuate, model
-from tests import bundles
+from tests import bundles, csi_helpers
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
 from tests.polling import eventually
+from tests.registry import RegistryServer
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -383,3 +385,63 @@ def test_the_manager_exports_controller_runtime_metrics_to_an_authorized_scraper
     assert 'rukpak_bundledeployments{condition="Installed",status="True"}' in after
     system.kubectl("delete", "clusterrolebinding", f"metrics-{SUFFIX}")
     inst.delete_v2(system, name)
+
+
+def test_a_private_image_installs_with_the_pull_secret_its_source_names(
+    rukpak_system: inst.RukpakSystem, tmp_path: Path
+) -> None:
+    """``spec.source.image.pullSecret`` (upstream's field): the manager pins the tag with
+    the Secret's login, and the instance's volume presents it to the node plugin; without
+    it the registry's refusal is the condition's message."""
+    system = rukpak_system
+    name = ns = f"private-{SUFFIX}"
+    registry = RegistryServer.start(tmp_path / "registry", auth="htpasswd")
+    secret_name = f"pull-{SUFFIX}"
+    try:
+        docs = [bundles.namespace(ns), bundles.configmap("greeting", ns, greeting="private")]
+        text = yaml.safe_dump_all(docs).encode()
+        manifests: list[csi_helpers.Entry] = [
+            ("manifests/", "dir"),
+            ("manifests/cm.yaml", "file", text),
+        ]
+        data, pushed = csi_helpers.private_image(registry, f"private-{SUFFIX}", manifests)
+        system.kube.create(inst.bd_v2(name, pushed.ref, installNamespace=ns))
+        refused = eventually(
+            lambda: (
+                c if registry.host in (c := inst.cond_v2(system, name, "Unpacked"))[2] else None
+            ),
+            timeout=120,
+            what="the source refused without credentials",
+        )
+        assert refused[0] == "False" and "pull secret" in refused[2], refused
+        system.kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": secret_name, "namespace": inst.NAMESPACE},
+                "type": "kubernetes.io/dockerconfigjson",
+                "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+            }
+        )
+        source = {"type": "image", "image": {"ref": pushed.ref, "pullSecret": secret_name}}
+        system.kube.merge_patch(
+            actuate.bd_ref(name, model.API_VERSION_V2), {"spec": {"source": source}}
+        )
+        eventually(
+            lambda: inst.cond_v2(system, name, "Installed")[0] == "True",
+            timeout=180,
+            what="installed with the pull secret",
+        )
+        cm = system.kube.get(ObjectRef("", "v1", "ConfigMap", ns, "greeting")) or {}
+        assert cm.get("data") == {"greeting": "private"}
+        resolved = inst.live_v2(system, name)["status"]["resolvedSource"]["image"]
+        assert resolved["pullSecret"] == secret_name and "@sha256:" in resolved["ref"]
+        assert registry.password is not None
+        logs = system.kubectl(
+            "logs", "-n", inst.NAMESPACE, "deployment/rukpak-manager", "--tail=400"
+        )
+        assert registry.password not in logs
+    finally:
+        inst.delete_v2(system, name)
+        system.kube.delete(ObjectRef("", "v1", "Secret", inst.NAMESPACE, secret_name))
+        registry.stop()

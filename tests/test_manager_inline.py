@@ -5,12 +5,15 @@ several sources, and the conditions it reports. The same flows on the local kube
 
 from __future__ import annotations
 
+import base64
+import json
 from typing import Any
 
 import pytest
 
-from provisioner.engine.objects import Obj
-from provisioner.manager import generate, inline, model, plan, runs, sources
+from provisioner.engine.objects import Obj, ObjectRef
+from provisioner.manager import generate, inline, model, plan, resolution, runs, sources
+from rukpak.common import errors
 from tests.plan_helpers import bd_v2, kinds
 
 DIGEST = "sha256:" + "a" * 64
@@ -207,3 +210,56 @@ def test_a_configmaps_volume_is_named_as_asked_whatever_its_configmaps_are_calle
     volume = sources.volume(pinned, name="source-1")
     assert volume["name"] == "source-1"
     assert [s["configMap"]["name"] for s in volume["projected"]["sources"]] == ["a", "b"]
+
+
+def test_a_pull_secret_rides_with_the_pin_and_the_volume_presents_it() -> None:
+    pinned = sources.pinned_image("r/x@sha256:" + "1" * 64, pull_secret="login")
+    assert pinned == {
+        "type": "image",
+        "image": {"ref": "r/x@sha256:" + "1" * 64, "pullSecret": "login"},
+    }
+    volume = sources.volume(pinned)
+    assert volume["csi"]["nodePublishSecretRef"] == {"name": "login"}
+    assert (
+        "nodePublishSecretRef"
+        not in sources.volume(sources.pinned_image("r/x@sha256:" + "1" * 64))["csi"]
+    )
+
+
+class _Secrets:
+    """``Kube.get`` of Secrets only."""
+
+    def __init__(self, **secrets: Obj) -> None:
+        self.secrets = secrets
+
+    def get(self, ref: ObjectRef) -> Obj | None:
+        return self.secrets.get(ref.name)
+
+
+@pytest.mark.parametrize(
+    ("secret", "says"),
+    [
+        (None, "pull secret rukpak-system/login not found: create it in the system namespace"),
+        ({"data": {"token": "eA=="}}, "has no readable '.dockerconfigjson' key"),
+        ({"data": {".dockerconfigjson": "not base64!"}}, "has no readable '.dockerconfigjson' key"),
+        ({"data": {".dockerconfigjson": base64.b64encode(b"[1]").decode()}}, "pull secret"),
+    ],
+)
+def test_a_pull_secret_that_is_missing_or_broken_says_what_to_do(
+    secret: Obj | None, says: str
+) -> None:
+    kube = _Secrets(**({"login": secret} if secret is not None else {}))
+    with pytest.raises(errors.RukpakError) as caught:
+        resolution.pull_credentials(kube, "login", "rukpak-system")  # type: ignore[arg-type]
+    assert says in caught.value.message
+    assert caught.value.code in ("NOT_FOUND", "INVALID_ARGUMENT")
+
+
+def test_a_readable_pull_secret_gives_its_login() -> None:
+    config = {"auths": {"r.example": {"auth": base64.b64encode(b"me:pw").decode()}}}
+    data = {".dockerconfigjson": base64.b64encode(json.dumps(config).encode()).decode()}
+    creds = resolution.pull_credentials(_Secrets(login={"data": data}), "login", "ns")  # type: ignore[arg-type]
+    login = creds.for_host("r.example")
+    assert (
+        login is not None and login.basic_header() == "Basic " + base64.b64encode(b"me:pw").decode()
+    )

@@ -23,6 +23,7 @@ from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import actuate, bundleplan, model, resolution, sources
 from provisioner.manager.model import Settings
 from rukpak.common import errors
+from tests import plan_helpers
 from tests.crd_helpers import install_crds
 from tests.source_servers import PASSWORD, USERNAME, SourceServer, make_repo, serving, tarball
 
@@ -80,7 +81,7 @@ def resolve(kube: Kube, b: Obj) -> Obj:
     (action,) = bundleplan.plan(b, bundleplan.Observed(), settings=settings)
     assert isinstance(action, bundleplan.Resolve)
     with contextlib.suppress(errors.Unavailable):  # retried by the queue; status says why
-        actuate.resolve_bundle(kube, b, action, lambda ref: ref)
+        actuate.resolve_bundle(kube, b, action, plan_helpers.as_is)
     live = kube.get(actuate.bundle_ref(model.name_of(b)))
     assert live is not None
     return live

@@ -37,27 +37,42 @@ from provisioner.runtime import lease
 from rukpak.common import errors
 from rukpak.oci import client as oci_client
 from rukpak.oci import reference
+from rukpak.oci.auth import Credentials
 from rukpak.signing.gate import SignatureDenied
 
 log = logging.getLogger("rukpak.manager")
 
-Resolver = Callable[[str], str]
+Resolver = resolution.ImageResolver
 """Image reference -> the same repository pinned by digest (``repo@sha256:...``)."""
 
 
 class RegistryResolver:
     """Resolves tags with one shared ``RegistryClient`` (not thread-safe: serialised)."""
 
-    def __init__(self, registry: oci_client.RegistryClient | None = None) -> None:
+    def __init__(
+        self,
+        registry: oci_client.RegistryClient | None = None,
+        *,
+        with_credentials: Callable[[Credentials], oci_client.RegistryClient] | None = None,
+    ) -> None:
         self._client = registry or oci_client.RegistryClient()
+        self._with_credentials = with_credentials or (
+            lambda creds: oci_client.RegistryClient(credentials=creds)
+        )
         self._lock = threading.Lock()
 
-    def __call__(self, ref: str) -> str:
+    def __call__(self, ref: str, /, *, credentials: Credentials | None = None) -> str:
+        """``ref`` pinned; a tag asked of its registry, with ``credentials`` when given (a
+        client of their own, closed after)."""
         if model.is_digest_ref(ref):
             return ref
         parsed = reference.Reference.parse(ref)
-        with self._lock:
-            desc = self._client.resolve(parsed)
+        if credentials is not None:
+            with self._with_credentials(credentials) as registry:
+                desc = registry.resolve(parsed)
+        else:
+            with self._lock:
+                desc = self._client.resolve(parsed)
         return f"{parsed.name}@{desc.digest}"  # the tag is dropped: the digest decides
 
 

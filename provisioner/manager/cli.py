@@ -244,7 +244,10 @@ def run_manager(args: argparse.Namespace) -> int:
             kube,
             settings,
             resolve=actuate.RegistryResolver(
-                oci_client.RegistryClient(insecure=args.insecure_registry)
+                oci_client.RegistryClient(insecure=args.insecure_registry),
+                with_credentials=lambda creds: oci_client.RegistryClient(
+                    credentials=creds, insecure=args.insecure_registry
+                ),
             ),
             resync=args.resync,
             metrics=metrics,

@@ -13,19 +13,28 @@ with backoff so a fix is picked up) or stays Pending (the server did not answer)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import base64
+import binascii
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import sources
 from rukpak.common import errors
+from rukpak.oci.auth import Credentials
 from rukpak.sources import git as gitsource
 from rukpak.sources import http as httpsource
 from rukpak.sources.auth import SourceAuth
 
-ImageResolver = Callable[[str], str]
+
+class ImageResolver(Protocol):
+    """Pins an image reference (a tag to ``repository@sha256:...``), with the pull
+    credentials of the source's ``pullSecret`` when it names one."""
+
+    def __call__(self, ref: str, /, *, credentials: Credentials | None = None) -> str: ...
+
+
 PERMANENT = (
     errors.InvalidArgument,
     errors.NotFound,
@@ -67,12 +76,41 @@ def _auth(kube: Kube, spec: Obj, namespace: str) -> tuple[SourceAuth | None, boo
     return SourceAuth.from_secret(secret, name=f"{namespace}/{name}"), insecure
 
 
+def pull_credentials(kube: Kube, name: str, namespace: str) -> Credentials:
+    """The pull credentials of an image source's ``pullSecret`` (a Secret of type
+    ``kubernetes.io/dockerconfigjson`` in the system namespace, as upstream reads it)."""
+    secret = kube.get(ObjectRef("", "v1", "Secret", namespace, name))
+    if secret is None:
+        raise errors.NotFound(
+            f"pull secret {namespace}/{name} not found: create it in the system namespace "
+            "(kubectl create secret docker-registry)"
+        )
+    data = secret.get("data") or {}
+    for key in (".dockerconfigjson", ".dockercfg"):
+        if isinstance(data.get(key), str):
+            try:
+                text = base64.b64decode(data[key], validate=True)
+            except (binascii.Error, ValueError):
+                break
+            return Credentials.from_dockerconfigjson(text)
+    raise errors.InvalidArgument(
+        f"pull secret {namespace}/{name} has no readable '.dockerconfigjson' key: use a "
+        "Secret of type kubernetes.io/dockerconfigjson (kubectl create secret docker-registry)"
+    )
+
+
 def resolve(kube: Kube, source: Obj, *, namespace: str, resolve_image: ImageResolver) -> Resolution:
     """Pin ``source`` (a Bundle's ``spec.source``); raises a ``RukpakError`` if it cannot."""
     kind = source.get("type")
     if kind == "image":
-        ref = str(_section(source, "image").get("ref") or "")
-        return Resolution(sources.pinned_image(resolve_image(ref)))
+        spec = _section(source, "image")
+        ref = str(spec.get("ref") or "")
+        secret = str(spec.get("pullSecret") or "")
+        if not secret:
+            return Resolution(sources.pinned_image(resolve_image(ref)))
+        credentials = pull_credentials(kube, secret, namespace)
+        pinned = resolve_image(ref, credentials=credentials)
+        return Resolution(sources.pinned_image(pinned, pull_secret=secret))
     if kind == "git":
         spec = _section(source, "git")
         repository = str(spec.get("repository") or "")

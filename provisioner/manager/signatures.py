@@ -24,7 +24,9 @@ from collections.abc import Callable
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import bundleplan
+from provisioner.manager.resolution import ImageResolver
 from rukpak.common import errors
+from rukpak.oci.auth import Credentials
 from rukpak.signing import keys
 from rukpak.signing import policy as signing
 from rukpak.signing.gate import ClientFactory, Gate
@@ -63,12 +65,12 @@ def gate(
 class SignedResolver:
     """A tag resolver whose pinned digest must satisfy every policy selecting it."""
 
-    def __init__(self, resolve: Callable[[str], str], checker: Gate) -> None:
+    def __init__(self, resolve: ImageResolver, checker: Gate) -> None:
         self._resolve = resolve
         self._gate = checker
 
-    def __call__(self, ref: str) -> str:
-        pinned = self._resolve(ref)
+    def __call__(self, ref: str, /, *, credentials: Credentials | None = None) -> str:
+        pinned = self._resolve(ref, credentials=credentials)
         verdict = self._gate.check(pinned)
         if verdict is not None:
             for warning in verdict.warnings:

@@ -118,9 +118,13 @@ def parts(resolved: Obj) -> list[tuple[str, Obj]]:
     return out
 
 
-def pinned_image(ref: str) -> Obj:
-    """The ``resolvedSource`` of an image pinned by digest."""
-    return {"type": "image", "image": {"ref": ref}}
+def pinned_image(ref: str, *, pull_secret: str = "") -> Obj:
+    """The ``resolvedSource`` of an image pinned by digest (with the ``pullSecret`` its
+    volume presents, when the source names one)."""
+    image: Obj = {"ref": ref}
+    if pull_secret:
+        image["pullSecret"] = pull_secret
+    return {"type": "image", "image": image}
 
 
 def pinned_git(git: Obj, commit: str) -> Obj:
@@ -207,15 +211,18 @@ def volume(resolved: Obj, name: str = VOLUME_NAME) -> Obj:
     """The read-only pod volume ``name`` (``bundle``) holding the pinned content."""
     kind = resolved.get("type")
     if kind == "image":
-        ref = str(_section(resolved, "image").get("ref") or "")
-        return {
-            "name": name,
-            "csi": {
-                "driver": CSI_DRIVER,
-                "readOnly": True,
-                "volumeAttributes": {"image": ref, "pullPolicy": "IfNotPresent"},
+        image = _section(resolved, "image")
+        csi: Obj = {
+            "driver": CSI_DRIVER,
+            "readOnly": True,
+            "volumeAttributes": {
+                "image": str(image.get("ref") or ""),
+                "pullPolicy": "IfNotPresent",
             },
         }
+        if image.get("pullSecret"):  # the node plugin pulls with it (kubelet hands it over)
+            csi["nodePublishSecretRef"] = {"name": str(image["pullSecret"])}
+        return {"name": name, "csi": csi}
     if kind == "git":
         git = _section(resolved, "git")
         attributes = {
