@@ -71,7 +71,7 @@ class SignedResolver:
 
     def __call__(self, ref: str, /, *, credentials: Credentials | None = None) -> str:
         pinned = self._resolve(ref, credentials=credentials)
-        verdict = self._gate.check(pinned)
+        verdict = self._gate.check(pinned, credentials)
         if verdict is not None:
             for warning in verdict.warnings:
                 log.warning("msg=%r image=%s %s", "signature policy warning", ref, warning)
