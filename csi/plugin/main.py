@@ -151,6 +151,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="registry spoken to over plain HTTP (loopback always is); repeatable",
     )
     p.add_argument(
+        "--registry-mirror",
+        action="append",
+        default=[],
+        metavar="REGISTRY=MIRROR",
+        type=_mirror,
+        help="ask MIRROR (a `python -m csi.mirror`, HOST[:PORT]) first for the pinned "
+        "content of REGISTRY's public images: a rollout to many nodes then costs the registry "
+        "one pull; private images (a pull secret for REGISTRY) never go through it; repeatable",
+    )
+    p.add_argument(
         "--registry-timeout",
         type=float,
         default=30.0,
@@ -264,6 +274,17 @@ def serve_unix(path: Path, servicers: Sequence[tuple[object, object]]) -> grpc.S
     return server
 
 
+def _mirror(text: str) -> tuple[str, str]:
+    """``REGISTRY=MIRROR`` of ``--registry-mirror``."""
+    registry, sep, mirror = text.partition("=")
+    if not sep or not registry.strip() or not mirror.strip() or "/" in registry + mirror:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: write REGISTRY=MIRROR, each HOST[:PORT] (registry.example.com="
+            "rukpak-mirror.rukpak-system.svc:5000)"
+        )
+    return registry.strip(), mirror.strip()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level)
@@ -272,8 +293,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     insecure = tuple(args.insecure_registry)
     timeout = args.registry_timeout
 
+    mirrors = dict(args.registry_mirror)
+
     def puller(credentials: Credentials | None) -> Puller:
-        return RegistryClient(credentials=credentials, insecure=insecure, timeout=timeout)
+        return RegistryClient(
+            credentials=credentials, insecure=insecure, timeout=timeout, mirrors=mirrors
+        )
 
     publisher: Publisher | None = None
     m = metrics.Metrics(

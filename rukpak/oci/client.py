@@ -19,12 +19,14 @@ download or stream starts goes with it, even into the threads that read it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
+import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import BinaryIO, Final, cast
+from typing import Any, BinaryIO, Final, TypeVar, cast
 
 import requests
 import urllib3
@@ -46,6 +48,8 @@ MANIFEST_MAX: Final[int] = 4 << 20  # bytes; distribution itself refuses larger 
 CHUNK: Final[int] = 1 << 20  # streaming read size
 
 _MANIFEST_ACCEPT = ", ".join(mediatypes.MANIFEST_ACCEPT)
+_T = TypeVar("_T")
+log = logging.getLogger(__name__)
 
 
 class RegistryClient:
@@ -64,13 +68,21 @@ class RegistryClient:
         ca_bundle: str | None = None,
         proxies_from_env: bool = True,
         sleep: Callable[[float], object] = time.sleep,
+        mirrors: Mapping[str, str] | None = None,
     ) -> None:
         """``insecure`` hosts (``host`` or ``host:port``) are spoken to over plain
         HTTP, as are loopback hosts; everything else over HTTPS, verified against
         the system trust store or ``ca_bundle``. ``timeout`` bounds each read,
         ``connect_timeout`` (default min(timeout, 5)) each connect; failed
         connections, 429 and 5xx are retried ``retries`` times with exponential
-        backoff from ``backoff`` seconds (capped at 4 s), waiting with ``sleep``."""
+        backoff from ``backoff`` seconds (capped at 4 s), waiting with ``sleep``.
+
+        ``mirrors`` maps a registry host to a mirror (``csi.mirror``) that serves its
+        content by digest: manifests and blobs of pinned references are asked of the
+        mirror first (``?ns=<registry>``), and of the registry when the mirror fails.
+        Content is verified against its digest either way. A registry this client has
+        credentials for is never mirrored: private content goes to its registry only."""
+        self.mirrors = dict(mirrors or {})
         self.transport = transport.Transport(
             credentials=credentials,
             insecure=insecure,
@@ -96,6 +108,29 @@ class RegistryClient:
     def base_url(self, ref: Reference) -> str:
         """``http(s)://host`` this client would use for ``ref``'s registry."""
         return self.transport.base_url(ref.api_host)
+
+    def _mirrored(
+        self,
+        ref: Reference,
+        attempt: Callable[[Reference, dict[str, str] | None], _T],
+        *,
+        by_digest: bool = True,
+    ) -> _T:
+        """``attempt(ref, params)`` through the mirror of ``ref``'s registry first, when it
+        has one, what is asked for is named by digest (``by_digest``: a blob always is, a
+        manifest when ``ref`` is pinned) and this client has no credentials for the
+        registry; then, or when the mirror fails, of the registry itself."""
+        origin = ref.api_host
+        mirror = self.mirrors.get(origin)
+        if mirror and by_digest and self.transport.credentials.for_host(origin) is None:
+            try:
+                return attempt(dataclasses.replace(ref, registry=mirror), {"ns": origin})
+            except errors.RukpakError as err:
+                log.info(
+                    "msg='mirror failed; asking the registry' mirror=%s registry=%s error=%r",
+                    mirror, origin, err.message,
+                )  # fmt: skip
+        return attempt(ref, None)
 
     # -- manifests -------------------------------------------------------
 
@@ -143,10 +178,20 @@ class RegistryClient:
         against the registry's ``Docker-Content-Digest`` header when it sends
         one; a mismatch is DataLoss.
         """
+        return self._mirrored(ref, self._get_manifest, by_digest=ref.digest is not None)
+
+    def _get_manifest(
+        self, ref: Reference, params: dict[str, str] | None
+    ) -> tuple[Descriptor, bytes]:
         target = transport.image_target(ref)
         deadline = backoff.current()
         response = self.transport.request(
-            "GET", target, _manifest_path(ref), headers={"Accept": _MANIFEST_ACCEPT}, stream=True
+            "GET",
+            target,
+            _manifest_path(ref),
+            headers={"Accept": _MANIFEST_ACCEPT},
+            params=params,
+            stream=True,
         )
         self.transport.check(response, target, ok=(200,))
         body = self._read_document(response, target, f"manifest of {ref}", deadline)
@@ -253,6 +298,18 @@ class RegistryClient:
                 doing=self.transport.doing(target),
             )
 
+    def blob_size(self, ref: Reference, digest: str) -> int:
+        """The size of blob ``digest`` in ``ref``'s repository (a HEAD)."""
+        digests.check(digest, what=f"blob of {ref.name}")
+        target = transport.blob_target(ref, digest)
+        response = self.transport.request("HEAD", target, f"/v2/{ref.repository}/blobs/{digest}")
+        response.close()
+        self.transport.check(response, target, ok=(200,))
+        length = response.headers.get("Content-Length", "")
+        if not length.isdigit():
+            raise errors.Unavailable(f"{target.subject}: the registry sent no Content-Length")
+        return int(length)
+
     def push_manifest(self, ref: Reference, body: bytes, media_type: str) -> str:
         """PUT a manifest or index under ``ref``'s tag (or its digest); return its digest."""
         return upload.push_manifest(self.transport, ref, body, media_type)
@@ -299,13 +356,27 @@ class RegistryClient:
         request); a registry that keeps breaking it is Unavailable.
         """
         digests.check(desc.digest, what=f"blob of {ref.name}")
+        self._mirrored(ref, lambda at, params: self._fetch_blob(at, desc, dest, params, progress))
+
+    def _fetch_blob(
+        self,
+        ref: Reference,
+        desc: Descriptor,
+        dest: Path,
+        params: dict[str, str] | None,
+        progress: blobio.Progress | None,
+    ) -> None:
         target = transport.blob_target(ref, desc.digest)
         deadline = backoff.current()
         doing = self.transport.doing(target)
 
         def download() -> None:
             response = self.transport.request(
-                "GET", target, f"/v2/{ref.repository}/blobs/{desc.digest}", stream=True
+                "GET",
+                target,
+                f"/v2/{ref.repository}/blobs/{desc.digest}",
+                params=params,
+                stream=True,
             )
             self.transport.check(response, target, ok=(200,))
             with response:
@@ -336,12 +407,23 @@ class RegistryClient:
         unread, so corrupt content never passes silently.
         """
         digests.check(desc.digest, what=f"blob of {ref.name}")
-        target = transport.blob_target(ref, desc.digest)
         deadline = backoff.current()
-        response = self.transport.request(
-            "GET", target, f"/v2/{ref.repository}/blobs/{desc.digest}", stream=True
-        )
-        self.transport.check(response, target, ok=(200,))
+
+        def opened(at: Reference, params: dict[str, str] | None) -> tuple[Any, Any]:
+            target = transport.blob_target(at, desc.digest)
+            answer = self.transport.request(
+                "GET", target, f"/v2/{at.repository}/blobs/{desc.digest}", params=params,
+                stream=True,
+            )  # fmt: skip
+            try:
+                self.transport.check(answer, target, ok=(200,))
+            except errors.RukpakError:
+                answer.close()
+                raise
+            return answer, target
+
+        # the mirror is asked to open the stream; one that breaks later is an error
+        response, target = self._mirrored(ref, opened)
         with response:
             reader = blobio.VerifyingReader(
                 _NetworkReader(response, target, deadline, self.transport.doing(target)),

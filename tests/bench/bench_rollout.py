@@ -39,6 +39,7 @@ from tests import multinode_helpers as mn
 from tests.bench import Result, bench_install, median, progress
 from tests.cluster import bins, images
 from tests.cluster.localcluster import LocalCluster
+from tests.cluster.process import free_port
 
 NODES = 3
 ROUNDS = 3
@@ -186,6 +187,78 @@ def _burst(
     ]
 
 
+def _rounds(
+    system: inst.RukpakSystem, workdir: Path, registry: images.LocalRegistry, label: str
+) -> tuple[list[float], list[float], list[float]]:
+    """``ROUNDS`` rollouts of a new version each: (times, full pulls, layer sizes)."""
+    cluster = system.cluster
+    times: list[float] = []
+    pulls: list[float] = []
+    sizes: list[float] = []
+    for index in range(ROUNDS):
+        ref = f"{registry.host}/bench-rollout/app-{label}:v{index}"
+        size = _push_version(workdir, ref, registry.host)
+        ns = f"rollout-{label}-{index}"
+        system.kubectl("create", "namespace", ns)
+        _egress(cluster, registry.port, reset=True)
+        started = time.monotonic()
+        system.kubectl("apply", "-f", "-", stdin="\n---\n".join(
+            json.dumps(d) for d in _readers(system, ns, ref)))  # fmt: skip
+        deadline = started + 180
+        while not _all_running(system, ns):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{label} round {index}: not every reader Running")
+            time.sleep(0.1)
+        took = time.monotonic() - started
+        sent = _egress(cluster, registry.port)
+        times.append(took)
+        pulls.append(sent / size)
+        sizes.append(size)
+        progress(f"rollout ({label}): round {index}: {took:.2f}s, registry sent {sent} B "
+                 f"for a {size} B layer ({sent / size:.2f} pulls)")  # fmt: skip
+        system.kubectl("delete", "namespace", ns, "--wait=false")
+    return times, pulls, sizes
+
+
+def _with_mirror(
+    system: inst.RukpakSystem, workdir: Path, registry: images.LocalRegistry
+) -> subprocess.Popen[str]:
+    """Start ``python -m csi.mirror`` in the control plane's namespace for ``registry`` and
+    point every node plugin at it (``--registry-mirror``), rolled out; the mirror process."""
+    cluster = system.cluster
+    assert cluster.network is not None
+    place = cluster.network.control_plane
+    port = free_port()
+    with (workdir / "mirror.log").open("w") as log:
+        mirror = subprocess.Popen(
+            place.argv([sys.executable, "-m", "csi.mirror", "--listen", f"{place.address}:{port}",
+                        "--root", str(workdir / "mirror"), "--upstream", registry.host,
+                        "--insecure-registry", registry.host]),
+            stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO_ROOT,
+        )  # fmt: skip
+    assert mirror.stdout is not None
+    announced = mirror.stdout.readline().strip()
+    if not announced:
+        raise RuntimeError(f"the mirror did not start: {(workdir / 'mirror.log').read_text()}")
+    ds = json.loads(system.kubectl("get", "daemonset", "-n", inst.NAMESPACE, "-o", "json"))
+    plugin = next(d for d in ds["items"] if d["metadata"]["name"] == "rukpak-csi-node")
+    index = next(
+        i for i, c in enumerate(plugin["spec"]["template"]["spec"]["containers"])
+        if any(str(a).startswith("--endpoint") for a in c.get("args") or [])
+    )  # fmt: skip
+    path = f"/spec/template/spec/containers/{index}/args/-"
+    patch = [
+        {"op": "add", "path": path, "value": f"--registry-mirror={registry.host}={announced}"},
+        {"op": "add", "path": path, "value": f"--insecure-registry={announced}"},
+    ]
+    system.kubectl("patch", "daemonset", "rukpak-csi-node", "-n", inst.NAMESPACE,
+                   "--type=json", "-p", json.dumps(patch))  # fmt: skip
+    system.kubectl("rollout", "status", "daemonset/rukpak-csi-node", "-n", inst.NAMESPACE,
+                   "--timeout=300s", timeout=320)  # fmt: skip
+    progress(f"rollout: the node plugins ask the mirror at {announced} first")
+    return mirror
+
+
 def _measure(system: inst.RukpakSystem, workdir: Path) -> list[Result]:
     cluster = system.cluster
     assert cluster.network is not None
@@ -194,34 +267,18 @@ def _measure(system: inst.RukpakSystem, workdir: Path) -> list[Result]:
     )
     rule = ["OUTPUT", "-p", "tcp", "--sport", str(registry.port)]
     subprocess.run([*cluster.network.control_plane.prefix, "iptables", "-I", *rule], check=True)
-    times: list[float] = []
-    pulls: list[float] = []
-    sizes: list[float] = []
+    mirror: subprocess.Popen[str] | None = None
     try:
-        for index in range(ROUNDS):
-            ref = f"{registry.host}/bench-rollout/app:v{index}"
-            size = _push_version(workdir, ref, registry.host)
-            ns = f"rollout-{index}"
-            system.kubectl("create", "namespace", ns)
-            _egress(cluster, registry.port, reset=True)
-            started = time.monotonic()
-            system.kubectl("apply", "-f", "-", stdin="\n---\n".join(
-                json.dumps(d) for d in _readers(system, ns, ref)))  # fmt: skip
-            deadline = started + 180
-            while not _all_running(system, ns):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"round {index}: not every reader Running")
-                time.sleep(0.1)
-            took = time.monotonic() - started
-            sent = _egress(cluster, registry.port)
-            times.append(took)
-            pulls.append(sent / size)
-            sizes.append(size)
-            progress(f"rollout: round {index}: {took:.2f}s, registry sent {sent} B "
-                     f"for a {size} B layer ({sent / size:.2f} pulls)")  # fmt: skip
-            system.kubectl("delete", "namespace", ns, "--wait=false")
+        times, pulls, sizes = _rounds(system, workdir, registry, "direct")
         burst = _burst(system, workdir, registry)
+        mirror = _with_mirror(system, workdir, registry)
+        m_times, m_pulls, _ = _rounds(system, workdir, registry, "mirror")
     finally:
+        if mirror is not None:
+            mirror.terminate()
+            mirror.wait(timeout=30)
+            tail = (workdir / "mirror.log").read_text(errors="replace").splitlines()[-8:]
+            progress("rollout: the mirror's log ends:\n  " + "\n  ".join(tail))
         registry.stop()
     return [
         *burst,
@@ -236,6 +293,19 @@ def _measure(system: inst.RukpakSystem, workdir: Path) -> list[Result]:
             median(pulls),
             "pulls",
             note=f"bytes sent / layer size ({median(sizes):.0f} B); every node pulls itself",
+        ),
+        Result(
+            f"{NODES}-node rollout through the mirror (csi.mirror): all serving",
+            median(m_times),
+            "s",
+            note="the same rollout, the node plugins started with --registry-mirror",
+        ),
+        Result(
+            f"registry egress per {NODES}-node rollout through the mirror (full pulls)",
+            median(m_pulls),
+            "pulls",
+            target=1.1,
+            note="the mirror fetches each digest once, however many nodes ask at once",
         ),
     ]
 

@@ -1,0 +1,1 @@
+"""The registry mirror (``python -m csi.mirror``): see ``csi.mirror.server``."""
