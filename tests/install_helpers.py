@@ -80,6 +80,25 @@ def run_kubectl(
     )
 
 
+def render_overlay(
+    workdir: Path, *components: Path, **fields: Any
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """``kubectl kustomize`` of an overlay of ``deploy/`` with ``components`` and more
+    kustomization ``fields`` (no cluster needed): the objects by (kind, name)."""
+    overlay = workdir / "overlay"
+    overlay.mkdir(parents=True)
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(DEPLOY, overlay)],
+        "components": [os.path.relpath(c, overlay) for c in components],
+        **fields,
+    }
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    rendered = run_kubectl(workdir / "no-kubeconfig", "kustomize", str(overlay))
+    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(rendered) if d}
+
+
 def write_overlay(
     directory: Path,
     *,

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import requests
-import yaml
 
 from csi.mirror import __main__ as mirror_main
 from csi.mirror.server import Mirror, serve
@@ -243,30 +242,18 @@ def test_a_plugin_flag_that_is_not_registry_equals_mirror_is_refused() -> None:
 
 
 def test_the_deploy_component_points_every_node_plugin_at_the_mirror(tmp_path: Path) -> None:
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(
-        yaml.safe_dump(
+    docs = inst.render_overlay(
+        tmp_path,
+        inst.DEPLOY / "components" / "registry-mirror",
+        configMapGenerator=[
             {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "resources": [os.path.relpath(inst.DEPLOY, overlay)],
-                "components": [
-                    os.path.relpath(inst.DEPLOY / "components" / "registry-mirror", overlay)
-                ],
-                "configMapGenerator": [
-                    {
-                        "name": "rukpak-registry-mirror",
-                        "namespace": "rukpak-system",
-                        "literals": ["upstream=registry.example.com"],
-                        "options": {"disableNameSuffixHash": True},
-                    }
-                ],
+                "name": "rukpak-registry-mirror",
+                "namespace": "rukpak-system",
+                "literals": ["upstream=registry.example.com"],
+                "options": {"disableNameSuffixHash": True},
             }
-        )
+        ],
     )
-    rendered = inst.run_kubectl(tmp_path / "no-kubeconfig", "kustomize", str(overlay))
-    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(rendered) if d}
     plugin = docs[("DaemonSet", "rukpak-csi-node")]["spec"]["template"]["spec"]["containers"][0]
     mirror_at = "rukpak-registry-mirror.rukpak-system.svc:5000"
     assert f"--registry-mirror=$(RUKPAK_MIRROR_UPSTREAM)={mirror_at}" in plugin["args"]

@@ -1026,6 +1026,19 @@ def v2_ref(name: str) -> api.ObjectRef:
     return api.ObjectRef(api.GROUP, "v1alpha2", "BundleDeployment", "", name)
 
 
+def installed_v2(system: inst.RukpakSystem, name: str) -> api.Obj:
+    """The v1alpha2 BundleDeployment ``name`` once it is Installed."""
+
+    def live() -> api.Obj | None:
+        found = system.kube.get(v2_ref(name)) or {}
+        return found if condition(found, "Installed")[0] == "True" else None
+
+    found: api.Obj = eventually(
+        live, timeout=120, what=f"v1alpha2 BundleDeployment {name} Installed"
+    )
+    return found
+
+
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_a_v1alpha2_bundle_deployment_installs_a_chart_named_inline(
@@ -1052,12 +1065,7 @@ def test_a_v1alpha2_bundle_deployment_installs_a_chart_named_inline(
         }
     )
     try:
-        live = eventually(
-            lambda: s if condition(s := system.kube.get(v2_ref(name)) or {}, "Installed")[0]
-            == "True" else None,
-            timeout=120,
-            what=f"v1alpha2 BundleDeployment {name} Installed",
-        )  # fmt: skip
+        live = installed_v2(system, name)
         pinned = live["status"]["resolvedSource"]["image"]["ref"]
         assert pinned.startswith(ref.rsplit(":", 1)[0] + "@sha256:"), pinned
         assert condition(live, "Unpacked")[:2] == ("True", "UnpackSuccessful")
@@ -1131,12 +1139,7 @@ def test_upstream_s_helm_example_installs_its_chart_from_an_http_url(
         system.kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
         system.kube.create(example)
         try:
-            live = eventually(
-                lambda: s if condition(s := system.kube.get(v2_ref(name)) or {}, "Installed")[0]
-                == "True" else None,
-                timeout=120,
-                what=f"upstream's helm example {name} Installed",
-            )  # fmt: skip
+            live = installed_v2(system, name)
             assert condition(live, "Unpacked")[:2] == ("True", "UnpackSuccessful")
             resolved = live["status"]["resolvedSource"]
             assert resolved["type"] == "http" and "#sha256=" in resolved["http"]["url"]

@@ -331,6 +331,18 @@ def test_an_image_that_does_not_exist_becomes_a_condition(
     assert instance_of(kube, name) is None
 
 
+def install_greeting(kube: Kube, tmp_path: Path, name: str, target: str) -> ObjectRef:
+    """What an instance would have installed under deployment ``name``: the Namespace
+    ``target`` and the ConfigMap ``greeting`` in it (returned)."""
+    bundle = write_bundle(
+        tmp_path, {"00.yaml": [namespace(target), configmap("greeting", target, hello="x")]}
+    )
+    apply.install(
+        kube, bundle, apply.Options(name=name, namespace=target, system_namespace=SYSTEM_NS)
+    )
+    return ObjectRef("", "v1", "ConfigMap", target, "greeting")
+
+
 @pytest.mark.parametrize("policy", ["Delete", "Orphan"])
 def test_deleting_a_bundledeployment_uninstalls_through_its_finalizer(
     kube: Kube,
@@ -342,16 +354,10 @@ def test_deleting_a_bundledeployment_uninstalls_through_its_finalizer(
     name = unique(f"del-{policy.lower()}")
     target = unique("target")
     # what an instance pod would have installed under the BD's name
-    bundle = write_bundle(
-        tmp_path, {"00.yaml": [namespace(target), configmap("greeting", target, hello="x")]}
-    )
-    apply.install(
-        kube, bundle, apply.Options(name=name, namespace=target, system_namespace=SYSTEM_NS)
-    )
+    greeting = install_greeting(kube, tmp_path, name, target)
     kube.create(bundle_deployment(name, images["v1"], deletionPolicy=policy))
     finish_unpack(kube, model.bundle_name(eventually(lambda: kube.get(actuate.bd_ref(name)))))
     eventually(lambda: instance_of(kube, name), timeout=30, what="the instance run pod")
-    greeting = ObjectRef("", "v1", "ConfigMap", target, "greeting")
     assert kube.get(greeting) is not None
 
     kube.delete(actuate.bd_ref(name))
@@ -391,17 +397,11 @@ def test_a_deleted_bundledeployment_is_gone_no_later_than_its_last_object(
     first delete is sent. The watch history of both kinds gives the order."""
     name = unique("order")
     target = unique("target")
-    bundle = write_bundle(
-        tmp_path, {"00.yaml": [namespace(target), configmap("greeting", target, hello="x")]}
-    )
-    apply.install(
-        kube, bundle, apply.Options(name=name, namespace=target, system_namespace=SYSTEM_NS)
-    )
+    greeting = install_greeting(kube, tmp_path, name, target)
     kube.create(bundle_deployment(name, images["v1"]))
     finish_unpack(kube, model.bundle_name(eventually(lambda: kube.get(actuate.bd_ref(name)))))
     eventually(lambda: instance_of(kube, name), timeout=30, what="the instance run pod")
     _, since = kube.list("v1", "ConfigMap", namespace=target)
-    greeting = ObjectRef("", "v1", "ConfigMap", target, "greeting")
     kube.delete(actuate.bd_ref(name))
     eventually(lambda: kube.get(greeting) is None, timeout=30, what="the ConfigMap to go")
     assert kube.get(actuate.bd_ref(name)) is None  # upstream's check, at this very moment
@@ -416,15 +416,9 @@ def test_an_uninstall_cut_short_after_the_finalizer_went_is_finished(
     record's watch event brings it, as the first list does after a restart)."""
     name = unique("cut")
     target = unique("target")
-    bundle = write_bundle(
-        tmp_path, {"00.yaml": [namespace(target), configmap("greeting", target, hello="x")]}
-    )
-    apply.install(
-        kube, bundle, apply.Options(name=name, namespace=target, system_namespace=SYSTEM_NS)
-    )
+    greeting = install_greeting(kube, tmp_path, name, target)
     mark = inventory.UninstallMark("Delete")
     assert inventorystore.mark_uninstall(kube, name, mark, system_namespace=SYSTEM_NS)
-    greeting = ObjectRef("", "v1", "ConfigMap", target, "greeting")
     eventually(lambda: kube.get(greeting) is None, timeout=30, what="the ConfigMap uninstalled")
     eventually(
         lambda: inventorystore.read_inventory(kube, name, system_namespace=SYSTEM_NS) is None,

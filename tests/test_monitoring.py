@@ -7,7 +7,6 @@ under the exact name a scrape shows (``_total``, ``_bucket``)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -77,26 +76,8 @@ def test_the_alerts_the_issue_names_are_there(alert: str) -> None:
 
 
 def test_the_component_renders_on_deploy_with_kubectl(tmp_path: Path) -> None:
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "resources": [os.path.relpath(inst.DEPLOY, overlay)],
-                "components": [os.path.relpath(COMPONENT, overlay)],
-            }
-        )
-    )
-    docs = [
-        d
-        for d in yaml.safe_load_all(
-            inst.run_kubectl(tmp_path / "no-kubeconfig", "kustomize", str(overlay))
-        )
-        if d
-    ]
-    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    objects = inst.render_overlay(tmp_path, COMPONENT)
+    docs = list(objects.values())
     for expected in (
         ("ServiceMonitor", "rukpak-manager"),
         ("PodMonitor", "rukpak-csi-node"),
@@ -104,7 +85,7 @@ def test_the_component_renders_on_deploy_with_kubectl(tmp_path: Path) -> None:
         ("ConfigMap", "rukpak-dashboard"),
         ("ClusterRole", "rukpak-metrics-reader"),
     ):
-        assert expected in kinds, expected
+        assert expected in objects, expected
     daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
     assert (
         "--metrics-bind=0.0.0.0" in daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
