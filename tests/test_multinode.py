@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -36,10 +37,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from provisioner.engine.objects import ObjectRef
 from provisioner.manager import actuate, model, revisions
+from rukpak.oci.client import RegistryClient
+from rukpak.oci.reference import Reference
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
 from tests import multinode_helpers as mn
@@ -619,3 +623,137 @@ def test_the_leaders_node_is_lost_and_the_other_replica_takes_over(
 def run_pods(system: inst.RukpakSystem, name: str) -> list[str]:
     out = system.kubectl("get", "pods", "-n", inst.NAMESPACE, "-o", "name")
     return [p for p in out.split() if p.startswith(f"pod/{model.instance_name(name)}-")]
+
+
+MIRROR_COMPONENT = inst.DEPLOY / "components" / "registry-mirror"
+
+
+def _mirror_objects(system: inst.RukpakSystem, upstream: str) -> list[dict[str, Any]]:
+    """The component's Deployment and Service as shipped, with the test image and the
+    plain-HTTP upstream (a user with such a registry adds the same flag), and its
+    ConfigMap."""
+    docs = [
+        yaml.safe_load((MIRROR_COMPONENT / f).read_text())
+        for f in ("deployment.yaml", "service.yaml")
+    ]
+    container = docs[0]["spec"]["template"]["spec"]["containers"][0]
+    container["image"] = system.image
+    container["args"].append(f"--insecure-registry={upstream}")
+    configmap = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "rukpak-registry-mirror", "namespace": inst.NAMESPACE},
+        "data": {"upstream": upstream},
+    }
+    return [configmap, *docs]
+
+
+def _plugin_rollout(system: inst.RukpakSystem) -> None:
+    system.kubectl("rollout", "status", f"daemonset/{inst.DAEMONSET}", "-n", inst.NAMESPACE,
+                   "--timeout=300s", timeout=320)  # fmt: skip
+
+
+def test_the_registry_mirror_component_serves_a_rollout_to_every_node_with_one_pull(
+    multinode_system: inst.RukpakSystem, tmp_path: Path
+) -> None:
+    """deploy/components/registry-mirror on the cluster: the mirror Deployment behind its
+    Service, the node plugins patched by the component's own patch; a new image read on
+    every node at once costs its registry one pull (an iptables counting rule)."""
+    system, cluster = multinode_system, multinode_system.cluster
+    assert cluster.network is not None
+    place = cluster.network.control_plane
+    own = images.start_registry(tmp_path / "registry", log=tmp_path / "registry.log", place=place)
+    count = ["OUTPUT", "-p", "tcp", "--sport", str(own.port)]
+    ds = f"daemonset/{inst.DAEMONSET}"
+    original = json.loads(system.kubectl("get", ds, "-n", inst.NAMESPACE, "-o", "json"))
+    patch = yaml.safe_load(
+        yaml.safe_load((MIRROR_COMPONENT / "kustomization.yaml").read_text())["patches"][0]["patch"]
+    )
+    mirror = _mirror_objects(system, own.host)
+    try:
+        system.kubectl("apply", "-f", "-", stdin="\n---\n".join(json.dumps(d) for d in mirror))
+        system.kubectl("rollout", "status", "deployment/rukpak-registry-mirror", "-n",
+                       inst.NAMESPACE, "--timeout=180s", timeout=200)  # fmt: skip
+        system.kubectl("patch", ds, "-n", inst.NAMESPACE, "--type=json", "-p", json.dumps(patch))
+        _plugin_rollout(system)
+        # content big enough (and random) that requests' own bytes do not count
+        big = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "big"},
+               "data": {"random": os.urandom(300 * 1024).hex()}}  # fmt: skip
+        (tmp_path / "bundle" / "manifests").mkdir(parents=True)
+        (tmp_path / "bundle" / "manifests" / "big.yaml").write_text(yaml.safe_dump(big))
+        tag = f"{own.host}/mn-{SUFFIX}/mirrored:v1"
+        e2e.push_bundle(tmp_path / "bundle", tag, insecure=True)
+        with RegistryClient(insecure=[own.host]) as registry:  # pinned: no tag asked per node
+            ref = f"{tag.rsplit(':', 1)[0]}@{registry.resolve(Reference.parse(tag)).digest}"
+        size = sum(p.stat().st_size for p in (tmp_path / "registry").rglob("data") if p.is_file())
+        subprocess.run([*place.prefix, "iptables", "-I", *count], check=True)
+        names = [f"mirrored-{i}" for i in range(len(cluster.node_names))]
+        readers = [
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {
+                    "nodeName": node,
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [
+                        {
+                            "name": "reader",
+                            "image": system.busybox_image,
+                            "command": ["sh", "-c", "test -d /bundle/manifests && sleep 3600"],
+                            "volumeMounts": [{"name": "bundle", "mountPath": "/bundle"}],
+                        }
+                    ],
+                    "volumes": [
+                        {
+                            "name": "bundle",
+                            "csi": {
+                                "driver": "csi.rukpak.io",
+                                "readOnly": True,
+                                "volumeAttributes": {"image": ref},
+                            },
+                        }
+                    ],
+                },
+            }
+            for name, node in zip(names, cluster.node_names, strict=True)
+        ]
+        system.kubectl("apply", "-f", "-", stdin="\n---\n".join(json.dumps(r) for r in readers))
+
+        def running() -> bool:
+            phases = system.kubectl(
+                "get", "pods", *names, "-n", "default", "-o", "jsonpath={.items[*].status.phase}"
+            ).split()
+            return phases == ["Running"] * len(names)
+
+        eventually(running, timeout=180, what="a reader Running on every node")
+        sent = _sent(place, own.port)
+        assert sent < 1.5 * size, f"the registry sent {sent} B for {size} B of content"
+    finally:
+        for i in range(len(cluster.node_names)):
+            system.kubectl("delete", "pod", f"mirrored-{i}", "-n", "default", "--wait=false",
+                           "--ignore-not-found", check=False)  # fmt: skip
+        spec = original["spec"]["template"]["spec"]["containers"][0]
+        restore = [
+            {
+                "op": "replace",
+                "path": "/spec/template/spec/containers/0/args",
+                "value": spec["args"],
+            },
+            {"op": "replace", "path": "/spec/template/spec/containers/0/env", "value": spec["env"]},
+        ]
+        system.kubectl("patch", ds, "-n", inst.NAMESPACE, "--type=json", "-p", json.dumps(restore),
+                       check=False)  # fmt: skip
+        _plugin_rollout(system)
+        for doc in mirror:
+            system.kubectl("delete", doc["kind"], doc["metadata"]["name"], "-n", inst.NAMESPACE,
+                           "--ignore-not-found", check=False)  # fmt: skip
+        subprocess.run([*place.prefix, "iptables", "-D", *count], check=False)
+        own.stop()
+
+
+def _sent(place: Any, port: int) -> int:
+    """Bytes sent from ``port`` in ``place``'s namespace, by its counting rule."""
+    out = subprocess.run([*place.prefix, "iptables", "-L", "OUTPUT", "-v", "-x", "-n"],
+                         check=True, capture_output=True, text=True).stdout  # fmt: skip
+    return next(int(line.split()[1]) for line in out.splitlines() if f"spt:{port}" in line)
