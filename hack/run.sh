@@ -23,7 +23,7 @@
 #  9. a v1alpha2 BundleDeployment (content named inline, no Bundle) created paused shows
 #     its permission preview, installs once approved, and reads as v1alpha1 through the
 #     manager's conversion webhook; a failing upgrade misses its progress deadline and is
-#     rolled back from the node cache with its registry stopped.
+#     rolled back with its registry stopped (no pod: the manager kept revision 1's objects).
 # Each step prints its wall time; every wait is bounded and shows `kubectl describe`
 # when it fails.
 # With KUBECONFIG set, part 2 only runs `rukpak apply/status/uninstall` into a
@@ -582,10 +582,11 @@ YAML
     -o jsonpath='{.spec.template.spec.source.image.ref}{"\n"}'
   show get deployment hello-inline -n hello-inline
 
-  say "A failing upgrade rolled back from the node cache, the registry stopped"
+  say "A failing upgrade rolled back without a pod, the registry stopped"
   echo "v2 runs an image that cannot be pulled: installed, never Healthy. Once it is applied"
   echo "this run's registry is stopped; 30 s after the upgrade (progressDeadlineSeconds) the"
-  echo "manager rolls back to revision 1, whose pinned content the node cache still holds."
+  echo "manager rolls back to revision 1 from what it kept of it (no pod; the node cache"
+  echo "still holds its content too, for when a run is needed)."
   local broken="$run_registry/examples/hello-inline:v2-broken" broken_dir="$WORK/hello-inline-v2"
   cp -r "$inline_dir" "$broken_dir"
   sed -i 's|^\(\s*image:\).*$|\1 127.0.0.1:9/unreachable:v0|' "$broken_dir/manifests/03_deployment.yaml"
@@ -654,7 +655,7 @@ What happened:
   - a v1alpha2 BundleDeployment (upstream v0.24's shape, the source inline) was
     previewed while paused, installed once approved, without any Bundle object, read as
     v1alpha1 through the manager's conversion webhook; its failing upgrade was rolled
-    back from the node cache after its progress deadline, its registry stopped.
+    back without a pod after its progress deadline, its registry stopped.
 Total $(since "$T0")s; cluster up at ${T_CLUSTER}s. Everything started is being stopped now.
 TXT
 else
