@@ -130,3 +130,47 @@ def machine(cluster: LocalCluster, name: str) -> NodeMachine:
 def state_dir_of(cluster: LocalCluster, name: str) -> Path:
     """Node ``name``'s plugin cache, as the host sees it."""
     return machine(cluster, name).layout.workdir / "rukpak-csi"
+
+
+def reader_pods(
+    system: install_helpers.RukpakSystem,
+    namespace: str,
+    ref: str,
+    nodes: list[str],
+    *,
+    check: str = "test -d /bundle/manifests",
+    prefix: str = "reader",
+) -> list[dict[str, Any]]:
+    """A busybox pod per entry of ``nodes`` (``<prefix>-<i>-<node>``), bound to that node,
+    mounting image ``ref`` as an inline CSI volume at /bundle and running while ``check``
+    holds there."""
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"{prefix}-{i}-{node}", "namespace": namespace},
+            "spec": {
+                "nodeName": node,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [
+                    {
+                        "name": "reader",
+                        "image": system.busybox_image,
+                        "command": ["sh", "-c", f"{check} && sleep 3600"],
+                        "volumeMounts": [{"name": "bundle", "mountPath": "/bundle"}],
+                    }
+                ],
+                "volumes": [
+                    {
+                        "name": "bundle",
+                        "csi": {
+                            "driver": "csi.rukpak.io",
+                            "readOnly": True,
+                            "volumeAttributes": {"image": ref},
+                        },
+                    }
+                ],
+            },
+        }
+        for i, node in enumerate(nodes)
+    ]

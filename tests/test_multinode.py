@@ -691,37 +691,8 @@ def test_the_registry_mirror_component_serves_a_rollout_to_every_node_with_one_p
         subprocess.run([*place.prefix, "iptables", "-I", *count], check=True)
         nodes = ready_nodes(system)  # (an earlier test may have lost one)
         assert len(nodes) >= 2, nodes
-        names = [f"mirrored-{i}" for i in range(len(nodes))]
-        readers = [
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name, "namespace": "default"},
-                "spec": {
-                    "nodeName": node,
-                    "terminationGracePeriodSeconds": 0,
-                    "containers": [
-                        {
-                            "name": "reader",
-                            "image": system.busybox_image,
-                            "command": ["sh", "-c", "test -d /bundle/manifests && sleep 3600"],
-                            "volumeMounts": [{"name": "bundle", "mountPath": "/bundle"}],
-                        }
-                    ],
-                    "volumes": [
-                        {
-                            "name": "bundle",
-                            "csi": {
-                                "driver": "csi.rukpak.io",
-                                "readOnly": True,
-                                "volumeAttributes": {"image": ref},
-                            },
-                        }
-                    ],
-                },
-            }
-            for name, node in zip(names, nodes, strict=True)
-        ]
+        readers = mn.reader_pods(system, "default", ref, nodes, prefix="mirrored")
+        names = [r["metadata"]["name"] for r in readers]
         system.kubectl("apply", "-f", "-", stdin="\n---\n".join(json.dumps(r) for r in readers))
 
         def running() -> bool:
@@ -734,9 +705,9 @@ def test_the_registry_mirror_component_serves_a_rollout_to_every_node_with_one_p
         sent = _sent(place, own.port)
         assert sent < 1.5 * size, f"the registry sent {sent} B for {size} B of content"
     finally:
-        for i in range(len(cluster.node_names)):  # (as many as there could be)
-            system.kubectl("delete", "pod", f"mirrored-{i}", "-n", "default", "--wait=false",
-                           "--ignore-not-found", check=False)  # fmt: skip
+        system.kubectl("delete", "pods", "-n", "default", "--wait=false", "--ignore-not-found",
+                       *[f"mirrored-{i}-{n}" for i, n in enumerate(ready_nodes(system))],
+                       check=False)  # fmt: skip
         spec = original["spec"]["template"]["spec"]["containers"][0]
         restore = [
             {
@@ -757,7 +728,7 @@ def test_the_registry_mirror_component_serves_a_rollout_to_every_node_with_one_p
 
 
 def ready_nodes(system: inst.RukpakSystem) -> list[str]:
-    """The nodes whose Ready condition is True, and whose node plugin is registered."""
+    """The nodes whose Ready condition is True."""
     nodes = json.loads(system.kubectl("get", "nodes", "-o", "json"))["items"]
     return sorted(
         n["metadata"]["name"]

@@ -84,40 +84,10 @@ def _egress(cluster: LocalCluster, port: int, *, reset: bool = False) -> int:
 def _readers(
     system: inst.RukpakSystem, ns: str, ref: str, nodes: list[str] | None = None
 ) -> list[dict[str, object]]:
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": f"reader-{i}-{node}", "namespace": ns},
-            "spec": {
-                "nodeName": node,
-                "terminationGracePeriodSeconds": 0,
-                "containers": [
-                    {
-                        "name": "reader",
-                        "image": system.busybox_image,
-                        "command": [
-                            "sh",
-                            "-c",
-                            "test -s /bundle/manifests/payload.bin && sleep 3600",
-                        ],
-                        "volumeMounts": [{"name": "bundle", "mountPath": "/bundle"}],
-                    }
-                ],
-                "volumes": [
-                    {
-                        "name": "bundle",
-                        "csi": {
-                            "driver": "csi.rukpak.io",
-                            "readOnly": True,
-                            "volumeAttributes": {"image": ref},
-                        },
-                    }
-                ],
-            },
-        }
-        for i, node in enumerate(nodes or system.cluster.node_names)
-    ]
+    return mn.reader_pods(
+        system, ns, ref, nodes or system.cluster.node_names,
+        check="test -s /bundle/manifests/payload.bin",
+    )  # fmt: skip
 
 
 def _all_running(system: inst.RukpakSystem, ns: str, count: int = NODES) -> bool:
