@@ -100,9 +100,10 @@ class Mirror:
         path = self.store.path(digest)
         with self._guard:
             media = self._media.get(digest)
-        if media is None:
-            media = _declared(path.read_bytes())
-            self._learn(media, path.read_bytes(), digest)
+        if media is None:  # stored before a restart: what it declares, read once
+            body = path.read_bytes()
+            media = _declared(body)
+            self._learn(media, body, digest)
         self._touch(path)
         return path, media
 
