@@ -120,7 +120,7 @@ def test_make_kind_run_shows_what_make_run_shows_and_kind_down_removes_it(engine
         assert f"the kind cluster {NAME} (a node image built here" in done.stdout
         for step in (
             "A pod reads the bundle through an inline CSI volume",
-            "A failing upgrade rolled back from the node cache, the registry stopped",
+            "A failing upgrade rolled back without a pod, the registry stopped",
             "Deleting the BundleDeployment: what it installed goes too",
         ):
             assert step in done.stdout
