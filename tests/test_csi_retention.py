@@ -1,20 +1,27 @@
-"""Retention: the images an owner keeps (a BundleDeployment's revisions) stay in the node
+"""Retention: the content an owner keeps (a BundleDeployment's revisions) stay in the node
 cache while nothing mounts them, until the retention TTL passes.
 
-Grouped by layer: the volume attributes (``retainFor``, ``retain``), the cache's records
-(``CacheState.retain``), eviction, and the bind-mode publish that records them, the
-last two against the real registry.
+Grouped by layer: the volume attributes (``retainFor``, ``retain``: images, git and http
+sources), the cache's records (``CacheState.retain``), eviction, and the publish that
+records them, against a real registry and a real http server; then the FUSE store's
+own retention, on a real store.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import time
+from collections.abc import Iterator
+from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from csi.fuse.images import FuseImages
+from csi.fuse.publisher import FusePublisher
 from csi.node.publish import Publisher, PublishRequest
 from csi.plugin import main as plugin_main
 from rukpak.common import errors
@@ -25,10 +32,12 @@ from rukpak.oci.auth import Credentials
 from rukpak.oci.client import RegistryClient
 from rukpak.oci.manifest import Platform
 from rukpak.oci.reference import Reference
-from rukpak.sources.volume import RETAIN_MAX, VolumeSource
+from rukpak.sources.cache import SourceCache
+from rukpak.sources.volume import RETAIN_MAX, FetchSource, VolumeSource, retain_entry
 from tests.csi_helpers import PushedImage, push_image, simple_image
 from tests.publish_fakes import FakeMounter
 from tests.registry import RegistryServer
+from tests.source_servers import SourceServer, serving, tarball
 from tests.test_csi_image_formats import push_multi_platform
 
 AMD64 = Platform.parse("linux/amd64")
@@ -112,6 +121,10 @@ def test_an_owner_key_with_whitespace_control_characters_or_too_long_is_invalid_
         VolumeSource.from_attributes(attributes)
 
 
+GIT_LABEL = f"git+https://example.com/repo.git@{'a' * 40}:manifests"
+HTTP_LABEL = f"https://example.com/b.tgz@sha256:{HEX['b']}"
+
+
 @pytest.mark.parametrize(
     "volume",
     [
@@ -120,10 +133,56 @@ def test_an_owner_key_with_whitespace_control_characters_or_too_long_is_invalid_
     ],
     ids=["git", "http"],
 )
-def test_retention_on_a_git_or_http_volume_is_invalid_argument(volume: dict[str, str]) -> None:
-    attributes = {**volume, "retainFor": OWNER, "retain": pinned(HEX["a"])}
-    with pytest.raises(errors.InvalidArgument, match="image volumes only"):
+def test_a_git_or_http_volume_takes_retention_of_images_and_sources_alike(
+    volume: dict[str, str],
+) -> None:
+    kept = f"{pinned(HEX['c'])} {GIT_LABEL} {HTTP_LABEL}"
+    source = VolumeSource.from_attributes({**volume, "retainFor": OWNER, "retain": kept})
+    assert source.fetch is not None
+    assert (source.retain_for, source.retain) == (OWNER, tuple(kept.split()))
+    assert VolumeSource.from_attributes(source.attributes()) == source
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "git+https://example.com/repo.git@abc123",  # not a full commit
+        f"git+https://example.com/repo.git@{'A' * 40}",  # not lower-case hex
+        "https://example.com/b.tgz",  # not pinned
+        f"https://example.com/b.tgz@sha256:{'a' * 12}",
+        f"ftp://example.com/b.tgz@sha256:{HEX['a']}",
+    ],
+)
+def test_a_retained_source_that_is_not_pinned_is_invalid_argument_naming_it(entry: str) -> None:
+    attributes = {"image": pinned(HEX["a"]), "retainFor": OWNER, "retain": entry}
+    with pytest.raises(errors.InvalidArgument, match=r"^volume attribute 'retain': .*pinned"):
         VolumeSource.from_attributes(attributes)
+
+
+@pytest.mark.parametrize(
+    ("attributes", "entry"),
+    [
+        ({"image": pinned(HEX["a"])}, pinned(HEX["a"])),
+        ({"image": "quay.io/org/app:v1"}, None),  # a tag names no fixed content
+        (
+            {"git": "https://example.com/repo.git", "commit": "a" * 40, "directory": "manifests"},
+            GIT_LABEL,
+        ),
+        ({"url": "https://example.com/b.tgz", "digest": f"sha256:{HEX['b']}"}, HTTP_LABEL),
+        ({"url": f"https://example.com/b.tgz#sha256={HEX['b']}"}, HTTP_LABEL),
+        ({"git": "https://example.com/repo.git", "commit": "short"}, None),
+        (
+            {"image": pinned(HEX["a"]), "retainFor": OWNER, "retain": pinned(HEX["b"])},
+            pinned(HEX["a"]),
+        ),
+    ],
+)
+def test_retain_entry_names_pinned_content_as_the_node_labels_it(
+    attributes: dict[str, str], entry: str | None
+) -> None:
+    assert retain_entry(attributes) == entry
+    if entry is not None and "image" not in attributes:
+        assert VolumeSource.from_attributes(attributes).image == entry  # the tree's label
 
 
 def test_the_plugin_takes_the_retention_ttl_in_seconds_fourteen_days_by_default() -> None:
@@ -329,7 +388,7 @@ def test_republishing_the_same_volume_refreshes_its_retention(
 
 
 class RetentionFails(ImageCache):
-    def retain(self, owner: str, refs: Any, platform: Platform) -> list[str]:
+    def retain(self, owner: str, refs: Any, platform: Platform, **_: Any) -> list[str]:
         raise OSError(28, "No space left on device")
 
 
@@ -349,14 +408,21 @@ def test_a_retention_that_cannot_be_recorded_never_fails_the_publish(
 
 
 class FuseRecorder:
-    """A FUSE publisher that only records what it was asked to publish."""
+    """A FUSE publisher that only records what it was asked to publish and retain (the
+    FUSE store's own retention is tested on a real store below)."""
 
     def __init__(self) -> None:
         self.sources: list[VolumeSource] = []
+        self.images = self
+        self.retained: list[tuple[str, list[str]]] = []
 
     def publish(self, *, target: Path, source: VolumeSource, **_: Any) -> Path:
         self.sources.append(source)
         return target
+
+    def retain(self, owner: str, refs: Any, platform: Platform) -> list[str]:
+        self.retained.append((owner, list(refs)))
+        return []
 
     def release(self, target: str) -> None:
         pass
@@ -365,7 +431,7 @@ class FuseRecorder:
         return len(self.sources)
 
 
-def test_a_fuse_mode_publish_ignores_retention(tmp_path: Path) -> None:
+def test_a_fuse_mode_publish_records_retention_in_the_fuse_store(tmp_path: Path) -> None:
     (tmp_path / "kubelet").mkdir()
     images = ImageCache(tmp_path / "state", puller_factory=client)
     fuse = FuseRecorder()
@@ -379,10 +445,126 @@ def test_a_fuse_mode_publish_ignores_retention(tmp_path: Path) -> None:
         "image": pinned(HEX["a"]),
         "publishMode": "fuse",
         "retainFor": OWNER,
-        "retain": pinned(HEX["b"]),
+        "retain": f"{pinned(HEX['b'])} {GIT_LABEL}",
     }
     target = tmp_path / "kubelet" / "pods" / "p" / "volumes" / "bundle"
     source = VolumeSource.from_attributes(attributes)
     assert publisher.publish(PublishRequest("vol", str(target), source)) == target
     assert fuse.sources == [source]
-    assert images.state.retention() == {}
+    assert fuse.retained == [(OWNER, [pinned(HEX["a"]), pinned(HEX["b"])])], "images only"
+    assert images.state.retention() == {}, "the bind cache holds none of them"
+
+
+# --- git and http trees (a real http server) -------------------------------------------
+
+
+def big_tarball(tag: str) -> bytes:
+    """A tarball whose tree counts 50 kB against the budget."""
+    return tarball({"manifests/f": (tag * 50_000)[:50_000]})
+
+
+@pytest.fixture
+def files_server(tmp_path: Path) -> Iterator[SourceServer]:
+    with serving(tmp_path / "repos") as server:
+        yield server
+
+
+def http_volume(server: SourceServer, name: str, data: bytes) -> dict[str, str]:
+    server.files[name] = data
+    return {"url": f"{server.url}/files/{name}", "digest": "sha256:" + sha256(data).hexdigest()}
+
+
+def test_eviction_spares_a_retained_http_tree_and_a_publish_of_it_retains_it(
+    tmp_path: Path, files_server: SourceServer
+) -> None:
+    (tmp_path / "kubelet").mkdir()
+    images = ImageCache(tmp_path / "state", puller_factory=client, budget_bytes=120_000)
+    publisher = Publisher(images=images, mounter=FakeMounter(), kubelet_dir=tmp_path / "kubelet")
+    kept, other, newest = (
+        http_volume(files_server, f"{x}.tgz", big_tarball(x)) for x in ("kept", "other", "new")
+    )
+    label = retain_entry(kept)
+    assert label is not None and label.startswith(f"{files_server.url}/files/kept.tgz@sha256:")
+    target = publisher.kubelet_dir / "pods" / "p" / "volumes" / "bundle"
+    request = PublishRequest(
+        "vol-p",
+        str(target),
+        VolumeSource.from_attributes({**kept, "retainFor": OWNER, "retain": label}),
+    )
+    kept_path = publisher.publish(request)
+    kept_digest = images.holder_digest(str(target))
+    assert images.state.retention() == {OWNER: [kept_digest]}
+    publisher.unpublish("vol-p", str(target))  # the instance pod ended
+
+    sources = SourceCache(images)
+    other_path = sources.ensure(FetchSource.from_attributes(other)).path
+    newest_path = sources.ensure(FetchSource.from_attributes(newest)).path
+    images.evict()
+    assert kept_path.is_dir() and newest_path.is_dir()
+    assert not other_path.exists(), "unretained and least recently used"
+
+    files_server.files.clear()  # the server has nothing now: the tree is all there is
+    again = publisher.publish(request)
+    assert again == kept_path and (again / "manifests" / "f").read_text().startswith("kept")
+
+
+def test_a_retained_source_label_keeps_every_tree_fetched_under_it(tmp_path: Path) -> None:
+    state = CacheState(tmp_path / "state.json")
+    record = {"image": GIT_LABEL, "blobs": [], "size": 1}
+    for h in (HEX["a"], HEX["b"]):
+        state.record_tree(f"sha256:{h}", {**record, "digest": f"sha256:{h}"})
+    state.record_tree(f"sha256:{HEX['c']}", {**record, "image": HTTP_LABEL})
+    assert state.trees_labelled(GIT_LABEL) == [f"sha256:{HEX['a']}", f"sha256:{HEX['b']}"]
+    assert state.trees_labelled("git+https://example.com/other.git@" + "a" * 40) == []
+
+
+# --- the FUSE store (a real registry, a real store on disk) ------------------------------
+
+
+def age(images: FuseImages, *names: str) -> None:
+    """Make trees ``names`` look unused for an hour or more, the first the longest (the
+    collection spares recently used trees and takes the least recently used first)."""
+    for n, name in enumerate(names):
+        stamp = time.time() - 3600 - 60 * (len(names) - n)
+        os.utime(images.index_path(name), (stamp, stamp))
+
+
+@pytest.mark.registry
+def test_the_fuse_store_spares_a_retained_tree_until_the_ttl_passes(
+    tmp_path: Path, registry: RegistryServer
+) -> None:
+    clock = Clock()
+    kept, other, newest = (big_image(registry, f"retention/fuse-{x}") for x in "abc")
+    fuse = FuseImages(
+        tmp_path / "fuse", puller_factory=client, budget_bytes=120_000, retain_ttl=600, clock=clock
+    )
+    publisher = FusePublisher(fuse, FakeMount(), tmp_path / "publishes.json")
+    names = [
+        fuse.ensure(i.ref, platform=AMD64, pull_policy=PullPolicy.IF_NOT_PRESENT).name
+        for i in (kept, other, newest)
+    ]
+    assert fuse.retain(OWNER, [pinned_image(kept), pinned(HEX["f"])], AMD64) == [
+        pinned_image(kept)
+    ], "a tree the store lacks is skipped"
+    assert fuse.retain(OWNER, [kept.ref], AMD64) == [kept.ref], "a tag: the tree it resolved"
+    fuse.retain(OWNER, [pinned_image(kept)], AMD64)
+    assert publisher.held() == {names[0]}
+    age(fuse, *names)
+    evicted, _ = fuse.collector.collect(publisher.held())
+    assert names[0] not in evicted and names[1] in evicted
+    assert fuse.has_tree(kept.manifest_digest) and not fuse.has_tree(other.manifest_digest)
+
+    restarted = FuseImages(
+        tmp_path / "fuse", puller_factory=client, budget_bytes=1, retain_ttl=600, clock=clock
+    )
+    assert restarted.retained() == {names[0]}, "retention is on disk"
+    clock.now += 601
+    assert restarted.retained() == set()
+    age(restarted, names[0], names[2])
+    evicted, _ = restarted.collector.collect(set())
+    assert names[0] in evicted, "no longer retained: it may go"
+
+
+class FakeMount:
+    def tree_dir(self, name: str) -> Path:
+        return Path("/nonexistent") / name

@@ -11,6 +11,8 @@ the node cache alone. Checked here:
 - a revision that is not Installed and Healthy within ``progressDeadlineSeconds`` turns
   ``Progressing`` False (ProgressDeadlineExceeded) and, with ``rollbackOnFailure``, the
   previous revision comes back from the node cache, registry stopped;
+- a git BundleDeployment rolls back through an instance run (the manager restarted)
+  with its git server stopped: the node plugin retains both commits' trees;
 - ``dependsOn``: a chain of three installs in order, each waiting with
   ``DependencyNotReady`` naming what it waits for; a cycle is refused naming its path;
   deleting the chain at once deletes it in reverse order.
@@ -19,6 +21,7 @@ the node cache alone. Checked here:
 from __future__ import annotations
 
 import functools
+import json
 import subprocess
 import sys
 import uuid
@@ -36,6 +39,7 @@ from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
 from tests.polling import eventually
 from tests.registry import RegistryServer
+from tests.source_servers import commit, make_repo, serving
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -177,6 +181,64 @@ def test_rollback_reinstalls_the_previous_revision_with_the_registry_stopped(
     # either (a tag would: it cannot be resolved while the registry is down)
     set_ref(system, name, kept[1]["source"]["image"]["ref"], revisionHistoryLimit=4)
     eventually(lambda: greeting(system, ns) == "two", timeout=180, what="the rollback ended")
+    delete(system, name)
+
+
+def hello_files(system: inst.RukpakSystem, root: Path, ns: str, text: str) -> dict[str, str]:
+    """The hello bundle greeting ``text``, as files under ``hello/`` of a repository."""
+    inst.hello_bundle(root, namespace=ns, image=system.busybox_image, greeting=text)
+    return {f"hello/manifests/{p.name}": p.read_text() for p in (root / "manifests").iterdir()}
+
+
+def retained_by(system: inst.RukpakSystem, owner: str) -> list[str]:
+    """The tree digests the node plugin's cache retains for ``owner`` (its state file)."""
+    state = json.loads((system.state_dir / "images" / "state.json").read_text())
+    entry = (state.get("retained") or {}).get(owner) or {}
+    return list(entry.get("digests") or [])
+
+
+def test_a_git_bundle_rolls_back_through_a_run_with_its_git_server_stopped(
+    rukpak_system: inst.RukpakSystem, tmp_path: Path
+) -> None:
+    """The run path of a rollback (a restarted manager kept no objects) for git content:
+    the instance pod's git volume is served from the node cache, which retains both
+    commits' trees for the BundleDeployment."""
+    system = rukpak_system
+    name, ns = f"git-rollback-{SUFFIX}", f"git-rollback-{SUFFIX}"
+    repo = tmp_path / "repos" / "hello.git"
+    commits = [make_repo(repo, hello_files(system, tmp_path / "one", ns, "one"))]
+    commits.append(commit(repo, hello_files(system, tmp_path / "two", ns, "two")))
+    with serving(tmp_path / "repos") as server:
+
+        def source(commit_hash: str) -> Obj:
+            git = {"repository": server.repo_url("hello.git"), "directory": "./hello"}
+            return {"type": "git", "git": {**git, "ref": {"commit": commit_hash}}}
+
+        manifest = bd_v2(name, "unused")
+        manifest["spec"]["source"] = source(commits[0])
+        system.kube.create(manifest)
+        eventually(lambda: ready(system, name, 1), timeout=180, what="revision 1 installed")
+        bd = actuate.bd_ref(name, model.API_VERSION_V2)
+        system.kube.merge_patch(bd, {"spec": {"source": source(commits[1])}})
+        eventually(lambda: ready(system, name, 2), timeout=180, what="revision 2 installed")
+        assert greeting(system, ns) == "two"
+    # the git server is gone from here on
+    kept = status(system, name)["revisions"]
+    assert [r["source"]["git"]["ref"]["commit"] for r in kept] == commits
+    owner = f"bundledeployment/{name}/{live(system, name)['metadata']['uid']}"
+    assert len(retained_by(system, owner)) == 2, "both commits' trees are retained"
+
+    manager = ("-n", inst.NAMESPACE, "deployment/rukpak-manager")
+    system.kubectl("rollout", "restart", *manager)
+    system.kubectl("rollout", "status", *manager, "--timeout=240s", timeout=260)
+    out = rukpak(system, "rollback", name, "--wait", "180", timeout=240)
+    assert "revision 1 installed" in out, out
+    eventually(lambda: ready(system, name, 1), timeout=120, what="revision 1 healthy again")
+    assert greeting(system, ns) == "one"
+    assert "RevertedWithoutRun" not in events_of(system, name, "RevertedWithoutRun")
+    record = install_record(system, name)
+    assert record is not None and record.bundle == kept[0]["name"]
+    assert events_about(system, inst.NAMESPACE, record.by), "a run pod installed it"
     delete(system, name)
 
 

@@ -11,7 +11,16 @@ from typing import Any
 from provisioner.engine import revisionlog
 from provisioner.engine.health import Health
 from provisioner.engine.objects import Obj
-from provisioner.manager import dependencies, inline, model, plan, revisions, runs, sources
+from provisioner.manager import (
+    dependencies,
+    generate,
+    inline,
+    model,
+    plan,
+    revisions,
+    runs,
+    sources,
+)
 from rukpak.sources import volume
 from tests.plan_helpers import bd_v2, kinds
 
@@ -407,6 +416,37 @@ def test_instance_runs_ask_the_node_to_keep_every_kept_revisions_image() -> None
     parsed = volume.VolumeSource.from_attributes(attributes)
     assert parsed.retain_for == "bundledeployment/hello/u-1"
     assert set(parsed.retain) == {D1, D2}
+
+
+def test_kept_git_and_http_revisions_are_retained_as_the_node_labels_their_trees() -> None:
+    """Each kept revision's pin becomes the ``retain`` entry the node plugin computes for
+    that volume (``volume.retain_entry``); configMaps need nothing, tags are not kept."""
+    repo, commit = "https://git.example.com/app.git", "c" * 40
+    tgz, digest = "https://files.example.com/app.tgz", "sha256:" + "d" * 64
+    git_pin = sources.pinned_git({"repository": repo, "directory": "./deploy"}, commit)
+    http_pin = sources.pinned_http({"url": tgz, "auth": {"secret": {"name": "s"}}}, digest)
+    several = revisions.encode_pin(
+        sources.several([("a", sources.pinned_image(D1)), ("b", http_pin)])
+    )
+    kept = [
+        revisions.Revision(n, f"hello-{n}", source, n, T0).document()
+        for n, source in enumerate(
+            [git_pin, several, sources.pinned_configmaps([]), sources.pinned_image("r.io/a:v1")],
+            start=1,
+        )
+    ]
+    the_bd = bd(status={"revisions": kept})
+    git_label = f"git+{repo}@{commit}:./deploy"
+    entries = generate.retained_content(the_bd)
+    assert entries == sorted([git_label, f"{tgz}@{digest}", D1])
+
+    pod = {"spec": {"volumes": [sources.volume(git_pin), {"name": "cm", "configMap": {}}]}}
+    generate._retain(pod, the_bd)
+    attributes = pod["spec"]["volumes"][0]["csi"]["volumeAttributes"]
+    assert attributes["retain"].split()[-1] == git_label, "the current content last"
+    parsed = volume.VolumeSource.from_attributes(attributes)
+    assert parsed.image == git_label and set(parsed.retain) == set(entries)
+    assert "csi" not in pod["spec"]["volumes"][1]
 
 
 def test_the_kept_set_moving_does_not_restart_a_run() -> None:

@@ -8,6 +8,7 @@ walker (``csi.fuse.unpack``) and the file store. Layout under ``root``::
     trees/<hex>.json     one index per image manifest (csi.fuse.index)
     lazy/<hex>.json      a lazy tree's plan: its layers, each file's byte span (csi.fuse.lazy)
     tags.json            reference|platform → manifest digest (for IfNotPresent)
+    retained.json        owner → the trees its kept revisions name (rukpak.image.retention)
     boot_id              the boot of the last start (after a reboot, torn lazy indexes go)
 
 Private trees are served from the cache only to pods whose own credentials the
@@ -18,6 +19,12 @@ A lazy tree fetches its files with the credentials it was published with.
 They stay in memory, plus a copy handed to the /dev/fuse holder (``keeper``,
 memory only too), from which a restarted plugin takes them back
 (:meth:`FuseImages.restore_credentials`): secrets never reach the disk or a log.
+
+Retention: as in bind mode, a publish whose volume names an owner (``retainFor``,
+``retain``) records the trees of that owner's kept revisions (:meth:`FuseImages.retain`);
+the collection spares them for ``retain_ttl`` seconds after the publish that last named
+them (:meth:`FuseImages.retained`), so a rollback finds them with the registry
+unreachable.
 
 Layers are streamed from the registry straight into the walker — the layer
 blobs are not kept, only the files they hold, so ten versions of a bundle that
@@ -49,7 +56,8 @@ from rukpak.common.fsio import (
     write_bytes_atomic,
     write_json_atomic,
 )
-from rukpak.image import cachesync, extract, grants, layerio, layerstream, seams
+from rukpak.image import cachesync, extract, grants, layerio, layerstream, retention, seams
+from rukpak.image.eviction import RETAIN_TTL
 from rukpak.image.grants import Grants
 from rukpak.image.locks import KeyedLocks
 from rukpak.image.seams import PullerFactory, PullPolicy
@@ -103,6 +111,8 @@ class FuseImages:
         budget_bytes: int = 10 * 1024**3,
         auth_ttl: float = grants.DEFAULT_TTL,
         shared_grants: Grants | None = None,
+        retain_ttl: float = RETAIN_TTL,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.root = root
         self.files = FileStore(root)
@@ -116,6 +126,11 @@ class FuseImages:
         self._tags_lock = threading.Lock()
         loaded = read_json_or_set_aside(self.tags_path)
         self._tags: dict[str, str] = dict(loaded) if isinstance(loaded, dict) else {}
+        self.retain_ttl = retain_ttl
+        self._clock = clock
+        self.retained_path = root / "retained.json"
+        kept = read_json_or_set_aside(self.retained_path)
+        self._retained: retention.Table = dict(kept) if isinstance(kept, dict) else {}
         # Bind mode's rule (``--private-image-auth-ttl``); with ``shared_grants``, its table too.
         self.grants = (
             shared_grants if shared_grants is not None else Grants(puller_factory, ttl=auth_ttl)
@@ -188,6 +203,37 @@ class FuseImages:
                 # after a power loss is set aside and the tags resolved again).
                 write_json_atomic(self.tags_path, self._tags, durable=False)
             return Ready(digest, digests.hex_of(digest), cache_hit=hit)
+
+    def retain(self, owner: str, refs: Iterable[str], platform: Platform) -> list[str]:
+        """Make the trees of ``refs`` (image references pinned by digest) on ``platform``
+        the ones ``owner`` retains, as of now, replacing what it retained: the tree its
+        last publish on ``platform`` resolved, or the tree of the manifest digest it
+        names. What the store holds no tree for is skipped. Returns the references
+        retained. Idempotent."""
+        kept: dict[str, str] = {}
+        for text in refs:
+            ref = Reference.parse(text)
+            with self._tags_lock:
+                tagged = self._tags.get(f"{ref}|{platform}")
+            for digest in (tagged, ref.digest):
+                if digest and self.has_tree(digest):
+                    kept.setdefault(text, digest)
+                    break
+        with self._tags_lock:
+            change = retention.set_owner(self._retained, owner, kept.values(), self._clock())
+            retention.expire(self._retained, self._clock(), self.retain_ttl)
+            if change is not retention.Change.NONE:
+                write_json_atomic(
+                    self.retained_path,
+                    self._retained,
+                    durable=change is retention.Change.DIGESTS,
+                )
+        return list(kept)
+
+    def retained(self) -> set[str]:
+        """Tree names (hex digests) retained now (within ``retain_ttl``)."""
+        with self._tags_lock:
+            return retention.fresh(self._retained, self._clock(), self.retain_ttl)
 
     def _is_private(self, digest: str) -> bool:
         """Trees pulled with credentials anonymous access could not read (or unknown)."""

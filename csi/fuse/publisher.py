@@ -7,7 +7,8 @@ same unmount for both modes, then :meth:`FusePublisher.release`. Below it: the
 FUSE image cache (``csi.fuse.images``) and the mount (``csi.fuse.service``).
 
 After each publish and unpublish the store's collection runs in the background
-(``csi.fuse.collect``): trees no record holds may go when over budget.
+(``csi.fuse.collect``): trees no record holds and no owner retains
+(``FuseImages.retained``) may go when over budget.
 
 Idempotency matches bind mode: the same volume and image on the same target
 again is success; anything else on a mounted target is AlreadyExists. Which
@@ -120,9 +121,11 @@ class FusePublisher:
         self.images.collector.request(self.held)
 
     def held(self) -> set[str]:
-        """The trees published volumes use (safe from the store's collection)."""
+        """The trees published volumes use or an owner retains (safe from the store's
+        collection)."""
         with self._lock:
-            return {record["tree"] for record in self._records.values()}
+            used = {record["tree"] for record in self._records.values()}
+        return used | self.images.retained()
 
     def holds(self, target: str) -> bool:
         return target in self._records

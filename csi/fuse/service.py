@@ -31,6 +31,7 @@ from csi.fuse.publisher import FusePublisher
 from csi.fuse.session import HolderClient, Session, spawn_holder, wait_for_socket
 from rukpak.common import errors
 from rukpak.image import extract, grants
+from rukpak.image.eviction import RETAIN_TTL
 from rukpak.image.seams import PullerFactory
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class FuseService:
         budget_bytes: int = 10 * 1024**3,
         auth_ttl: float = grants.DEFAULT_TTL,
         shared_grants: grants.Grants | None = None,
+        retain_ttl: float = RETAIN_TTL,
     ) -> None:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.root = root
@@ -62,6 +64,7 @@ class FuseService:
             budget_bytes=budget_bytes,
             auth_ttl=auth_ttl,
             shared_grants=shared_grants,
+            retain_ttl=retain_ttl,
         )
         self.trees = fs.Trees(self.images.trees_dir, root / "slots.json")
         self.images.on_forget.append(self.trees.forget)

@@ -11,12 +11,13 @@ Idempotency, as CSI demands:
 * unpublishing unmounts if mounted, removes the target directory and is
   success when nothing is there.
 
-Retention: a bind-mode image publish whose source names an owner (volume attributes
-``retainFor`` and ``retain``, ``rukpak.sources.volume``) then records the trees that
-owner keeps: the published image (its pod unmounts when it ends) and every
-``retain`` image the cache holds (``ImageCache.retain``), so eviction spares them.
-It never fails the publish: a retention that cannot be recorded is a warning.
-FUSE-mode publishes and git or http volumes ignore retention.
+Retention: a publish whose source names an owner (volume attributes ``retainFor`` and
+``retain``, ``rukpak.sources.volume``) then records the trees that owner keeps: the
+published content (its pod unmounts when it ends) and every ``retain`` entry a store
+holds, images and git or http trees alike, in the bind cache (``ImageCache.retain``)
+and, when FUSE mode is on, in the FUSE store (``FuseImages.retain``: a kept revision
+may have been published in either mode), so eviction spares them. It never fails the
+publish: a retention that cannot be recorded is a warning.
 
 Safety: targets must lie strictly inside the configured kubelet directory
 (after resolving symlinks in their parent) and must not themselves be symlinks;
@@ -55,6 +56,7 @@ from rukpak.image.locks import KeyedLocks
 from rukpak.oci.auth import Credentials
 from rukpak.oci.manifest import Platform
 from rukpak.signing.gate import Gate
+from rukpak.sources import volume
 from rukpak.sources.cache import SourceCache
 from rukpak.sources.volume import VolumeSource
 
@@ -185,7 +187,7 @@ class Publisher:
                         "--fuse, or use publishMode bind"
                     )
                 with self._slot(deadline, req.source.image):
-                    return self.fuse.publish(
+                    path = self.fuse.publish(
                         target=target,
                         volume_id=req.volume_id,
                         source=req.source,
@@ -193,6 +195,8 @@ class Publisher:
                         credentials=req.credentials,
                         mounter=self.mounter,
                     )
+                self._retain(req.source)
+                return path
             if current is not None:
                 known = self.images.holders().get(key)
                 same = (
@@ -264,9 +268,14 @@ class Publisher:
         """Record what ``source``'s owner retains (see the module docstring); never raises."""
         if not source.retain_for:
             return
-        refs = (source.image, *source.retain)
+        entries = list(dict.fromkeys((source.image, *source.retain)))
+        labels = [e for e in entries if volume.is_fetch_label(e)]
+        refs = [e for e in entries if not volume.is_fetch_label(e)]
+        platform = source.platform or self.platform
         try:
-            kept = self.images.retain(source.retain_for, refs, source.platform or self.platform)
+            kept = self.images.retain(source.retain_for, refs, platform, labels=labels)
+            if self.fuse is not None:
+                kept += self.fuse.images.retain(source.retain_for, refs, platform)
         except Exception as exc:  # a publish that mounted stays published
             log.warning(
                 "msg=%r owner=%s error=%r",
@@ -279,8 +288,8 @@ class Publisher:
             "msg=%r owner=%s retained=%d asked=%d",
             "retained images",
             source.retain_for,
-            len(kept),
-            len(set(refs)),
+            len(set(kept)),
+            len(entries),
         )
 
     def _bind(self, tree: Path, target: Path) -> None:
@@ -304,6 +313,7 @@ class Publisher:
             known = self.images.holders().get(key)
             digest = self.images.holder_digest(key)
             if known == holder and digest is not None and self.images.has_tree(digest):
+                self._retain(req.source)
                 return self.images.tree_path(digest)
             raise errors.AlreadyExists(
                 f"target {key} already holds other content; unpublish it first"
@@ -319,6 +329,7 @@ class Publisher:
             req.source.image,
             unpacked.cache_hit,
         )
+        self._retain(req.source)
         return unpacked.path
 
     def unpublish(self, volume_id: str, target_path: str) -> None:

@@ -109,9 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("--cache-budget", parse_size, parse_size("10Gi"),
          "evict unused images when the cache exceeds this size (e.g. 10Gi, 500M)"),
         ("--retain-ttl", parse_seconds, RETAIN_TTL,
-         "seconds eviction spares the images an owner retains (volume attributes retainFor "
-         "and retain: a BundleDeployment's kept revisions) after the publish that last named "
-         "them (default 14 days)"),
+         "seconds eviction spares the trees an owner retains, in both modes (volume attributes "
+         "retainFor and retain: a BundleDeployment's kept revisions) after the publish that "
+         "last named them (default 14 days)"),
         ("--max-unpacked-bytes", parse_size, parse_size("2Gi"),
          "refuse an image that unpacks to more than this (decompression-bomb guard)"),
         ("--max-unpacked-files", int, 200_000,
@@ -327,6 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 holder_socket=args.fuse_holder_socket,
                 budget_bytes=args.cache_budget,
                 shared_grants=images.grants,  # one credential re-check for both modes
+                retain_ttl=args.retain_ttl,
             )
             fuse.start()
         gate = signature_gate(

@@ -238,36 +238,40 @@ def instance_run_pod(
     return body
 
 
-def retained_images(bd: Obj) -> list[str]:
-    """The digest-pinned images of ``bd``'s kept revisions (``status.revisions``), sorted,
-    at most ``volume.RETAIN_MAX``: what the node cache must keep for a rollback."""
-    refs: set[str] = set()
+def retained_content(bd: Obj) -> list[str]:
+    """What the node caches must keep for a rollback of ``bd``: the ``retain`` entries
+    (``rukpak.sources.volume.retain_entry``: images pinned by digest, git commits, http
+    tarballs by digest) of its kept revisions (``status.revisions``), sorted, at most
+    ``volume.RETAIN_MAX``. ConfigMaps sources live in the API server: nothing to keep."""
+    entries: set[str] = set()
     for rev in revisions.of_status(bd):
         parts = rev.source.get("sources")
         for part in parts if isinstance(parts, list) else [rev.source]:
-            image = part.get("image") if isinstance(part, dict) else None
-            ref = image.get("ref") if isinstance(image, dict) else None
-            if part.get("type") == "image" and isinstance(ref, str) and model.is_digest_ref(ref):
-                refs.add(ref)
-    return sorted(refs)[-volume.RETAIN_MAX :]
+            if not isinstance(part, dict) or part.get("type") not in ("image", "git", "http"):
+                continue
+            entry = volume.retain_entry(sources.volume(part)["csi"]["volumeAttributes"])
+            if entry is not None:
+                entries.add(entry)
+    return sorted(entries)[-volume.RETAIN_MAX :]
 
 
 def _retain(pod: Obj, bd: Obj) -> None:
-    """Ask the node to keep the kept revisions' images on the pod's image volumes
-    (``retainFor``/``retain``): a rollback then needs no registry."""
-    kept = retained_images(bd)
+    """Ask the node to keep the kept revisions' content on the pod's bundle volumes
+    (``retainFor``/``retain``): a rollback then needs no registry, git or http server."""
+    kept = retained_content(bd)
     if not kept:
         return
     owner = f"bundledeployment/{model.name_of(bd)}/{meta_of(bd).get('uid') or ''}".rstrip("/")
     for vol in pod["spec"].get("volumes") or []:
         attributes = (vol.get("csi") or {}).get("volumeAttributes")
-        if isinstance(attributes, dict) and attributes.get(volume.ATTR_IMAGE):
-            current = str(attributes[volume.ATTR_IMAGE])
-            if not model.is_digest_ref(current):
-                continue
-            others = [r for r in kept if r != current][-(volume.RETAIN_MAX - 1) :]
-            attributes[volume.ATTR_RETAIN_FOR] = owner
-            attributes[volume.ATTR_RETAIN] = " ".join([*others, current])
+        if not isinstance(attributes, dict):
+            continue
+        current = volume.retain_entry(attributes)
+        if current is None:
+            continue
+        others = [r for r in kept if r != current][-(volume.RETAIN_MAX - 1) :]
+        attributes[volume.ATTR_RETAIN_FOR] = owner
+        attributes[volume.ATTR_RETAIN] = " ".join([*others, current])
 
 
 UNPACK_CONTAINER = "unpack"

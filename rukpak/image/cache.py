@@ -225,21 +225,34 @@ class ImageCache:
         """Seconds a retention counts after the publish that last set it."""
         return self.evictor.retain_ttl
 
-    def retain(self, owner: str, refs: Iterable[str], platform: Platform) -> list[str]:
-        """Make the trees of ``refs`` on ``platform`` the ones ``owner`` retains (spared by
-        eviction for :attr:`retain_ttl` seconds from now), replacing what it retained.
+    def retain(
+        self,
+        owner: str,
+        refs: Iterable[str],
+        platform: Platform,
+        *,
+        labels: Iterable[str] = (),
+    ) -> list[str]:
+        """Make the trees of ``refs`` on ``platform`` and of the git or http source
+        ``labels`` the ones ``owner`` retains (spared by eviction for :attr:`retain_ttl`
+        seconds from now), replacing what it retained.
 
         A reference maps to the tree its last pull on ``platform`` recorded or, when it is
-        pinned by digest, to the tree of that manifest digest; a reference the cache holds
-        no tree for is skipped. Returns the references retained. Idempotent.
+        pinned by digest, to the tree of that manifest digest; a label to every source
+        tree recorded under it (one per credential that fetched it). What the cache holds
+        no tree for is skipped. Returns the references and labels retained. Idempotent.
         """
         with self._state_lock:  # eviction picks its victims under this lock
-            kept: dict[str, str] = {}
+            kept: dict[str, list[str]] = {}
             for text in refs:
                 digest = self._tree_of(Reference.parse(text), platform)
                 if digest is not None:
-                    kept.setdefault(text, digest)
-            self.state.retain(owner, set(kept.values()), self._clock())
+                    kept.setdefault(text, [digest])
+            for label in labels:
+                found = self.state.trees_labelled(label)
+                if found:
+                    kept.setdefault(label, found)
+            self.state.retain(owner, {d for ds in kept.values() for d in ds}, self._clock())
         return list(kept)
 
     def retained(self) -> set[str]:

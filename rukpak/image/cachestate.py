@@ -35,6 +35,7 @@ from typing import Any
 
 from rukpak.common.background import Chore
 from rukpak.common.fsio import read_json_or_set_aside, write_bytes_atomic, write_json_atomic
+from rukpak.image import retention
 from rukpak.oci import digest as digests
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,16 @@ class CacheState:
         with self.lock:
             return sum(int(t.get("size", 0)) for t in self.data["trees"].values())
 
+    def trees_labelled(self, label: str) -> list[str]:
+        """Digests of the recorded trees whose record names ``label`` (a git or http
+        source's ``FetchSource.label()``: one tree per credential that fetched it)."""
+        with self.lock:
+            return sorted(
+                f"sha256:{hex_}"
+                for hex_, record in self.data["trees"].items()
+                if isinstance(record, dict) and record.get("image") == label
+            )
+
     def forget_tree(self, hex_: str) -> dict[str, Any]:
         """Drop a tree's record and the tags naming it; returns the record."""
         with self.lock:
@@ -200,55 +211,29 @@ class CacheState:
     def retain(self, owner: str, tree_digests: Collection[str], now: float) -> None:
         """Make ``tree_digests`` the trees ``owner`` retains, as of ``now`` (unix seconds),
         replacing what it retained; an empty collection ends the owner's retention."""
-        kept = sorted({d for d in tree_digests if digests.is_valid(d)})
         with self.lock:
-            table = self.data["retained"]
-            before = table.get(owner)
-            if not kept:
-                if table.pop(owner, None) is not None:
-                    self.save()
-                return
-            table[owner] = {"digests": kept, "at": now}
-            if isinstance(before, dict) and before.get("digests") == kept:
-                self.save_soon()  # only the time moved: losing it shortens the hold a little
-            else:
+            change = retention.set_owner(self.data["retained"], owner, tree_digests, now)
+            if change is retention.Change.DIGESTS:
                 self.save()
+            elif change is retention.Change.TIME:
+                self.save_soon()
 
     def retained(self, now: float, ttl: float) -> set[str]:
         """Hex digests of the trees retained by entries at most ``ttl`` seconds older than
         ``now``."""
         with self.lock:
-            return {
-                digests.hex_of(d)
-                for entry in self.data["retained"].values()
-                if _fresh(entry, now, ttl)
-                for d in _digests_of(entry)
-            }
+            return retention.fresh(self.data["retained"], now, ttl)
 
     def retention(self) -> dict[str, list[str]]:
         """Every owner's retained tree digests, expired entries included."""
         with self.lock:
-            return {owner: _digests_of(e) for owner, e in self.data["retained"].items()}
+            return {o: retention.digests_of(e) for o, e in self.data["retained"].items()}
 
     def expire_retention(self, now: float, ttl: float) -> list[str]:
         """Drop the entries more than ``ttl`` seconds older than ``now``; returns their
         owners."""
         with self.lock:
-            table = self.data["retained"]
-            gone = sorted(owner for owner, entry in table.items() if not _fresh(entry, now, ttl))
-            for owner in gone:
-                del table[owner]
+            gone = retention.expire(self.data["retained"], now, ttl)
             if gone:
                 self.save_soon()
             return gone
-
-
-def _fresh(entry: object, now: float, ttl: float) -> bool:
-    at = entry.get("at") if isinstance(entry, dict) else None
-    return isinstance(at, int | float) and now - at <= ttl
-
-
-def _digests_of(entry: object) -> list[str]:
-    found = entry.get("digests") if isinstance(entry, dict) else None
-    items = found if isinstance(found, list) else []
-    return [d for d in items if isinstance(d, str) and digests.is_valid(d)]

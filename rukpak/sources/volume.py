@@ -7,11 +7,13 @@ optional ``directory``) or an http tarball (``url`` plus its pinned ``digest``);
 git and http volumes carry a ``FetchSource`` and their publish secret holds the
 source's auth Secret data (``rukpak.sources.auth``), not a dockerconfigjson.
 
-An image volume may also name what the node cache must keep for its owner
-(``retainFor``, e.g. ``bundledeployment/hello/<uid>``, and ``retain``, the owner's
-kept revisions as space-separated ``name@sha256:<hex>`` references): a bind-mode
-publish records them (``csi.node.publish``) so that eviction spares those trees
-(``rukpak.image.cachestate``). Both or neither; FUSE-mode publishes ignore them.
+A volume may also name what the node caches must keep for its owner (``retainFor``,
+e.g. ``bundledeployment/hello/<uid>``, and ``retain``, the owner's kept revisions,
+space-separated): images as ``name@sha256:<hex>`` references, git trees as
+``git+<repository>@<commit>[:<directory>]`` and http trees as ``<url>@sha256:<hex>``
+(``FetchSource.label()``, see :func:`retain_entry`). A publish records them
+(``csi.node.publish``) so that eviction spares those trees, in bind mode and in FUSE
+mode. Both or neither.
 
 Where it sits: the Node service parses publish requests with it and the
 Controller service checks CreateVolume parameters with it; both then hand the
@@ -20,6 +22,7 @@ plain dataclass on (to ``csi.node.publish`` or the volume records).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -56,7 +59,9 @@ KNOWN_ATTRIBUTES = (
 RETAIN_FOR_MAX = 253
 """Characters of a ``retainFor`` owner key at most (a Kubernetes name's limit)."""
 RETAIN_MAX = 32
-"""References in ``retain`` at most."""
+"""Entries in ``retain`` at most."""
+_GIT_LABEL = re.compile(r"^git\+\S+@[0-9a-f]{40}(?::\S*)?$")
+_HTTP_LABEL = re.compile(r"^https?://\S+@sha256:[0-9a-f]{64}$")
 # Added by Kubernetes (podInfoOnMount, ephemeral flag, provisioner metadata).
 K8S_ATTRIBUTE_PREFIX = "csi.storage.k8s.io/"
 SECRET_KEYS = (".dockerconfigjson", ".dockercfg")
@@ -133,7 +138,8 @@ class VolumeSource:
     retain_for: str = ""
     """The owner whose kept images ``retain`` lists (empty: no retention)."""
     retain: tuple[str, ...] = ()
-    """Image references pinned by digest the node cache keeps for ``retain_for``."""
+    """What the node caches keep for ``retain_for``: image references pinned by digest
+    and git or http source labels (:func:`retain_entry`)."""
     pinned: str = ""
     """Set by the publish spine, never by attributes: ``image`` pinned to the digest a
     signature check verified (``rukpak.signing.gate``); what is fetched when set."""
@@ -162,15 +168,10 @@ class VolumeSource:
             raise errors.InvalidArgument(
                 f"volume attributes {' and '.join(kinds)} are exclusive: set exactly one"
             )
+        retain_for, retain = _retention(attributes)
         if kinds and kinds[0] != ATTR_IMAGE:
-            retaining = [k for k in RETAIN_ATTRIBUTES if attributes.get(k, "").strip()]
-            if retaining:
-                raise errors.InvalidArgument(
-                    f"volume attribute(s) {', '.join(retaining)} apply to image volumes only: "
-                    f"remove them from this {kinds[0]} volume"
-                )
             fetch = FetchSource.from_attributes(attributes)
-            return cls(image=fetch.label(), fetch=fetch)
+            return cls(image=fetch.label(), fetch=fetch, retain_for=retain_for, retain=retain)
         image = attributes.get(ATTR_IMAGE, "").strip()
         if not image:
             raise errors.InvalidArgument(
@@ -187,7 +188,6 @@ class VolumeSource:
                 f"publishMode {mode!r} is invalid: use bind or fuse (or leave it unset for the "
                 "plugin's default)"
             )
-        retain_for, retain = _retention(attributes)
         return cls(
             image=image,
             pull_policy=policy,
@@ -199,12 +199,13 @@ class VolumeSource:
 
     def attributes(self) -> dict[str, str]:
         if self.fetch is not None:
-            return self.fetch.attributes()
-        out = {ATTR_IMAGE: self.image, ATTR_PULL_POLICY: self.pull_policy.value}
-        if self.platform is not None:
-            out[ATTR_PLATFORM] = str(self.platform)
-        if self.publish_mode is not None:
-            out[ATTR_PUBLISH_MODE] = self.publish_mode
+            out = self.fetch.attributes()
+        else:
+            out = {ATTR_IMAGE: self.image, ATTR_PULL_POLICY: self.pull_policy.value}
+            if self.platform is not None:
+                out[ATTR_PLATFORM] = str(self.platform)
+            if self.publish_mode is not None:
+                out[ATTR_PUBLISH_MODE] = self.publish_mode
         if self.retain_for:
             out[ATTR_RETAIN_FOR] = self.retain_for
             out[ATTR_RETAIN] = " ".join(self.retain)
@@ -234,10 +235,17 @@ def _retention(attributes: Mapping[str, str]) -> tuple[str, tuple[str, ...]]:
         )
     if len(refs) > RETAIN_MAX:
         raise errors.InvalidArgument(
-            f"volume attribute 'retain' lists {len(refs)} images; at most {RETAIN_MAX} may be "
-            "retained: keep fewer revisions"
+            f"volume attribute 'retain' lists {len(refs)} entries; at most {RETAIN_MAX} may "
+            "be retained: keep fewer revisions"
         )
     for text in refs:
+        if text.startswith("git+") or "://" in text:
+            if not is_fetch_label(text):
+                raise errors.InvalidArgument(
+                    f"volume attribute 'retain': {text[:300]!r} is not a pinned source: write "
+                    "git+<repository>@<40-hex commit>[:<directory>] or <url>@sha256:<64 hex>"
+                )
+            continue
         try:
             ref = Reference.parse(text)
         except errors.InvalidArgument as exc:
@@ -248,6 +256,27 @@ def _retention(attributes: Mapping[str, str]) -> tuple[str, tuple[str, ...]]:
                 "write it as name@sha256:<64 hex>"
             )
     return owner, refs
+
+
+def is_fetch_label(text: str) -> bool:
+    """Whether ``text`` is a pinned git or http source as ``retain`` lists it."""
+    return bool(_GIT_LABEL.match(text) or _HTTP_LABEL.match(text))
+
+
+def retain_entry(attributes: Mapping[str, str]) -> str | None:
+    """The ``retain`` entry naming the content of a volume with ``attributes``: its image
+    reference when pinned by digest, its source label for git and http; None when the
+    content is not pinned (a tag) or the attributes are invalid."""
+    plain = {k: v for k, v in attributes.items() if k not in RETAIN_ATTRIBUTES}
+    try:
+        source = VolumeSource.from_attributes(plain)
+    except errors.RukpakError:
+        return None
+    if source.fetch is not None:
+        label = source.fetch.label()
+        return label if is_fetch_label(label) else None  # (whitespace in a directory)
+    digest = Reference.parse(source.image).digest
+    return source.image if digest is not None and digest.startswith("sha256:") else None
 
 
 def credentials_from_secrets(
