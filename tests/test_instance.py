@@ -106,6 +106,44 @@ def test_without_a_subcommand_it_prints_usage_names_instance_and_exits_2(
     assert "a subcommand is required: instance, manager" in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["instance", "--bundle-dir", "/b"], "instance"),
+        (["--log-level", "debug", "unpack", "--help"], "unpack"),
+        (["--log-level=debug", "manager"], "manager"),
+        (["--help"], None),
+        (["nonsense", "instance"], None),
+        ([], None),
+    ],
+)
+def test_the_subcommand_is_found_before_anything_is_imported(
+    argv: list[str], expected: str | None
+) -> None:
+    assert provisioner_main.subcommand_of(argv) == expected
+
+
+def test_an_instance_process_imports_neither_the_manager_nor_the_pv_provisioner() -> None:
+    """What a run pod pays at start: only the instance's own modules."""
+    probe = (
+        "import sys\n"
+        "from provisioner import __main__ as m\n"
+        "try:\n"
+        "    m.main(['instance', '--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(sorted(n for n in sys.modules if n.startswith('provisioner.')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    loaded = done.stdout.strip().splitlines()[-1]
+    assert "provisioner.instance.process" in loaded
+    for heavy in ("provisioner.manager.cli", "provisioner.storage.cli", "provisioner.manager"):
+        assert f"'{heavy}'" not in loaded, loaded
+    assert "usage: rukpak-provisioner instance" in done.stdout
+
+
 # -- the lock against a real API server ----------------------------------------------
 
 
