@@ -69,7 +69,7 @@ B2 = with_ref(B, "registry.example/hello:v2")
         (
             B,
             plan.Observed(bundles=(bundle(B, resolved=DIGEST, phase="Unpacking"),)),
-            ["WriteStatus"],
+            ["CreateRun", "WriteStatus"],
         ),
         (
             B,
@@ -508,3 +508,54 @@ def test_a_repair_of_an_old_install_waits_for_the_pivot() -> None:
     actions = plan.plan(B2, observed, settings=SETTINGS)
     assert not [a for a in actions if isinstance(a, plan.RestoreDrift)]
     assert "CreateRun" in kinds(actions)
+
+
+# -- the early run: it starts once the content is pinned, while the unpack pod checks it --
+
+
+def test_an_early_run_starts_while_the_bundle_unpacks_and_the_conditions_wait_for_it() -> None:
+    unpacking = bundle(B, resolved=DIGEST, phase="Unpacking")
+    actions = plan.plan(B, plan.Observed(bundles=(unpacking,), now=NOW), settings=SETTINGS)
+    (run,) = [a.pod for a in actions if isinstance(a, plan.CreateRun)]
+    assert run["metadata"]["annotations"][model.BUNDLE_ANNOTATION] == model.bundle_name(B)
+    assert cond(actions, plan.HAS_VALID_BUNDLE) == ("True", "UnpackPending")
+    assert cond(actions, plan.INSTALLED) == ("False", "InstallPending")
+    # while it runs, nothing more starts, and a pivot keeps the old install reported
+    observed = plan.Observed(
+        bundles=(bundle(B, resolved=DIGEST), bundle(B2, resolved=DIGEST, phase="Unpacking")),
+        record=record(B),
+        pods=(run_pod(B2),),
+        now=NOW,
+    )
+    active = {**B2, "status": {"activeBundle": model.bundle_name(B)}}
+    actions = plan.plan(active, observed, settings=SETTINGS)
+    assert "CreateRun" not in kinds(actions) and "DeletePod" not in kinds(actions)
+    assert cond(actions, plan.INSTALLED) == ("True", "InstallationSucceeded")
+    assert "activeBundle" not in status_of(actions) or status_of(actions)[
+        "activeBundle"
+    ] == model.bundle_name(B)
+
+
+def test_a_bundle_without_its_pin_gets_no_early_run() -> None:
+    actions = plan.plan(B, plan.Observed(bundles=(bundle(B),), now=NOW), settings=SETTINGS)
+    assert "CreateRun" not in kinds(actions)
+
+
+@pytest.mark.parametrize("installed_before", [False, True], ids=["first install", "pivot"])
+def test_an_early_run_goes_when_its_bundle_fails_to_unpack(installed_before: bool) -> None:
+    """The instance refuses what the unpack pod refuses; whatever state its run is in, it
+    goes, and the previous install (if any) stays."""
+    wanted = B2 if installed_before else B
+    failing = bundle(wanted, failing="found zero objects")
+    for early in (run_pod(wanted), run_pod(wanted, failed="found zero objects")):
+        observed = plan.Observed(
+            bundles=(bundle(B, resolved=DIGEST), failing) if installed_before else (failing,),
+            record=record(B) if installed_before else None,
+            pods=(early,),
+            now=NOW,
+        )
+        actions = plan.plan(wanted, observed, settings=SETTINGS)
+        deleted = [a.name for a in actions if isinstance(a, plan.DeletePod)]
+        assert deleted == [early["metadata"]["name"]]
+        assert "CreateRun" not in kinds(actions)
+        assert cond(actions, plan.HAS_VALID_BUNDLE) == ("False", "UnpackFailed")

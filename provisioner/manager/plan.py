@@ -18,8 +18,12 @@ uses the registry class for both; either works here). The flow for a live BD
 3. wait for the Bundle controller (``bundleplan``) to resolve and unpack it:
    ``HasValidBundle`` follows its ``Unpacked`` condition in upstream's words
    (UnpackPending, UnpackFailed with the unpack message, UnpackSuccessful);
-4. install the Unpacked Bundle with a run-to-completion instance pod
-   (``runs``); until it is recorded the previous install stays as it was;
+4. install the Bundle with a run-to-completion instance pod (``runs``); the
+   run starts as soon as the Bundle's content is pinned, while its unpack pod
+   still checks it (two pod starts overlap instead of following each other:
+   the instance loads and checks the same content, and applies nothing from a
+   bundle it refuses); the conditions report as if it started once Unpacked,
+   and until the run is recorded the previous install stays as it was;
 5. undo drift of the recorded install: re-apply our fields of drifted objects
    from their last good version (``Repair``, ``RestoreDrift``), damped when
    another writer keeps taking them back (``FieldConflict`` names the field and
@@ -263,6 +267,7 @@ def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
     current = bundles.get(wanted)
     valid: Verdict
     target: runs.Target | None = None
+    early: runs.Target | None = None  # the wanted Bundle, pinned, still being unpacked
     ours = " or ".join(sorted(model.CLASS_FORMATS))
     if model.bundle_format(spec.get("provisionerClassName")) is None:
         valid = (
@@ -287,18 +292,21 @@ def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
         why = (bundleplan.unpacked_condition(current) or {}).get("reason")
         reason = why if why == bundleplan.REASON_SIGNATURE else "UnpackFailed"
         valid = ("False", reason, f"Failed to unpack the {wanted} Bundle: {failure}")
-    elif (current.get("status") or {}).get("phase") != "Unpacked" or not (
-        resolved := sources.pinned(current)
-    ):
-        waiting = _unpacked_message(current)
-        valid = (
-            "True",
-            "UnpackPending",
-            f"Waiting for the {wanted} Bundle to be unpacked" + (f": {waiting}" if waiting else ""),
-        )
     else:
-        valid = ("True", "UnpackSuccessful", f"Successfully unpacked the {wanted} Bundle")
-        target = runs.Target(wanted, resolved)
+        resolved = sources.pinned(current)
+        if (current.get("status") or {}).get("phase") == "Unpacked" and resolved is not None:
+            valid = ("True", "UnpackSuccessful", f"Successfully unpacked the {wanted} Bundle")
+            target = runs.Target(wanted, resolved)
+        else:
+            waiting = _unpacked_message(current)
+            valid = (
+                "True",
+                "UnpackPending",
+                f"Waiting for the {wanted} Bundle to be unpacked"
+                + (f": {waiting}" if waiting else ""),
+            )
+            if resolved is not None:
+                early = runs.Target(wanted, resolved)
 
     previous = str((bd.get("status") or {}).get("activeBundle") or "")
     if target is None and observed.record is not None:
@@ -307,7 +315,14 @@ def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
         pinned = sources.pinned(old) if old is not None else None
         if pinned is not None:
             target = runs.Target(observed.record.bundle, pinned)
-    more, decision = run_install(bd, target, observed, settings)
+    if early is not None:
+        # Its content is pinned: the run starts while the unpack pod checks it (the
+        # instance loads and checks it too, and applies nothing from a bundle it refuses);
+        # the conditions say what they said without the early run.
+        more, _ = run_install(bd, early, observed, settings)
+        _, decision = run_install(bd, target, observed, settings)
+    else:
+        more, decision = run_install(bd, target, observed, settings)
     actions += more
     deployed = target.bundle if target is not None else ""
     installed_verdict = decision.installed

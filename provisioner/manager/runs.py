@@ -199,10 +199,15 @@ def decide(
     ns = settings.system_namespace
     out: list[actions.Action] = []
     installed_bundle = record.bundle if record is not None else ""
-    if target is None:
+    if target is None:  # nothing to install: a run left over (an early one) goes
+        stale: list[actions.Action] = [
+            actions.DeletePod(ns, model.name_of(pod))
+            for pod in pods
+            if model.parse_run_pod_name(name, model.name_of(pod)) is not None and not deleting(pod)
+        ]
         if record is None:
-            return Decision([], ("False", "InstallPending", "no Bundle is active yet"), "")
-        return Decision([], _installed(installed_bundle, record), installed_bundle)
+            return Decision(stale, ("False", "InstallPending", "no Bundle is active yet"), "")
+        return Decision(stale, _installed(installed_bundle, record), installed_bundle)
 
     want = instance_run_pod(bd, target.bundle, target.resolved, settings, 0)
     revision = str(want["metadata"]["annotations"][model.SPEC_HASH_ANNOTATION])
