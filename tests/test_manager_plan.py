@@ -559,3 +559,36 @@ def test_an_early_run_goes_when_its_bundle_fails_to_unpack(installed_before: boo
         assert deleted == [early["metadata"]["name"]]
         assert "CreateRun" not in kinds(actions)
         assert cond(actions, plan.HAS_VALID_BUNDLE) == ("False", "UnpackFailed")
+
+
+def test_an_early_install_is_reported_once_its_bundle_is_unpacked() -> None:
+    """Upstream's order holds: ``Installed`` and ``activeBundle`` move after ``Unpacked``,
+    even when the early run has recorded its install already."""
+    before = {**B2, "status": {"activeBundle": model.bundle_name(B)}}
+    before["status"]["conditions"] = [
+        {"type": "Installed", "status": "True", "reason": "InstallationSucceeded", "message": "m"}
+    ]
+    unpacking = plan.Observed(
+        bundles=(bundle(B, resolved=DIGEST), bundle(B2, resolved=DIGEST, phase="Unpacking")),
+        record=record(B2),
+        now=NOW,
+    )
+    actions = plan.plan(before, unpacking, settings=SETTINGS)
+    assert "CreateRun" not in kinds(actions) and "DeleteBundle" not in kinds(actions)
+    assert cond(actions, plan.INSTALLED) == ("True", "InstallationSucceeded")
+    assert status_of(actions).get("activeBundle", model.bundle_name(B)) == model.bundle_name(B)
+    first = plan.Observed(
+        bundles=(bundle(B, resolved=DIGEST, phase="Unpacking"),), record=record(B), now=NOW
+    )
+    assert cond(plan.plan(B, first, settings=SETTINGS), plan.INSTALLED) == (
+        "False",
+        "InstallPending",
+    )
+    unpacked = plan.Observed(
+        bundles=(bundle(B, resolved=DIGEST), bundle(B2, resolved=DIGEST)),
+        record=record(B2),
+        now=NOW,
+    )
+    actions = plan.plan(before, unpacked, settings=SETTINGS)
+    assert status_of(actions)["activeBundle"] == model.bundle_name(B2)
+    assert "DeleteBundle" in kinds(actions)

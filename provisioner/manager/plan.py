@@ -327,6 +327,14 @@ def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
     deployed = target.bundle if target is not None else ""
     installed_verdict = decision.installed
     active = decision.active or previous
+    if early is not None and observed.record is not None and observed.record.bundle == wanted:
+        # installed early: ``Installed`` and ``activeBundle`` move once it is Unpacked
+        installed_verdict = conditions_of(bd).get(INSTALLED) or (
+            "False",
+            "InstallPending",
+            f"Waiting for the {wanted} Bundle to be unpacked",
+        )
+        active = previous
     for name in sorted(bundles):
         if name not in (wanted, deployed, active):
             actions.append(DeleteBundle(name))
