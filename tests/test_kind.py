@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -100,31 +101,120 @@ def engine() -> object:
         pytest.skip(f"kind needs a container engine, and none runs here: {exc}")
 
 
+DOWN_KEEPING_THE_ENGINE = "from tests.kind import cluster; cluster.down(stop_engine=False)"
+STEPS = (
+    "A pod reads the bundle through an inline CSI volume",
+    "A failing upgrade rolled back without a pod, the registry stopped",
+    "Deleting the BundleDeployment: what it installed goes too",
+)
+
+
+def run_demo(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``make kind-run``'s script with ``env``; asserts it ended well and showed every step."""
+    env = {**env, "CLUSTER": "kind", "VENV": str(Path(sys.executable).parent.parent)}
+    env.pop("KUBECONFIG", None)
+    done = subprocess.run(
+        ["bash", "hack/run.sh"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-4000:]
+    for step in STEPS:
+        assert step in done.stdout
+    assert "Total " in done.stdout
+    return done
+
+
 @pytest.mark.kind
 @pytest.mark.slow
-def test_make_kind_run_shows_what_make_run_shows_and_kind_down_removes_it(engine: object) -> None:
-    env = {**os.environ, "RUKPAK_KIND_NAME": NAME, "CLUSTER": "kind"}
-    env.pop("KUBECONFIG", None)
-    env["VENV"] = str(Path(sys.executable).parent.parent)
+def test_kind_run_uses_a_users_own_cluster_named_by_kind_cluster(
+    engine: object, tmp_path: Path
+) -> None:
+    """``KIND_CLUSTER=name``: a cluster the user made with kind's CLI (kind's local-registry
+    patch, no registry of ours in its config) is told about the registry and gets the
+    whole demonstration; a cluster without the patch is refused naming it. Runs before the
+    test below, whose ``kind-down`` stops an engine started here."""
+    from tests.kind import cluster, nodeimage
+    from tests.kind import engine as engines
+
+    assert isinstance(engine, engines.Engine)
+    own = f"{NAME}-own"
+    config = tmp_path / "kind.json"
+    patches = [cluster.LOCAL_REGISTRY_PATCH, *cluster._oom_patch()]
+    config.write_text(
+        json.dumps(
+            {
+                "kind": "Cluster",
+                "apiVersion": "kind.x-k8s.io/v1alpha4",
+                "networking": {"disableDefaultCNI": True},  # the node image brings its CNI
+                "containerdConfigPatches": patches,
+            }
+        )
+    )
+    env = {**os.environ, "RUKPAK_KIND_NAME": NAME, "KIND_CLUSTER": own}
+    create = [cluster.kind_binary(), "create", "cluster", "--name", own, "--wait", "120s"]
+    create += ["--image", nodeimage.ensure(engine), "--config", str(config)]
     try:
-        done = subprocess.run(
-            ["bash", "hack/run.sh"],
+        made = subprocess.run(create, capture_output=True, text=True, timeout=600, check=False)
+        assert made.returncode == 0, made.stderr[-3000:]
+        done = run_demo(env)
+        assert f"the kind cluster {own} (a node image built here" in done.stdout
+        registry = re.search(rf"cluster: {own}; registry: (\S+)", done.stdout)
+        assert registry is not None, done.stdout[:3000]
+        (node,) = cluster._kind("get", "nodes", "--name", own).stdout.split()
+        hosts = engine.text("exec", node, "cat", f"{cluster.CERTS_D}/{registry[1]}/hosts.toml")
+        assert f'server = "http://{registry[1]}"' in hosts
+        # the same cluster, its containerd no longer reading certs.d: refused, naming the fix
+        config_toml = "/etc/containerd/config.toml"
+        engine.run("exec", node, "sed", "-i", f"s#{cluster.CERTS_D}#/nowhere#", config_toml)
+        refused = subprocess.run(
+            [sys.executable, "-m", "tests.kind", "up", "--dir", str(tmp_path / "again")],
             cwd=REPO,
             env=env,
             capture_output=True,
             text=True,
-            timeout=RUN_TIMEOUT,
+            timeout=600,
             check=False,
         )
-        assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-4000:]
+        assert refused.returncode != 0
+        assert f"KIND_CLUSTER={own}: node {node}'s containerd does not read" in refused.stderr
+        assert "local-registry" in refused.stderr
+    finally:
+        subprocess.run(
+            [cluster.kind_binary(), "delete", "cluster", "--name", own],
+            capture_output=True,
+            timeout=300,
+            check=False,
+        )
+        cleaned = subprocess.run(  # its registries, not the engine (the next test uses it)
+            [
+                sys.executable,
+                "-c",
+                "from tests.kind import cluster; cluster.down(stop_engine=False)",
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert own not in cluster.clusters()
+
+
+@pytest.mark.kind
+@pytest.mark.slow
+def test_make_kind_run_shows_what_make_run_shows_and_kind_down_removes_it(engine: object) -> None:
+    env = {**os.environ, "RUKPAK_KIND_NAME": NAME}
+    env.pop("KIND_CLUSTER", None)
+    try:
+        done = run_demo(env)
         assert f"the kind cluster {NAME} (a node image built here" in done.stdout
-        for step in (
-            "A pod reads the bundle through an inline CSI volume",
-            "A failing upgrade rolled back without a pod, the registry stopped",
-            "Deleting the BundleDeployment: what it installed goes too",
-        ):
-            assert step in done.stdout
-        assert "Total " in done.stdout
     finally:
         down = subprocess.run(
             [sys.executable, "-m", "tests.kind", "down"],

@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     except engine.EngineUnavailable as exc:
         print(f"kind: no container engine: {exc}", file=sys.stderr)
         return 3
+    except RuntimeError as exc:  # a step that failed says why; no traceback
+        print(f"kind: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

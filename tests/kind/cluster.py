@@ -151,9 +151,26 @@ def _oom_patch() -> list[str]:
     return ['[plugins."io.containerd.grpc.v1.cri"]\n  restrict_oom_score_adj = true']
 
 
+CERTS_D = "/etc/containerd/certs.d"
+LOCAL_REGISTRY_PATCH = (
+    f'[plugins."io.containerd.grpc.v1.cri".registry]\n  config_path = "{CERTS_D}"'
+)
+"""The containerd patch of kind's local-registry guide: the nodes read ``certs.d``."""
+
+
 def trust_registry(engine: engines.Engine, cluster: str, registry: str) -> None:
-    """Tell an existing cluster's nodes (kind's own images) to pull ``registry`` over HTTP."""
+    """Tell an existing cluster's nodes (kind's own images) to pull ``registry`` over HTTP;
+    RuntimeError naming the fix when a node's containerd does not read ``certs.d``."""
     for node in _kind("get", "nodes", "--name", cluster).stdout.split():
+        config = engine.run("exec", node, "cat", "/etc/containerd/config.toml", check=False)
+        if CERTS_D.encode() not in config.stdout:
+            raise RuntimeError(
+                f"KIND_CLUSTER={cluster}: node {node}'s containerd does not read {CERTS_D}, "
+                "so it cannot be told about the registry; create the cluster with kind's "
+                "local-registry patch (containerdConfigPatches: "
+                f"{LOCAL_REGISTRY_PATCH!r}), as https://kind.sigs.k8s.io/docs/user/"
+                "local-registry/ shows"
+            )
         hosts = f'server = "http://{registry}"\n[host."http://{registry}"]\n'
         engine.run(
             "exec", "-i", node, "sh", "-c",
