@@ -109,6 +109,19 @@ STEPS = (
 )
 
 
+def python(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """This interpreter with ``args`` in the repository, output captured (10 minutes)."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
 def run_demo(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """``make kind-run``'s script with ``env``; asserts it ended well and showed every step."""
     env = {**env, "CLUSTER": "kind", "VENV": str(Path(sys.executable).parent.parent)}
@@ -171,15 +184,7 @@ def test_kind_run_uses_a_users_own_cluster_named_by_kind_cluster(
         # the same cluster, its containerd no longer reading certs.d: refused, naming the fix
         config_toml = "/etc/containerd/config.toml"
         engine.run("exec", node, "sed", "-i", f"s#{cluster.CERTS_D}#/nowhere#", config_toml)
-        refused = subprocess.run(
-            [sys.executable, "-m", "tests.kind", "up", "--dir", str(tmp_path / "again")],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
+        refused = python(["-m", "tests.kind", "up", "--dir", str(tmp_path / "again")], env)
         assert refused.returncode != 0
         assert f"KIND_CLUSTER={own}: node {node}'s containerd does not read" in refused.stderr
         assert "local-registry" in refused.stderr
@@ -190,19 +195,8 @@ def test_kind_run_uses_a_users_own_cluster_named_by_kind_cluster(
             timeout=300,
             check=False,
         )
-        cleaned = subprocess.run(  # its registries, not the engine (the next test uses it)
-            [
-                sys.executable,
-                "-c",
-                "from tests.kind import cluster; cluster.down(stop_engine=False)",
-            ],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        # its registries, not the engine (the next test uses it)
+        cleaned = python(["-c", DOWN_KEEPING_THE_ENGINE], env)
     assert cleaned.returncode == 0, cleaned.stderr
     assert own not in cluster.clusters()
 
@@ -216,15 +210,7 @@ def test_make_kind_run_shows_what_make_run_shows_and_kind_down_removes_it(engine
         done = run_demo(env)
         assert f"the kind cluster {NAME} (a node image built here" in done.stdout
     finally:
-        down = subprocess.run(
-            [sys.executable, "-m", "tests.kind", "down"],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        down = python(["-m", "tests.kind", "down"], env)
     assert down.returncode == 0, down.stderr
     from tests.kind import cluster
     from tests.kind import engine as engines

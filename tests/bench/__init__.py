@@ -91,6 +91,20 @@ def median(samples: Sequence[float]) -> float:
     return float(statistics.median(samples))
 
 
+def timed(
+    name: str, samples: Sequence[float], *, target: float | None = None, warmed: bool = False
+) -> Result:
+    """The median of ``samples`` (seconds) as a Result whose note lists them."""
+    after = " after a warm-up" if warmed else ""
+    return Result(
+        name=name,
+        measured=median(samples),
+        unit="s",
+        target=target,
+        note=f"median of {len(samples)}{after}; samples {[round(x, 2) for x in samples]}",
+    )
+
+
 def progress(message: str) -> None:
     """A progress line on stderr (the table goes to stdout)."""
     print(f"[bench] {message}", file=sys.stderr, flush=True)

@@ -27,7 +27,7 @@ from provisioner.engine.objects import ObjectRef
 from provisioner.manager import actuate, model
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
-from tests.bench import Result, bench_install, median, progress
+from tests.bench import Result, bench_install, progress, timed
 
 ROUNDS = 5
 NAME = NAMESPACE = "hello"
@@ -91,20 +91,13 @@ def measure(system: inst.RukpakSystem, workdir: Path) -> list[Result]:
         progress(f"inline: pivot {round_}: source change -> applied {switched[-1]:.2f}s")
     _delete(system)
     return [
-        Result(
-            name="inline: v1alpha2 BundleDeployment created -> Installed+Healthy (hello, cached)",
-            measured=median(created),
-            unit="s",
+        timed(
+            "inline: v1alpha2 BundleDeployment created -> Installed+Healthy (hello, cached)",
+            created,
             target=2.5,
-            note=f"median of {ROUNDS} after a warm-up; samples {[round(x, 2) for x in created]}",
+            warmed=True,
         ),
-        Result(
-            name="inline: v1alpha2 source change -> new content applied",
-            measured=median(switched),
-            unit="s",
-            target=2.0,
-            note=f"median of {ROUNDS}; samples {[round(x, 2) for x in switched]}",
-        ),
+        timed("inline: v1alpha2 source change -> new content applied", switched, target=2.0),
     ]
 
 

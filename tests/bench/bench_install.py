@@ -42,7 +42,7 @@ from provisioner.engine.objects import ObjectRef
 from tests import e2e_helpers as e2e
 from tests import image_helpers
 from tests import install_helpers as inst
-from tests.bench import Result, median, progress
+from tests.bench import Result, progress, timed
 from tests.cluster import bins
 from tests.cluster.localcluster import LocalCluster
 
@@ -247,25 +247,14 @@ def measure(system: inst.RukpakSystem, workdir: Path) -> list[Result]:
     fight = _fight(system, ObjectRef("", "v1", "ConfigMap", f"bench-scale-{ROUNDS}", "scale"))
     progress(f"install: fight: {fight} re-applies in {FIGHT_SECONDS:.0f}s")
     return [
-        Result(
-            name="install: BundleDeployment created -> Installed+Healthy (hello, cached)",
-            measured=median(created),
-            unit="s",
-            note=f"median of {ROUNDS} after a warm-up; samples {[round(x, 2) for x in created]}",
+        timed(
+            "install: BundleDeployment created -> Installed+Healthy (hello, cached)",
+            created,
+            target=2.5,
+            warmed=True,
         ),
-        Result(
-            name="install: template change -> new content applied",
-            measured=median(pivots),
-            unit="s",
-            note=f"median of {ROUNDS}; samples {[round(x, 2) for x in pivots]}",
-        ),
-        Result(
-            name="install: installed object deleted -> restored",
-            measured=median(drift),
-            unit="s",
-            target=0.5,
-            note=f"median of {ROUNDS}; samples {[round(x, 2) for x in drift]}",
-        ),
+        timed("install: template change -> new content applied", pivots, target=2.0),
+        timed("install: installed object deleted -> restored", drift, target=0.5),
         Result(
             name="install: fight with another writer -> manager re-applies per minute",
             measured=fight * 60 / FIGHT_SECONDS,
