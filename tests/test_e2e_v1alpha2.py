@@ -348,6 +348,8 @@ def test_the_manager_exports_controller_runtime_metrics_to_an_authorized_scraper
         ("rukpak_bundledeployments", "gauge"),
         ("rukpak_install_duration_seconds", "histogram"),
         ("rukpak_rollbacks_total", "counter"),
+        ("rukpak_revisions", "gauge"),
+        ("rukpak_bundledeployments_rolled_back", "gauge"),
     ):
         assert f"# TYPE {name} {kind}\n" in before, name
     assert 'workqueue_depth{name="rukpak-manager"}' in before
@@ -383,6 +385,8 @@ def test_the_manager_exports_controller_runtime_metrics_to_an_authorized_scraper
         what="more successful reconciles and one more install counted by the leader",
     )
     assert 'rukpak_bundledeployments{condition="Installed",status="True"}' in after
+    assert 'rukpak_revisions{outcome="Installed"}' in after
+    assert "rukpak_bundledeployments_rolled_back 0.0" in after
     system.kubectl("delete", "clusterrolebinding", f"metrics-{SUFFIX}")
     inst.delete_v2(system, name)
 

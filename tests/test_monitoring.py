@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from csi.plugin import metrics as plugin_metrics
+from provisioner.manager import cli as manager_cli
 from provisioner.runtime.metrics import Metrics
 from tests import install_helpers as inst
 
@@ -28,7 +29,7 @@ def exported() -> set[str]:
     """Every sample name a scrape of the manager and a node plugin can show."""
     manager = Metrics()
     manager.requests_of(lambda: {}, host="h")
-    manager.gauge_of("rukpak_bundledeployments", "x", ["condition", "status"], lambda: {})
+    manager_cli.cache_gauges(manager, lambda: None)
     plugin = plugin_metrics.Metrics()
     plugin.track_cache(lambda: 0, 1)
     names: set[str] = set()

@@ -106,3 +106,39 @@ def test_scrape_time_families_read_their_source_each_time() -> None:
     got = samples(metrics)
     assert got[key] == 5
     assert got[("rukpak_bundledeployments", (("condition", "Installed"), ("status", "True")))] == 1
+
+
+class _Cache:
+    def __init__(self, items: list[dict[str, object]]) -> None:
+        self._items = items
+
+    def items(self) -> list[dict[str, object]]:
+        return self._items
+
+
+def _with_revisions(installed: int, *outcomes: str) -> dict[str, object]:
+    kept = [
+        {"revision": n, "name": f"r{n}", "source": {}, "generation": n, "time": "t", "outcome": o}
+        for n, o in enumerate(outcomes, start=1)
+    ]
+    return {"status": {"revisions": kept, "installedRevision": installed}}
+
+
+def test_revisions_are_counted_by_outcome_and_rollbacks_in_force_apart() -> None:
+    """The samples of ``rukpak_revisions`` and ``rukpak_bundledeployments_rolled_back``,
+    from the leader's cache (the manager's ``Controller``)."""
+    from provisioner.manager.controller import Controller
+
+    cache = _Cache(
+        [
+            _with_revisions(2, "Installed", "Installed"),
+            _with_revisions(1, "Installed", "Failed"),  # went back to 1
+            {"status": {}},  # created as v1alpha1, or nothing installed yet
+        ]
+    )
+    leader = type("Leader", (), {"bds": cache})()
+    assert Controller.by_revision_outcome(leader) == {("Installed",): 3.0, ("Failed",): 1.0}  # type: ignore[arg-type]
+    assert Controller.rolled_back(leader) == {(): 1.0}  # type: ignore[arg-type]
+    metrics = Metrics()
+    metrics.gauge_of("rukpak_bundledeployments_rolled_back", "x", [], lambda: {(): 1.0})
+    assert samples(metrics)[("rukpak_bundledeployments_rolled_back", ())] == 1

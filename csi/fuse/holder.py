@@ -26,6 +26,11 @@ request); ``CRED <tree> <base64>`` → ``OK`` (keeps a tree's credentials);
 holder, and with it the mount it serves, was replaced).
 Nothing it keeps is ever logged. It imports only the standard library, so it
 stays small. SIGTERM or SIGINT unmounts and exits.
+
+``--check`` is its probe (kubelet runs it in the holder's container, an exec probe): it
+sends ``PING`` to ``--socket`` and, given ``--mountpoint``, also looks for the FUSE mount
+there; exit 0 when both are fine, else 1 with the reason on stdout (the probe's event).
+It mounts nothing and opens no ``/dev/fuse``; the socket is root's, as the container is.
 """
 
 from __future__ import annotations
@@ -77,10 +82,56 @@ def unmount(mountpoint: Path) -> None:
             raise OSError(code, f"unmounting {mountpoint}: {os.strerror(code)}")
 
 
+def _escaped(path: Path) -> str:
+    """``path`` as /proc/self/mountinfo writes it."""
+    return str(path).replace("\\", "\\134").replace(" ", "\\040").replace("\n", "\\012")
+
+
 def is_mount_point(path: Path) -> bool:
     text = Path("/proc/self/mountinfo").read_text()
-    escaped = str(path).replace("\\", "\\134").replace(" ", "\\040").replace("\n", "\\012")
+    escaped = _escaped(path)
     return any(line.split(" ")[4] == escaped for line in text.splitlines())
+
+
+def holds_fuse_mount(path: Path) -> bool:
+    """Whether the topmost mount on ``path`` is a holder's (type ``FSTYPE``)."""
+    escaped, fstype = _escaped(path), ""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split(" ")
+        if len(fields) > 4 and fields[4] == escaped and " - " in line:
+            fstype = line.split(" - ", 1)[1].split(" ")[0]
+    return fstype == FSTYPE
+
+
+CHECK_TIMEOUT = 5.0
+
+
+def check(socket_path: Path, mountpoint: Path | None = None) -> tuple[bool, str]:
+    """``--check``: whether the holder on ``socket_path`` answers ``PING`` (and, given
+    ``mountpoint``, its FUSE mount is there); (ok, reason)."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(CHECK_TIMEOUT)
+            conn.connect(str(socket_path))
+            conn.sendall(b"PING\n")
+            answer = b""
+            while not answer.endswith(b"\n") and len(answer) < 256:
+                chunk = conn.recv(256)
+                if not chunk:
+                    break
+                answer += chunk
+    except OSError as exc:
+        return False, f"the FUSE holder at {socket_path} does not answer: {exc}"
+    if not answer.startswith(b"PONG "):
+        return False, f"the FUSE holder at {socket_path} answered {answer[:64]!r} to PING"
+    ident = answer[5:].decode("ascii", "replace").strip()
+    if mountpoint is not None and not holds_fuse_mount(mountpoint):
+        return False, (
+            f"the FUSE holder at {socket_path} answers (id {ident}), but no {FSTYPE} mount is "
+            f"on {mountpoint}: something unmounted it; new FUSE publishes fail until the "
+            "holder is restarted"
+        )
+    return True, f"the FUSE holder at {socket_path} answers (id {ident})"
 
 
 class Holder:
@@ -154,9 +205,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m csi.fuse.holder", description=__doc__.split("\n")[0]
     )
-    p.add_argument("--mountpoint", type=Path, required=True, help="where to mount the filesystem")
+    p.add_argument(
+        "--mountpoint", type=Path, help="where to mount the filesystem (required unless --check)"
+    )
     p.add_argument("--socket", type=Path, required=True, help="unix socket to serve the fd on")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="do not hold: exit 0 when the holder on --socket answers (and its mount is on "
+        "--mountpoint, if given), else 1 saying why (a probe)",
+    )
     args = p.parse_args(argv)
+    if args.check:
+        ok, reason = check(args.socket, args.mountpoint)
+        print(reason, flush=True)
+        return 0 if ok else 1
+    if args.mountpoint is None:
+        p.error("--mountpoint is required (unless --check)")
     logging.basicConfig(level=logging.INFO, format="level=%(levelname)s %(message)s")
     holder = Holder(args.mountpoint, args.socket)
     stopping = False

@@ -6,7 +6,9 @@ optionally takes the ``rukpak-manager``
 Lease (``provisioner.runtime.lease.LeaseLock``) before reconciling, runs the
 ``controller`` until SIGTERM/SIGINT or the Lease is lost, then stops the
 workers and releases the Lease. Exit 0 when stopped by a signal, 1 on a
-fatal error or a lost Lease.
+fatal error or a lost Lease. Its ``provisioner.runtime.liveness.Liveness`` follows
+where it is (waiting for the Lease, starting, leading: the controller's work queue)
+and answers ``/livez`` on the webhook's server.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 from provisioner.engine.kube import Kube
 from provisioner.manager import actuate, certs, content, controller, model, webhook
-from provisioner.runtime import flags, service, signals
+from provisioner.runtime import flags, liveness, service, signals
 from provisioner.runtime.metrics import Metrics
 from rukpak.common import errors
 from rukpak.oci import client as oci_client
@@ -171,6 +173,7 @@ def start_webhook(
     *,
     default_namespace: str = model.Settings.default_install_namespace,
     metrics: Metrics | None = None,
+    live: liveness.Check | None = None,
 ) -> webhook.Server:
     """Serve the webhooks with the managed certificate; publish its CA (into the
     ValidatingWebhookConfiguration and the BundleDeployment CRD's conversion) in the
@@ -191,6 +194,7 @@ def start_webhook(
         ),
         users=webhook.users_from(kube),
         metrics=metrics,
+        live=live,
     )
     server.start()
 
@@ -220,6 +224,34 @@ def start_webhook(
     return server
 
 
+def cache_gauges(metrics: Metrics, leader: Callable[[], controller.Controller | None]) -> None:
+    """The gauges read from the leader's cache at scrape time (empty on a standby)."""
+
+    def read(
+        sample: Callable[[controller.Controller], dict[tuple[str, ...], float]],
+    ) -> Callable[[], dict[tuple[str, ...], float]]:
+        return lambda: sample(ctl) if (ctl := leader()) is not None else {}
+
+    metrics.gauge_of(
+        "rukpak_bundledeployments",
+        "BundleDeployments by condition type and status (the leader's cache).",
+        ["condition", "status"],
+        read(controller.Controller.by_condition),
+    )
+    metrics.gauge_of(
+        "rukpak_revisions",
+        "Kept revisions of every BundleDeployment by outcome (the leader's cache).",
+        ["outcome"],
+        read(controller.Controller.by_revision_outcome),
+    )
+    metrics.gauge_of(
+        "rukpak_bundledeployments_rolled_back",
+        "BundleDeployments whose installed revision is older than their newest kept one.",
+        [],
+        read(controller.Controller.rolled_back),
+    )
+
+
 def run_manager(args: argparse.Namespace) -> int:
     stop = signals.stop_on_signals(log)
     try:
@@ -231,15 +263,15 @@ def run_manager(args: argparse.Namespace) -> int:
     metrics = Metrics()
     metrics.requests_of(lambda: kube.answers, host=kube.host)
     leading: list[controller.Controller] = []
-    metrics.gauge_of(
-        "rukpak_bundledeployments",
-        "BundleDeployments by condition type and status (the leader's cache).",
-        ["condition", "status"],
-        lambda: leading[0].by_condition() if leading else {},
-    )
+    cache_gauges(metrics, lambda: leading[0] if leading else None)
     metrics.leader.labels(LEASE_NAME).set(0)
+    alive = liveness.Liveness()  # on this thread, which runs the election
+    alive.waiting(
+        f"waiting for the Lease {LEASE_NAME}" if args.leader_elect else "starting to lead"
+    )
 
     def start() -> Callable[[], None]:
+        alive.starting()
         ctl = controller.Controller(
             kube,
             settings,
@@ -256,12 +288,15 @@ def run_manager(args: argparse.Namespace) -> int:
                 credentials=creds, insecure=args.insecure_registry
             ),
         )
+        alive.follow(ctl.queue)
         ctl.start(workers=args.workers)
+        alive.leading()
         leading.append(ctl)
         metrics.leader.labels(LEASE_NAME).set(1)
         log.info("msg='manager started' system_namespace=%s", settings.system_namespace)
 
         def halt() -> None:
+            alive.stopping()
             metrics.leader.labels(LEASE_NAME).set(0)
             leading.clear()
             ctl.stop()
@@ -278,6 +313,7 @@ def run_manager(args: argparse.Namespace) -> int:
                 stop,
                 default_namespace=settings.default_install_namespace,
                 metrics=metrics,
+                live=alive.check,
             )
         election = service.Election(args.leader_elect, settings.system_namespace, LEASE_NAME)
         return service.serve(kube, election, start, stop=stop, log=log, lost="stopped reconciling")

@@ -530,6 +530,26 @@ class Controller(Reconciler):
                     counts[key] = counts.get(key, 0.0) + 1.0
         return counts
 
+    def by_revision_outcome(self) -> dict[tuple[str, ...], float]:
+        """Kept revisions of every BundleDeployment by (outcome,), from the cache: the
+        samples of ``rukpak_revisions``."""
+        counts: dict[tuple[str, ...], float] = {}
+        for bd in self.bds.items():
+            for rev in revisions.of_status(bd):
+                counts[(rev.outcome,)] = counts.get((rev.outcome,), 0.0) + 1.0
+        return counts
+
+    def rolled_back(self) -> dict[tuple[str, ...], float]:
+        """BundleDeployments whose installed revision is older than their newest kept one
+        (a rollback in force), from the cache: ``rukpak_bundledeployments_rolled_back``."""
+        count = 0.0
+        for bd in self.bds.items():
+            kept = revisions.of_status(bd)
+            installed = (bd.get("status") or {}).get("installedRevision")
+            if kept and isinstance(installed, int) and installed < kept[-1].number:
+                count += 1.0
+        return {(): count}
+
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self, *, workers: int = 2, sync_timeout: float = 60.0) -> None:

@@ -17,7 +17,9 @@ CRD with ``conversion.review`` (pure, lossless both ways).
 
 ``METRICS_PATH`` serves the manager's metrics behind the same authorization, and
 ``content`` answers ``GET /bundles/<name>.tgz`` (a bundle's content, for callers the API
-server authorizes: ``status.contentURL``).
+server authorizes: ``status.contentURL``). ``/healthz`` (readiness: the server answers)
+and ``/livez`` (liveness: the manager's ``runtime.liveness`` check, naming what is stuck)
+answer anyone.
 
 ``Server`` serves these paths with the manager's own certificate (``certs``) on a
 socket bound with SO_REUSEPORT, so two replicas on one host network both start.
@@ -42,6 +44,7 @@ from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, meta_of
 from provisioner.manager import certs, conversion
 from provisioner.manager import content as bundle_content
+from provisioner.runtime import liveness
 from provisioner.runtime import metrics as runtime_metrics
 from rukpak.common import errors
 
@@ -209,6 +212,7 @@ def _handler(
     content: bundle_content.Content | None,
     users: Users | None,
     metrics: runtime_metrics.Metrics | None,
+    live: liveness.Check | None,
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -265,6 +269,10 @@ def _handler(
             if path == METRICS_PATH and metrics is not None and content is not None:
                 self._metrics()
                 return
+            if path == liveness.LIVEZ_PATH and live is not None:
+                ok, reason = live()
+                self._send(200 if ok else 503, {"ok": ok, "message": reason})
+                return
             name = bundle_content.name_of_path(path)
             if name is None or content is None:
                 self._send(200 if path == "/healthz" else 404, {"ok": path == "/healthz"})
@@ -305,7 +313,8 @@ def _handler(
 
 
 class Server:
-    """The HTTPS server of ``PATH``, ``CONVERT_PATH`` (and ``/healthz``) on one daemon thread."""
+    """The HTTPS server of ``PATH``, ``CONVERT_PATH`` (and ``/healthz``, and ``/livez`` when
+    given ``live``) on one daemon thread."""
 
     def __init__(
         self,
@@ -318,8 +327,9 @@ class Server:
         content: bundle_content.Content | None = None,
         users: Users | None = None,
         metrics: runtime_metrics.Metrics | None = None,
+        live: liveness.Check | None = None,
     ) -> None:
-        handler = _handler(existing, default_namespace, content, users, metrics)
+        handler = _handler(existing, default_namespace, content, users, metrics, live)
         self._httpd = _ReusePortServer((host, port), handler)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2

@@ -6,6 +6,11 @@ checks it (driver name, Controller service, CREATE_DELETE_VOLUME), optionally
 takes a Lease so only one replica provisions, then runs
 ``provisioner.storage.controller`` until SIGTERM/SIGINT or a lost Lease.
 Exit 0 when stopped by a signal, 1 on a fatal error or a lost Lease.
+
+With ``--health-port`` it answers kubelet's probes from the start
+(``provisioner.runtime.liveness.serve``): ``/livez`` is its ``Liveness`` (waiting for the
+plugin or the Lease, leading: the work queue), ``/healthz`` (readiness) also waits until
+the plugin was connected and checked.
 """
 
 from __future__ import annotations
@@ -14,10 +19,11 @@ import argparse
 import logging
 import os
 import socket
+import threading
 from collections.abc import Callable
 from typing import Any
 
-from provisioner.runtime import flags, service, signals
+from provisioner.runtime import flags, liveness, service, signals
 from provisioner.storage import controller
 from provisioner.storage.csiclient import CsiClient
 from provisioner.storage.events import Recorder
@@ -71,11 +77,54 @@ def register(subparsers: Any) -> None:
         help="longest retry delay (default: %(default)ss)",
     )
     flags.add_controller(p, lease=LEASE_NAME, workers="sync", lease_namespace=True)
+    p.add_argument(
+        "--health-port",
+        type=int,
+        default=0,
+        help="serve /livez (liveness) and /healthz (readiness) over HTTP on this port, at "
+        "the address --health-bind names; 0 disables (default: %(default)s)",
+    )
+    p.add_argument(
+        "--health-bind",
+        default="0.0.0.0",
+        help="address of the health port: kubelet's probes dial the pod's address "
+        "(default: %(default)s)",
+    )
     p.set_defaults(func=run_volumes)
 
 
 def run_volumes(args: argparse.Namespace) -> int:
     stop = signals.stop_on_signals(log)
+    alive = liveness.Liveness()  # on this thread, which runs the election
+    alive.waiting(f"waiting for the CSI plugin at {args.csi_address}")
+    connected = threading.Event()
+
+    def ready() -> tuple[bool, str]:
+        if not connected.is_set():
+            return False, f"not connected to the CSI plugin at {args.csi_address} yet"
+        return alive.check()
+
+    probes = None
+    if args.health_port:
+        probes = liveness.serve(
+            host=args.health_bind, port=args.health_port, live=alive.check, ready=ready
+        )
+    try:
+        return provision(args, stop, alive, connected)
+    finally:
+        if probes is not None:
+            probes.shutdown()
+            probes.server_close()
+
+
+def provision(
+    args: argparse.Namespace,
+    stop: threading.Event,
+    alive: liveness.Liveness,
+    connected: threading.Event,
+) -> int:
+    """Connect to the plugin (``connected`` is set once it was checked), then provision as
+    the holder of the Lease until ``stop``; the exit code."""
     csi = CsiClient(args.csi_address, timeout=args.timeout)
     try:
         driver = csi.connect(driver=args.driver_name, wait=args.connect_timeout)
@@ -83,8 +132,11 @@ def run_volumes(args: argparse.Namespace) -> int:
     except errors.RukpakError as err:
         csi.close()
         return service.failed(log, err)
+    connected.set()
+    alive.waiting(f"waiting for the Lease {LEASE_NAME}" if args.leader_elect else "starting")
 
     def start() -> Callable[[], None]:
+        alive.starting()
         component = f"{driver}_{os.environ.get('POD_NAME') or socket.gethostname()}"
         provisioner = controller.VolumeProvisioner(
             kube,
@@ -95,9 +147,16 @@ def run_volumes(args: argparse.Namespace) -> int:
                 base=args.retry_interval_start, cap=args.retry_interval_max, jitter=0.1
             ),
         )
+        alive.follow(provisioner.queue)
         provisioner.start(workers=args.workers)
+        alive.leading()
         log.info("msg='provisioning' driver=%s csi_address=%s", driver, args.csi_address)
-        return provisioner.stop
+
+        def halt() -> None:
+            alive.stopping()
+            provisioner.stop()
+
+        return halt
 
     try:
         election = service.Election(args.leader_elect, args.leader_election_namespace, LEASE_NAME)
