@@ -176,10 +176,15 @@ def test_a_bundledeployment_becomes_a_resolved_bundle_and_an_instance_run(
     name = unique("hello")
     kube.create(bundle_deployment(name, images["v1"], installNamespace="team-a"))
     generated = eventually(lambda: bundles_of(kube, name), timeout=30, what="the Bundle")
-    unpack_pod = finish_unpack(kube, generated[0]["metadata"]["name"])
+    # the run starts once the content is pinned, while the unpack pod still checks it
     run = eventually(lambda: instance_of(kube, name), timeout=30, what="the instance run pod")
-    (bundle,) = bundles_of(kube, name)
-    assert bundle["status"]["phase"] == "Unpacked"
+    assert bundles_of(kube, name)[0]["status"]["phase"] != "Unpacked", "no kubelet ended it"
+    unpack_pod = finish_unpack(kube, generated[0]["metadata"]["name"])
+    (bundle,) = eventually(
+        lambda: b if (b := bundles_of(kube, name))[0]["status"]["phase"] == "Unpacked" else None,
+        timeout=30,
+        what="the Bundle Unpacked",
+    )
     assert (
         unpack_pod["spec"]["volumes"][0]["csi"]["volumeAttributes"]["image"]
         == (bundle["status"]["resolvedSource"]["image"]["ref"])
