@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
-import ssl
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -24,6 +21,7 @@ from provisioner.manager import certs, webhook
 from provisioner.runtime import liveness
 from provisioner.runtime.queue import WorkQueue
 from provisioner.runtime.workers import Workers
+from tests.httpreply import probe
 from tests.polling import eventually
 
 BOUND = 1.0
@@ -32,14 +30,8 @@ log = logging.getLogger("tests.liveness")
 
 def get(url: str) -> tuple[int, dict[str, object]]:
     """GET ``url`` as kubelet's probe does (HTTPS unverified): status and JSON body."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    try:
-        with urllib.request.urlopen(url, timeout=10, context=context) as answer:
-            return int(answer.status), json.loads(answer.read())
-    except urllib.error.HTTPError as err:
-        return int(err.code), json.loads(err.read())
+    status, body = probe(url)
+    return status, json.loads(body)
 
 
 @pytest.fixture

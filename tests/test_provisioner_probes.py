@@ -13,11 +13,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import ssl
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +24,7 @@ import pytest
 from provisioner.engine.kube import Kube
 from tests.crd_helpers import install_crds
 from tests.csi_helpers import PluginProcess, free_port, terminate
+from tests.httpreply import probe
 from tests.polling import eventually
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -34,14 +32,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 def get(url: str) -> tuple[int, str]:
     """GET ``url`` as kubelet's probe does (HTTPS unverified): (status, message)."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    try:
-        with urllib.request.urlopen(url, timeout=10, context=context) as answer:
-            return int(answer.status), str(json.loads(answer.read())["message"])
-    except urllib.error.HTTPError as err:
-        return int(err.code), str(json.loads(err.read())["message"])
+    status, body = probe(url)
+    return status, str(json.loads(body)["message"])
 
 
 def answering(url: str) -> tuple[int, str] | None:

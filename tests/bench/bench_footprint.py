@@ -29,13 +29,10 @@ from __future__ import annotations
 
 import os
 import resource
-import ssl
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import grpc
@@ -46,7 +43,7 @@ from csi.proto import csi_pb2_grpc
 from provisioner.engine.kube import Kube
 from rukpak.oci.client import RegistryClient
 from rukpak.oci.reference import Reference
-from tests import crd_helpers
+from tests import crd_helpers, httpreply
 from tests.bench import Result, progress
 from tests.bench.bench_csi import proc_status_mib
 from tests.cluster import bins
@@ -102,17 +99,13 @@ def limit_mib(manifest: str, container: str) -> float:
 
 
 def probe(url: str) -> tuple[int, str]:
-    """GET ``url`` (HTTPS without verification, as kubelet's probes): status and body."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
+    """GET ``url`` (HTTPS without verification, as kubelet's probes): status and body;
+    (0, the error) when nothing answers."""
     try:
-        with urllib.request.urlopen(url, timeout=5, context=context) as answer:
-            return int(answer.status), answer.read().decode()
-    except urllib.error.HTTPError as err:
-        return int(err.code), err.read().decode()
+        status, body = httpreply.probe(url, timeout=5)
     except OSError as err:
         return 0, str(err)
+    return status, body.decode()
 
 
 def holder_figures(workdir: Path) -> tuple[subprocess.Popen[bytes], Path, list[Result]]:
