@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from rukpak.common import errors
+from rukpak.common import errors, httpanswer
 from rukpak.image.locks import KeyedLocks
 from rukpak.image.store import ContentStore
 from rukpak.oci import client as oci_client
@@ -212,12 +212,7 @@ def serve(mirror: Mirror, address: tuple[str, int]) -> ThreadingHTTPServer:
                     shutil.copyfileobj(f, self.wfile, 1 << 16)
 
         def _send(self, code: int, data: bytes, media: str, *, body: bool = True) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", media)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            if body:
-                self.wfile.write(data)
+            httpanswer.answer(self, code, data, media, send_body=body)
 
     server = ThreadingHTTPServer(address, Handler)
     server.daemon_threads = True

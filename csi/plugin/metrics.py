@@ -11,12 +11,13 @@ builds: it probes the CSI socket and checks kubelet accepted the plugin.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from rukpak.common import httpanswer
 
 CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 
@@ -183,24 +184,15 @@ def serve(
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path == "/metrics":
-                body = metrics.render().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE)
+                httpanswer.answer(self, 200, metrics.render().encode(), CONTENT_TYPE)
             elif self.path == "/healthz":
                 healthy, reason = health()
                 body = f"{'ok' if healthy else reason}\n".encode()
-                self.send_response(200 if healthy else 503)
-                self.send_header("Content-Type", "text/plain")
+                httpanswer.answer(self, 200 if healthy else 503, body, "text/plain")
             else:
-                body = b"not found\n"
-                self.send_response(404)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+                httpanswer.answer(self, 404, b"not found\n", "text/plain")
 
         def log_message(self, format: str, *args: object) -> None:
             pass  # scrapes are not worth a log line
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
-    return server
+    return httpanswer.serve(host, port, Handler, name="metrics")

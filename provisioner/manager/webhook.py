@@ -46,7 +46,7 @@ from provisioner.manager import certs, conversion
 from provisioner.manager import content as bundle_content
 from provisioner.runtime import liveness
 from provisioner.runtime import metrics as runtime_metrics
-from rukpak.common import errors
+from rukpak.common import errors, httpanswer
 
 log = logging.getLogger("rukpak.webhook")
 
@@ -257,12 +257,7 @@ def _handler(
             except errors.RukpakError as err:
                 self._send(503, {"message": f"cannot authorize: {err.message}"})
                 return
-            data = metrics.exposition()
-            self.send_response(200)
-            self.send_header("Content-Type", runtime_metrics.CONTENT_TYPE)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            httpanswer.answer(self, 200, metrics.exposition(), runtime_metrics.CONTENT_TYPE)
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
@@ -292,19 +287,10 @@ def _handler(
                 self._send(502, {"message": f"cannot fetch the content of {name}: {err.message}"})
                 return
             log.info("msg='content served' name=%s user=%s bytes=%d", name, user, len(data))
-            self.send_response(200)
-            self.send_header("Content-Type", "application/gzip")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            httpanswer.answer(self, 200, data, "application/gzip")
 
         def _send(self, code: int, doc: Obj) -> None:
-            data = json.dumps(doc).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            httpanswer.answer_json(self, code, doc)
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("msg='request' %s", format % args)

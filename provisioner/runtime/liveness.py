@@ -29,7 +29,6 @@ progress, so a probe never restarts a process for it.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import deque
@@ -37,6 +36,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from provisioner.runtime.queue import Observer, WorkQueue
+from rukpak.common import httpanswer
 
 STALL_AFTER = 600.0
 """Seconds one reconcile may take before the process is judged stuck: far above any
@@ -198,17 +198,9 @@ def serve(*, host: str, port: int, live: Check, ready: Check) -> ThreadingHTTPSe
             else:
                 ok, reason = check()
                 code = 200 if ok else 503
-            body = json.dumps({"ok": ok, "message": reason}).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            httpanswer.answer_json(self, code, {"ok": ok, "message": reason})
 
         def log_message(self, format: str, *args: object) -> None:
             pass  # probes are not worth a log line
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="probes", daemon=True).start()
-    return server
+    return httpanswer.serve(host, port, Handler, name="probes")

@@ -1,0 +1,53 @@
+"""One whole HTTP answer from a ``BaseHTTPRequestHandler`` (status, type, length, body),
+and a server on a daemon thread.
+
+Where it sits: below the processes' small HTTP endpoints: the node plugin's metrics and
+``/healthz`` (``csi.plugin.metrics``), the registry mirror (``csi.mirror.server``), the
+manager's webhook server (``provisioner.manager.webhook``) and the probe server of
+processes without one (``provisioner.runtime.liveness``). Each answer carries its exact
+``Content-Length``, so keep-alive clients never wait for a close.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+def answer(
+    handler: BaseHTTPRequestHandler,
+    code: int,
+    body: bytes,
+    content_type: str,
+    *,
+    headers: Iterable[tuple[str, str]] = (),
+    send_body: bool = True,
+) -> None:
+    """Send status ``code`` with ``body`` (not its bytes for a HEAD: ``send_body``)."""
+    handler.send_response(code)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(body)))
+    for name, value in headers:
+        handler.send_header(name, value)
+    handler.end_headers()
+    if send_body:
+        handler.wfile.write(body)
+
+
+def answer_json(handler: BaseHTTPRequestHandler, code: int, doc: Any) -> None:
+    """Send status ``code`` with ``doc`` as JSON."""
+    answer(handler, code, json.dumps(doc).encode(), "application/json")
+
+
+def serve(
+    host: str, port: int, handler: type[BaseHTTPRequestHandler], *, name: str
+) -> ThreadingHTTPServer:
+    """A threading server of ``handler`` on ``host:port``, serving on daemon thread
+    ``name``; ``shutdown`` stops it, ``server_address`` has the port."""
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
+    return server
