@@ -123,5 +123,6 @@ def test_drift_starts_a_new_run_and_an_optional_object_waits_for_its_crd(
     lease_ref = ObjectRef(
         "coordination.k8s.io", "v1", "Lease", inst.NAMESPACE, lease.lease_name(name)
     )
-    assert kube.get(lease_ref) is None
+    # the finalizer goes first, then the uninstall and the Lease (upstream's order)
+    eventually(lambda: kube.get(lease_ref) is None, timeout=60, what="its Lease gone after it")
     system.kubectl("delete", "crd", f"widgets.{group}", "--wait=false", check=False)
