@@ -25,6 +25,7 @@ from csi.fuse.publisher import FusePublisher
 from csi.node.publish import Publisher, PublishRequest
 from csi.plugin import main as plugin_main
 from rukpak.common import errors
+from rukpak.image import retention
 from rukpak.image.cache import ImageCache
 from rukpak.image.cachestate import CacheState, Holder
 from rukpak.image.seams import Puller, PullPolicy
@@ -568,3 +569,16 @@ def test_the_fuse_store_spares_a_retained_tree_until_the_ttl_passes(
 class FakeMount:
     def tree_dir(self, name: str) -> Path:
         return Path("/nonexistent") / name
+
+
+def test_the_same_trees_named_again_move_the_time_at_most_once_a_minute() -> None:
+    """Every publish names an owner's trees again; only one write a minute follows."""
+    table: retention.Table = {}
+    trees = [f"sha256:{HEX['a']}"]
+    assert retention.set_owner(table, OWNER, trees, 1000.0) is retention.Change.DIGESTS
+    assert retention.set_owner(table, OWNER, trees, 1030.0) is retention.Change.NONE
+    assert table[OWNER]["at"] == 1000.0
+    assert retention.set_owner(table, OWNER, trees, 1061.0) is retention.Change.TIME
+    assert table[OWNER]["at"] == 1061.0
+    more = [*trees, f"sha256:{HEX['b']}"]
+    assert retention.set_owner(table, OWNER, more, 1062.0) is retention.Change.DIGESTS

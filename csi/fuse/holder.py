@@ -87,20 +87,23 @@ def _escaped(path: Path) -> str:
     return str(path).replace("\\", "\\134").replace(" ", "\\040").replace("\n", "\\012")
 
 
+def _fstypes_on(path: Path) -> list[str]:
+    """The filesystem types of the mounts on ``path``, bottom to top (/proc/self/mountinfo)."""
+    escaped, found = _escaped(path), []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split(" ")
+        if len(fields) > 4 and fields[4] == escaped:
+            found.append(line.split(" - ", 1)[1].split(" ")[0] if " - " in line else "")
+    return found
+
+
 def is_mount_point(path: Path) -> bool:
-    text = Path("/proc/self/mountinfo").read_text()
-    escaped = _escaped(path)
-    return any(line.split(" ")[4] == escaped for line in text.splitlines())
+    return bool(_fstypes_on(path))
 
 
 def holds_fuse_mount(path: Path) -> bool:
     """Whether the topmost mount on ``path`` is a holder's (type ``FSTYPE``)."""
-    escaped, fstype = _escaped(path), ""
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split(" ")
-        if len(fields) > 4 and fields[4] == escaped and " - " in line:
-            fstype = line.split(" - ", 1)[1].split(" ")[0]
-    return fstype == FSTYPE
+    return _fstypes_on(path)[-1:] == [FSTYPE]
 
 
 CHECK_TIMEOUT = 5.0

@@ -20,6 +20,10 @@ from typing import Any
 from rukpak.oci import digest as digests
 
 Table = dict[str, Any]
+REFRESH_AFTER = 60.0
+"""Seconds an unchanged entry's time stays as it is: every publish names the owner's
+trees again, but only the first in a minute moves the time (and costs a write); against
+a TTL of days that loses nothing."""
 
 
 class Change(Enum):
@@ -32,15 +36,17 @@ class Change(Enum):
 
 def set_owner(table: Table, owner: str, tree_digests: Collection[str], now: float) -> Change:
     """Make ``tree_digests`` the trees ``owner`` retains as of ``now``, replacing what it
-    retained; an empty collection ends the owner's retention. Invalid digests are dropped."""
+    retained; an empty collection ends the owner's retention. Invalid digests are dropped.
+    The same trees named again within ``REFRESH_AFTER`` seconds change nothing."""
     kept = sorted({d for d in tree_digests if digests.is_valid(d)})
     before = table.get(owner)
     if not kept:
         return Change.NONE if table.pop(owner, None) is None else Change.DIGESTS
+    same = isinstance(before, dict) and before.get("digests") == kept
+    if same and _fresh(before, now, REFRESH_AFTER):
+        return Change.NONE
     table[owner] = {"digests": kept, "at": now}
-    if isinstance(before, dict) and before.get("digests") == kept:
-        return Change.TIME
-    return Change.DIGESTS
+    return Change.TIME if same else Change.DIGESTS
 
 
 def fresh(table: Table, now: float, ttl: float) -> set[str]:
