@@ -181,6 +181,11 @@ def test_a_file_that_does_not_match_its_digest_is_eio_and_logged(
         Path(fuse_target, "manifests/cm.yaml").read_bytes()
     assert raised.value.errno == errno.EIO
     logged(plugin.log, "does not match its digest")
+    # Nothing of the failure is kept (no verdict, no open descriptor): the repaired
+    # file is checked again and served.
+    stored.unlink()
+    stored.write_bytes(b"the real content")
+    assert Path(fuse_target, "manifests/cm.yaml").read_bytes() == b"the real content"
 
 
 def test_publish_mode_is_checked(

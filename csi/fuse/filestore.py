@@ -37,6 +37,21 @@ _libc = ctypes.CDLL(None, use_errno=True)
 CHUNK = 1 << 20
 
 
+def verify_fd(fd: int, digest: str) -> bool:
+    """Whether the file open on ``fd`` hashes to ``digest`` (read from offset 0, by ``pread``)."""
+    hasher = hashlib.sha256()
+    offset = 0
+    while chunk := os.pread(fd, CHUNK, offset):
+        hasher.update(chunk)
+        offset += len(chunk)
+    return f"{ALGORITHM}:{hasher.hexdigest()}" == digest
+
+
+def matches(data: bytes, digest: str) -> bool:
+    """Whether ``data`` (a whole file) hashes to ``digest``."""
+    return f"{ALGORITHM}:{hashlib.sha256(data).hexdigest()}" == digest
+
+
 class FileIngest:
     """An open ingest file; :attr:`digest` is set once the ``with`` block commits it."""
 
@@ -64,6 +79,7 @@ class FileStore:
         self.root = root
         self.ingest_dir = root / "ingest"
         self.files_dir = root / "files" / ALGORITHM
+        self._files_prefix = f"{self.files_dir}{os.sep}"
         for d in (root, self.ingest_dir, self.files_dir):
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
         for entry in self.ingest_dir.iterdir():  # unfinished ingests from before a crash
@@ -150,16 +166,25 @@ class FileStore:
             sink.write(data)
         return sink.digest
 
+    def open_fd(self, digest: str) -> int | None:
+        """A read-only descriptor of the stored file (the caller closes it); None when missing.
+
+        On the FUSE read path: a plain string path, no ``Path`` objects, one ``open(2)``.
+        """
+        try:
+            return os.open(self._files_prefix + digests.hex_of(digest), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+
     def verify(self, digest: str) -> bool:
         """Whether the stored file still hashes to ``digest`` (False when missing)."""
-        hasher = hashlib.sha256()
-        try:
-            with open(self.path(digest), "rb") as f:
-                while chunk := f.read(CHUNK):
-                    hasher.update(chunk)
-        except FileNotFoundError:
+        fd = self.open_fd(digest)
+        if fd is None:
             return False
-        return f"{ALGORITHM}:{hasher.hexdigest()}" == digest
+        try:
+            return verify_fd(fd, digest)
+        finally:
+            os.close(fd)
 
     def delete(self, digest: str) -> int:
         """Remove a file; returns the bytes freed (0 if absent)."""

@@ -32,6 +32,7 @@ layer has not delivered yet are fetched through the optional ``fetcher``.
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import importlib.metadata
 import logging
@@ -45,7 +46,7 @@ from typing import Protocol
 import pyfuse3
 import trio
 
-from csi.fuse import index
+from csi.fuse import filestore, index
 from csi.fuse.filestore import FileStore
 from rukpak.common.fsio import read_json_or_set_aside, write_json_atomic
 
@@ -256,12 +257,19 @@ class ReadOnlyFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOSYS)  # "no open needed, ever" (see the docstring)
         return pyfuse3.FileInfo(fh=inode, keep_cache=True, direct_io=False)
 
-    async def _ready(self, slot: int, row: index.Row) -> None:
-        """Make sure the row's content is present and verified; EIO otherwise."""
+    async def _ready(self, slot: int, row: index.Row) -> bytes | None:
+        """Make sure the row's content is present and verified; EIO otherwise.
+
+        The check reads the stored file once, through the descriptor later reads use.
+        A small file's content comes back (its first read is served from it, so a cold
+        read costs one disk read, not two); None when already verified or large.
+        Nothing is remembered of a failure: a later read checks again.
+        """
         digest = row.digest
         if digest in self._verified:
-            return
-        if not self.files.has(digest) and self.fetcher is not None:
+            return None
+        fd = self._fd(digest)
+        if fd is None and self.fetcher is not None:
             name = self.trees.name(slot) or ""
             try:
                 await trio.to_thread.run_sync(self.fetcher.fetch, name, row)
@@ -270,11 +278,19 @@ class ReadOnlyFS(pyfuse3.Operations):
                     "msg=%r tree=%s file=%s error=%r", "fetching a file failed", name, digest, exc
                 )
                 raise pyfuse3.FUSEError(errno.EIO) from None
-        if row.size <= INLINE_VERIFY:  # a thread hop costs more than hashing a small file
-            ok = self.files.verify(digest)
+            fd = self._fd(digest)
+        content: bytes | None = None
+        if fd is None:
+            ok = False
+        elif row.size <= INLINE_VERIFY:  # a thread hop costs more than hashing a small file
+            with contextlib.suppress(OSError):
+                content = os.pread(fd, row.size + 1, 0)  # one more byte: a grown file fails
+            ok = content is not None and filestore.matches(content, digest)
         else:
+            # Its own descriptor: the cache may close ours while the thread reads.
             ok = await trio.to_thread.run_sync(self.files.verify, digest)
         if not ok:
+            self._forget_fd(digest)  # a repaired or re-fetched file is opened anew
             self.corrupt += 1
             log.error(
                 "msg=%r digest=%s path=%s",
@@ -286,18 +302,27 @@ class ReadOnlyFS(pyfuse3.Operations):
                 self.on_corrupt(digest)
             raise pyfuse3.FUSEError(errno.EIO)
         self._verified.add(digest)
+        return content
 
-    def _fd(self, digest: str) -> int:
+    def _fd(self, digest: str) -> int | None:
+        """The stored file's descriptor, from a small LRU of open files; None when missing."""
         fd = self._fds.get(digest)
         if fd is not None:
             self._fds.move_to_end(digest)
             return fd
-        fd = os.open(self.files.path(digest), os.O_RDONLY | os.O_CLOEXEC)
+        fd = self.files.open_fd(digest)
+        if fd is None:
+            return None
         self._fds[digest] = fd
         while len(self._fds) > MAX_OPEN_FILES:
             _old, old_fd = self._fds.popitem(last=False)
             os.close(old_fd)
         return fd
+
+    def _forget_fd(self, digest: str) -> None:
+        fd = self._fds.pop(digest, None)
+        if fd is not None:
+            os.close(fd)
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         if not fh:  # no-open mode under a pyfuse3 that drops the inode: nothing to go on
@@ -305,10 +330,15 @@ class ReadOnlyFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EIO)
         slot, tree, row_id = self._resolve(fh)
         row = tree.rows[row_id]
-        if row.digest not in self._verified:  # a handle from a previous daemon
-            await self._ready(slot, row)
+        if row.digest not in self._verified:  # the first read (no-open mode), or a new daemon
+            content = await self._ready(slot, row)
+            if content is not None:
+                return content[off : off + size]
+        fd = self._fd(row.digest)
         try:
-            return os.pread(self._fd(row.digest), size, off)
+            if fd is None:
+                raise FileNotFoundError(errno.ENOENT, "removed from the store")
+            return os.pread(fd, size, off)
         except OSError as exc:
             log.error("msg=%r digest=%s error=%r", "reading a stored file failed", row.digest, exc)
             raise pyfuse3.FUSEError(errno.EIO) from None
