@@ -342,13 +342,15 @@ def uninstall(system: RukpakSystem) -> None:
     kubectl("delete", "deployments,jobs,pods", "-n", NAMESPACE, "-l",
             "app.kubernetes.io/component!=node-plugin", "--timeout=120s", timeout=150,
             check=False)  # fmt: skip
-    kubectl("delete", "-f", str(system.manifests), "--ignore-not-found", "--wait=true",
-            "--timeout=120s", timeout=180, check=False)  # fmt: skip
+    # Before the plugin goes: a pod deleted with no grace period is gone from the API
+    # while the kubelet still has to unpublish its volume through the plugin.
     eventually(
         lambda: not all_csi_mounts(system),
         timeout=60,
         what="no csi.rukpak.io volume mounted under the kubelet's pods dir",
     )
+    kubectl("delete", "-f", str(system.manifests), "--ignore-not-found", "--wait=true",
+            "--timeout=120s", timeout=180, check=False)  # fmt: skip
 
 
 def install(
