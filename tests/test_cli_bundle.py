@@ -23,6 +23,7 @@ import zstandard
 
 from provisioner.cli import bundle as bundle_cli
 from provisioner.cli import main as cli_main
+from provisioner.runtime import flags
 from rukpak.common import backoff
 from rukpak.oci import mediatypes
 from rukpak.oci.client import RegistryClient
@@ -379,9 +380,9 @@ def test_insecure_allows_plain_http_to_the_named_registry_only() -> None:
     bundle_cli.register(subparsers)
     secure = parser.parse_args(["bundle", "inspect", str(ref)])
     insecure = parser.parse_args(["bundle", "inspect", str(ref), "--insecure"])
-    with bundle_cli.make_client(secure, ref) as client:
+    with flags.registry_client(secure, ref) as client:
         assert client.base_url(ref) == "https://registry.example.com:5000"
-    with bundle_cli.make_client(insecure, ref) as client:
+    with flags.registry_client(insecure, ref) as client:
         assert client.base_url(ref) == "http://registry.example.com:5000"
         other = Reference.parse("elsewhere.example.com/x:v1")
         assert client.base_url(other) == "https://elsewhere.example.com"

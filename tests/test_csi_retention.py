@@ -258,10 +258,27 @@ class Clock:
         return self.now
 
 
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+BUDGET = 120_000
+"""Room in a store for the trees of two big images, not three."""
+
+
 def big_image(registry: RegistryServer, repo: str) -> PushedImage:
     """An image whose tree counts 50 kB against the budget."""
     payload = (repo.encode() * 5_000)[:50_000]
     return push_image(registry.host, repo, "v1", [[("f", "file", payload)]])
+
+
+def big_images(
+    registry: RegistryServer, prefix: str
+) -> tuple[PushedImage, PushedImage, PushedImage]:
+    """Three big images, ``prefix-a``, ``-b`` and ``-c``: one more than ``BUDGET`` holds."""
+    a, b, c = (big_image(registry, f"{prefix}-{x}") for x in "abc")
+    return a, b, c
 
 
 def pull(c: ImageCache, image: PushedImage) -> Path:
@@ -272,8 +289,8 @@ def pull(c: ImageCache, image: PushedImage) -> Path:
 def test_eviction_spares_a_retained_tree_and_takes_an_unretained_unused_one(
     tmp_path: Path, registry: RegistryServer
 ) -> None:
-    kept, unkept, newest = (big_image(registry, f"retention/ev-{x}") for x in "abc")
-    c = ImageCache(tmp_path, puller_factory=client, budget_bytes=120_000)
+    kept, unkept, newest = big_images(registry, "retention/ev")
+    c = ImageCache(tmp_path, puller_factory=client, budget_bytes=BUDGET)
     kept_path = pull(c, kept)
     assert c.retain(OWNER, [pinned_image(kept)], AMD64) == [pinned_image(kept)]
     unkept_path = pull(c, unkept)
@@ -281,17 +298,16 @@ def test_eviction_spares_a_retained_tree_and_takes_an_unretained_unused_one(
     c.evict()
     assert kept_path.exists() and newest_path.exists()
     assert not unkept_path.exists()
-    assert c.usage() <= 120_000
+    assert c.usage() <= BUDGET
 
 
 @pytest.mark.registry
 def test_a_retained_tree_can_go_once_its_retention_is_older_than_the_ttl(
-    tmp_path: Path, registry: RegistryServer
+    tmp_path: Path, registry: RegistryServer, clock: Clock
 ) -> None:
-    clock = Clock()
-    kept, other, later = (big_image(registry, f"retention/ttl-{x}") for x in "abc")
+    kept, other, later = big_images(registry, "retention/ttl")
     c = ImageCache(
-        tmp_path, puller_factory=client, budget_bytes=120_000, retain_ttl=3600, clock=clock
+        tmp_path, puller_factory=client, budget_bytes=BUDGET, retain_ttl=3600, clock=clock
     )
     assert c.retain_ttl == 3600
     kept_path = pull(c, kept)
@@ -479,7 +495,7 @@ def test_eviction_spares_a_retained_http_tree_and_a_publish_of_it_retains_it(
     tmp_path: Path, files_server: SourceServer
 ) -> None:
     (tmp_path / "kubelet").mkdir()
-    images = ImageCache(tmp_path / "state", puller_factory=client, budget_bytes=120_000)
+    images = ImageCache(tmp_path / "state", puller_factory=client, budget_bytes=BUDGET)
     publisher = Publisher(images=images, mounter=FakeMounter(), kubelet_dir=tmp_path / "kubelet")
     kept, other, newest = (
         http_volume(files_server, f"{x}.tgz", big_tarball(x)) for x in ("kept", "other", "new")
@@ -532,13 +548,21 @@ def age(images: FuseImages, *names: str) -> None:
 
 @pytest.mark.registry
 def test_the_fuse_store_spares_a_retained_tree_until_the_ttl_passes(
-    tmp_path: Path, registry: RegistryServer
+    tmp_path: Path, registry: RegistryServer, clock: Clock
 ) -> None:
-    clock = Clock()
-    kept, other, newest = (big_image(registry, f"retention/fuse-{x}") for x in "abc")
-    fuse = FuseImages(
-        tmp_path / "fuse", puller_factory=client, budget_bytes=120_000, retain_ttl=600, clock=clock
-    )
+    kept, other, newest = big_images(registry, "retention/fuse")
+
+    def store(budget_bytes: int) -> FuseImages:
+        """The store at ``tmp_path / "fuse"``, opened (again) with a TTL of 600 s."""
+        return FuseImages(
+            tmp_path / "fuse",
+            puller_factory=client,
+            budget_bytes=budget_bytes,
+            retain_ttl=600,
+            clock=clock,
+        )
+
+    fuse = store(budget_bytes=BUDGET)
     publisher = FusePublisher(fuse, FakeMount(), tmp_path / "publishes.json")
     names = [
         fuse.ensure(i.ref, platform=AMD64, pull_policy=PullPolicy.IF_NOT_PRESENT).name
@@ -555,9 +579,7 @@ def test_the_fuse_store_spares_a_retained_tree_until_the_ttl_passes(
     assert names[0] not in evicted and names[1] in evicted
     assert fuse.has_tree(kept.manifest_digest) and not fuse.has_tree(other.manifest_digest)
 
-    restarted = FuseImages(
-        tmp_path / "fuse", puller_factory=client, budget_bytes=1, retain_ttl=600, clock=clock
-    )
+    restarted = store(budget_bytes=1)
     assert restarted.retained() == {names[0]}, "retention is on disk"
     clock.now += 601
     assert restarted.retained() == set()

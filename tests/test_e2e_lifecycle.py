@@ -105,13 +105,25 @@ def set_ref(system: inst.RukpakSystem, name: str, ref: str, **spec: object) -> N
 
 
 def install_then_change(
-    system: inst.RukpakSystem, name: str, first: str, then: str, **spec: object
+    system: inst.RukpakSystem,
+    registry: RegistryServer,
+    workdir: Path,
+    name: str,
+    greetings: tuple[str, str],
+    *,
+    then_image: str = "",
+    **spec: object,
 ) -> None:
-    """Create the BundleDeployment ``name`` of ``first`` (with more ``spec``), wait until
-    that is installed as revision 1, then change its source to ``then``."""
-    system.kube.create(bd_v2(name, first, **spec))
+    """Push the hello bundle (namespace ``name``) to ``registry`` twice, tagged by its
+    ``greetings``, the second running ``then_image`` when given; create the BundleDeployment
+    ``name`` of the first (with more ``spec``), wait until that is installed as revision 1,
+    then change its source to the second."""
+    first, then = greetings
+    first_ref = push(system, registry, workdir / first, first, name, first)
+    then_ref = push(system, registry, workdir / then, then, name, then, image=then_image)
+    system.kube.create(bd_v2(name, first_ref, **spec))
     eventually(lambda: ready(system, name, 1), timeout=180, what="revision 1 installed")
-    set_ref(system, name, then)
+    set_ref(system, name, then_ref)
 
 
 def events_about(system: inst.RukpakSystem, namespace: str, name: str) -> str:
@@ -149,10 +161,8 @@ def test_rollback_reinstalls_the_previous_revision_with_the_registry_stopped(
     rukpak_system: inst.RukpakSystem, own_registry: RegistryServer, tmp_path: Path
 ) -> None:
     system = rukpak_system
-    name, ns = f"rollback-{SUFFIX}", f"rollback-{SUFFIX}"
-    v1 = push(system, own_registry, tmp_path / "v1", "v1", ns, "one")
-    v2 = push(system, own_registry, tmp_path / "v2", "v2", ns, "two")
-    install_then_change(system, name, v1, v2)
+    name = ns = f"rollback-{SUFFIX}"
+    install_then_change(system, own_registry, tmp_path, name, ("one", "two"))
     eventually(lambda: ready(system, name, 2), timeout=180, what="revision 2 installed")
     assert greeting(system, ns) == "two"
     history = rukpak(system, "history", name)
@@ -246,11 +256,17 @@ def test_a_missed_progress_deadline_rolls_back_from_the_node_cache(
     rukpak_system: inst.RukpakSystem, own_registry: RegistryServer, tmp_path: Path
 ) -> None:
     system = rukpak_system
-    name, ns = f"deadline-{SUFFIX}", f"deadline-{SUFFIX}"
-    good = push(system, own_registry, tmp_path / "good", "good", ns, "good")
-    # its Deployment's image cannot be pulled: installed, never Healthy
-    bad = push(system, own_registry, tmp_path / "bad", "bad", ns, "bad", image="127.0.0.1:9/none:0")
-    install_then_change(system, name, good, bad, progressDeadlineSeconds=25, rollbackOnFailure=True)
+    name = ns = f"deadline-{SUFFIX}"
+    install_then_change(
+        system,
+        own_registry,
+        tmp_path,
+        name,
+        ("good", "bad"),
+        then_image="127.0.0.1:9/none:0",  # bad cannot pull it: installed, never Healthy
+        progressDeadlineSeconds=25,
+        rollbackOnFailure=True,
+    )
     eventually(
         lambda: status(system, name).get("installedRevision") == 2,
         timeout=180,

@@ -179,8 +179,9 @@ def test_a_paused_bundledeployment_applies_nothing_and_previews(
     inst.delete_v2(system, paused, after)
 
 
-def split_hello(system: inst.RukpakSystem, root: Path, ns: str) -> tuple[Path, Path]:
-    """hello as two plain bundles: its Namespace and Deployment, and its ConfigMap."""
+def push_split_hello(system: inst.RukpakSystem, root: Path, ns: str, repo: str) -> dict[str, str]:
+    """hello as two plain bundles, ``app`` (its Namespace and Deployment) and ``config``
+    (its ConfigMap), pushed as ``<repo>-app`` and ``<repo>-config``; their refs by part."""
     whole = inst.hello_bundle(root / "whole", namespace=ns, image=system.busybox_image)
     app, config = root / "app", root / "config"
     for part in (app, config):
@@ -188,7 +189,7 @@ def split_hello(system: inst.RukpakSystem, root: Path, ns: str) -> tuple[Path, P
     for path in sorted((whole / "manifests").iterdir()):
         part = config if "configmap" in path.name else app
         (part / "manifests" / path.name).write_text(path.read_text())
-    return app, config
+    return {part.name: push(system, part, f"{repo}-{part.name}") for part in (app, config)}
 
 
 def create_of_sources(system: inst.RukpakSystem, name: str, sources: dict[str, str]) -> None:
@@ -210,10 +211,8 @@ def test_several_sources_each_mount_at_their_destination_and_install_together(
     rukpak_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
     system = rukpak_system
-    name, ns = f"multi-{SUFFIX}", f"multi-{SUFFIX}"
-    app, config = split_hello(system, tmp_path, ns)
-    refs = {part.name: push(system, part, f"multi-{part.name}") for part in (app, config)}
-    create_of_sources(system, name, refs)
+    name = ns = f"multi-{SUFFIX}"
+    create_of_sources(system, name, push_split_hello(system, tmp_path, ns, "multi"))
     eventually(lambda: installed(system, name), timeout=180, what="Installed")
     assert greeting(system, ns) == "Hello from a RukPak bundle"
     deployment = ObjectRef("apps", "v1", "Deployment", ns, "hello")
@@ -229,10 +228,9 @@ def test_two_sources_with_the_same_object_fail_naming_both(
     rukpak_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
     system = rukpak_system
-    name, ns = f"clash-{SUFFIX}", f"clash-{SUFFIX}"
-    _, config = split_hello(system, tmp_path, ns)
-    ref = push(system, config, "clash")
-    create_of_sources(system, name, {"one": ref, "two": ref})
+    name = ns = f"clash-{SUFFIX}"
+    config = push_split_hello(system, tmp_path, ns, "clash")["config"]
+    create_of_sources(system, name, {"one": config, "two": config})
     status, _, message = eventually(
         lambda: c if (c := cond(system, name, "Installed"))[1] == "InstallFailed" else None,
         timeout=180,

@@ -9,6 +9,7 @@ processes use ``liveness.STALL_AFTER``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -56,23 +57,30 @@ def livez(alive: liveness.Liveness) -> Iterator[str]:
         server.stop()
 
 
-class Leader:
-    """A queue and its workers, followed by ``alive`` as the manager's controller is."""
-
-    def __init__(self, alive: liveness.Liveness, reconcile: Callable[[str], None]) -> None:
-        self.queue = WorkQueue()
-        self.workers = Workers(self.queue, reconcile, log=log)
-        alive.starting()
-        alive.follow(self.queue)
-
-    def start(self, alive: liveness.Liveness, count: int = 1) -> Leader:
-        self.workers.start(count)
-        alive.leading()
-        return self
-
-    def stop(self, alive: liveness.Liveness) -> None:
+@contextlib.contextmanager
+def leading(
+    alive: liveness.Liveness, reconcile: Callable[[str], None], *, workers: int
+) -> Iterator[WorkQueue]:
+    """A queue and ``workers`` threads on it, followed by ``alive`` as the manager's
+    controller is: starting, then leading; stopping (and the workers stopped) on exit.
+    Yields the queue."""
+    queue = WorkQueue()
+    pool = Workers(queue, reconcile, log=log)
+    alive.starting()
+    alive.follow(queue)
+    pool.start(workers)
+    alive.leading()
+    try:
+        yield queue
+    finally:
         alive.stopping()
-        self.workers.stop(timeout=2)
+        pool.stop(timeout=2)
+
+
+def failing(livez: str) -> dict[str, object]:
+    """Wait until ``livez`` answers 503; its body."""
+    _, body = eventually(lambda: a if (a := get(livez))[0] == 503 else None)
+    return body
 
 
 @pytest.fixture
@@ -136,46 +144,39 @@ def test_a_server_without_a_liveness_check_has_no_livez() -> None:
 
 
 def test_a_leader_whose_workers_are_idle_stays_live(alive: liveness.Liveness, livez: str) -> None:
-    leader = Leader(alive, lambda key: None).start(alive, count=2)
-    try:
-        leader.queue.add("bd:a")
+    with leading(alive, lambda key: None, workers=2) as queue:
+        queue.add("bd:a")
         eventually(lambda: get(livez)[1]["message"] == "leading: 0 keys in progress, 0 waiting")
         time.sleep(BOUND * 3)  # idle for longer than the bound
         assert get(livez) == (
             200,
             {"ok": True, "message": "leading: 0 keys in progress, 0 waiting"},
         )
-    finally:
-        leader.stop(alive)
 
 
 def test_a_reconcile_stuck_past_the_bound_fails_livez_naming_the_worker(
     alive: liveness.Liveness, livez: str, release: threading.Event
 ) -> None:
-    leader = Leader(alive, hanging_on("bd:stuck", release)).start(alive, count=2)
-    try:
-        leader.queue.add("bd:stuck")
+    with leading(alive, hanging_on("bd:stuck", release), workers=2) as queue:
+        queue.add("bd:stuck")
         assert get(livez)[0] == 200  # within the bound: a slow reconcile is fine
-        _, body = eventually(lambda: a if (a := get(livez))[0] == 503 else None)
+        body = failing(livez)
         message = str(body["message"])
         assert body["ok"] is False
         assert message.startswith("leading: worker-") and "has been on one key for" in message
         assert f"(more than {BOUND:.1f} s)" in message
         release.set()  # it returns: live again
         eventually(lambda: get(livez)[0] == 200, what="live once the reconcile returned")
-    finally:
-        leader.stop(alive)
 
 
 def test_keys_waiting_behind_stuck_workers_are_named_too(
     alive: liveness.Liveness, livez: str, release: threading.Event
 ) -> None:
-    leader = Leader(alive, hanging_on("bd:stuck", release)).start(alive, count=1)
-    try:
-        leader.queue.add("bd:stuck")
+    with leading(alive, hanging_on("bd:stuck", release), workers=1) as queue:
+        queue.add("bd:stuck")
         eventually(lambda: "1 keys in progress" in str(get(livez)[1]["message"]))
-        leader.queue.add("bd:next")
-        leader.queue.add("bundle:other")
+        queue.add("bd:next")
+        queue.add("bundle:other")
 
         def both() -> str | None:
             message = str(get(livez)[1]["message"])
@@ -184,8 +185,6 @@ def test_keys_waiting_behind_stuck_workers_are_named_too(
         message = eventually(both, what="the waiting keys named")
         assert "worker-0 has been on one key" in message
         assert "2 keys have waited" in message and "none was taken or finished" in message
-    finally:
-        leader.stop(alive)
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
@@ -193,31 +192,25 @@ def test_a_worker_thread_that_ended_fails_livez(alive: liveness.Liveness, livez:
     def reconcile(key: str) -> None:
         raise SystemExit("a worker that leaves its loop")  # not an Exception: the thread ends
 
-    leader = Leader(alive, reconcile).start(alive, count=2)
-    try:
-        leader.queue.add("bd:fatal")
-        _, body = eventually(lambda: a if (a := get(livez))[0] == 503 else None)
+    with leading(alive, reconcile, workers=2) as queue:
+        queue.add("bd:fatal")
+        body = failing(livez)
         assert "the worker thread worker-" in str(body["message"])
         assert "has ended" in str(body["message"])
-    finally:
-        leader.stop(alive)
 
 
 def test_slow_work_that_keeps_moving_stays_live(alive: liveness.Liveness, livez: str) -> None:
     """A backlog that waits longer than the bound is fine while keys are taken and finished:
     a leader working through thousands of BundleDeployments after a takeover."""
-    leader = Leader(alive, lambda key: time.sleep(BOUND / 4)).start(alive, count=1)
-    try:
+    with leading(alive, lambda key: time.sleep(BOUND / 4), workers=1) as queue:
         for i in range(16):  # 16 x BOUND/4 = 4 bounds of work
-            leader.queue.add(f"bd:{i}")
+            queue.add(f"bd:{i}")
         answers = []
-        while len(leader.queue) or alive.check()[1] != "leading: 0 keys in progress, 0 waiting":
+        while len(queue) or alive.check()[1] != "leading: 0 keys in progress, 0 waiting":
             answers.append(get(livez))
             time.sleep(BOUND / 8)
         assert len(answers) > 10
         assert all(code == 200 for code, _ in answers), answers
-    finally:
-        leader.stop(alive)
 
 
 def test_starting_to_lead_has_the_same_bound(alive: liveness.Liveness, livez: str) -> None:

@@ -28,7 +28,6 @@ from provisioner.bundle.layout import OciLayout
 from provisioner.cli import signing
 from provisioner.runtime import flags
 from rukpak.common import errors
-from rukpak.oci import client as oci_client
 from rukpak.oci.manifest import Descriptor, Platform
 from rukpak.oci.reference import Reference
 
@@ -117,8 +116,7 @@ def _add_platform_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_registry_options(parser: argparse.ArgumentParser, *, progress: bool = True) -> None:
-    flags.add_verbose(parser, hidden=True)  # also accepted after the subcommand
-    flags.add_registry(parser, timeout=True)
+    flags.add_registry_command(parser)
     if progress:
         parser.add_argument(
             "--progress", action="store_true", help="show upload progress even when not a TTY"
@@ -194,7 +192,7 @@ def run_push(args: argparse.Namespace) -> int:
 def run_inspect(args: argparse.Namespace) -> int:
     ref = Reference.parse(args.reference)
     platform = Platform.parse(args.platform) if args.platform else None
-    with make_client(args, ref) as client:
+    with flags.registry_client(args, ref) as client:
         result = bundle_inspect.inspect(client, ref, platform=platform)
     if args.json:
         json.dump(bundle_inspect.to_json(result), sys.stdout, indent=2)
@@ -247,7 +245,7 @@ def _push(args: argparse.Namespace, layout: OciLayout, image: Descriptor, ref: R
     show = bool(args.progress) or sys.stderr.isatty()
     progress = _Progress(sys.stderr) if show else None
     try:
-        with make_client(args, ref) as client:
+        with flags.registry_client(args, ref) as client:
             result = bundle_push.push_image(
                 client, layout, image, ref, progress=progress.update if progress else None
             )
@@ -259,14 +257,6 @@ def _push(args: argparse.Namespace, layout: OciLayout, image: Descriptor, ref: R
         f"pushed {result.reference} ({result.blobs_uploaded} blobs, "
         f"{human_size(result.bytes_uploaded)}{extra})",
         file=sys.stderr,
-    )
-
-
-def make_client(args: argparse.Namespace, ref: Reference) -> oci_client.RegistryClient:
-    return oci_client.RegistryClient(
-        credentials=flags.load_credentials(args.registry_config),
-        insecure=flags.insecure_hosts(args, ref),
-        timeout=args.timeout,
     )
 
 

@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -38,23 +39,24 @@ V1ALPHA1_MADE = "core.rukpak.io/v1alpha1-template"
 
 def register(subparsers: Any) -> None:
     """Add ``history``, ``rollback`` and ``preview`` to the ``rukpak`` parser."""
-    p = subparsers.add_parser(
+    p = _command(
+        subparsers,
         "history",
+        run_history,
         help="list a BundleDeployment's kept revisions (as kubectl rollout history)",
         description="List the revisions the manager keeps for a BundleDeployment "
         "(spec.revisionHistoryLimit, default 5): number, outcome, objects, generation, "
         "when, and the pinned source. The installed one is marked *, the previous one -.",
         epilog="examples:\n  rukpak history my-operator\n"
         "  rukpak history my-operator --revision 2   # one revision in full (YAML)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("name", metavar="NAME")
     p.add_argument("--revision", type=int, help="show this revision in full")
     flags.add_cluster(p)
-    p.set_defaults(func=run_history)
 
-    p = subparsers.add_parser(
+    p = _command(
+        subparsers,
         "rollback",
+        run_rollback,
         help="reinstall a kept revision from the node caches",
         description="Reinstall a kept revision of a BundleDeployment created as v1alpha2 "
         "(default: the previous one). Its pinned content is mounted from the node caches: "
@@ -64,18 +66,17 @@ def register(subparsers: Any) -> None:
         "  rukpak rollback my-operator --to-revision 2 --wait 120\n\n"
         "exit status: 0 asked (and installed, with --wait); 1 an error; "
         "3 --wait ran out of time",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("name", metavar="NAME")
     p.add_argument("--to-revision", type=int, help="the kept revision (default: the previous)")
     p.add_argument(
         "--wait", type=float, metavar="SECONDS", default=0, help="then wait until it is installed"
     )
     flags.add_cluster(p)
-    p.set_defaults(func=run_rollback)
 
-    p = subparsers.add_parser(
+    p = _command(
+        subparsers,
         "preview",
+        run_preview,
         help="what a paused BundleDeployment would install and grant",
         description="Print the permission preview of a BundleDeployment created (or changed) "
         "with spec.paused: true: its objects by kind and namespace, the cluster-scoped "
@@ -85,13 +86,33 @@ def register(subparsers: Any) -> None:
         epilog="examples:\n  rukpak preview my-operator\n"
         "  rukpak preview my-operator --diff   # against what is installed\n"
         '  kubectl patch bd my-operator --type merge -p \'{"spec":{"paused":false}}\'',
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("name", metavar="NAME")
     p.add_argument("--diff", action="store_true", help="what approving changes ('+'/'-' lines)")
     flags.add_cluster(p)
     flags.add_system_namespace(p, holds="the preview ConfigMap")
-    p.set_defaults(func=run_preview)
+
+
+def _command(
+    subparsers: Any,
+    command: str,
+    run: Callable[[argparse.Namespace], int],
+    *,
+    help: str,
+    description: str,
+    epilog: str,
+) -> argparse.ArgumentParser:
+    """A subcommand on one BundleDeployment, ``NAME``, that ``run`` carries out; the
+    caller adds its own flags, then the cluster's (in that order, as ``--help`` lists them)."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        command,
+        help=help,
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("name", metavar="NAME")
+    p.set_defaults(func=run)
+    return p
 
 
 def _ref(name: str) -> ObjectRef:

@@ -20,7 +20,6 @@ import yaml
 
 from provisioner.runtime import flags
 from rukpak.common import errors
-from rukpak.oci import client as oci_client
 from rukpak.oci.reference import Reference
 from rukpak.signing import discover, keys, verify
 from rukpak.signing import policy as signing
@@ -41,8 +40,7 @@ def register(commands: Any) -> None:
     )
     sign.add_argument("reference", metavar="REF")
     sign.add_argument("--key", required=True, type=Path, metavar="KEY", help="private key file")
-    flags.add_verbose(sign, hidden=True)
-    flags.add_registry(sign, timeout=True)
+    flags.add_registry_command(sign)
     sign.set_defaults(func=run_sign)
 
     check = commands.add_parser(
@@ -65,17 +63,8 @@ def register(commands: Any) -> None:
     check.add_argument("--certificate-oidc-issuer", default="", metavar="ISSUER")
     check.add_argument("--certificate-oidc-issuer-regexp", default="", metavar="REGEXP")
     check.add_argument("--rekor-key", type=Path, metavar="PUB", help="Rekor's public key (PEM)")
-    flags.add_verbose(check, hidden=True)
-    flags.add_registry(check, timeout=True)
+    flags.add_registry_command(check)
     check.set_defaults(func=run_verify)
-
-
-def _client(args: argparse.Namespace, ref: Reference) -> oci_client.RegistryClient:
-    return oci_client.RegistryClient(
-        credentials=flags.load_credentials(args.registry_config),
-        insecure=flags.insecure_hosts(args, ref),
-        timeout=args.timeout,
-    )
 
 
 def _read(path: Path, what: str) -> bytes:
@@ -91,7 +80,7 @@ def run_sign(args: argparse.Namespace) -> int:
     key = keys.load_private_key(
         _read(args.key, "key"), password.encode() if password is not None else None
     )
-    with _client(args, ref) as client:
+    with flags.registry_client(args, ref) as client:
         signed = signer.sign(client, args.reference, key)
     state = "signed" if signed.added else "already signed with this key"
     print(f"{state}: {ref.name}@{signed.digest} (signature in {signed.signature_ref})")
@@ -150,7 +139,7 @@ def run_verify(args: argparse.Namespace) -> int:
             "give the key as key.data, or use --key"
         )
 
-    with _client(args, ref) as client:
+    with flags.registry_client(args, ref) as client:
         digest = ref.digest or client.resolve(ref).digest
         found = discover.signatures(client, ref, digest)
     outcome = verify.check(policy, found, digest, read_secret=no_secrets)

@@ -15,12 +15,14 @@ from provisioner.engine.objects import Obj, ObjectRef
 
 @dataclass(frozen=True)
 class AddFinalizer:
-    pass
+    """Put ``model.FINALIZER`` on the BundleDeployment before anything is installed for it,
+    so its deletion waits for the uninstall."""
 
 
 @dataclass(frozen=True)
 class RemoveFinalizer:
-    pass
+    """Take ``model.FINALIZER`` off the BundleDeployment once ``MarkUninstall`` has marked
+    its install record: the object goes first, a later pass finishes a cut-short uninstall."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,8 @@ class DeletePod:
 
 @dataclass(frozen=True)
 class DeleteLease:
-    pass
+    """Delete the Lease the BundleDeployment's instance pods take (``lease.lease_name``, in
+    the system namespace): the last step of an uninstall."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Command-line flags shared by every provisioner command, defined once.
 
 Used by the ``rukpak`` subcommands (``provisioner.cli.apply``,
-``provisioner.cli.bundle``) and the ``rukpak-provisioner`` processes
+``provisioner.cli.bundle`` and ``signing``) and the ``rukpak-provisioner`` processes
 (``provisioner.instance.process``, ``provisioner.manager.cli`` and ``unpack``,
 ``provisioner.storage.cli``): the cluster (``--kubeconfig``, ``--context``), where
 the system's objects live (``--system-namespace``), the deployment (``--name``,
@@ -10,8 +10,8 @@ workers of the controllers, the registry (``--insecure``, ``--registry-config``,
 ``--timeout``, ``--platform``) and ``-v``; the in-cluster processes' ``--log-level`` is
 ``rukpak.common.flags.add_log_level`` (the node plugin's too). Each ``add_*`` adds
 flags to a parser; the readers beside them (``kube``, ``load_credentials``,
-``insecure_hosts``) turn the parsed values into what the commands use, so the flags
-mean the same everywhere.
+``insecure_hosts``, ``registry_client``) turn the parsed values into what the commands
+use, so the flags mean the same everywhere.
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ from rukpak.common import errors
 from rukpak.oci import auth
 from rukpak.oci.reference import Reference
 
-if TYPE_CHECKING:  # the kubernetes client is imported only by commands that talk to a cluster
+# the kubernetes and registry clients are imported only by the commands that talk to them
+if TYPE_CHECKING:
     from provisioner.engine.kube import Kube
+    from rukpak.oci import client as oci_client
 
 # -- the cluster ----------------------------------------------------------------------------
 
@@ -132,6 +134,14 @@ def add_registry(parser: argparse.ArgumentParser, *, timeout: bool = False) -> N
         )
 
 
+def add_registry_command(parser: argparse.ArgumentParser) -> None:
+    """The flags of a ``rukpak bundle`` subcommand that talks to a registry:
+    ``add_registry`` with ``--timeout`` (what ``registry_client`` reads), and ``-v`` (hidden),
+    also accepted after the subcommand's name."""
+    add_verbose(parser, hidden=True)
+    add_registry(parser, timeout=True)
+
+
 def add_platform(parser: argparse.ArgumentParser) -> None:
     """``--platform`` of a command that reads an image: which manifest of an index."""
     parser.add_argument(
@@ -142,6 +152,18 @@ def add_platform(parser: argparse.ArgumentParser) -> None:
 def insecure_hosts(args: argparse.Namespace, ref: Reference) -> tuple[str, ...]:
     """The registries ``--insecure`` allows plain HTTP to: ``ref``'s, or none."""
     return (ref.registry,) if args.insecure else ()
+
+
+def registry_client(args: argparse.Namespace, ref: Reference) -> oci_client.RegistryClient:
+    """The client the ``add_registry(timeout=True)`` flags describe, for ``ref``'s registry:
+    ``--registry-config`` credentials, ``--insecure`` and ``--timeout``."""
+    from rukpak.oci import client as oci_client
+
+    return oci_client.RegistryClient(
+        credentials=load_credentials(args.registry_config),
+        insecure=insecure_hosts(args, ref),
+        timeout=args.timeout,
+    )
 
 
 def load_credentials(path: Path | None) -> auth.Credentials | None:

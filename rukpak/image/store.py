@@ -48,6 +48,12 @@ def verify_file(path: Path, *, digest: str, size: int) -> None:
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
             hasher.update(chunk)
+    _check_hashed(hasher, digest=digest, size=size)
+
+
+def _check_hashed(hasher: digests.Digester, *, digest: str, size: int) -> None:
+    """Raise DataLoss unless ``hasher`` saw exactly ``size`` bytes hashing to ``digest``:
+    the last step of :func:`verify_file` and of :meth:`Ingest.check`."""
     if hasher.size != size:
         raise errors.DataLoss(
             f"blob {digest}: got {hasher.size} bytes, the manifest says {size}; "
@@ -87,17 +93,7 @@ class Ingest:
 
     def check(self) -> None:
         """Raise DataLoss unless exactly ``size`` bytes hashing to ``digest`` were written."""
-        if self._hasher.size != self.size:
-            raise errors.DataLoss(
-                f"blob {self.digest}: got {self._hasher.size} bytes, the manifest says "
-                f"{self.size}; the registry served different content, try again or re-push "
-                "the image"
-            )
-        if self._hasher.digest() != self.digest:
-            raise errors.DataLoss(
-                f"blob {self.digest}: content hashes to {self._hasher.digest()}; "
-                "the registry served different content, try again or re-push the image"
-            )
+        _check_hashed(self._hasher, digest=self.digest, size=self.size)
 
 
 class ContentStore:

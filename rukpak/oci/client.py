@@ -23,16 +23,15 @@ import dataclasses
 import io
 import json
 import logging
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO, Final, TypeVar, cast
+from typing import Any, BinaryIO, Final, TypeVar, Unpack, cast
 
 import requests
 import urllib3
 
 from rukpak.common import backoff, errors
-from rukpak.oci import auth, blobio, mediatypes, transport, upload
+from rukpak.oci import blobio, mediatypes, transport, upload
 from rukpak.oci import digest as digests
 from rukpak.oci.manifest import (
     Descriptor,
@@ -58,20 +57,12 @@ class RegistryClient:
     def __init__(
         self,
         *,
-        credentials: auth.Credentials | None = None,
-        insecure: Iterable[str] = (),
-        timeout: float = 30.0,
-        retries: int = 3,
-        user_agent: str = transport.USER_AGENT,
-        connect_timeout: float | None = None,
-        backoff: float = 0.2,
-        ca_bundle: str | None = None,
-        proxies_from_env: bool = True,
-        sleep: Callable[[float], object] = time.sleep,
         mirrors: Mapping[str, str] | None = None,
+        **options: Unpack[transport.Options],
     ) -> None:
-        """``insecure`` hosts (``host`` or ``host:port``) are spoken to over plain
-        HTTP, as are loopback hosts; everything else over HTTPS, verified against
+        """``options`` are those of :class:`rukpak.oci.transport.Transport`, which
+        defaults them: ``insecure`` hosts (``host`` or ``host:port``) are spoken to over
+        plain HTTP, as are loopback hosts; everything else over HTTPS, verified against
         the system trust store or ``ca_bundle``. ``timeout`` bounds each read,
         ``connect_timeout`` (default min(timeout, 5)) each connect; failed
         connections, 429 and 5xx are retried ``retries`` times with exponential
@@ -83,18 +74,7 @@ class RegistryClient:
         Content is verified against its digest either way. A registry this client has
         credentials for is never mirrored: private content goes to its registry only."""
         self.mirrors = dict(mirrors or {})
-        self.transport = transport.Transport(
-            credentials=credentials,
-            insecure=insecure,
-            timeout=timeout,
-            connect_timeout=connect_timeout,
-            retries=retries,
-            backoff=backoff,
-            user_agent=user_agent,
-            ca_bundle=ca_bundle,
-            proxies_from_env=proxies_from_env,
-            sleep=sleep,
-        )
+        self.transport = transport.Transport(**options)
 
     def close(self) -> None:
         self.transport.close()
@@ -321,23 +301,11 @@ class RegistryClient:
         return upload.blob_exists(self.transport, ref, digest)
 
     def push_blob(
-        self,
-        ref: Reference,
-        source: bytes | Path,
-        *,
-        digest: str | None = None,
-        media_type: str = "application/octet-stream",
-        progress: blobio.Progress | None = None,
+        self, ref: Reference, source: bytes | Path, **options: Unpack[upload.BlobOptions]
     ) -> Descriptor:
-        """Upload a blob unless the repository has it (:func:`rukpak.oci.upload.push_blob`)."""
-        return upload.push_blob(
-            self.transport,
-            ref,
-            source,
-            digest=digest,
-            media_type=media_type,
-            progress=progress,
-        )
+        """Upload a blob unless the repository has it (:func:`rukpak.oci.upload.push_blob`,
+        whose keyword options ``options`` are)."""
+        return upload.push_blob(self.transport, ref, source, **options)
 
     def fetch_blob(
         self,

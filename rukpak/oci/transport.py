@@ -27,7 +27,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable
-from typing import Final, Protocol
+from typing import Final, Protocol, TypedDict
 
 import requests
 
@@ -102,6 +102,22 @@ class _Retry(Exception):
         super().__init__(reason)
         self.reason = reason
         self.response = response
+
+
+class Options(TypedDict, total=False):
+    """The keyword options of :class:`Transport`, every one optional, for a caller that
+    passes them on (``RegistryClient``); their defaults and meaning are Transport's."""
+
+    credentials: auth.Credentials | None
+    insecure: Iterable[str]
+    timeout: float
+    connect_timeout: float | None
+    retries: int
+    backoff: float
+    user_agent: str
+    ca_bundle: str | None
+    proxies_from_env: bool
+    sleep: Callable[[float], object]
 
 
 class Transport:

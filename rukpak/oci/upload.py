@@ -15,7 +15,7 @@ import os
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Final
+from typing import BinaryIO, Final, TypedDict
 
 import requests
 
@@ -73,6 +73,15 @@ def blob_exists(
         return False
     client.check(response, target, ok=(200,))
     return True
+
+
+class BlobOptions(TypedDict, total=False):
+    """The keyword options of :func:`push_blob`, for a caller that passes them on
+    (``RegistryClient.push_blob``); their defaults and meaning are push_blob's."""
+
+    digest: str | None
+    media_type: str
+    progress: blobio.Progress | None
 
 
 def push_blob(

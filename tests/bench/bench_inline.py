@@ -25,11 +25,9 @@ from pathlib import Path
 
 from provisioner.engine.objects import ObjectRef
 from provisioner.manager import actuate, model
-from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
-from tests.bench import Result, bench_install, progress, timed
+from tests.bench import Result, bench_install
 
-ROUNDS = 5
 NAME = NAMESPACE = "hello"
 
 
@@ -65,40 +63,22 @@ def _switch(system: inst.RukpakSystem, ref: str, greeting: str) -> float:
 
 
 def measure(system: inst.RukpakSystem, workdir: Path) -> list[Result]:
-    hello = workdir / "hello"
-    inst.hello_bundle(hello, namespace=NAMESPACE, image=system.busybox_image)
-    v1, v2 = (f"{system.registry_host}/bench/inline:{tag}" for tag in ("v1", "v2"))
-    e2e.push_bundle(hello, v1)
-    configmap = hello / "manifests" / "02_configmap.yaml"
-    text = configmap.read_text()
-    configmap.write_text(text.replace(bench_install.GREETING_V1, bench_install.GREETING_V2))
-    e2e.push_bundle(hello, v2)
-
-    created: list[float] = []
-    for round_ in range(ROUNDS + 1):
-        took = _create(system, v1)
-        progress(f"inline: round {round_}: created -> Installed+Healthy {took:.2f}s")
-        if round_:
-            created.append(took)
-        if round_ < ROUNDS:
-            _delete(system)
-    switched: list[float] = []
-    for round_ in range(ROUNDS):
-        ref, greeting = (
-            (v2, bench_install.GREETING_V2) if round_ % 2 == 0 else (v1, bench_install.GREETING_V1)
-        )
-        switched.append(_switch(system, ref, greeting))
-        progress(f"inline: pivot {round_}: source change -> applied {switched[-1]:.2f}s")
+    v1, v2 = bench_install.push_hello(system, workdir, "inline")
+    created = bench_install.time_creates(
+        "inline: v1alpha2 BundleDeployment created -> Installed+Healthy (hello, cached)",
+        bench="inline",
+        create=lambda: _create(system, v1),
+        delete=lambda: _delete(system),
+    )
+    switched = bench_install.time_pivots(
+        "inline: v1alpha2 source change -> new content applied",
+        bench="inline",
+        change="source change",
+        switch=lambda ref, greeting: _switch(system, ref, greeting),
+        refs=(v1, v2),
+    )
     _delete(system)
-    return [
-        timed(
-            "inline: v1alpha2 BundleDeployment created -> Installed+Healthy (hello, cached)",
-            created,
-            target=2.5,
-            warmed=True,
-        ),
-        timed("inline: v1alpha2 source change -> new content applied", switched, target=2.0),
-    ]
+    return [created, switched]
 
 
 def run(workdir: Path) -> list[Result]:

@@ -53,6 +53,11 @@ class NodeMachine:
     def kubelet(self) -> Component:
         return next(c for c in self.components if c.name.startswith("kubelet"))
 
+    @property
+    def place(self) -> Place:
+        """Where the node's processes run: its address, inside its holder's namespaces."""
+        return Place(address=self.address, prefix=enter(self.holder.pid))
+
     def stop(self) -> None:
         """Containers first, then kube-proxy, kubelet, containerd and the holder."""
         teardown.kill_containers(self.layout)
@@ -108,8 +113,10 @@ def _holder(workdir: Path, name: str, netns: str, real: Path) -> Component:
 
 
 def _start_kube_proxy(
-    bin_: Path, layout: NodeLayout, *, ca: pki.Pair, name: str, server: str, cidr: str, place: Place
+    bin_: Path, machine: NodeMachine, *, ca: pki.Pair, server: str, cidr: str
 ) -> Component:
+    """kube-proxy of ``machine`` (started), as ``system:kube-proxy``."""
+    name, layout = machine.name, machine.layout
     kubeconfig = pki.client_kubeconfig(
         ca,
         f"kube-proxy-{name}",
@@ -138,7 +145,7 @@ def _start_kube_proxy(
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return Component.start(
         f"kube-proxy-{name}",
-        place.argv([str(bin_), f"--config={path}", "--v=1"]),
+        machine.place.argv([str(bin_), f"--config={path}", "--v=1"]),
         log=layout.workdir / "logs" / "kube-proxy.log",
     )
 
@@ -166,7 +173,7 @@ def start_node(
     )
     try:
         machine.components.append(_holder(workdir, name, machine.netns, real))
-        place = Place(address=machine.address, prefix=enter(machine.holder.pid))
+        place = machine.place
         containerd = start_containerd(
             layout, registry_host=registry_host, pause=pause, subnet=net.pod_subnet(i), place=place
         )
@@ -185,15 +192,7 @@ def start_node(
         kubelet.name = f"kubelet-{name}"
         machine.components.append(kubelet)
         machine.components.append(
-            _start_kube_proxy(
-                binaries["kube-proxy"],
-                layout,
-                ca=ca,
-                name=name,
-                server=server,
-                cidr=net.cidr,
-                place=place,
-            )
+            _start_kube_proxy(binaries["kube-proxy"], machine, ca=ca, server=server, cidr=net.cidr)
         )
     except BaseException:
         machine.stop()
