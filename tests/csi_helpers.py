@@ -235,16 +235,20 @@ class PluginProcess:
         return None if self.process is None else terminate(self.process)
 
     def unmount_all(self) -> None:
-        """Test cleanup: unmount everything still mounted under the kubelet dir."""
-        for _ in range(100):
+        """Test cleanup: unmount everything still mounted under the kubelet dir (all of
+        it, however many: a bench leaves hundreds; the newest first, then again for
+        what was stacked)."""
+        kubelet_dir = self.kubelet_dir.resolve()
+        for _ in range(10):
             points = [
                 m.mount_point
                 for m in mounter.Mounter().mounts()
-                if Path(m.mount_point).is_relative_to(self.kubelet_dir.resolve())
+                if Path(m.mount_point).is_relative_to(kubelet_dir)
             ]
             if not points:
                 return
-            subprocess.run(["umount", "-l", points[-1]], check=False)
+            for point in reversed(points):
+                subprocess.run(["umount", "-l", point], check=False)
 
 
 @contextlib.contextmanager
