@@ -16,11 +16,15 @@ import re
 import subprocess
 import sys
 import tarfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from tests.kind import capfilter, ociarchive
+from tests.registry import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 NAME = "rukpak-test"
@@ -89,6 +93,59 @@ def test_an_oci_archive_names_each_image_for_ctr(tmp_path: Path) -> None:
     assert entry["annotations"]["io.containerd.image.name"] == "registry.k8s.io/pause:3.10"
     assert f"blobs/sha256/{entry['digest'].partition(':')[2]}" in names
     assert "oci-layout" in names
+
+
+class _Registry401(BaseHTTPRequestHandler):
+    """Answers as a registry that wants a login, and remembers the paths asked."""
+
+    asked: list[str] = []
+
+    def do_GET(self) -> None:
+        self.asked.append(self.path)
+        self.send_response(401)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        return None
+
+
+def test_a_registry_container_is_waited_for_until_it_answers() -> None:
+    """``start_registry`` returns once the registry listens, not when its container runs
+    (a push right after met "connection refused" once)."""
+    from tests.kind import cluster
+
+    port = free_port()
+    listening: list[ThreadingHTTPServer] = []
+
+    def listen_late() -> None:
+        time.sleep(0.3)  # the container's process starting
+        server = ThreadingHTTPServer(("127.0.0.1", port), _Registry401)
+        listening.append(server)
+        server.serve_forever()
+
+    thread = threading.Thread(target=listen_late, daemon=True)
+    thread.start()
+    try:
+        cluster.wait_serving(f"127.0.0.1:{port}", "kind-registry", timeout=30)
+        assert listening, "returned before the registry listened"
+        assert "/v2/" in _Registry401.asked
+    finally:
+        thread.join(5)
+        for server in listening:
+            server.shutdown()
+            server.server_close()
+
+
+def test_a_registry_that_never_answers_is_named_with_where_to_look() -> None:
+    from tests.kind import cluster
+
+    port = free_port()  # nothing listens there
+    with pytest.raises(RuntimeError) as raised:
+        cluster.wait_serving(f"127.0.0.1:{port}", "kind-registry", timeout=0.5)
+    message = str(raised.value)
+    assert f"kind-registry does not answer at 127.0.0.1:{port}" in message
+    assert "docker logs kind-registry" in message
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,7 +121,29 @@ def start_registry(engine: engines.Engine, name: str = REGISTRY) -> str:
         engine.run("run", "-d", "--name", name, "--network", NETWORK, registry_image(engine))
     elif state.stdout.decode().strip() != "true":
         engine.run("start", name)
-    return address(engine, name)
+    where = address(engine, name)
+    wait_serving(where, name)
+    return where
+
+
+def wait_serving(where: str, container: str, *, timeout: float = 30.0) -> None:
+    """Return once the registry at ``where`` answers ``GET /v2/``: a container just started
+    is running before its registry listens. RuntimeError after ``timeout`` seconds."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with opener.open(f"http://{where}/v2/", timeout=2):
+                return
+        except urllib.error.HTTPError:
+            return  # an answer all the same (401 from a registry that wants a login)
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"registry container {container} does not answer at {where} after "
+                    f"{timeout:.0f} s ({exc}); see its log: docker logs {container}"
+                ) from None
+            time.sleep(0.1)
 
 
 def stop_registry(engine: engines.Engine, name: str) -> None:
