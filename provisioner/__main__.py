@@ -4,8 +4,9 @@ The edge of the processes that run in the cluster: parses arguments, sets up
 key=value logging on stderr once, and hands over to a subcommand module.
 Subcommands: ``instance`` (``provisioner.instance.process``: the instance pod's
 process), ``volumes`` (``provisioner.storage.cli``: the PV provisioner for
-StorageClasses of csi.rukpak.io) and ``manager`` (``provisioner.manager.cli``: the
-BundleDeployment controller; the Bundle unpack controller of DESIGN.md is not built yet).
+StorageClasses of csi.rukpak.io), ``manager`` (``provisioner.manager.cli``: the Bundle
+and BundleDeployment controllers) and ``unpack`` (``provisioner.manager.unpack``: the
+unpack pod's process).
 Without a subcommand this prints usage and exits 2.
 """
 

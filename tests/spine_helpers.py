@@ -33,12 +33,14 @@ from csi import mounter
 from csi.fuse import index
 from csi.fuse.images import FuseImages
 from csi.fuse.publisher import FusePublisher
-from csi.node.publish import Publisher, PublishRequest
+from csi.node.publish import Publisher
+from csi.volume.request import PublishRequest
 from provisioner.bundle import estargz
 from rukpak.image import grants
 from rukpak.image.cache import ImageCache
 from rukpak.image.members import Limits
 from rukpak.image.seams import Puller, PullPolicy
+from rukpak.image.settings import CacheSettings
 from rukpak.oci import mediatypes
 from rukpak.oci.auth import Credentials
 from rukpak.oci.client import RegistryClient
@@ -96,12 +98,9 @@ class Node:
         self.mode = mode
         self.root = root
         self.limits = limits or Limits()
-        self.images = ImageCache(
-            root / "images", puller_factory=registry_client, limits=self.limits, auth_ttl=auth_ttl
-        )
-        self.fuse = FuseImages(
-            root / "fuse", puller_factory=registry_client, limits=self.limits, auth_ttl=auth_ttl
-        )
+        settings = CacheSettings(limits=self.limits, auth_ttl=auth_ttl)
+        self.images = ImageCache(root / "images", puller_factory=registry_client, settings=settings)
+        self.fuse = FuseImages(root / "fuse", puller_factory=registry_client, settings=settings)
         self.mounter = RecordingMounter()
         unused_fuse = FuseImages(root / "unused-fuse", puller_factory=no_network)
         self.publisher = Publisher(

@@ -16,6 +16,7 @@ from rukpak.image import tree
 from rukpak.image.cache import ImageCache
 from rukpak.image.cachestate import Holder
 from rukpak.image.seams import Puller, PullPolicy
+from rukpak.image.settings import CacheSettings
 from rukpak.oci.auth import Credentials
 from rukpak.oci.client import RegistryClient
 from rukpak.oci.manifest import Platform
@@ -300,7 +301,7 @@ def test_eviction_removes_least_recently_used_unheld_trees_and_their_blobs(
     a = push_image(registry.host, "images/evict-a", "v1", [[("a", "file", b"a" * 50_000)]])
     b = push_image(registry.host, "images/evict-b", "v1", [[("b", "file", b"b" * 50_000)]])
     d = push_image(registry.host, "images/evict-d", "v1", [[("d", "file", b"d" * 50_000)]])
-    c = cache(tmp_path, budget_bytes=120_000)
+    c = cache(tmp_path, settings=CacheSettings(budget_bytes=120_000))
     held = c.ensure(
         a.ref,
         platform=AMD64,

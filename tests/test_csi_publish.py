@@ -8,6 +8,7 @@ import pytest
 
 from csi import mounter
 from csi.node.publish import Publisher
+from csi.volume.request import PublishRequest
 from rukpak.common import errors
 from rukpak.image.cache import ImageCache
 from rukpak.image.cachestate import Holder
@@ -125,7 +126,6 @@ def test_publish_uses_the_platform_attribute_or_the_nodes(tmp_path: Path) -> Non
         kubelet_dir=tmp_path / "kubelet",
         platform=Platform.parse("linux/s390x"),
     )
-    from csi.node.publish import PublishRequest
 
     for attrs in ({"image": "r.io/a:v1"}, {"image": "r.io/a:v1", "platform": "linux/arm/v7"}):
         with pytest.raises(errors.NotFound):

@@ -22,13 +22,15 @@ import pytest
 
 from csi.fuse.images import FuseImages
 from csi.fuse.publisher import FusePublisher
-from csi.node.publish import Publisher, PublishRequest
+from csi.node.publish import Publisher
 from csi.plugin import main as plugin_main
+from csi.volume.request import PublishRequest
 from rukpak.common import errors
 from rukpak.image import retention
 from rukpak.image.cache import ImageCache
 from rukpak.image.cachestate import CacheState, Holder
 from rukpak.image.seams import Puller, PullPolicy
+from rukpak.image.settings import CacheSettings
 from rukpak.oci.auth import Credentials
 from rukpak.oci.client import RegistryClient
 from rukpak.oci.manifest import Platform
@@ -290,7 +292,7 @@ def test_eviction_spares_a_retained_tree_and_takes_an_unretained_unused_one(
     tmp_path: Path, registry: RegistryServer
 ) -> None:
     kept, unkept, newest = big_images(registry, "retention/ev")
-    c = ImageCache(tmp_path, puller_factory=client, budget_bytes=BUDGET)
+    c = ImageCache(tmp_path, puller_factory=client, settings=CacheSettings(budget_bytes=BUDGET))
     kept_path = pull(c, kept)
     assert c.retain(OWNER, [pinned_image(kept)], AMD64) == [pinned_image(kept)]
     unkept_path = pull(c, unkept)
@@ -306,9 +308,8 @@ def test_a_retained_tree_can_go_once_its_retention_is_older_than_the_ttl(
     tmp_path: Path, registry: RegistryServer, clock: Clock
 ) -> None:
     kept, other, later = big_images(registry, "retention/ttl")
-    c = ImageCache(
-        tmp_path, puller_factory=client, budget_bytes=BUDGET, retain_ttl=3600, clock=clock
-    )
+    settings = CacheSettings(budget_bytes=BUDGET, retain_ttl=3600, clock=clock)
+    c = ImageCache(tmp_path, puller_factory=client, settings=settings)
     assert c.retain_ttl == 3600
     kept_path = pull(c, kept)
     c.retain(OWNER, [kept.ref], AMD64)
@@ -433,8 +434,8 @@ class FuseRecorder:
         self.images = self
         self.retained: list[tuple[str, list[str]]] = []
 
-    def publish(self, *, target: Path, source: VolumeSource, **_: Any) -> Path:
-        self.sources.append(source)
+    def publish(self, req: PublishRequest, target: Path, **_: Any) -> Path:
+        self.sources.append(req.source)
         return target
 
     def retain(self, owner: str, refs: Any, platform: Platform) -> list[str]:
@@ -495,7 +496,9 @@ def test_eviction_spares_a_retained_http_tree_and_a_publish_of_it_retains_it(
     tmp_path: Path, files_server: SourceServer
 ) -> None:
     (tmp_path / "kubelet").mkdir()
-    images = ImageCache(tmp_path / "state", puller_factory=client, budget_bytes=BUDGET)
+    images = ImageCache(
+        tmp_path / "state", puller_factory=client, settings=CacheSettings(budget_bytes=BUDGET)
+    )
     publisher = Publisher(images=images, mounter=FakeMounter(), kubelet_dir=tmp_path / "kubelet")
     kept, other, newest = (
         http_volume(files_server, f"{x}.tgz", big_tarball(x)) for x in ("kept", "other", "new")
@@ -554,13 +557,8 @@ def test_the_fuse_store_spares_a_retained_tree_until_the_ttl_passes(
 
     def store(budget_bytes: int) -> FuseImages:
         """The store at ``tmp_path / "fuse"``, opened (again) with a TTL of 600 s."""
-        return FuseImages(
-            tmp_path / "fuse",
-            puller_factory=client,
-            budget_bytes=budget_bytes,
-            retain_ttl=600,
-            clock=clock,
-        )
+        settings = CacheSettings(budget_bytes=budget_bytes, retain_ttl=600, clock=clock)
+        return FuseImages(tmp_path / "fuse", puller_factory=client, settings=settings)
 
     fuse = store(budget_bytes=BUDGET)
     publisher = FusePublisher(fuse, FakeMount(), tmp_path / "publishes.json")

@@ -27,6 +27,7 @@ from provisioner.bundle import estargz
 from rukpak.common import errors
 from rukpak.image.members import Limits
 from rukpak.image.seams import PullPolicy
+from rukpak.image.settings import CacheSettings
 from tests.csi_helpers import tar_bytes
 from tests.registry import RegistryServer
 from tests.spine_helpers import PLATFORM, fuse_listing, push_layer, registry_client, toc_member
@@ -35,7 +36,8 @@ pytestmark = [pytest.mark.registry]
 
 
 def _images(root: Path, limits: Limits | None = None) -> FuseImages:
-    return FuseImages(root, puller_factory=registry_client, limits=limits)
+    settings = CacheSettings(limits=limits or Limits())
+    return FuseImages(root, puller_factory=registry_client, settings=settings)
 
 
 def _ensure(images: FuseImages, ref: str) -> str:

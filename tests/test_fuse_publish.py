@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from csi.node.publish import Publisher, PublishRequest
+from csi.node.publish import Publisher
+from csi.volume.request import PublishRequest
 from rukpak.common import errors
 from rukpak.sources.volume import VolumeSource
 from tests.publish_fakes import offline_publisher

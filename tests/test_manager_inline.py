@@ -60,7 +60,7 @@ def test_poll_interval_re_pins_once_it_passed_and_requeues_until_then() -> None:
 
 def test_a_pinned_source_starts_an_instance_run_that_mounts_the_digest() -> None:
     actions = planned(bd(pin=(1, NOW)))
-    runs_made = [a for a in actions if isinstance(a, plan.CreateRun)]
+    runs_made = [a for a in actions if isinstance(a, plan.CreatePod)]
     assert len(runs_made) == 1
     pod = runs_made[0].pod
     attributes = pod["spec"]["volumes"][0]["csi"]["volumeAttributes"]
@@ -77,7 +77,7 @@ def test_format_alone_picks_the_loader() -> None:
     pod = next(
         a.pod
         for a in planned(bd(pin=(1, NOW), provisionerClassName=None, format="registry-v1"))
-        if isinstance(a, plan.CreateRun)
+        if isinstance(a, plan.CreatePod)
     )
     command = pod["spec"]["containers"][0]["command"]
     assert command[command.index("--format") + 1] == "registry+v1"
@@ -85,7 +85,7 @@ def test_format_alone_picks_the_loader() -> None:
 
 def test_the_recorded_install_makes_it_unpacked_and_installed() -> None:
     the_bd = bd(pin=(1, NOW))
-    run = next(a.pod for a in planned(the_bd) if isinstance(a, plan.CreateRun))
+    run = next(a.pod for a in planned(the_bd) if isinstance(a, plan.CreatePod))
     record = runs.InstallRecord(
         by=model.name_of(run), bundle=run["metadata"]["annotations"][model.BUNDLE_ANNOTATION]
     )
@@ -153,7 +153,7 @@ def test_immutable_refs_pass_with_a_digest_and_a_commit() -> None:
 def test_paused_only_pins_and_previews_and_another_class_is_left_alone() -> None:
     assert kinds(planned(bd(paused=True))) == ["ResolveSource"]
     previewed = planned(bd(paused=True, pin=(1, NOW)))
-    (run,) = [a for a in previewed if isinstance(a, plan.CreateRun)]
+    (run,) = [a for a in previewed if isinstance(a, plan.CreatePod)]
     assert "--preview" in run.pod["spec"]["containers"][0]["command"]
     other = bd(provisionerClassName="core-rukpak-io-helm")
     other["metadata"]["finalizers"] = []

@@ -69,12 +69,12 @@ B2 = with_ref(B, "registry.example/hello:v2")
         (
             B,
             plan.Observed(bundles=(bundle(B, resolved=DIGEST, phase="Unpacking"),)),
-            ["CreateRun", "WriteStatus"],
+            ["CreatePod", "WriteStatus"],
         ),
         (
             B,
             plan.Observed(bundles=(bundle(B, resolved=DIGEST),)),
-            ["CreateRun", "WriteStatus"],
+            ["CreatePod", "WriteStatus"],
         ),
         (
             B,
@@ -92,7 +92,7 @@ B2 = with_ref(B, "registry.example/hello:v2")
                 bundles=(bundle(B, resolved=DIGEST), bundle(B2, resolved=DIGEST)),
                 record=record(B),
             ),
-            ["CreateRun", "WriteStatus"],
+            ["CreatePod", "WriteStatus"],
         ),
         (
             {**B2, "status": {"activeBundle": model.bundle_name(B)}},
@@ -213,7 +213,7 @@ def test_a_registry_bundle_is_installed_by_an_instance_loading_registry_v1(bd_cl
     of = registry_bd(bd_class=bd_class)
     observed = plan.Observed(bundles=(bundle(of, resolved=DIGEST),), now=NOW)
     actions = plan.plan(of, observed, settings=SETTINGS)
-    (run,) = [a for a in actions if isinstance(a, plan.CreateRun)]
+    (run,) = [a for a in actions if isinstance(a, plan.CreatePod)]
     (container,) = run.pod["spec"]["containers"]
     at = container["command"].index("--format")
     assert container["command"][at + 1] == "registry+v1"
@@ -418,7 +418,7 @@ def test_a_failed_new_bundle_keeps_the_active_one_installed() -> None:
         health=plan.Health(True, "ok"),
     )
     actions = plan.plan({**B2, "status": {"activeBundle": active}}, observed, settings=SETTINGS)
-    assert kinds(actions) == ["WriteStatus"]  # no DeleteBundle, no CreateRun
+    assert kinds(actions) == ["WriteStatus"]  # no DeleteBundle, no CreatePod
     assert status_of(actions)["activeBundle"] == active
     assert cond(actions, plan.HAS_VALID_BUNDLE) == ("False", "UnpackFailed")
     assert cond(actions, plan.INSTALLED) == ("True", "InstallationSucceeded")
@@ -457,7 +457,7 @@ def test_restorable_drift_is_re_applied_as_the_instance_not_by_a_run() -> None:
     (restore,) = [a for a in actions if isinstance(a, plan.RestoreDrift)]
     assert restore.bodies == (BODY,)
     assert restore.user == "system:serviceaccount:rukpak-system:installer"
-    assert not [a for a in actions if isinstance(a, plan.CreateRun)]
+    assert not [a for a in actions if isinstance(a, plan.CreatePod)]
     (event,) = [
         a for a in actions if isinstance(a, plan.RecordEvent) and a.reason == "DriftRestored"
     ]
@@ -468,7 +468,7 @@ def test_drift_that_cannot_be_restored_starts_a_run_beside_the_restore() -> None
     repair = plan.Repair((BODY,), ("c: changed",))
     observed = _ready(B, record=record(B), repair=repair, drift=("v1/Secret x: gone",))
     actions = plan.plan(B, observed, settings=SETTINGS)
-    assert kinds(actions)[:2] == ["RestoreDrift", "CreateRun"]
+    assert kinds(actions)[:2] == ["RestoreDrift", "CreatePod"]
 
 
 def test_a_damped_repair_waits_and_a_fight_becomes_a_condition_naming_the_writer() -> None:
@@ -507,7 +507,7 @@ def test_a_repair_of_an_old_install_waits_for_the_pivot() -> None:
     )
     actions = plan.plan(B2, observed, settings=SETTINGS)
     assert not [a for a in actions if isinstance(a, plan.RestoreDrift)]
-    assert "CreateRun" in kinds(actions)
+    assert "CreatePod" in kinds(actions)
 
 
 # -- the early run: it starts once the content is pinned, while the unpack pod checks it --
@@ -516,7 +516,7 @@ def test_a_repair_of_an_old_install_waits_for_the_pivot() -> None:
 def test_an_early_run_starts_while_the_bundle_unpacks_and_the_conditions_wait_for_it() -> None:
     unpacking = bundle(B, resolved=DIGEST, phase="Unpacking")
     actions = plan.plan(B, plan.Observed(bundles=(unpacking,), now=NOW), settings=SETTINGS)
-    (run,) = [a.pod for a in actions if isinstance(a, plan.CreateRun)]
+    (run,) = [a.pod for a in actions if isinstance(a, plan.CreatePod)]
     assert run["metadata"]["annotations"][model.BUNDLE_ANNOTATION] == model.bundle_name(B)
     assert cond(actions, plan.HAS_VALID_BUNDLE) == ("True", "UnpackPending")
     assert cond(actions, plan.INSTALLED) == ("False", "InstallPending")
@@ -529,7 +529,7 @@ def test_an_early_run_starts_while_the_bundle_unpacks_and_the_conditions_wait_fo
     )
     active = {**B2, "status": {"activeBundle": model.bundle_name(B)}}
     actions = plan.plan(active, observed, settings=SETTINGS)
-    assert "CreateRun" not in kinds(actions) and "DeletePod" not in kinds(actions)
+    assert "CreatePod" not in kinds(actions) and "DeletePod" not in kinds(actions)
     assert cond(actions, plan.INSTALLED) == ("True", "InstallationSucceeded")
     assert "activeBundle" not in status_of(actions) or status_of(actions)[
         "activeBundle"
@@ -538,7 +538,7 @@ def test_an_early_run_starts_while_the_bundle_unpacks_and_the_conditions_wait_fo
 
 def test_a_bundle_without_its_pin_gets_no_early_run() -> None:
     actions = plan.plan(B, plan.Observed(bundles=(bundle(B),), now=NOW), settings=SETTINGS)
-    assert "CreateRun" not in kinds(actions)
+    assert "CreatePod" not in kinds(actions)
 
 
 @pytest.mark.parametrize("installed_before", [False, True], ids=["first install", "pivot"])
@@ -557,7 +557,7 @@ def test_an_early_run_goes_when_its_bundle_fails_to_unpack(installed_before: boo
         actions = plan.plan(wanted, observed, settings=SETTINGS)
         deleted = [a.name for a in actions if isinstance(a, plan.DeletePod)]
         assert deleted == [early["metadata"]["name"]]
-        assert "CreateRun" not in kinds(actions)
+        assert "CreatePod" not in kinds(actions)
         assert cond(actions, plan.HAS_VALID_BUNDLE) == ("False", "UnpackFailed")
 
 
@@ -574,7 +574,7 @@ def test_an_early_install_is_reported_once_its_bundle_is_unpacked() -> None:
         now=NOW,
     )
     actions = plan.plan(before, unpacking, settings=SETTINGS)
-    assert "CreateRun" not in kinds(actions) and "DeleteBundle" not in kinds(actions)
+    assert "CreatePod" not in kinds(actions) and "DeleteBundle" not in kinds(actions)
     assert cond(actions, plan.INSTALLED) == ("True", "InstallationSucceeded")
     assert status_of(actions).get("activeBundle", model.bundle_name(B)) == model.bundle_name(B)
     first = plan.Observed(

@@ -24,7 +24,7 @@ def paused_bd(**status: Any) -> Obj:
 
 def preview_pod(the_bd: Obj) -> Obj:
     actions = inline.plan_inline(the_bd, plan.Observed(now=NOW), settings=SETTINGS)
-    (run,) = [a.pod for a in actions if isinstance(a, plan.CreateRun)]
+    (run,) = [a.pod for a in actions if isinstance(a, plan.CreatePod)]
     return run
 
 
@@ -58,7 +58,7 @@ def test_the_summary_goes_to_status_with_an_event_naming_escalations() -> None:
     event = next(a for a in actions if isinstance(a, plan.RecordEvent))
     assert (event.type, event.reason) == ("Warning", "PreviewReady")
     assert "1 escalation(s) to review" in event.message
-    assert "CreateRun" not in kinds(actions)
+    assert "CreatePod" not in kinds(actions)
 
 
 def test_a_shown_preview_is_not_run_again_and_its_pod_goes() -> None:

@@ -52,7 +52,7 @@ def step(the_bd: Obj, observed: plan.Observed) -> tuple[list[plan.Action], Obj]:
 def installed(the_bd: Obj, now: str = T0) -> tuple[Obj, runs.InstallRecord]:
     """Plan until the run starts, then report its record: the BD as the manager leaves it."""
     actions, the_bd = step(the_bd, plan.Observed(now=now))
-    run = next(a.pod for a in actions if isinstance(a, plan.CreateRun))
+    run = next(a.pod for a in actions if isinstance(a, plan.CreatePod))
     record = runs.InstallRecord(
         by=model.name_of(run),
         bundle=run["metadata"]["annotations"][model.BUNDLE_ANNOTATION],
@@ -152,7 +152,7 @@ def test_a_rollback_installs_the_kept_pin_without_resolving_anything() -> None:
     second["metadata"]["annotations"].pop(inline.PIN_ANNOTATION)  # even with no pin at all
     actions, after = step(second, plan.Observed(now=T0))
     assert "ResolveSource" not in kinds(actions)
-    run = next(a.pod for a in actions if isinstance(a, plan.CreateRun))
+    run = next(a.pod for a in actions if isinstance(a, plan.CreatePod))
     assert run["spec"]["volumes"][0]["csi"]["volumeAttributes"]["image"] == D1
     progressing = {c["type"]: c for c in after["status"]["conditions"]}["Progressing"]
     assert progressing["reason"] == "RolledBack"
@@ -162,7 +162,7 @@ def test_the_node_that_installed_a_revision_is_kept_and_a_rollback_prefers_it() 
     """On several nodes only those whose run installed a revision hold it in their cache:
     an offline rollback's run should go there."""
     actions, the_bd = step(bd(), plan.Observed(now=T0))
-    run = next(a.pod for a in actions if isinstance(a, plan.CreateRun))
+    run = next(a.pod for a in actions if isinstance(a, plan.CreatePod))
     assert "affinity" not in run["spec"]  # an ordinary run goes wherever
     done = {**run, "spec": {**run["spec"], "nodeName": "node-2"}, "status": {"phase": "Succeeded"}}
     record = runs.InstallRecord(
@@ -181,7 +181,7 @@ def test_the_node_that_installed_a_revision_is_kept_and_a_rollback_prefers_it() 
         revisions.rollback_annotation(1, 2, revisions.MANUAL)
     )
     actions, _ = step(second, plan.Observed(now=T0))
-    back = next(a.pod for a in actions if isinstance(a, plan.CreateRun))
+    back = next(a.pod for a in actions if isinstance(a, plan.CreatePod))
     terms = back["spec"]["affinity"]["nodeAffinity"][
         "preferredDuringSchedulingIgnoredDuringExecution"
     ]
@@ -194,7 +194,7 @@ def test_the_record_names_the_node_even_when_the_pod_is_gone() -> None:
     """The run writes its node (env NODE_NAME from spec.nodeName) into the install record:
     the revision keeps it although the manager never saw the pod on that node."""
     actions, the_bd = step(bd(), plan.Observed(now=T0))
-    run = next(a.pod for a in actions if isinstance(a, plan.CreateRun))
+    run = next(a.pod for a in actions if isinstance(a, plan.CreatePod))
     env = {e["name"]: e for e in run["spec"]["containers"][0]["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     record = runs.InstallRecord(
@@ -233,7 +233,7 @@ def test_a_rollback_reinstalls_even_when_the_record_names_that_revision() -> Non
         revisions.rollback_annotation(1, 2, revisions.MANUAL)
     )
     actions, _ = step(failing, plan.Observed(record=record, now=T0))
-    assert "CreateRun" in kinds(actions)
+    assert "CreatePod" in kinds(actions)
 
 
 def test_a_rollback_for_an_older_generation_is_over() -> None:
@@ -244,7 +244,7 @@ def test_a_rollback_for_an_older_generation_is_over() -> None:
     )
     assert revisions.rollback_of(later) is None
     run = next(
-        a.pod for a in step(later, plan.Observed(now=T0))[0] if isinstance(a, plan.CreateRun)
+        a.pod for a in step(later, plan.Observed(now=T0))[0] if isinstance(a, plan.CreatePod)
     )
     assert run["spec"]["volumes"][0]["csi"]["volumeAttributes"]["image"] == D2
 
@@ -256,7 +256,7 @@ def test_a_rollback_restores_the_configuration_of_its_revision() -> None:
         revisions.rollback_annotation(1, 2, revisions.MANUAL)
     )
     run = next(
-        a.pod for a in step(second, plan.Observed(now=T0))[0] if isinstance(a, plan.CreateRun)
+        a.pod for a in step(second, plan.Observed(now=T0))[0] if isinstance(a, plan.CreatePod)
     )
     command = run["spec"]["containers"][0]["command"]
     assert command[command.index("--namespace") + 1] == "apps"
@@ -290,7 +290,7 @@ def test_a_revision_past_its_deadline_is_reported_and_rolled_back_when_asked() -
     assert any(isinstance(a, plan.RecordEvent) and a.reason == "RollingBack" for a in actions)
     # then the kept revision is reinstalled, and Progressing keeps saying why
     actions, after = step(after, plan.Observed(record=record, now="2026-11-25T12:01:02Z"))
-    run = next(a.pod for a in actions if isinstance(a, plan.CreateRun))
+    run = next(a.pod for a in actions if isinstance(a, plan.CreatePod))
     assert run["spec"]["volumes"][0]["csi"]["volumeAttributes"]["image"] == D1
     progressing = {c["type"]: c for c in after["status"]["conditions"]}["Progressing"]
     assert progressing["reason"] == "ProgressDeadlineExceeded"
@@ -354,7 +354,7 @@ def test_hostile_depends_on_entries_are_ignored() -> None:
 
 def test_an_install_waits_for_its_dependencies_and_says_for_which() -> None:
     actions, after = step(bd(), plan.Observed(dependencies=("a: not found",), now=T0))
-    assert "CreateRun" not in kinds(actions)
+    assert "CreatePod" not in kinds(actions)
     installed_cond = {c["type"]: c for c in after["status"]["conditions"]}["Installed"]
     assert installed_cond["reason"] == "DependencyNotReady"
     assert "a: not found" in installed_cond["message"]
@@ -407,7 +407,7 @@ def test_instance_runs_ask_the_node_to_keep_every_kept_revisions_image() -> None
     first, _ = installed(bd())
     second = upgrade(first, D2, 2)
     actions, _ = step(second, plan.Observed(now=T0))
-    run = next(a.pod for a in actions if isinstance(a, plan.CreateRun))
+    run = next(a.pod for a in actions if isinstance(a, plan.CreatePod))
     attributes = run["spec"]["volumes"][0]["csi"]["volumeAttributes"]
     assert attributes["image"] == D2
     assert attributes["retainFor"] == "bundledeployment/hello/u-1"
@@ -453,11 +453,11 @@ def test_the_kept_set_moving_does_not_restart_a_run() -> None:
     first, _ = installed(bd())
     second = upgrade(first, D2, 2)
     before = next(
-        a.pod for a in step(second, plan.Observed(now=T0))[0] if isinstance(a, plan.CreateRun)
+        a.pod for a in step(second, plan.Observed(now=T0))[0] if isinstance(a, plan.CreatePod)
     )
     fewer = {**second, "status": {**second["status"], "revisions": []}}
     after = next(
-        a.pod for a in step(fewer, plan.Observed(now=T0))[0] if isinstance(a, plan.CreateRun)
+        a.pod for a in step(fewer, plan.Observed(now=T0))[0] if isinstance(a, plan.CreatePod)
     )
     assert model.name_of(before) == model.name_of(after)
     assert "retain" not in after["spec"]["volumes"][0]["csi"]["volumeAttributes"]
@@ -473,7 +473,7 @@ def written_status(actions: list[plan.Action]) -> Obj:
 def test_the_first_install_a_pivot_and_a_rollback_are_told_apart_with_their_time() -> None:
     first = bd()
     actions, first = step(first, plan.Observed(now=T0))
-    run = next(a.pod for a in actions if isinstance(a, plan.CreateRun))
+    run = next(a.pod for a in actions if isinstance(a, plan.CreatePod))
     record = runs.InstallRecord(
         by=model.name_of(run), bundle=run["metadata"]["annotations"][model.BUNDLE_ANNOTATION]
     )

@@ -109,13 +109,13 @@ def test_a_large_record_is_compressed_on_the_configmap_and_round_trips() -> None
 def test_a_run_waits_for_a_free_slot_when_others_fill_them() -> None:
     full = model.Settings(image="registry.example/rukpak:v1", max_concurrent_runs=2)
     actions = plan.plan(B, observe(B, other_runs=2), settings=full)
-    assert not of_kind(actions, plan.CreateRun)
+    assert not of_kind(actions, plan.CreatePod)
     (wait,) = of_kind(actions, plan.Requeue)
     assert wait.after == runs.RUN_SLOT_WAIT
     message = of_kind(actions, plan.WriteStatus)[0].status["conditions"][1]["message"]
     assert "free run slot" in message and "--max-concurrent-runs 2" in message
     actions = plan.plan(B, observe(B, other_runs=1), settings=full)
-    assert len(of_kind(actions, plan.CreateRun)) == 1
+    assert len(of_kind(actions, plan.CreatePod)) == 1
 
 
 def live_object(name: str, fields: Obj, owner: str = "hello") -> Obj:
@@ -171,14 +171,14 @@ def test_drift_is_a_gone_object_a_lost_label_or_other_fields_we_apply() -> None:
 
 def test_an_unpacked_bundle_without_a_record_starts_run_zero() -> None:
     actions = planned(B, observe(B))
-    created = of_kind(actions, plan.CreateRun)
+    created = of_kind(actions, plan.CreatePod)
     assert [c.pod["metadata"]["name"] for c in created] == [run_pod(B, 0)["metadata"]["name"]]
     assert cond(actions, plan.INSTALLED) == ("False", "InstallPending")
 
 
 def test_a_running_run_is_waited_for_and_not_started_twice() -> None:
     actions = planned(B, observe(B, pods=(run_pod(B, 0),)))
-    assert not of_kind(actions, plan.CreateRun)
+    assert not of_kind(actions, plan.CreatePod)
     assert cond(actions, plan.INSTALLED) == ("False", "InstallPending")
 
 
@@ -186,7 +186,7 @@ def test_a_recorded_run_is_installed_and_its_pod_goes() -> None:
     done = run_pod(B, 0, "Succeeded")
     actions = planned(B, observe(B, pods=(done,), record=record(B)))
     assert [a.name for a in of_kind(actions, plan.DeletePod)] == [done["metadata"]["name"]]
-    assert not of_kind(actions, plan.CreateRun)
+    assert not of_kind(actions, plan.CreatePod)
     assert cond(actions, plan.INSTALLED) == ("True", "InstallationSucceeded")
     status = of_kind(actions, plan.WriteStatus)[0].status
     assert status["activeBundle"] == model.bundle_name(B)
@@ -194,7 +194,7 @@ def test_a_recorded_run_is_installed_and_its_pod_goes() -> None:
 
 def test_drift_starts_the_next_run_while_installed_stays_true() -> None:
     actions = planned(B, observe(B, record=record(B, 3), drift=("v1/ConfigMap demo/a: deleted",)))
-    assert [c.pod["metadata"]["name"] for c in of_kind(actions, plan.CreateRun)] == [
+    assert [c.pod["metadata"]["name"] for c in of_kind(actions, plan.CreatePod)] == [
         run_pod(B, 4)["metadata"]["name"]
     ]
     assert cond(actions, plan.INSTALLED) == ("True", "InstallationSucceeded")
@@ -226,7 +226,7 @@ def test_a_new_bundle_stops_an_obsolete_run_and_keeps_the_old_one_active_until_r
     rec = runs.InstallRecord(old_run["metadata"]["name"], model.bundle_name(old))
     actions = planned(B, observe(B, bundles=bundles, pods=(old_run,), record=rec))
     assert [a.name for a in of_kind(actions, plan.DeletePod)] == [old_run["metadata"]["name"]]
-    assert not of_kind(actions, plan.CreateRun)  # after the obsolete run stopped
+    assert not of_kind(actions, plan.CreatePod)  # after the obsolete run stopped
     assert cond(actions, plan.INSTALLED) == ("False", "InstallPending")
     assert not of_kind(actions, plan.DeleteBundle)  # the old Bundle is still the active one
 
@@ -240,7 +240,7 @@ def test_an_unpack_failure_keeps_correcting_the_installed_bundle() -> None:
     actions = planned(B, observe(B, bundles=bundles, record=rec, drift=drift))
     assert cond(actions, plan.HAS_VALID_BUNDLE) == ("False", "UnpackFailed")
     assert cond(actions, plan.INSTALLED) == ("True", "InstallationSucceeded")
-    created = of_kind(actions, plan.CreateRun)
+    created = of_kind(actions, plan.CreatePod)
     assert [c.pod["metadata"]["annotations"][model.BUNDLE_ANNOTATION] for c in created] == [
         model.bundle_name(old)
     ]

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from csi.node.publish import CLIENT_MARGIN, Publisher, PublishRequest
+from csi.node.publish import CLIENT_MARGIN, Publisher
+from csi.volume.request import PublishRequest
 from rukpak.common import backoff, errors
 from rukpak.common.backoff import Backoff, Deadline
 from rukpak.oci.client import RegistryClient

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from csi.node.publish import Publisher, PublishRequest
+from csi.node.publish import Publisher
+from csi.volume.request import PublishRequest
 from rukpak.common import errors
 from rukpak.image.cache import ImageCache
 from rukpak.oci import mediatypes

@@ -13,12 +13,14 @@ import pytest
 from dulwich.objects import Blob, Commit, Tree
 from dulwich.repo import Repo
 
-from csi.node.publish import Publisher, PublishRequest
+from csi.node.publish import Publisher
+from csi.volume.request import PublishRequest
 from provisioner.manager import sources
 from rukpak.common import errors
 from rukpak.image.cache import ImageCache
 from rukpak.image.cachestate import Holder
 from rukpak.image.members import Limits
+from rukpak.image.settings import CacheSettings
 from rukpak.sources import git
 from rukpak.sources.auth import SourceAuth
 from rukpak.sources.cache import SourceCache, key_digest
@@ -175,7 +177,11 @@ def test_a_file_over_the_budget_fails_and_leaves_nothing(
     pinned = make_repo(repos / "big.git", {"manifests/big.yaml": b"x" * 200_000})
     # the node's unpack budgets (--max-unpacked-bytes) apply to git trees too
     small = SourceCache(
-        ImageCache(tmp_path / "small", puller_factory=no_network, limits=Limits(max_bytes=100_000))
+        ImageCache(
+            tmp_path / "small",
+            puller_factory=no_network,
+            settings=CacheSettings(limits=Limits(max_bytes=100_000)),
+        )
     )
     with pytest.raises(errors.ResourceExhausted, match="more than 100000 bytes"):
         small.ensure(source(server, "big.git", pinned))

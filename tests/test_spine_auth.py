@@ -20,6 +20,7 @@ import pytest
 from rukpak.common import errors
 from rukpak.image.grants import Grants
 from rukpak.image.seams import PullPolicy
+from rukpak.image.settings import CacheSettings
 from rukpak.oci.auth import Credentials
 from tests.csi_helpers import dockerconfig, push_image
 from tests.registry import RegistryServer
@@ -85,4 +86,7 @@ def test_fuse_mode_can_share_bind_modes_grants(tmp_path: Path) -> None:
     grants = Grants(registry_client, ttl=TTL)
     fuse = FuseImages(tmp_path, puller_factory=registry_client, shared_grants=grants)
     assert fuse.grants is grants
-    assert FuseImages(tmp_path / "b", puller_factory=registry_client, auth_ttl=7).grants.ttl == 7
+    own = FuseImages(
+        tmp_path / "b", puller_factory=registry_client, settings=CacheSettings(auth_ttl=7)
+    )
+    assert own.grants.ttl == 7

@@ -213,9 +213,7 @@ def test_the_pv_is_bound_to_the_claim_and_carries_the_volume_context() -> None:
         "image": "registry.example/bundles/hello@sha256:" + "a" * 64,
         "pullPolicy": "IfNotPresent",
     }
-    pv = plan.persistent_volume(
-        body, cls, request, volume_id="bundle-123", volume_context=context, capacity_bytes=0
-    )
+    pv = plan.persistent_volume(body, cls, request, plan.CreatedVolume("bundle-123", 0, context))
     assert pv == {
         "apiVersion": "v1",
         "kind": "PersistentVolume",
@@ -255,9 +253,7 @@ def test_the_pv_is_bound_to_the_claim_and_carries_the_volume_context() -> None:
 def test_a_retain_class_gives_a_pv_without_our_finalizer() -> None:
     cls = storage_class(reclaimPolicy="Retain")
     request = plan.create_request(claim(), cls, DRIVER)
-    pv = plan.persistent_volume(
-        claim(), cls, request, volume_id="v", volume_context={}, capacity_bytes=1 << 20
-    )
+    pv = plan.persistent_volume(claim(), cls, request, plan.CreatedVolume("v", 1 << 20, {}))
     assert pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
     assert "finalizers" not in pv["metadata"]
 
@@ -265,9 +261,7 @@ def test_a_retain_class_gives_a_pv_without_our_finalizer() -> None:
 def test_a_volume_smaller_than_requested_is_refused() -> None:
     request = plan.create_request(claim(), storage_class(), DRIVER)
     with pytest.raises(errors.RukpakError, match="less than requested capacity"):
-        plan.persistent_volume(
-            claim(), storage_class(), request, volume_id="v", volume_context={}, capacity_bytes=1
-        )
+        plan.persistent_volume(claim(), storage_class(), request, plan.CreatedVolume("v", 1, {}))
 
 
 def test_the_provisioner_secret_is_remembered_for_deletion() -> None:
@@ -278,9 +272,7 @@ def test_the_provisioner_secret_is_remembered_for_deletion() -> None:
         }
     )
     request = plan.create_request(claim(), cls, DRIVER)
-    pv = plan.persistent_volume(
-        claim(), cls, request, volume_id="v", volume_context={}, capacity_bytes=0
-    )
+    pv = plan.persistent_volume(claim(), cls, request, plan.CreatedVolume("v", 0, {}))
     assert plan.deletion_secret(pv) == SecretRef("resolver", "rukpak-system")
 
 

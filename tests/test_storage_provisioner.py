@@ -87,14 +87,7 @@ def test_a_claim_of_a_good_class_gets_a_volume_pinned_to_a_digest(
         "image": f"{repository}@{image.manifest_digest}",
         "pullPolicy": "IfNotPresent",
     }
-    pv = plan.persistent_volume(
-        claim(),
-        cls,
-        request,
-        volume_id=created.volume_id,
-        volume_context=created.volume_context,
-        capacity_bytes=created.capacity_bytes,
-    )
+    pv = plan.persistent_volume(claim(), cls, request, created)
     assert pv["metadata"]["name"] == f"pvc-{UID}"
     assert pv["spec"]["capacity"] == {"storage": "1Mi"}
     assert pv["spec"]["csi"]["volumeHandle"] == created.volume_id

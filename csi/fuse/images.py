@@ -56,11 +56,11 @@ from rukpak.common.fsio import (
     write_bytes_atomic,
     write_json_atomic,
 )
-from rukpak.image import cachesync, extract, grants, layerio, layerstream, retention, seams
-from rukpak.image.eviction import RETAIN_TTL
+from rukpak.image import cachesync, layerio, layerstream, retention, seams
 from rukpak.image.grants import Grants
 from rukpak.image.locks import KeyedLocks
 from rukpak.image.seams import PullerFactory, PullPolicy
+from rukpak.image.settings import DEFAULTS, CacheSettings
 from rukpak.oci import digest as digests
 from rukpak.oci.auth import Credentials
 from rukpak.oci.manifest import Manifest, Platform
@@ -107,12 +107,8 @@ class FuseImages:
         root: Path,
         *,
         puller_factory: PullerFactory,
-        limits: extract.Limits | None = None,
-        budget_bytes: int = 10 * 1024**3,
-        auth_ttl: float = grants.DEFAULT_TTL,
+        settings: CacheSettings = DEFAULTS,
         shared_grants: Grants | None = None,
-        retain_ttl: float = RETAIN_TTL,
-        clock: Callable[[], float] = time.time,
     ) -> None:
         self.root = root
         self.files = FileStore(root)
@@ -120,20 +116,22 @@ class FuseImages:
         self.trees_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.tags_path = root / "tags.json"
         self._puller_factory = puller_factory
-        self._limits = limits or extract.Limits()
+        self._limits = settings.limits
         self._ref_locks = KeyedLocks()
         self._digest_locks = KeyedLocks()
         self._tags_lock = threading.Lock()
         loaded = read_json_or_set_aside(self.tags_path)
         self._tags: dict[str, str] = dict(loaded) if isinstance(loaded, dict) else {}
-        self.retain_ttl = retain_ttl
-        self._clock = clock
+        self.retain_ttl = settings.retain_ttl
+        self._clock = settings.clock
         self.retained_path = root / "retained.json"
         kept = read_json_or_set_aside(self.retained_path)
         self._retained: retention.Table = dict(kept) if isinstance(kept, dict) else {}
         # Bind mode's rule (``--private-image-auth-ttl``); with ``shared_grants``, its table too.
         self.grants = (
-            shared_grants if shared_grants is not None else Grants(puller_factory, ttl=auth_ttl)
+            shared_grants
+            if shared_grants is not None
+            else Grants(puller_factory, ttl=settings.auth_ttl)
         )
         # Lazy trees fetch with the credentials they were published with (memory only).
         self._pullers: dict[str, seams.Puller] = {}
@@ -146,7 +144,7 @@ class FuseImages:
         self.on_forget: list[Callable[[str], None]] = []  # more to drop with an evicted tree
         self.on_indexed: list[Callable[[str, index.Index], None]] = []  # a tree is ready
         self.collector = Collector(
-            self.files, self.trees_dir, budget_bytes=budget_bytes, forget=self._forget_tree
+            self.files, self.trees_dir, budget_bytes=settings.budget_bytes, forget=self._forget_tree
         )
         self._drop_torn_after_reboot()
 

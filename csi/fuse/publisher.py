@@ -25,11 +25,10 @@ from typing import Protocol
 
 from csi import mounter as mounts
 from csi.fuse.images import FuseImages
+from csi.volume.request import PublishRequest
 from rukpak.common import errors
 from rukpak.common.fsio import read_json_or_set_aside, write_json_atomic
-from rukpak.oci.auth import Credentials
 from rukpak.oci.manifest import Platform
-from rukpak.sources.volume import VolumeSource
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +52,16 @@ class FusePublisher:
 
     def publish(
         self,
-        *,
+        req: PublishRequest,
         target: Path,
-        volume_id: str,
-        source: VolumeSource,
+        *,
         platform: Platform,
-        credentials: Credentials | None,
         mounter: mounts.MounterProtocol,
     ) -> Path:
-        """Bind the image's tree directory read-only on ``target``; returns it. Idempotent."""
+        """Bind the image's tree directory read-only on ``target`` (the request's target,
+        checked); returns it. Idempotent."""
         key = str(target)
+        volume_id, source = req.volume_id, req.source
         current = mounts.find_on(mounter, target)
         known = self._records.get(key)
         if current is not None and known is not None:
@@ -77,7 +76,7 @@ class FusePublisher:
             source.pinned or source.image,
             platform=source.platform or platform,
             pull_policy=source.pull_policy,
-            credentials=credentials,
+            credentials=req.credentials,
         )
         tree_dir = self.mount.tree_dir(ready.name)
         if current is not None:

@@ -30,9 +30,9 @@ from csi.fuse.images import FuseImages
 from csi.fuse.publisher import FusePublisher
 from csi.fuse.session import HolderClient, Session, spawn_holder, wait_for_socket
 from rukpak.common import errors
-from rukpak.image import extract, grants
-from rukpak.image.eviction import RETAIN_TTL
+from rukpak.image import grants
 from rukpak.image.seams import PullerFactory
+from rukpak.image.settings import DEFAULTS, CacheSettings
 
 log = logging.getLogger(__name__)
 
@@ -47,24 +47,20 @@ class FuseService:
         root: Path,
         *,
         puller_factory: PullerFactory,
-        limits: extract.Limits | None = None,
+        shared_grants: grants.Grants,
+        settings: CacheSettings = DEFAULTS,
         holder_socket: Path | None = None,
         mountpoint: Path | None = None,
-        budget_bytes: int = 10 * 1024**3,
-        auth_ttl: float = grants.DEFAULT_TTL,
-        shared_grants: grants.Grants | None = None,
-        retain_ttl: float = RETAIN_TTL,
     ) -> None:
+        """``shared_grants``: bind mode's credential checks, so that both modes re-check a
+        pod's credentials against a private image once (``--private-image-auth-ttl``)."""
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.root = root
         self.images = FuseImages(
             root / "store",
             puller_factory=puller_factory,
-            limits=limits,
-            budget_bytes=budget_bytes,
-            auth_ttl=auth_ttl,
+            settings=settings,
             shared_grants=shared_grants,
-            retain_ttl=retain_ttl,
         )
         self.trees = fs.Trees(self.images.trees_dir, root / "slots.json")
         self.images.on_forget.append(self.trees.forget)

@@ -43,17 +43,16 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from csi import mounter as mounts
+from csi.volume.request import PublishRequest
 from rukpak.common import backoff, errors
 from rukpak.common.backoff import Deadline
 from rukpak.image.cache import ImageCache
 from rukpak.image.cachestate import Holder
 from rukpak.image.locks import KeyedLocks
-from rukpak.oci.auth import Credentials
 from rukpak.oci.manifest import Platform
 from rukpak.signing.gate import Gate
 from rukpak.sources import volume
@@ -72,14 +71,6 @@ PUBLISH_SLOTS = 8
 CLIENT_MARGIN = 5.0
 """Seconds (at most a tenth of its own) kept for the answer to reach a client whose own
 deadline comes first."""
-
-
-@dataclass(frozen=True)
-class PublishRequest:
-    volume_id: str
-    target_path: str
-    source: VolumeSource
-    credentials: Credentials | None = field(default=None, repr=False)
 
 
 class Publisher:
@@ -188,12 +179,7 @@ class Publisher:
                     )
                 with self._slot(deadline, req.source.image):
                     path = self.fuse.publish(
-                        target=target,
-                        volume_id=req.volume_id,
-                        source=req.source,
-                        platform=self.platform,
-                        credentials=req.credentials,
-                        mounter=self.mounter,
+                        req, target, platform=self.platform, mounter=self.mounter
                     )
                 self._retain(req.source)
                 return path

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 
 import grpc
 
-from csi.node.publish import Publisher, PublishRequest
+from csi.node.publish import Publisher
 from csi.proto import csi_pb2, csi_pb2_grpc
 from csi.rpc.errors import RpcObserver, rpc
 from csi.volume import access
+from csi.volume.request import PublishRequest
 from rukpak.common import errors
 from rukpak.sources.volume import VolumeSource, credentials_from_secrets
 

@@ -53,6 +53,7 @@ from rukpak.image import extract
 from rukpak.image.cache import ImageCache
 from rukpak.image.eviction import RETAIN_TTL
 from rukpak.image.seams import Puller
+from rukpak.image.settings import CacheSettings
 from rukpak.oci.auth import Credentials
 from rukpak.oci.client import RegistryClient
 from rukpak.signing.gate import ClientFactory, Gate
@@ -87,6 +88,22 @@ def parse_size(text: str) -> int:
     return int(match.group(1)) * _UNITS[match.group(2)]
 
 
+Kind = Callable[[str], object] | tuple[str, ...]
+"""What a flag of :func:`add_flags` takes: a value its callable parses, one of the listed
+choices, or (``bool``) none: a ``--flag``/``--no-flag`` switch."""
+
+
+def add_flags(p: argparse.ArgumentParser, rows: Sequence[tuple[str, Kind, object, str]]) -> None:
+    """Add one flag per ``(flag, kind, default, help)`` row, in order (the order of ``--help``)."""
+    for flag, kind, default, text in rows:
+        if kind is bool:
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=text)
+        elif isinstance(kind, tuple):
+            p.add_argument(flag, choices=kind, default=default, help=text)
+        else:
+            p.add_argument(flag, type=kind, default=default, help=text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="rukpak-csi-plugin", description=__doc__.split("\n")[0])
@@ -101,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=env("NODE_ID") or env("KUBE_NODE_NAME") or socket.gethostname(),
         help="node ID reported by NodeGetInfo (env NODE_ID or KUBE_NODE_NAME; default hostname)",
     )
-    typed: list[tuple[str, Callable[[str], object], object, str]] = [
+    add_flags(p, [
         ("--state-dir", Path, Path(env("STATE_DIR", "/var/lib/rukpak-csi")),
          "where the blob store, unpacked trees and records live (env STATE_DIR)"),
         ("--kubelet-dir", Path, Path(env("KUBELET_DIR", "/var/lib/kubelet")),
@@ -122,27 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
         ("--metrics-bind", str, env("METRICS_BIND", "127.0.0.1"),
          "address of the metrics port: the node's loopback by default; 0.0.0.0 lets Prometheus "
          "scrape it (deploy/components/monitoring) (env METRICS_BIND)"),
-    ]  # fmt: skip
-    for flag, kind, default, text in typed:
-        p.add_argument(flag, type=kind, default=default, help=text)
-    p.add_argument(
-        "--registration-dir",
-        type=Path,
-        default=None,
-        help="kubelet plugin registration dir (e.g. /var/lib/kubelet/plugins_registry); "
-        "serve kubelet's registration socket there",
-    )
-    p.add_argument(
-        "--kubelet-registration-path",
-        default=None,
-        help="the CSI socket path as kubelet sees it (default: the --endpoint path)",
-    )
-    p.add_argument(
-        "--controller",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="also serve the Controller service (CreateVolume etc. for StorageClass volumes)",
-    )
+        ("--registration-dir", Path, None,
+         "kubelet plugin registration dir (e.g. /var/lib/kubelet/plugins_registry); "
+         "serve kubelet's registration socket there"),
+        ("--kubelet-registration-path", str, None,
+         "the CSI socket path as kubelet sees it (default: the --endpoint path)"),
+        ("--controller", bool, True,
+         "also serve the Controller service (CreateVolume etc. for StorageClass volumes)"),
+    ])  # fmt: skip
     p.add_argument(
         "--insecure-registry",
         action="append",
@@ -160,69 +164,37 @@ def build_parser() -> argparse.ArgumentParser:
         "content of REGISTRY's public images: a rollout to many nodes then costs the registry "
         "one pull; private images (a pull secret for REGISTRY) never go through it; repeatable",
     )
-    p.add_argument(
-        "--registry-timeout",
-        type=float,
-        default=30.0,
-        help="seconds a registry read may stall before failing (connects: at most 5)",
-    )
-    p.add_argument(
-        "--publish-deadline",
-        type=parse_seconds,
-        default=parse_seconds(env("PUBLISH_DEADLINE", str(PUBLISH_DEADLINE))),
-        help="seconds a NodePublishVolume may take, retries included, before it answers "
-        "DEADLINE_EXCEEDED naming the server; keep it under kubelet's 2 minutes "
-        "(env PUBLISH_DEADLINE)",
-    )
-    p.add_argument(
-        "--durable-commit",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="flush an unpacked tree to disk (syncfs) before committing it; turn off only "
-        "to measure what durability costs",
-    )
-    p.add_argument(
-        "--private-image-auth-ttl",
-        type=float,
-        default=60.0,
-        help="seconds a pod credential's successful check against a private image is "
-        "remembered before the registry is asked again",
-    )
-    p.add_argument(
-        "--publish-mode",
-        choices=("bind", "fuse"),
-        default=env("PUBLISH_MODE", "bind"),
-        help="how volumes without a publishMode attribute are published (env PUBLISH_MODE); "
-        "fuse turns --fuse on",
-    )
-    p.add_argument(
-        "--fuse",
-        action=argparse.BooleanOptionalAction,
-        default=env("FUSE", "") == "true",
-        help="serve publishMode fuse volumes from a FUSE mount (pyfuse3) under "
-        "<state-dir>/fuse (env FUSE=true)",
-    )
-    p.add_argument(
-        "--fuse-holder-socket",
-        type=Path,
-        default=None,
-        help="socket of a /dev/fuse holder someone else runs (python -m csi.fuse.holder, "
-        "e.g. a container of this pod): the plugin waits for it; unset, the plugin starts "
-        "one on <state-dir>/fuse/holder.sock when none answers",
-    )
-    p.add_argument(
-        "--signature-policies",
-        choices=("off", "cluster"),
-        default=env("SIGNATURE_POLICIES", "off"),
-        help="cluster: follow the ClusterBundlePolicy objects (in-cluster credentials, or "
-        "$KUBECONFIG) and refuse images they select whose signatures do not satisfy them, "
-        "before anything is fetched; off: check no signature (env SIGNATURE_POLICIES)",
-    )
-    p.add_argument(
-        "--system-namespace",
-        default=env("POD_NAMESPACE", "rukpak-system"),
-        help="namespace of the key Secrets policies name (env POD_NAMESPACE)",
-    )
+    add_flags(p, [
+        ("--registry-timeout", float, 30.0,
+         "seconds a registry read may stall before failing (connects: at most 5)"),
+        ("--publish-deadline", parse_seconds,
+         parse_seconds(env("PUBLISH_DEADLINE", str(PUBLISH_DEADLINE))),
+         "seconds a NodePublishVolume may take, retries included, before it answers "
+         "DEADLINE_EXCEEDED naming the server; keep it under kubelet's 2 minutes "
+         "(env PUBLISH_DEADLINE)"),
+        ("--durable-commit", bool, True,
+         "flush an unpacked tree to disk (syncfs) before committing it; turn off only "
+         "to measure what durability costs"),
+        ("--private-image-auth-ttl", float, 60.0,
+         "seconds a pod credential's successful check against a private image is "
+         "remembered before the registry is asked again"),
+        ("--publish-mode", ("bind", "fuse"), env("PUBLISH_MODE", "bind"),
+         "how volumes without a publishMode attribute are published (env PUBLISH_MODE); "
+         "fuse turns --fuse on"),
+        ("--fuse", bool, env("FUSE", "") == "true",
+         "serve publishMode fuse volumes from a FUSE mount (pyfuse3) under "
+         "<state-dir>/fuse (env FUSE=true)"),
+        ("--fuse-holder-socket", Path, None,
+         "socket of a /dev/fuse holder someone else runs (python -m csi.fuse.holder, "
+         "e.g. a container of this pod): the plugin waits for it; unset, the plugin starts "
+         "one on <state-dir>/fuse/holder.sock when none answers"),
+        ("--signature-policies", ("off", "cluster"), env("SIGNATURE_POLICIES", "off"),
+         "cluster: follow the ClusterBundlePolicy objects (in-cluster credentials, or "
+         "$KUBECONFIG) and refuse images they select whose signatures do not satisfy them, "
+         "before anything is fetched; off: check no signature (env SIGNATURE_POLICIES)"),
+        ("--system-namespace", str, env("POD_NAMESPACE", "rukpak-system"),
+         "namespace of the key Secrets policies name (env POD_NAMESPACE)"),
+    ])  # fmt: skip
     add_log_level(p)
     return p
 
@@ -305,14 +277,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         published=lambda: publisher.published() if publisher else 0, driver_name=args.driver_name
     )
     try:
+        settings = CacheSettings(
+            limits=extract.Limits(args.max_unpacked_bytes, args.max_unpacked_files),
+            budget_bytes=args.cache_budget,
+            auth_ttl=args.private_image_auth_ttl,
+            retain_ttl=args.retain_ttl,
+        )
         images = ImageCache(
             args.state_dir / "images",
             puller_factory=puller,
-            limits=extract.Limits(args.max_unpacked_bytes, args.max_unpacked_files),
-            budget_bytes=args.cache_budget,
-            retain_ttl=args.retain_ttl,
+            settings=settings,
             observer=m,
-            auth_ttl=args.private_image_auth_ttl,
             durable=args.durable_commit,
         )
         m.track_cache(images.usage, images.budget_bytes)
@@ -323,11 +298,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             fuse = FuseService(
                 args.state_dir / "fuse",
                 puller_factory=puller,
-                limits=extract.Limits(args.max_unpacked_bytes, args.max_unpacked_files),
+                settings=settings,  # the same budgets and retention as bind mode
                 holder_socket=args.fuse_holder_socket,
-                budget_bytes=args.cache_budget,
                 shared_grants=images.grants,  # one credential re-check for both modes
-                retain_ttl=args.retain_ttl,
             )
             fuse.start()
         gate = signature_gate(

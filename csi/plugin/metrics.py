@@ -15,9 +15,9 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from rukpak.common import httpanswer
+from rukpak.common.metrics import OwnRegistry
 
 CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 
@@ -52,80 +52,69 @@ Health = Callable[[], tuple[bool, str]]
 """Whether the plugin is healthy, and a one-line reason."""
 
 
-class Metrics:
+class Metrics(OwnRegistry):
     """The plugin's metrics; every method is thread-safe. ``published`` is read at scrape."""
 
     def __init__(
         self, published: Callable[[], int] = lambda: 0, *, driver_name: str = "csi.rukpak.io"
     ) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        super().__init__()
         self.driver_name = driver_name
-        r = self.registry
-        self.sidecar_operations = Histogram(
+        self.sidecar_operations = self.histogram(
             "csi_sidecar_operations_seconds",
             "Container Storage Interface operation duration with gRPC error code status total",
             ["driver_name", "grpc_status_code", "method_name"],
             buckets=SIDECAR_BUCKETS,
-            registry=r,
         )
-        self.rpcs = Counter(
-            "rukpak_csi_rpc", "CSI calls by method and gRPC code.", ["method", "code"], registry=r
+        self.rpcs = self.counter(
+            "rukpak_csi_rpc", "CSI calls by method and gRPC code.", ["method", "code"]
         )
-        self.rpc_seconds = Counter(
-            "rukpak_csi_rpc_seconds", "Time spent in CSI calls by method.", ["method"], registry=r
+        self.rpc_seconds = self.counter(
+            "rukpak_csi_rpc_seconds", "Time spent in CSI calls by method.", ["method"]
         )
-        self.rpc_latency = Histogram(
+        self.rpc_latency = self.histogram(
             "rukpak_csi_rpc_duration_seconds",
             "Latency of CSI calls by method.",
             ["method"],
             buckets=RPC_BUCKETS,
-            registry=r,
         )
-        self.cache = Counter(
-            "rukpak_csi_image_cache", "Image lookups by result.", ["result"], registry=r
+        self.cache = self.counter("rukpak_csi_image_cache", "Image lookups by result.", ["result"])
+        self.pulls = self.counter("rukpak_csi_image_pulls", "Images pulled and unpacked.")
+        self.pull_seconds = self.counter(
+            "rukpak_csi_image_pull_seconds", "Time spent pulling and unpacking."
         )
-        self.pulls = Counter("rukpak_csi_image_pulls", "Images pulled and unpacked.", registry=r)
-        self.pull_seconds = Counter(
-            "rukpak_csi_image_pull_seconds", "Time spent pulling and unpacking.", registry=r
-        )
-        self.pull_duration = Histogram(
+        self.pull_duration = self.histogram(
             "rukpak_csi_image_pull_duration_seconds",
             "Time to pull and unpack one image.",
             buckets=PULL_BUCKETS,
-            registry=r,
         )
-        self.pull_bytes = Counter(
-            "rukpak_csi_image_pull_bytes", "Blob bytes fetched from registries.", registry=r
+        self.pull_bytes = self.counter(
+            "rukpak_csi_image_pull_bytes", "Blob bytes fetched from registries."
         )
-        self.published_volumes = Gauge(
-            "rukpak_csi_published_volumes", "Volumes currently published on this node.", registry=r
+        self.published_volumes = self.gauge(
+            "rukpak_csi_published_volumes", "Volumes currently published on this node."
         )
         self.published_volumes.set_function(lambda: float(published()))
-        self.cache_bytes = Gauge(
-            "rukpak_csi_cache_bytes", "Bytes the node cache holds (blobs and trees).", registry=r
+        self.cache_bytes = self.gauge(
+            "rukpak_csi_cache_bytes", "Bytes the node cache holds (blobs and trees)."
         )
-        self.cache_budget = Gauge(
+        self.cache_budget = self.gauge(
             "rukpak_csi_cache_budget_bytes",
             "The node cache's budget (--cache-budget): eviction keeps it under.",
-            registry=r,
         )
-        self.registered = Gauge(
+        self.registered = self.gauge(
             "rukpak_csi_registered",
             "1 once kubelet accepted the plugin's registration, 0 while it has not.",
-            registry=r,
         )
-        self.registration_failures = Counter(
-            "rukpak_csi_registration_failures",
-            "Registrations kubelet reported as failed.",
-            registry=r,
+        self.registration_failures = self.counter(
+            "rukpak_csi_registration_failures", "Registrations kubelet reported as failed."
         )
-        self.signature_checks = Counter(
+        self.signature_checks = self.counter(
             "rukpak_csi_signature_checks",
             "Publishes of images a ClusterBundlePolicy selects, by outcome: verified (checked "
             "now), remembered (a verdict kept), warned (a warn-mode policy not satisfied), "
             "refused.",
             ["result"],
-            registry=r,
         )
         for result in ("hit", "miss"):
             self.cache.labels(result=result)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import tarfile
 from dataclasses import dataclass, field
-from typing import IO, Any, cast
+from typing import IO, Any, NamedTuple, cast
 
 import zstandard
 
@@ -33,8 +33,10 @@ _TYPES = {
 }
 
 
-@dataclass(frozen=True)
-class LayerFile:
+class LayerFile(NamedTuple):
+    """One member of a layer's tar, as ``list_layer`` streams it: a NamedTuple, since a
+    bundle may hold 10,000 files and a tuple is cheaper to build than a frozen dataclass."""
+
     path: str
     size: int
     type: str

@@ -27,14 +27,22 @@ log = logging.getLogger(__name__)
 BlobProgress = Callable[[str, int, int], None]
 
 
+@dataclass
+class PushCounts:
+    """What a push sent and what the registry had already: the pusher counts into it as
+    it goes, and its ``PushResult`` carries it."""
+
+    blobs_uploaded: int = 0
+    bytes_uploaded: int = 0
+    blobs_present: int = 0  # already in the registry, not sent again
+    manifests: int = 0
+
+
 @dataclass(frozen=True)
 class PushResult:
     reference: Reference  # the tag pushed, with the digest of what it now names
     media_type: str
-    blobs_uploaded: int
-    bytes_uploaded: int
-    blobs_present: int  # already in the registry, not sent again
-    manifests: int
+    counts: PushCounts
 
 
 def select_image(layout: OciLayout, tag: str | None) -> Descriptor:
@@ -102,15 +110,7 @@ def push_image(
         pusher.put(image, tag=ref.tag)
     else:
         pusher.manifest(image, document, tag=ref.tag)
-    pushed = ref.with_digest(image.digest)
-    return PushResult(
-        reference=pushed,
-        media_type=image.media_type,
-        blobs_uploaded=pusher.uploaded,
-        bytes_uploaded=pusher.bytes,
-        blobs_present=pusher.present,
-        manifests=pusher.manifests,
-    )
+    return PushResult(ref.with_digest(image.digest), image.media_type, pusher.counts)
 
 
 class _Pusher:
@@ -125,7 +125,7 @@ class _Pusher:
     ) -> None:
         self.client, self.layout, self.ref, self.progress = client, layout, ref, progress
         self.done: set[str] = set()
-        self.uploaded = self.bytes = self.present = self.manifests = 0
+        self.counts = PushCounts()
 
     def manifest(self, desc: Descriptor, manifest: Manifest, *, tag: str | None) -> None:
         for blob in (manifest.config, *manifest.layers):
@@ -139,7 +139,7 @@ class _Pusher:
         self.done.add(desc.digest)
         if self.client.blob_exists(self.ref, desc.digest):
             log.debug("blob present digest=%s", desc.digest)
-            self.present += 1
+            self.counts.blobs_present += 1
             return
         callback = None
         if self.progress is not None:
@@ -155,8 +155,8 @@ class _Pusher:
                 f"the registry stored {pushed.digest} for blob {desc.digest} from "
                 f"{self.layout.root}; the layout is corrupt, rebuild it"
             )
-        self.uploaded += 1
-        self.bytes += desc.size
+        self.counts.blobs_uploaded += 1
+        self.counts.bytes_uploaded += desc.size
         log.debug("blob pushed digest=%s size=%d", desc.digest, desc.size)
 
     def put(self, desc: Descriptor, *, tag: str | None) -> None:
@@ -170,5 +170,5 @@ class _Pusher:
             raise errors.DataLoss(
                 f"the registry stored manifest {desc.digest} as {stored}; push again"
             )
-        self.manifests += 1
+        self.counts.manifests += 1
         log.debug("manifest pushed digest=%s tag=%s", desc.digest, tag)

@@ -252,10 +252,11 @@ def _push(args: argparse.Namespace, layout: OciLayout, image: Descriptor, ref: R
     finally:
         if progress is not None:
             progress.finish()
-    extra = f"; {result.blobs_present} already present" if result.blobs_present else ""
+    counts = result.counts
+    extra = f"; {counts.blobs_present} already present" if counts.blobs_present else ""
     print(
-        f"pushed {result.reference} ({result.blobs_uploaded} blobs, "
-        f"{human_size(result.bytes_uploaded)}{extra})",
+        f"pushed {result.reference} ({counts.blobs_uploaded} blobs, "
+        f"{human_size(counts.bytes_uploaded)}{extra})",
         file=sys.stderr,
     )
 

@@ -1,8 +1,8 @@
 """The actions a BundleDeployment's plan is made of: what ``plan`` decides, ``actuate`` does.
 
 Sits between the planners (``plan``, ``inline``, ``runs``; ``bundleplan`` shares
-``RecordEvent``) and ``actuate``, the only writer: plain values, one per kind
-of request, so plans are compared in tests as data.
+``CreatePod``, ``DeletePod``, ``RecordEvent`` and ``Requeue``) and ``actuate``, the only
+writer: plain values, one per kind of request, so plans are compared in tests as data.
 """
 
 from __future__ import annotations
@@ -31,7 +31,10 @@ class CreateBundle:
 
 
 @dataclass(frozen=True)
-class CreateRun:
+class CreatePod:
+    """Create ``pod``: a BundleDeployment's instance run, or a Bundle's unpack pod
+    (``bundleplan``); one that exists already counts as made."""
+
     pod: Obj
 
 
@@ -46,6 +49,8 @@ class RestoreDrift:
 
 @dataclass(frozen=True)
 class DeletePod:
+    """Delete the run or unpack pod ``namespace/name``; one already gone is fine."""
+
     namespace: str
     name: str
 
@@ -139,7 +144,7 @@ Action = (
     AddFinalizer
     | RemoveFinalizer
     | CreateBundle
-    | CreateRun
+    | CreatePod
     | RestoreDrift
     | DeletePod
     | DeleteLease

@@ -305,7 +305,7 @@ def perform(
                 as_instance = kube.impersonating(user)
                 for body in bodies:
                     as_instance.apply(body)
-            case plan.CreateRun(pod=pod):
+            case plan.CreatePod(pod=pod):
                 _ensure_namespace(kube, system_namespace)
                 with contextlib.suppress(errors.AlreadyExists):  # the same run, made already
                     kube.create(pod)

@@ -33,6 +33,7 @@ from typing import Literal
 
 from provisioner.engine.objects import Obj, meta_of
 from provisioner.manager import model, sources
+from provisioner.manager.actions import CreatePod as CreatePod
 from provisioner.manager.actions import DeletePod as DeletePod
 from provisioner.manager.actions import RecordEvent as RecordEvent
 from provisioner.manager.actions import Requeue as Requeue
@@ -76,18 +77,13 @@ class Resolve:
 
 
 @dataclass(frozen=True)
-class CreatePod:
-    pod: Obj
-
-
-@dataclass(frozen=True)
 class WriteStatus:
     name: str
     status: Obj
 
 
-# RecordEvent (an Event), DeletePod and Requeue are the same actions for Bundles as for
-# BundleDeployments (``actions``).
+# CreatePod, DeletePod, RecordEvent (an Event) and Requeue are the same actions for Bundles
+# as for BundleDeployments (``actions``).
 Action = Resolve | CreatePod | DeletePod | WriteStatus | RecordEvent | Requeue
 
 
@@ -207,7 +203,7 @@ def plan(bundle: Obj, observed: Observed, *, settings: Settings) -> list[Action]
     pinned = sources.pinned(bundle)
     final = status.get("phase") == PHASE_UNPACKED or pinned is not None or refusal is not None
     if status.get("phase") in FINAL_PHASES and unpacked_condition(bundle) is not None and final:
-        return [DeletePod(settings.system_namespace, name)] if pod is not None else []
+        return [delete_pod] if pod is not None else []
 
     if refusal is not None:
         return _write(
@@ -243,7 +239,6 @@ def plan(bundle: Obj, observed: Observed, *, settings: Settings) -> list[Action]
     terminated = _terminated(pod)
     text = str(terminated.get("message") or "")
     result = Result.from_json(text.strip())
-    delete = DeletePod(settings.system_namespace, name)
     if phase == "Succeeded" and result is not None and result.ok:
         kind = stored.get("type")
         message = f"Successfully unpacked the {kind} Bundle: {result.summary()}"
@@ -253,10 +248,10 @@ def plan(bundle: Obj, observed: Observed, *, settings: Settings) -> list[Action]
         address = model.content_url(settings.content_base_url, name)
         if address:
             unpacked["contentURL"] = address
-        return [*_write(bundle, unpacked), delete]
+        return [*_write(bundle, unpacked), delete_pod]
     if result is not None and not result.ok:
         error = result.error
     else:
         why = text.strip() or str(terminated.get("reason") or f"pod phase {phase}")
         error = f"unpack failed: {why}"
-    return [*write(PHASE_FAILING, REASON_FAILED, error), delete]
+    return [*write(PHASE_FAILING, REASON_FAILED, error), delete_pod]

@@ -52,12 +52,12 @@ def register(subparsers: Any) -> None:
     flags.add_system_namespace(p, holds="instance run pods, inventories and Leases")
     p.add_argument(
         "--instance-service-account",
-        default="rukpak-instance",
+        default=model.Settings.service_account,
         help="ServiceAccount of instance pods unless a BD names one (default: %(default)s)",
     )
     p.add_argument(
         "--unpack-service-account",
-        default="default",
+        default=model.Settings.unpack_service_account,
         help="ServiceAccount of unpack pods; they get no API token (default: %(default)s)",
     )
     p.add_argument(
@@ -68,7 +68,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--max-concurrent-runs",
         type=int,
-        default=8,
+        default=model.Settings.max_concurrent_runs,
         help="instance run pods active at once across all BundleDeployments; more wait their "
         "turn (default: %(default)s)",
     )

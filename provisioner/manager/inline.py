@@ -37,7 +37,7 @@ from provisioner.manager import conversion, generate, model, plan, revisions, ru
 from provisioner.manager.actions import (
     Action,
     AddFinalizer,
-    CreateRun,
+    CreatePod,
     DeletePod,
     Requeue,
     ResolveSource,
@@ -334,7 +334,7 @@ def _plan_preview(
     if found is None:
         if observed.other_runs >= settings.max_concurrent_runs:
             return [*out, Requeue(runs.RUN_SLOT_WAIT, "waiting for a free run slot")]
-        return [*out, CreateRun(want)]
+        return [*out, CreatePod(want)]
     phase = runs.phase(found)
     if phase not in ("Succeeded", "Failed"):
         return out

@@ -57,7 +57,7 @@ from provisioner.manager import bundleplan, dependencies, model, runs, sources
 from provisioner.manager.actions import Action as Action
 from provisioner.manager.actions import AddFinalizer as AddFinalizer
 from provisioner.manager.actions import CreateBundle as CreateBundle
-from provisioner.manager.actions import CreateRun as CreateRun
+from provisioner.manager.actions import CreatePod as CreatePod
 from provisioner.manager.actions import DeleteBundle as DeleteBundle
 from provisioner.manager.actions import DeleteLease as DeleteLease
 from provisioner.manager.actions import DeletePod as DeletePod

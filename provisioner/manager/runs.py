@@ -248,7 +248,7 @@ def decide(
             run = instance_run_pod(
                 bd, target.bundle, target.resolved, settings, keep, prefer=target.prefer_nodes
             )
-            out.append(actions.CreateRun(run))
+            out.append(actions.CreatePod(run))
         pending = f"waiting for the instance run of Bundle {target.bundle}"
         return Decision(out, verdict or ("False", "InstallPending", pending), installed_bundle)
     pod = found

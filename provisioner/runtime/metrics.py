@@ -22,13 +22,15 @@ RukPak's own start with ``rukpak_``: drift restores, and BundleDeployments by co
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from rukpak.common.metrics import OwnRegistry
 
 CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -69,89 +71,70 @@ class QueueMetrics:
         self._m.work_duration.labels(self.name).observe(seconds)
 
 
-class Metrics:
+class Metrics(OwnRegistry):
     """The process's registry and metrics (one per process; tests make their own)."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.reconciles = Counter(
+        super().__init__()
+        self.reconciles = self.counter(
             "controller_runtime_reconcile_total",
             "Total number of reconciliations per controller",
             ["controller", "result"],
-            registry=r,
         )
-        self.reconcile_errors = Counter(
+        self.reconcile_errors = self.counter(
             "controller_runtime_reconcile_errors_total",
             "Total number of reconciliation errors per controller",
             ["controller"],
-            registry=r,
         )
-        self.reconcile_time = Histogram(
+        self.reconcile_time = self.histogram(
             "controller_runtime_reconcile_time_seconds",
             "Length of time per reconciliation per controller",
             ["controller"],
             buckets=RECONCILE_BUCKETS,
-            registry=r,
         )
-        self.max_concurrent = Gauge(
+        self.max_concurrent = self.gauge(
             "controller_runtime_max_concurrent_reconciles",
             "Maximum number of concurrent reconciles per controller",
             ["controller"],
-            registry=r,
         )
-        self.depth = Gauge("workqueue_depth", "Current depth of workqueue", ["name"], registry=r)
-        self.adds = Counter(
-            "workqueue_adds_total",
-            "Total number of adds handled by workqueue",
-            ["name"],
-            registry=r,
+        self.depth = self.gauge("workqueue_depth", "Current depth of workqueue", ["name"])
+        self.adds = self.counter(
+            "workqueue_adds_total", "Total number of adds handled by workqueue", ["name"]
         )
-        self.queue_duration = Histogram(
+        # client-go's two workqueue latencies: per queue, in its buckets
+        queue_latency = functools.partial(self.histogram, labels=["name"], buckets=QUEUE_BUCKETS)
+        self.queue_duration = queue_latency(
             "workqueue_queue_duration_seconds",
             "How long in seconds an item stays in workqueue before being requested",
-            ["name"],
-            buckets=QUEUE_BUCKETS,
-            registry=r,
         )
-        self.work_duration = Histogram(
+        self.work_duration = queue_latency(
             "workqueue_work_duration_seconds",
             "How long in seconds processing an item from workqueue takes",
-            ["name"],
-            buckets=QUEUE_BUCKETS,
-            registry=r,
         )
-        self.retries = Counter(
-            "workqueue_retries_total",
-            "Total number of retries handled by workqueue",
-            ["name"],
-            registry=r,
+        self.retries = self.counter(
+            "workqueue_retries_total", "Total number of retries handled by workqueue", ["name"]
         )
-        self.leader = Gauge(
+        self.leader = self.gauge(
             "leader_election_master_status",
             "Gauge of if the reporting system is master of the relevant lease, 0 indicates "
             "backup, 1 indicates master. 'name' is the string used to identify the lease.",
             ["name"],
-            registry=r,
         )
-        self.drift_restores = Counter(
+        self.drift_restores = self.counter(
             "rukpak_drift_restores_total",
             "Drifted objects the manager re-applied from their last good version",
-            registry=r,
         )
-        self.installs = Histogram(
+        self.installs = self.histogram(
             "rukpak_install_duration_seconds",
             "Seconds from a BundleDeployment revision being asked for to it being installed, "
             "by kind: install (the first), pivot (a later one), rollback",
             ["kind"],
             buckets=(0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300, 600),
-            registry=r,
         )
-        self.rollbacks = Counter(
+        self.rollbacks = self.counter(
             "rukpak_rollbacks_total",
             "Rollbacks the manager started itself, by reason (ProgressDeadlineExceeded)",
             ["reason"],
-            registry=r,
         )
         self._lock = threading.Lock()
 

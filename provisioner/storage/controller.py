@@ -165,14 +165,7 @@ class VolumeProvisioner(Reconciler):
         secrets = self._secret_data(request.provisioner_secret)
         created = self.csi.create_volume(request, secrets)
         try:
-            return plan.persistent_volume(
-                claim,
-                storage_class,
-                request,
-                volume_id=created.volume_id,
-                volume_context=created.volume_context,
-                capacity_bytes=created.capacity_bytes,
-            )
+            return plan.persistent_volume(claim, storage_class, request, created)
         except errors.RukpakError as err:  # too small: give the volume back, then retry
             try:
                 self.csi.delete_volume(created.volume_id, secrets)

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import NoReturn
 
 import grpc
 
 from csi.proto import csi_pb2, csi_pb2_grpc
-from provisioner.storage.plan import Capability, CreateRequest
+from provisioner.storage.plan import Capability, CreatedVolume, CreateRequest
 from rukpak.common import errors
 
 log = logging.getLogger(__name__)
@@ -40,13 +39,6 @@ class CsiError(errors.RukpakError):
         name = "".join(part.capitalize() for part in status.name.split("_"))
         super().__init__(f"rpc error: code = {name} desc = {details}")
         self.code = status.name
-
-
-@dataclass(frozen=True)
-class CreatedVolume:
-    volume_id: str
-    capacity_bytes: int
-    volume_context: dict[str, str]
 
 
 def _capability(cap: Capability) -> csi_pb2.VolumeCapability:

@@ -110,6 +110,15 @@ class CreateRequest:
     other_secrets: dict[str, SecretRef] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class CreatedVolume:
+    """What CreateVolume answered: the volume the PV will name (``persistent_volume``)."""
+
+    volume_id: str
+    capacity_bytes: int
+    volume_context: dict[str, str]
+
+
 def meta(obj: Obj) -> Obj:
     return obj.get("metadata") or {}
 
@@ -303,17 +312,15 @@ def persistent_volume(
     claim: Obj,
     storage_class: Obj,
     request: CreateRequest,
-    *,
-    volume_id: str,
-    volume_context: dict[str, str],
-    capacity_bytes: int,
+    created: CreatedVolume,
 ) -> Obj:
-    """The PV for a created volume, bound to ``claim`` (external-provisioner ``Provision``
+    """The PV for the ``created`` volume, bound to ``claim`` (external-provisioner ``Provision``
     plus the library's claimRef, annotation, finalizer and class name).
 
     A capacity of 0 (unknown, allowed by CSI) becomes the requested size; a
     smaller one than requested is refused (the caller deletes the volume).
     """
+    capacity_bytes = created.capacity_bytes
     if capacity_bytes == 0:
         capacity_bytes = request.required_bytes
     elif capacity_bytes < request.required_bytes:
@@ -326,8 +333,8 @@ def persistent_volume(
     deletion = request.provisioner_secret
     csi: Obj = {
         "driver": storage_class["provisioner"],
-        "volumeHandle": volume_id,
-        "volumeAttributes": dict(volume_context),
+        "volumeHandle": created.volume_id,
+        "volumeAttributes": dict(created.volume_context),
     }
     if spec.get("volumeMode") != "Block" and request.fs_type:
         csi["fsType"] = request.fs_type

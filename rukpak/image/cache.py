@@ -49,7 +49,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +69,7 @@ from rukpak.image.cachestate import CacheState, Holder
 from rukpak.image.leases import Leases
 from rukpak.image.locks import KeyedLocks
 from rukpak.image.seams import Observer, Puller, PullerFactory, PullPolicy, StreamingPuller
+from rukpak.image.settings import DEFAULTS, CacheSettings
 from rukpak.image.store import ContentStore, Fetch
 from rukpak.oci import digest as digests
 from rukpak.oci.auth import Credentials
@@ -100,13 +101,9 @@ class ImageCache:
         root: Path,
         *,
         puller_factory: PullerFactory,
-        limits: extract.Limits | None = None,
-        budget_bytes: int = 10 * 1024**3,
+        settings: CacheSettings = DEFAULTS,
         observer: Observer | None = None,
-        auth_ttl: float = grants.DEFAULT_TTL,
         durable: bool = True,
-        retain_ttl: float = eviction.RETAIN_TTL,
-        clock: Callable[[], float] = time.time,
     ) -> None:
         self.root = root
         self.unpacked_dir = root / "unpacked"
@@ -114,9 +111,9 @@ class ImageCache:
         self.unpacked_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.unpacked_dir, 0o711)  # bind-mount sources must be reachable
         self._puller_factory = puller_factory
-        self.grants = grants.Grants(puller_factory, ttl=auth_ttl)
-        self._limits = limits or extract.Limits()
-        self.budget_bytes = budget_bytes
+        self.grants = grants.Grants(puller_factory, ttl=settings.auth_ttl)
+        self._limits = settings.limits
+        self.budget_bytes = settings.budget_bytes
         self.durable = durable
         self._observer: Observer = observer or seams.NoObserver()
         self._ref_locks = KeyedLocks()
@@ -125,7 +122,7 @@ class ImageCache:
         self.leases = Leases()
         self.state = CacheState(root / "state.json")
         self._state_lock = self.state.lock
-        self._clock = clock  # unix seconds: when retention was set, and how old it is
+        self._clock = settings.clock  # unix seconds: when retention was set, and how old it is
         self.evictor = eviction.Evictor(
             state=self.state,
             store=self.store,
@@ -133,8 +130,8 @@ class ImageCache:
             unpacked_dir=self.unpacked_dir,
             marker=self._marker,
             budget=lambda: self.budget_bytes,
-            retain_ttl=retain_ttl,
-            clock=clock,
+            retain_ttl=settings.retain_ttl,
+            clock=settings.clock,
         )
         self.syncer = cachesync.TreeSyncer(self.unpacked_dir, self._marker)
         self._remove_unfinished_trees()

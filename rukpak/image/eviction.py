@@ -19,7 +19,6 @@ import logging
 import os
 import secrets
 import threading
-import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 
@@ -37,7 +36,8 @@ RETAIN_TTL = 14 * 24 * 3600.0
 
 
 class Evictor:
-    """Keeps one cache under its budget; at most one pass runs at a time."""
+    """Keeps one cache under its budget; at most one pass runs at a time. ``retain_ttl``
+    and ``clock`` are the cache's (``rukpak.image.settings``)."""
 
     def __init__(
         self,
@@ -48,8 +48,8 @@ class Evictor:
         unpacked_dir: Path,
         marker: Callable[[str], Path],
         budget: Callable[[], int],
-        retain_ttl: float = RETAIN_TTL,
-        clock: Callable[[], float] = time.time,
+        retain_ttl: float,
+        clock: Callable[[], float],
     ) -> None:
         self.state = state
         self.store = store

@@ -24,8 +24,8 @@ import os
 import secrets
 import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from rukpak.common import errors
 from rukpak.common.fsio import fsync_dir, unlink_size
@@ -35,8 +35,9 @@ Fetch = Callable[[Path], None]
 """Writes the blob's bytes to the given (not yet existing) path."""
 
 
-@dataclass(frozen=True)
-class BlobInfo:
+class BlobInfo(NamedTuple):
+    """One stored blob, as :meth:`ContentStore.blobs` yields them (each size check walks all)."""
+
     digest: str
     size: int
     atime: float
