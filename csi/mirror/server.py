@@ -151,7 +151,7 @@ class Mirror:
         total = self.store.total_size()
         if total <= self.max_bytes:
             return
-        for info in sorted(self.store.blobs(), key=lambda b: b.atime):
+        for info in sorted(self.store.blobs(), key=lambda b: b.touched):
             if total <= self.max_bytes:
                 break
             total -= self.store.delete(info.digest)

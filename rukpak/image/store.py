@@ -40,7 +40,9 @@ class BlobInfo(NamedTuple):
 
     digest: str
     size: int
-    atime: float
+    touched: float
+    """The file's mtime: the mirror touches a blob each time it serves it (atime is not
+    kept on relatime or noatime mounts)."""
 
 
 def verify_file(path: Path, *, digest: str, size: int) -> None:
@@ -205,7 +207,7 @@ class ContentStore:
                 if not digests.is_valid(digest):
                     continue
                 st = blob.stat()
-                yield BlobInfo(digest=digest, size=st.st_size, atime=st.st_mtime)
+                yield BlobInfo(digest=digest, size=st.st_size, touched=st.st_mtime)
 
     def total_size(self) -> int:
         return sum(b.size for b in self.blobs())

@@ -280,14 +280,10 @@ class RegistryClient:
 
     def blob_size(self, ref: Reference, digest: str) -> int:
         """The size of blob ``digest`` in ``ref``'s repository (a HEAD)."""
-        digests.check(digest, what=f"blob of {ref.name}")
-        target = transport.blob_target(ref, digest)
-        response = self.transport.request("HEAD", target, f"/v2/{ref.repository}/blobs/{digest}")
-        response.close()
-        self.transport.check(response, target, ok=(200,))
-        length = response.headers.get("Content-Length", "")
+        length = (upload.head_blob(self.transport, ref, digest) or {}).get("Content-Length", "")
         if not length.isdigit():
-            raise errors.Unavailable(f"{target.subject}: the registry sent no Content-Length")
+            subject = transport.blob_target(ref, digest).subject
+            raise errors.Unavailable(f"{subject}: the registry sent no Content-Length")
         return int(length)
 
     def push_manifest(self, ref: Reference, body: bytes, media_type: str) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO, Final, TypedDict
 
@@ -57,10 +57,16 @@ def push_manifest(client: transport.Transport, ref: Reference, body: bytes, medi
     return computed
 
 
-def blob_exists(
-    client: transport.Transport, ref: Reference, digest: str, *, for_push: bool = False
-) -> bool:
-    """True when the repository of ``ref`` holds blob ``digest``.
+def head_blob(
+    client: transport.Transport,
+    ref: Reference,
+    digest: str,
+    *,
+    for_push: bool = False,
+    missing_ok: bool = False,
+) -> Mapping[str, str] | None:
+    """The response headers of a HEAD on blob ``digest`` in ``ref``'s repository; None
+    when the registry answers 404 and ``missing_ok`` (else the registry's error).
 
     ``for_push`` asks for a push token up front (saves one token request
     when an upload follows).
@@ -69,10 +75,18 @@ def blob_exists(
     target = transport.blob_target(ref, digest, push=for_push)
     response = client.request("HEAD", target, f"/v2/{ref.repository}/blobs/{digest}")
     response.close()
-    if response.status_code == 404:
-        return False
+    if response.status_code == 404 and missing_ok:
+        return None
     client.check(response, target, ok=(200,))
-    return True
+    return response.headers
+
+
+def blob_exists(
+    client: transport.Transport, ref: Reference, digest: str, *, for_push: bool = False
+) -> bool:
+    """True when the repository of ``ref`` holds blob ``digest`` (``for_push``: see
+    :func:`head_blob`)."""
+    return head_blob(client, ref, digest, for_push=for_push, missing_ok=True) is not None
 
 
 class BlobOptions(TypedDict, total=False):
