@@ -301,22 +301,24 @@ def installed(system: inst.RukpakSystem, name: str) -> bool:
 
 def run_pod_nodes(system: inst.RukpakSystem, name: str) -> list[str]:
     """The nodes the scheduler put ``name``'s instance run pods on (their Scheduled events:
-    run pods are gone once they finished), in no particular order."""
-    return list(run_pods_scheduled(system, name).values())
+    run pods are gone once they finished), one entry per pod, in no particular order."""
+    return [node for _, node in run_pods_scheduled(system, name).values()]
 
 
-def run_pods_scheduled(system: inst.RukpakSystem, name: str) -> dict[str, str]:
-    """Run pod -> the node the scheduler put it on, from the Scheduled events."""
+def run_pods_scheduled(system: inst.RukpakSystem, name: str) -> dict[str, tuple[str, str]]:
+    """Run pod UID -> (namespace/name, node), from the Scheduled events. Keyed by UID: a run
+    pod made again after an eviction can carry the name of the one it replaces."""
     out = system.kubectl(
         "get", "events", "-n", inst.NAMESPACE, "--field-selector", "reason=Scheduled",
-        "-o", "jsonpath={range .items[*]}{.message}{'\\n'}{end}",
+        "-o", "jsonpath={range .items[*]}{.involvedObject.uid} {.message}{'\\n'}{end}",
     )  # fmt: skip
     prefix = f"Successfully assigned {inst.NAMESPACE}/{model.instance_name(name)}-"
     found = {}
     for line in out.splitlines():
-        if line.startswith(prefix):
-            pod, node = line[len("Successfully assigned ") :].rsplit(" to ", 1)
-            found[pod] = node
+        uid, _, message = line.partition(" ")
+        if message.startswith(prefix):
+            pod, node = message[len("Successfully assigned ") :].rsplit(" to ", 1)
+            found[uid] = (pod, node)
     return found
 
 
@@ -520,7 +522,7 @@ def test_an_offline_rollback_runs_on_a_node_that_holds_the_revision(
     eventually(lambda: revision_state(system, name)[0] == 1, timeout=180, what="revision 1 back")
     assert inst.greeting(system, ns) == "one"
     after = run_pods_scheduled(system, name)
-    assert [node for pod, node in after.items() if pod not in before] == [first], after
+    assert [node for uid, (_, node) in after.items() if uid not in before] == [first], after
 
 
 def test_a_node_drained_while_an_instance_runs_there_and_the_install_completes(
@@ -540,7 +542,7 @@ def test_a_node_drained_while_an_instance_runs_there_and_the_install_completes(
             prefix = f"{model.instance_name(name)}-"
             return next(
                 (
-                    p["metadata"]["name"]
+                    p["metadata"]["uid"]
                     for p in items
                     if p["metadata"]["name"].startswith(prefix)
                     and p["spec"].get("nodeName") == target
@@ -562,8 +564,8 @@ def test_a_node_drained_while_an_instance_runs_there_and_the_install_completes(
             system.kubectl("uncordon", node, check=False)
     assert inst.greeting(system, ns) == "drained"
     scheduled = run_pods_scheduled(system, name)
-    ran_on = list(scheduled.values())
-    assert scheduled[f"{inst.NAMESPACE}/{first}"] == target, scheduled
+    ran_on = [node for _, node in scheduled.values()]
+    assert scheduled[first][1] == target, scheduled
     # the run either finished before its eviction, or was run again elsewhere; never twice
     # on the drained node
     assert ran_on.count(target) == 1, ran_on
