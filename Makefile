@@ -77,10 +77,11 @@ manifests: setup k8s-bins
 helm:
 	@bash hack/helm.sh --quiet
 
-## cosign: build cosign (github.com/sigstore/cosign/v2, hack/gotool.sh), which the signature
-## tests sign and verify with (cached)
+## cosign: build cosign 2 and 3 (github.com/sigstore/cosign/v2 and /v3, hack/gotool.sh), which
+## the signature tests sign and verify with (cached)
 cosign:
 	@bash hack/gotool.sh cosign --quiet
+	@bash hack/gotool.sh cosign3 --quiet
 
 ## helm-image: the helm provisioner's image (contrib/helm-provisioner): RukPak's image plus helm
 ## and its package, pushed to IMAGE; deploy with `kubectl apply -k contrib/helm-provisioner/manifests`

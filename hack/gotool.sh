@@ -6,6 +6,7 @@
 #
 #   helm    the helm provisioner's renderer (contrib/helm-provisioner); cold: about 90 s
 #   cosign  signs and verifies test bundles in the signature tests; cold: about 140 s
+#   cosign3 today's cosign (Sigstore bundles as OCI referrers), for the same tests
 #   kind    runs the system on a kind cluster (make kind-run, hack/kind); cold: about 60 s
 #
 #   hack/gotool.sh NAME [--print-path] [--quiet]
@@ -30,6 +31,14 @@ cosign)
     CHECK=(version --json)
     COLD="about 140 s"
     ;;
+cosign3)
+    VERSION="${COSIGN3_VERSION:-v3.1.3}"
+    PACKAGE="github.com/sigstore/cosign/v3/cmd/cosign"
+    LDFLAGS="-s -w -X sigs.k8s.io/release-utils/version.gitVersion=$VERSION"
+    CHECK=(version --json)
+    COLD="a few minutes"
+    BIN=cosign
+    ;;
 kind)
     VERSION="${KIND_VERSION:-v0.33.0}"
     PACKAGE="sigs.k8s.io/kind"
@@ -37,13 +46,14 @@ kind)
     CHECK=(version)
     COLD="about 60 s"
     ;;
-*) echo "usage: hack/gotool.sh helm|cosign|kind [--print-path] [--quiet]" >&2; exit 2 ;;
+*) echo "usage: hack/gotool.sh helm|cosign|cosign3|kind [--print-path] [--quiet]" >&2; exit 2 ;;
 esac
+BIN="${BIN:-$name}" # the file go install writes
 CACHE="${RUKPAK_CACHE:-$HOME/.cache/rukpak}"
 OUT="$CACHE/bin/$name-$VERSION"
 quiet=0
 case "${1:-}" in
---print-path) echo "$OUT/$name"; exit 0 ;;
+--print-path) echo "$OUT/$BIN"; exit 0 ;;
 --quiet) quiet=1 ;;
 "") ;;
 *) echo "usage: hack/gotool.sh $name [--print-path] [--quiet]" >&2; exit 2 ;;
@@ -54,8 +64,8 @@ want="$( { go version; echo "$VERSION $LDFLAGS CGO_ENABLED=0"; } | sha256sum | c
 mkdir -p "$OUT"
 exec 9>"$OUT/.lock" # one build at a time (parallel sessions call this too)
 flock 9
-if [[ -x "$OUT/$name" && -f "$OUT/.stamp" && "$(cat "$OUT/.stamp")" == "$want" ]]; then
-    ((quiet)) || echo "$name: up to date ($OUT/$name, $VERSION)"
+if [[ -x "$OUT/$BIN" && -f "$OUT/.stamp" && "$(cat "$OUT/.stamp")" == "$want" ]]; then
+    ((quiet)) || echo "$name: up to date ($OUT/$BIN, $VERSION)"
     exit 0
 fi
 rm -f "$OUT/.stamp"
@@ -63,6 +73,6 @@ start=$SECONDS
 echo "$name: building $VERSION into $OUT (cold: $COLD on 2 cores)"
 # CGO off: a static binary that runs in any image, whatever its libc
 (cd / && CGO_ENABLED=0 GOBIN="$OUT" go install -ldflags="$LDFLAGS" "$PACKAGE@$VERSION")
-"$OUT/$name" "${CHECK[@]}" >/dev/null
+"$OUT/$BIN" "${CHECK[@]}" >/dev/null
 echo "$want" >"$OUT/.stamp"
 echo "$name: built in $((SECONDS - start))s ($VERSION)"

@@ -193,10 +193,10 @@ class Cosign:
         return done.returncode == 0
 
 
-def _gotool_cosign(flag: str, *, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``hack/gotool.sh cosign FLAG``, its output captured."""
+def _gotool(tool: str, flag: str, *, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``hack/gotool.sh TOOL FLAG``, its output captured."""
     return subprocess.run(
-        ["bash", str(GOTOOL), "cosign", flag],
+        ["bash", str(GOTOOL), tool, flag],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -204,14 +204,14 @@ def _gotool_cosign(flag: str, *, timeout: float) -> subprocess.CompletedProcess[
     )
 
 
-def build_cosign() -> Path:
-    """cosign from its Go module (hack/gotool.sh, cached)."""
-    done = _gotool_cosign("--quiet", timeout=900)
+def build_cosign(tool: str = "cosign") -> Path:
+    """cosign from its Go module (hack/gotool.sh, cached): ``cosign`` (2) or ``cosign3``."""
+    done = _gotool(tool, "--quiet", timeout=900)
     if done.returncode != 0:
         pytest.fail(
-            f"hack/gotool.sh cosign failed (it needs go, as make k8s-bins does):\n{done.stderr}"
+            f"hack/gotool.sh {tool} failed (it needs go, as make k8s-bins does):\n{done.stderr}"
         )
-    found = _gotool_cosign("--print-path", timeout=30)
+    found = _gotool(tool, "--print-path", timeout=30)
     found.check_returncode()
     return Path(found.stdout.strip())
 
@@ -219,6 +219,11 @@ def build_cosign() -> Path:
 @pytest.fixture(scope="session")
 def cosign(tmp_path_factory: pytest.TempPathFactory) -> Cosign:
     return Cosign(build_cosign(), tmp_path_factory.mktemp("cosign"))
+
+
+@pytest.fixture(scope="session")
+def cosign3(tmp_path_factory: pytest.TempPathFactory) -> Cosign:
+    return Cosign(build_cosign("cosign3"), tmp_path_factory.mktemp("cosign3"))
 
 
 def public_pem(key: ec.EllipticCurvePrivateKey) -> bytes:

@@ -1,11 +1,12 @@
 """``rukpak bundle sign|verify``: cosign-compatible signatures from the command line.
 
-The edge over ``rukpak.signing``: ``sign`` writes what ``cosign sign --key`` writes (the
+The edge over ``rukpak.signing``: ``sign`` writes what ``cosign sign --key`` writes (cosign
+3's Sigstore bundle as a referrer by default; ``--format simple-signing`` for cosign 2's
 ``sha256-<hex>.sig`` tag), with a PEM private key or a cosign key (password from
-``$COSIGN_PASSWORD``); ``verify`` checks an image as a ClusterBundlePolicy would, with a
-public key, a keyless identity under a given Fulcio root (and Rekor key), or a policy file,
-and exits non-zero, saying why, when nothing verifies. Registry options and credentials are
-those of the other ``rukpak bundle`` commands.
+``$COSIGN_PASSWORD``); ``verify`` reads both formats and checks an image as a
+ClusterBundlePolicy would, with a public key, a keyless identity under a given Fulcio root
+(and Rekor key), or a policy file, and exits non-zero, saying why, when nothing verifies.
+Registry options and credentials are those of the other ``rukpak bundle`` commands.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from rukpak.signing import policy as signing
 from rukpak.signing import sign as signer
 
 PASSWORD_ENV = "COSIGN_PASSWORD"
+FORMATS = ("bundle", "simple-signing")
 
 
 def register(commands: Any) -> None:
@@ -33,13 +35,21 @@ def register(commands: Any) -> None:
         "sign",
         help="sign a bundle image (as cosign sign --key does)",
         description=(
-            "Sign the digest REF names now and push the signature to the image's repository "
-            "(tag sha256-<hex>.sig, which cosign verify reads). KEY is a PEM private key or a "
+            "Sign the digest REF names now and push the signature to the image's repository, "
+            "where cosign verify reads it: a Sigstore bundle referring to the digest, as cosign "
+            "3 writes (--format bundle, the default), or a layer of the tag sha256-<hex>.sig, "
+            "as cosign 2 writes (--format simple-signing). KEY is a PEM private key or a "
             f"cosign.key; an encrypted key's password comes from ${PASSWORD_ENV}."
         ),
     )
     sign.add_argument("reference", metavar="REF")
     sign.add_argument("--key", required=True, type=Path, metavar="KEY", help="private key file")
+    sign.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="bundle",
+        help="signature format (default: bundle, what cosign 3 writes)",
+    )
     flags.add_registry_command(sign)
     sign.set_defaults(func=run_sign)
 
@@ -81,7 +91,10 @@ def run_sign(args: argparse.Namespace) -> int:
         _read(args.key, "key"), password.encode() if password is not None else None
     )
     with flags.registry_client(args, ref) as client:
-        signed = signer.sign(client, args.reference, key)
+        if args.format == "bundle":
+            signed = signer.sign_bundle(client, args.reference, key)
+        else:
+            signed = signer.sign(client, args.reference, key)
     state = "signed" if signed.added else "already signed with this key"
     print(f"{state}: {ref.name}@{signed.digest} (signature in {signed.signature_ref})")
     return 0

@@ -231,19 +231,23 @@ class RegistryClient:
         child_desc.platform = entry.platform
         return child_desc, child
 
-    def referrers(self, ref: Reference, digest: str, artifact_type: str) -> Index | None:
-        """The OCI 1.1 referrers of manifest ``digest`` with ``artifact_type``, or None when
-        the registry has no referrers API (a 404: the caller falls back to the tag schema).
+    def referrers(
+        self, ref: Reference, digest: str, artifact_types: str | frozenset[str]
+    ) -> Index | None:
+        """The OCI 1.1 referrers of manifest ``digest`` of ``artifact_types`` (one type, or
+        a set of them: then unfiltered by the registry), or None when the registry has no
+        referrers API (a 404: the caller falls back to the tag schema).
 
-        The answer is checked against the filter, as a registry may ignore it.
+        The answer is checked against the types, as a registry may ignore the filter.
         """
+        wanted = {artifact_types} if isinstance(artifact_types, str) else artifact_types
         digests.check(digest, what="subject digest")
         target = transport.image_target(ref)
         response = self.transport.request(
             "GET",
             target,
             f"/v2/{ref.repository}/referrers/{digest}",
-            params={"artifactType": artifact_type},
+            params={"artifactType": artifact_types} if isinstance(artifact_types, str) else None,
             headers={"Accept": mediatypes.OCI_INDEX},
             stream=True,
         )
@@ -257,7 +261,7 @@ class RegistryClient:
         parsed = parse_manifest(mediatypes.OCI_INDEX, body, what=f"referrers of {ref.name}")
         if not isinstance(parsed, Index):
             raise errors.InvalidArgument(f"referrers of {ref.name}@{digest} is not an index")
-        parsed.manifests = [m for m in parsed.manifests if m.artifact_type == artifact_type]
+        parsed.manifests = [m for m in parsed.manifests if m.artifact_type in wanted]
         return parsed
 
     def _read_document(

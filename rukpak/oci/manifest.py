@@ -147,13 +147,21 @@ class Manifest:
     config: Descriptor
     layers: list[Descriptor]
     annotations: dict[str, str] = field(default_factory=dict)
+    artifact_type: str | None = None
+    """Written only (an OCI 1.1 artifact such as a Sigstore bundle referrer)."""
+    subject: Descriptor | None = None
+    """Written only: the manifest this one refers to (OCI 1.1 referrers)."""
 
     def to_json(self) -> bytes:
+        artifact = {"artifactType": self.artifact_type} if self.artifact_type else {}
+        subject = {"subject": self.subject.to_json()} if self.subject is not None else {}
         return _document(
             self.media_type,
             self.annotations,
+            **artifact,
             config=self.config.to_json(),
             layers=[layer.to_json() for layer in self.layers],
+            **subject,
         )
 
 

@@ -95,6 +95,10 @@ class Signature:
     certificate: bytes | None = None
     chain: bytes | None = None
     bundle: str | None = field(default=None, repr=False)
+    """A Rekor bundle (cosign 2's annotation shape), when the log gave one."""
+    subject_digest: str | None = None
+    """The digest a Sigstore bundle's statement names (``rukpak.signing.sigstore``); None
+    for cosign 2's format, whose payload names it (:func:`signed_digest`)."""
 
     @classmethod
     def from_layer(cls, payload: bytes, annotations: dict[str, str], *, where: str) -> Signature:
@@ -116,6 +120,11 @@ class Signature:
             chain=chain.encode() if chain else None,
             bundle=annotations.get(BUNDLE) or None,
         )
+
+    @property
+    def signed(self) -> str:
+        """The digest this signature vouches for; InvalidArgument when it names none."""
+        return self.subject_digest or signed_digest(self.payload)
 
     @property
     def signature_b64(self) -> str:

@@ -44,13 +44,14 @@ def check(policy: Policy, found: Found, digest: str, *, read_secret: SecretReade
             policy.name,
             False,
             f"no signature found for {digest} (looked for the tag "
-            f"{cosign.signature_tag(digest)} and OCI 1.1 referrers){skipped}",
+            f"{cosign.signature_tag(digest)} and OCI 1.1 referrers: cosign signatures and "
+            f"Sigstore bundles){skipped}",
         )
     own: list[cosign.Signature] = []
     reasons: list[str] = []
     for sig in found.signatures:
         try:
-            signed = cosign.signed_digest(sig.payload)
+            signed = sig.signed
         except errors.InvalidArgument as exc:
             reasons.append(f"{sig.where}: {exc.message}")
             continue
