@@ -23,10 +23,11 @@ from rukpak.oci.reference import Reference
 from rukpak.signing import cosign as cosign_format
 from rukpak.signing import discover, keys, sigstore, verify
 from rukpak.signing import sign as signer
+from rukpak.signing.gate import SignatureDenied
 from tests.csi_helpers import PushedImage, simple_image
 from tests.registry import RegistryServer
 from tests.signing_helpers import PASSWORD, Cosign, cosign3
-from tests.test_signing import gate_of, key_authority, policy_for
+from tests.test_signing import gate_of, key_authority, policy_for, publish, spine
 
 pytestmark = pytest.mark.registry
 __all__ = ["cosign3"]  # the session fixture, used by name
@@ -101,7 +102,7 @@ def test_rukpak_bundle_verify_accepts_what_cosign3_signed_and_refuses_another_ke
 ) -> None:
     pushed = image(registry, "signing3/cli")
     sign3(cosign3, pushed, keys3[0], signing_config)
-    cli = [sys.executable, "-m", "provisioner", "bundle", "verify", "--insecure"]
+    cli = [str(Path(sys.executable).parent / "rukpak"), "bundle", "verify", "--insecure"]
     done = subprocess.run(
         [*cli, "--key", str(keys3[1]), pinned(pushed)],
         capture_output=True, text=True, timeout=120, check=False,
@@ -128,6 +129,8 @@ def test_what_rukpak_signs_as_a_bundle_cosign3_verifies(
         signed = signer.sign_bundle(c, pushed.ref, key)
         index = fallback_index(c, pushed)
     assert signed.digest == pushed.manifest_digest
+    with RegistryClient(timeout=10) as c:  # the image's tag still names the image
+        assert c.resolve(Reference.parse(pushed.ref)).digest == pushed.manifest_digest
     assert [m.digest for m in index.manifests] == [signed.signature_ref.rsplit("@", 1)[1]]
     done = verify3(cosign3, pushed, keys3[1])
     assert done.returncode == 0, done.stderr
@@ -168,7 +171,7 @@ def test_a_bundle_listed_for_another_image_is_refused(
                 desc = Descriptor(blob["mediaType"], blob["digest"], blob["size"])
                 with c.open_blob(at, desc) as stream:
                     c.push_blob(victim_ref, stream.read(), media_type=desc.media_type)
-            c.push_manifest(victim_ref.with_digest(entry.digest), body, mediatypes.OCI_MANIFEST)
+            c.push_manifest(victim_ref.at_digest(entry.digest), body, mediatypes.OCI_MANIFEST)
         tag = victim_ref.with_tag(cosign_format.referrers_tag(victim.manifest_digest))
         c.push_manifest(tag, index.to_json(), mediatypes.OCI_INDEX)
         found = discover.signatures(c, victim_ref, victim.manifest_digest)
@@ -182,3 +185,21 @@ def test_a_bundle_listed_for_another_image_is_refused(
 
 def no_secret(name: str) -> bytes:
     raise AssertionError(f"no Secret is read here ({name})")
+
+
+def test_the_node_plugins_publish_spine_serves_what_cosign3_signed(
+    registry: RegistryServer,
+    cosign3: Cosign,
+    keys3: tuple[Path, Path],
+    signing_config: Path,
+    tmp_path: Path,
+) -> None:
+    pushed = image(registry, "signing3/spine")
+    policy = policy_for(f"{registry.host}/signing3/*", key_authority(keys3[1].read_bytes()))
+    with spine(tmp_path, policy) as pub:
+        with pytest.raises(SignatureDenied):  # not signed yet
+            publish(pub, tmp_path, pushed.ref, name="before")
+        sign3(cosign3, pushed, keys3[0], signing_config)
+        tree = publish(pub, tmp_path, pushed.ref, name="after")
+        assert tree == pub.images.tree_path(pushed.manifest_digest)
+        assert (tree / "manifests" / "cm.yaml").read_text() == "signing3/spine"

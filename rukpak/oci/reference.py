@@ -81,6 +81,10 @@ class Reference:
         """The same image pinned to ``digest`` (the tag, if any, is kept for display)."""
         return dataclasses.replace(self, digest=digests.check(digest, what=str(self)))
 
+    def at_digest(self, digest: str) -> Reference:
+        """The same repository at ``digest`` alone: no tag (a push goes to the digest)."""
+        return dataclasses.replace(self, tag=None, digest=digests.check(digest, what=str(self)))
+
     def with_tag(self, tag: str) -> Reference:
         """The same repository at ``tag`` (any digest is dropped)."""
         _check_tag(tag, str(self))

@@ -114,15 +114,14 @@ def sign_bundle(client: RegistryClient, image: str, key: keys.PrivateKey) -> Sig
         subject=Descriptor(subject.media_type, subject.digest, subject.size),
     )
     body = manifest.to_json()
-    referrer = client.push_manifest(
-        ref.with_digest(digests.of(body)), body, mediatypes.OCI_MANIFEST
-    )
+    at = ref.at_digest(digests.of(body))  # by digest only: never moves ref's tag
+    referrer = client.push_manifest(at, body, mediatypes.OCI_MANIFEST)
     if client.referrers(ref, digest, sigstore.BUNDLE_V03) is None:
         _list_in_fallback_index(client, ref, digest, Descriptor(
             mediatypes.OCI_MANIFEST, referrer, len(body),
             annotations=annotations, artifact_type=sigstore.BUNDLE_V03,
         ))  # fmt: skip
-    return Signed(digest, str(ref.with_digest(referrer)), added=True)
+    return Signed(digest, str(ref.at_digest(referrer)), added=True)
 
 
 def _list_in_fallback_index(
