@@ -39,7 +39,7 @@ fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo ">> installing Python dependencies into $VENV"
   "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q -e '.[dev]'
+  "$VENV/bin/pip" install -q -e '.[dev,node]'
   touch "$stamp"
 fi
 # pyfuse3 with the inode-handle patch (hack/pyfuse3): FUSE mode's warm reads stay in the kernel.

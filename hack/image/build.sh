@@ -104,7 +104,8 @@ build_base() {
     trap 'unmount_under "'"$work"'"' EXIT
 
     step "base: wheels of the dependencies (host pip, CPython $("$PY" -c 'import sys; print(sys.version.split()[0])'))"
-    "$PY" -c 'import sys, tomllib; print(*tomllib.load(sys.stdin.buffer)["project"]["dependencies"], sep="\n")' \
+    "$PY" -c 'import sys, tomllib; p = tomllib.load(sys.stdin.buffer)["project"]
+print(*p["dependencies"], *p["optional-dependencies"]["node"], sep="\n")' \
         <"$REPO/pyproject.toml" >"$work/requirements.txt"
     "${RUN[@]}" "$PY" -m pip wheel --progress-bar off -q -w "$work/wheels" -r "$work/requirements.txt"
     rm -f "$work/wheels"/pyfuse3-*.whl  # FUSE mode wants the patched one (hack/pyfuse3)
