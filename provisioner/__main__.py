@@ -3,7 +3,8 @@
 The edge of the processes that run in the cluster: parses arguments, sets up
 key=value logging on stderr once, and hands over to a subcommand module.
 Subcommands: ``instance`` (``provisioner.instance.process``: the instance pod's
-process), ``volumes`` (``provisioner.storage.cli``: the PV provisioner for
+process), ``standing`` (``provisioner.standing.worker``: the standing provisioner, which
+takes instance runs as work), ``volumes`` (``provisioner.storage.cli``: the PV provisioner for
 StorageClasses of csi.rukpak.io), ``manager`` (``provisioner.manager.cli``: the Bundle
 and BundleDeployment controllers) and ``unpack`` (``provisioner.manager.unpack``: the
 unpack pod's process).
@@ -24,6 +25,7 @@ EXIT_USAGE = 2
 SUBCOMMANDS = {
     "instance": "provisioner.instance.process",
     "manager": "provisioner.manager.cli",
+    "standing": "provisioner.standing.worker",
     "unpack": "provisioner.manager.unpack",
     "volumes": "provisioner.storage.cli",
 }
@@ -51,7 +53,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rukpak-provisioner",
         description="RukPak's in-cluster processes: `manager` (the Bundle and "
-        "BundleDeployment controllers), `instance` (the instance pod's process), `unpack` "
+        "BundleDeployment controllers), `instance` (the instance pod's process), `standing` "
+        "(the standing provisioner: instance runs without a pod each), `unpack` "
         "(the unpack pod's process) and `volumes` (the PV provisioner of csi.rukpak.io "
         "StorageClasses).",
     )

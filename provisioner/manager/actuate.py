@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from provisioner.engine import deletion, inventory, inventorystore, lifecycle, preview
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, meta_of
+from provisioner.instance import runrecord
 from provisioner.manager import (
     bundleplan,
     events,
@@ -281,8 +282,11 @@ def perform(
     resolve: Resolver,
     system_namespace: str,
     now: str,
+    run_mode: str = "pod",
 ) -> float | None:
     """Perform ``actions`` in order; the requeue delay a ``Requeue`` asked for, if any.
+    With ``run_mode`` ``standing``, a run the standing provisioner can take is written as
+    its run ConfigMap (``instance.runrecord``) instead of created as a pod.
 
     Raises the first failure (the work queue retries the whole reconcile with backoff).
     """
@@ -307,10 +311,14 @@ def perform(
                     as_instance.apply(body)
             case plan.CreatePod(pod=pod):
                 _ensure_namespace(kube, system_namespace)
+                if run_mode == "standing" and runrecord.eligible(pod):
+                    pod = runrecord.from_pod(pod)  # taken by a standing provisioner
                 with contextlib.suppress(errors.AlreadyExists):  # the same run, made already
                     kube.create(pod)
             case plan.DeletePod(namespace=ns, name=pod_name):
                 kube.delete(ObjectRef("", "v1", "Pod", ns, pod_name))
+                if run_mode == "standing":
+                    kube.delete(ObjectRef("", "v1", "ConfigMap", ns, pod_name))
             case plan.DeleteLease():
                 kube.delete(
                     ObjectRef(

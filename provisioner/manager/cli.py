@@ -73,6 +73,14 @@ def register(subparsers: Any) -> None:
         "turn (default: %(default)s)",
     )
     p.add_argument(
+        "--run-mode",
+        choices=("pod", "standing"),
+        default=model.Settings.run_mode,
+        help="pod: each instance run is a pod; standing: runs of one image are taken by the "
+        "standing provisioner (rukpak-provisioner standing), no pod per change "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
         "--instance-env",
         action="append",
         default=[],
@@ -151,6 +159,7 @@ def settings_from(args: argparse.Namespace) -> model.Settings:
         host_network=args.instance_host_network,
         env=tuple(env),
         max_concurrent_runs=args.max_concurrent_runs,
+        run_mode=args.run_mode,
     )
 
 

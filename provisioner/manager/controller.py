@@ -39,6 +39,7 @@ from provisioner.engine import inventory, listwatch, restore
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, meta_of, owner_of
 from provisioner.engine.objects import labels_of as _labels
+from provisioner.instance import runrecord
 from provisioner.manager import (
     actuate,
     bundleplan,
@@ -120,9 +121,19 @@ class Controller(Reconciler):
             model.API_VERSION_V2, model.BUNDLE_DEPLOYMENT, on_change=self._bd_changed
         )
         self.bundles = caches.add(model.API_VERSION, model.BUNDLE, on_change=self._bundle_changed)
-        self.pods = caches.add(
+        run_pods = caches.add(
             "v1", "Pod", namespace=ns, label_selector=model.BD_LABEL, on_change=self._owned
         )
+        self.pods: runrecord.Runs = run_pods
+        if settings.run_mode == "standing":  # runs without pods, read as the pods they replace
+            run_maps = caches.add(
+                "v1",
+                "ConfigMap",
+                namespace=ns,
+                label_selector=f"{model.BD_LABEL},{runrecord.RUN_LABEL}",
+                on_change=self._owned,
+            )
+            self.pods = runrecord.RunView(run_pods, run_maps)
         self.unpack_pods = caches.add(
             "v1",
             "Pod",
@@ -422,6 +433,7 @@ class Controller(Reconciler):
                 resolve=self.resolve,
                 system_namespace=self.settings.system_namespace,
                 now=observed.now,
+                run_mode=self.settings.run_mode,
             )
         except errors.RukpakError as err:
             if restoring and observed.record is not None:

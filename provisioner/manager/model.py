@@ -149,6 +149,10 @@ class Settings:
     """Extra environment of the instance container (e.g. how to reach the API server)."""
     max_concurrent_runs: int = 8
     """Instance run pods active at once across all BundleDeployments (``--max-concurrent-runs``)."""
+    run_mode: str = "pod"
+    """``pod``: each instance run is a pod; ``standing``: a run whose content is one image
+    is a run ConfigMap a standing provisioner takes (``instance.runrecord``), others stay
+    pods (``--run-mode``)."""
     content_base_url: str = ""
     """Where the manager serves bundle content (``--content-base-url``): ``status.contentURL``
     is ``<base>/bundles/<name>.tgz``; "" writes none."""

@@ -24,10 +24,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from provisioner.engine import appliedrecord, inventory, listwatch, ordering, restore
+from provisioner.engine import appliedrecord, inventory, ordering, restore
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, meta_of, owner_of
 from provisioner.engine.ownership import applied_fields
+from provisioner.instance import runrecord
 from provisioner.manager import healthwatch, model, runs
 from rukpak.common import errors
 
@@ -75,7 +76,8 @@ class RunWatch:
     kube: Kube
     system_namespace: str
     health: healthwatch.HealthWatch
-    pods: listwatch.Informer
+    pods: runrecord.Runs
+    """The run pods (and, in standing mode, the run ConfigMaps read as pods)."""
     wake: Callable[[str], None]
     """Queue a BundleDeployment by name."""
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)

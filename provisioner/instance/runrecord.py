@@ -1,0 +1,208 @@
+"""A run without a pod: the record a standing provisioner takes work from, shaped for the
+planner as the run pod it replaces.
+
+Where it sits: in the instance package, below both its users: the manager
+(``manager.actuate`` writes a run as a ConfigMap instead of creating its pod;
+``manager.controller`` reads both through :class:`RunView`) and the standing provisioner
+(``standing.worker`` claims, runs and finishes them). Pure: no request is made here.
+
+The planner (``manager.runs``) decides by run pods: their names, labels, annotations,
+phase, node and termination message. A run ConfigMap carries the very pod the planner
+asked for (``data.pod``, JSON) and the state a kubelet would have reported, in
+annotations (:data:`PHASE`, :data:`NODE`, :data:`HOLDER`, :data:`RENEWED`,
+:data:`FINISHED`) and ``data.message``; :func:`as_pod` turns it back into that pod, so
+the planner, its tests and every rule about runs stay as they are. What may run this way
+is :func:`eligible`: runs of the instance (install or preview) whose content is image
+volumes pinned by digest, which the node store serves by digest; any other run (git,
+http, ConfigMaps sources) is still a pod.
+
+Claiming: a worker claims a ``Pending`` run, or a ``Running`` one whose holder has not
+renewed it for :data:`CLAIM_TTL` seconds (a provisioner killed mid-run), with a merge
+patch carrying the ConfigMap's resourceVersion, so two workers never hold one run.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from provisioner.engine.objects import Obj, meta_of
+
+RUN_LABEL = "core.rukpak.io/run"
+"""On every run ConfigMap (value ``instance``): what a standing provisioner watches."""
+PHASE = "core.rukpak.io/run-phase"
+NODE = "core.rukpak.io/run-node"
+HOLDER = "core.rukpak.io/run-holder"
+RENEWED = "core.rukpak.io/run-renewed"
+FINISHED = "core.rukpak.io/run-finished-at"
+POD_KEY = "pod"
+MESSAGE_KEY = "message"
+CLAIM_TTL = 30.0
+"""Seconds a Running run's holder may go without renewing it before another takes it."""
+RENEW_EVERY = 10.0
+IMAGE_ATTRIBUTES = frozenset({"image", "pullPolicy", "retainFor", "retain"})
+"""The volume attributes a standing run serves; any other (git, http, ...) keeps a pod."""
+
+
+def now_text(now: datetime | None = None) -> str:
+    return (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def eligible(pod: Obj) -> bool:
+    """Whether ``pod`` (an instance run) can run standing: its one content volume is an
+    image pinned by digest, through the CSI driver (several sources keep a pod)."""
+    labels = meta_of(pod).get("labels") or {}
+    if "core.rukpak.io/bundle-deployment" not in labels:
+        return False
+    volumes = (pod.get("spec") or {}).get("volumes") or []
+    if len(volumes) != 1:
+        return False
+    attributes = image_attributes(volumes[0])
+    return attributes is not None and "@sha256:" in str(attributes.get("image") or "")
+
+
+def image_attributes(volume: Obj) -> dict[str, str] | None:
+    """The attributes of an image CSI volume; None for any other volume."""
+    attributes = (volume.get("csi") or {}).get("volumeAttributes")
+    if not isinstance(attributes, dict) or not set(attributes) <= IMAGE_ATTRIBUTES:
+        return None
+    return {str(k): str(v) for k, v in attributes.items()}
+
+
+def from_pod(pod: Obj) -> Obj:
+    """The run ConfigMap of run pod ``pod`` (``Pending``, not claimed)."""
+    meta = meta_of(pod)
+    labels = {**(meta.get("labels") or {}), RUN_LABEL: "instance"}
+    annotations = {**(meta.get("annotations") or {}), PHASE: "Pending"}
+    body = {k: v for k, v in pod.items() if k != "status"}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "labels": labels,
+            "annotations": annotations,
+        },
+        "data": {POD_KEY: json.dumps(body, sort_keys=True, separators=(",", ":"))},
+    }
+
+
+def pod_of(cm: Obj) -> Obj:
+    """The pod a run ConfigMap carries (spec as the planner made it); {} when unreadable."""
+    try:
+        pod: Any = json.loads(str((cm.get("data") or {}).get(POD_KEY) or "{}"))
+    except ValueError:
+        return {}
+    return pod if isinstance(pod, dict) else {}
+
+
+def phase(cm: Obj) -> str:
+    return str((meta_of(cm).get("annotations") or {}).get(PHASE) or "Pending")
+
+
+def as_pod(cm: Obj) -> Obj:
+    """The run pod the planner sees for run ConfigMap ``cm``: its name, labels,
+    annotations and deletion from the ConfigMap, its spec from the pod it carries, and
+    the status a kubelet would report (phase, node, the container's termination)."""
+    meta = meta_of(cm)
+    annotations = dict(meta.get("annotations") or {})
+    pod = pod_of(cm)
+    spec = dict(pod.get("spec") or {})
+    if annotations.get(NODE):
+        spec["nodeName"] = annotations[NODE]
+    state = phase(cm)
+    status: Obj = {"phase": state}
+    if state in ("Succeeded", "Failed"):
+        terminated = {
+            "exitCode": 0 if state == "Succeeded" else 1,
+            "reason": "Completed" if state == "Succeeded" else "Error",
+            "message": str((cm.get("data") or {}).get(MESSAGE_KEY) or ""),
+            "finishedAt": annotations.get(FINISHED, ""),
+        }
+        status["containerStatuses"] = [{"name": "instance", "state": {"terminated": terminated}}]
+    elif state == "Running":
+        status["containerStatuses"] = [{"name": "instance", "state": {"running": {}}}]
+    view_meta: Obj = {
+        k: meta[k]
+        for k in ("name", "namespace", "uid", "labels", "creationTimestamp", "deletionTimestamp")
+        if k in meta
+    }
+    view_meta["annotations"] = annotations
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": view_meta,
+        "spec": spec,
+        "status": status,
+    }
+
+
+def claimable(cm: Obj, now: datetime) -> bool:
+    """Whether a worker may take ``cm``: Pending, or Running with a holder gone silent."""
+    state = phase(cm)
+    if meta_of(cm).get("deletionTimestamp"):
+        return False
+    if state == "Pending":
+        return True
+    if state != "Running":
+        return False
+    renewed = (meta_of(cm).get("annotations") or {}).get(RENEWED, "")
+    try:
+        at = datetime.strptime(renewed, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return True
+    return (now - at).total_seconds() > CLAIM_TTL
+
+
+def claim_patch(cm: Obj, *, holder: str, node: str, now: datetime) -> Obj:
+    """The merge patch that claims ``cm`` for ``holder`` on ``node`` (conditional on the
+    resourceVersion the worker saw: a second claimant gets a conflict)."""
+    return {
+        "metadata": {
+            "resourceVersion": meta_of(cm).get("resourceVersion"),
+            "annotations": {
+                PHASE: "Running",
+                HOLDER: holder,
+                NODE: node,
+                RENEWED: now_text(now),
+            },
+        }
+    }
+
+
+def finish_patch(*, succeeded: bool, message: str, now: datetime) -> Obj:
+    return {
+        "metadata": {
+            "annotations": {PHASE: "Succeeded" if succeeded else "Failed", FINISHED: now_text(now)}
+        },
+        "data": {MESSAGE_KEY: message},
+    }
+
+
+class Runs(Protocol):
+    """What the planner reads runs from: an informer's cache of pods, or a :class:`RunView`."""
+
+    def items(self) -> list[Obj]: ...
+
+    def get(self, namespace: str, name: str) -> Obj | None: ...
+
+
+class RunView:
+    """Run pods and run ConfigMaps as one cache of pods, for the planner: the cache
+    interface (``items``, ``get``) of the pod informer it replaces."""
+
+    def __init__(self, pods: Runs, runs: Runs) -> None:
+        self._pods = pods
+        self._runs = runs
+
+    def items(self) -> list[Obj]:
+        return [*self._pods.items(), *(as_pod(cm) for cm in self._runs.items())]
+
+    def get(self, namespace: str, name: str) -> Obj | None:
+        found = self._pods.get(namespace, name)
+        if found is not None:
+            return found
+        cm = self._runs.get(namespace, name)
+        return as_pod(cm) if cm is not None else None

@@ -1,0 +1,156 @@
+"""End to end: the standing provisioner (``deploy/components/standing``) on the local kubelet.
+
+The installed system (``rukpak_system``) is switched to standing mode for this module by
+applying the same overlay with the component added (the manager's ``--run-mode=standing``
+and the ``rukpak-provisioner`` Deployment, which mounts the node plugin's store volume),
+and switched back after. Checked here:
+
+- an install and an upgrade of a v1alpha2 BundleDeployment start no pod: each run is a
+  run ConfigMap the standing provisioner takes, fetching the image by digest through the
+  store volume and applying as the run's ServiceAccount;
+- content the node store cannot serve fails the BundleDeployment with a condition that
+  says so, and the provisioner goes on serving the others;
+- a run whose content is not one image (a git source) still gets its pod.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from provisioner.instance import runrecord
+from provisioner.manager import actuate, model
+from tests import e2e_helpers as e2e
+from tests import install_helpers as inst
+from tests.polling import eventually
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+SUFFIX = uuid.uuid4().hex[:6]
+PROVISIONER = ("-n", inst.NAMESPACE, "deployment/rukpak-provisioner")
+
+
+@pytest.fixture(scope="module")
+def standing(rukpak_system: inst.RukpakSystem) -> Iterator[inst.RukpakSystem]:
+    system = rukpak_system
+    overlay = inst.write_overlay(
+        system.workdir / "overlay-standing",
+        image=system.image,
+        kubelet_dir=Path(system.cluster.kubelet_dir),
+        state_dir=system.state_dir,
+        api_server=system.cluster.in_cluster_env(),
+        components=(*inst.COMPONENTS, "standing"),
+    )
+    manifests = system.workdir / "rukpak-standing.yaml"
+    manifests.write_text(system.kubectl("kustomize", str(overlay)))
+    switched = dataclasses.replace(system, manifests=manifests)
+    try:
+        system.kubectl("apply", "-f", str(manifests), timeout=120)
+        inst.rollout(switched, switched.documents(), timeout=inst.ROLLOUT_TIMEOUT)
+        yield switched
+    finally:  # back to a run pod per change, as the other modules expect
+        system.kubectl("apply", "-f", str(system.manifests), timeout=120)
+        for kind in ("deployment", "rolebinding", "role", "serviceaccount"):
+            system.kubectl(
+                "delete", kind, "rukpak-provisioner", "-n", inst.NAMESPACE,
+                "--ignore-not-found", "--wait=true", timeout=90,
+            )  # fmt: skip
+        inst.rollout(system, system.documents(), timeout=inst.ROLLOUT_TIMEOUT)
+
+
+def instance_pods_scheduled(system: inst.RukpakSystem, name: str) -> list[str]:
+    """The instance run pods of ``name`` the scheduler ever placed (Scheduled events)."""
+    out = system.kubectl(
+        "get", "events", "-n", inst.NAMESPACE, "--field-selector", "reason=Scheduled",
+        "-o", "jsonpath={range .items[*]}{.involvedObject.name}{'\\n'}{end}",
+    )  # fmt: skip
+    prefix = f"{model.instance_name(name)}-"
+    return [line for line in out.splitlines() if line.startswith(prefix)]
+
+
+def run_maps(system: inst.RukpakSystem, name: str) -> list[str]:
+    items, _ = system.kube.list(
+        "v1", "ConfigMap", namespace=inst.NAMESPACE, label_selector=runrecord.RUN_LABEL
+    )
+    prefix = f"{model.instance_name(name)}-"
+    return [str(i["metadata"]["name"]) for i in items if i["metadata"]["name"].startswith(prefix)]
+
+
+def installed(system: inst.RukpakSystem, name: str) -> str:
+    status, reason, message = inst.cond_v2(system, name, "Installed")
+    return message if (status, reason) == ("True", "InstallationSucceeded") else ""
+
+
+def push_hello(system: inst.RukpakSystem, root: Path, tag: str, ns: str, text: str) -> str:
+    inst.hello_bundle(root, namespace=ns, image=system.busybox_image, greeting=text)
+    ref = f"{system.registry_host}/e2e-standing-{SUFFIX}/hello:{tag}"
+    e2e.push_bundle(root, ref)
+    return ref
+
+
+def test_an_install_and_an_upgrade_start_no_pod(
+    standing: inst.RukpakSystem, tmp_path: Path
+) -> None:
+    system = standing
+    name = ns = f"standing-{SUFFIX}"
+    first = push_hello(system, tmp_path / "v1", "v1", ns, "standing one")
+    second = push_hello(system, tmp_path / "v2", "v2", ns, "standing two")
+    system.kube.create(inst.bd_v2(name, first))
+    try:
+        eventually(lambda: installed(system, name), timeout=120, what=f"{name} Installed")
+        assert inst.greeting(system, ns) == "standing one"
+        assert run_maps(system, name), "the install was a run ConfigMap"
+        patch = {"spec": {"source": {"type": "image", "image": {"ref": second}}}}
+        system.kube.merge_patch(actuate.bd_ref(name, model.API_VERSION_V2), patch)
+        eventually(
+            lambda: inst.greeting(system, ns) == "standing two", timeout=120, what="upgraded"
+        )
+        eventually(lambda: installed(system, name), timeout=60, what="Installed again")
+        assert instance_pods_scheduled(system, name) == [], "a pod was started for a change"
+    finally:
+        inst.delete_v2(system, name)
+
+
+def test_content_the_store_cannot_serve_fails_with_a_condition_and_others_still_install(
+    standing: inst.RukpakSystem, tmp_path: Path
+) -> None:
+    system = standing
+    good = ns = f"standing-ok-{SUFFIX}"
+    bad = f"standing-missing-{SUFFIX}"
+    ref = push_hello(system, tmp_path / "ok", "ok", ns, "still served")
+    missing = f"{system.registry_host}/e2e-standing-{SUFFIX}/hello@sha256:{'0' * 64}"
+    system.kube.create(inst.bd_v2(bad, missing))
+    system.kube.create(inst.bd_v2(good, ref))
+    try:
+        eventually(lambda: installed(system, good), timeout=120, what=f"{good} Installed")
+
+        def failed() -> str:
+            status, _reason, message = inst.cond_v2(system, bad, "Installed")
+            return message if status == "False" and "node store" in message else ""
+
+        message = eventually(failed, timeout=120, what=f"{bad} failing")
+        assert missing.split("@")[1] in message or "not found" in message.lower(), message
+        assert instance_pods_scheduled(system, bad) == []
+    finally:
+        inst.delete_v2(system, good, bad)
+
+
+def test_the_standing_provisioner_serves_from_its_store_volume(
+    standing: inst.RukpakSystem,
+) -> None:
+    pods = standing.kube.list(
+        "v1", "Pod", namespace=inst.NAMESPACE,
+        label_selector="app.kubernetes.io/name=rukpak-provisioner",
+    )[0]  # fmt: skip
+    assert len(pods) == 1, pods
+    spec = pods[0]["spec"]
+    store = next(v for v in spec["volumes"] if v["name"] == "store")
+    assert store["csi"]["volumeAttributes"] == {"kind": "store"}
+    mount = next(m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "store")
+    assert mount["mountPropagation"] == "HostToContainer"
+    logs = standing.kubectl(*PROVISIONER[:2], "logs", PROVISIONER[2], timeout=30)
+    assert "serving runs" in logs

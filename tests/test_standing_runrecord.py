@@ -1,0 +1,150 @@
+"""Runs without pods (``provisioner.instance.runrecord``), pure: which runs may be taken
+by a standing provisioner, the ConfigMap a run becomes, the pod the planner reads back at
+each state, claiming, and the run view over both kinds.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from provisioner.instance import runrecord
+from provisioner.manager import generate, model, runs
+from provisioner.manager.model import Settings
+from provisioner.manager.sources import volume
+
+SETTINGS = Settings(image="rukpak:test")
+DIGEST = "sha256:" + "d" * 64
+NOW = datetime(2026, 11, 28, 4, 0, 0, tzinfo=UTC)
+
+
+def bd(source: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "core.rukpak.io/v1alpha2",
+        "kind": "BundleDeployment",
+        "metadata": {"name": "hello", "uid": "u-1", "generation": 1},
+        "spec": {
+            "installNamespace": "hello",
+            "provisionerClassName": model.PLAIN_CLASS,
+            "source": source,
+        },
+    }
+
+
+def image_source(ref: str = f"registry.example.com/hello@{DIGEST}") -> dict[str, Any]:
+    return {"type": "image", "image": {"ref": ref}}
+
+
+def run_pod(source: dict[str, Any] | None = None) -> dict[str, Any]:
+    resolved = source or image_source()
+    return generate.instance_run_pod(bd(resolved), "hello-rev", resolved, SETTINGS, 0)
+
+
+def test_a_run_of_one_image_pinned_by_digest_may_be_taken_by_a_standing_provisioner() -> None:
+    assert runrecord.eligible(run_pod())
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        image_source("registry.example.com/hello:v1"),
+        {"type": "git", "git": {"repository": "https://g.example/r", "ref": {"commit": "a" * 40}}},
+        {"type": "http", "http": {"url": f"https://files.example.com/b.tgz@{DIGEST}"}},
+    ],
+    ids=["a tag", "git", "http"],
+)  # fmt: skip
+def test_other_runs_keep_their_pod(source: dict[str, Any]) -> None:
+    assert not runrecord.eligible(run_pod(source))
+
+
+def test_the_run_configmap_carries_the_pod_and_reads_back_as_it_pending() -> None:
+    pod = run_pod()
+    cm = runrecord.from_pod(pod)
+    assert cm["kind"] == "ConfigMap"
+    assert cm["metadata"]["name"] == pod["metadata"]["name"]
+    assert cm["metadata"]["labels"][runrecord.RUN_LABEL] == "instance"
+    assert json.loads(cm["data"]["pod"])["spec"] == pod["spec"]
+    seen = runrecord.as_pod(cm)
+    assert seen["metadata"]["name"] == pod["metadata"]["name"]
+    assert seen["metadata"]["labels"]["core.rukpak.io/bundle-deployment"] == "hello"
+    assert runs.phase(seen) == "Pending" and runs.is_active(seen)
+    assert runs.waiting(seen) == "is Pending"
+
+
+def test_a_claimed_run_reads_as_running_on_its_node() -> None:
+    cm = runrecord.from_pod(run_pod())
+    cm["metadata"]["resourceVersion"] = "7"
+    patch = runrecord.claim_patch(cm, holder="standing-0", node="node-1", now=NOW)
+    assert patch["metadata"]["resourceVersion"] == "7"  # a second claimant gets a conflict
+    cm["metadata"]["annotations"].update(patch["metadata"]["annotations"])
+    seen = runrecord.as_pod(cm)
+    assert runs.phase(seen) == "Running" and seen["spec"]["nodeName"] == "node-1"
+    assert runs.waiting(seen) == "is installing"
+
+
+@pytest.mark.parametrize("succeeded", [True, False])
+def test_a_finished_run_reads_as_a_terminated_pod_with_its_message(succeeded: bool) -> None:
+    cm = runrecord.from_pod(run_pod())
+    patch = runrecord.finish_patch(succeeded=succeeded, message="why it ended", now=NOW)
+    cm["metadata"]["annotations"].update(patch["metadata"]["annotations"])
+    cm["data"].update(patch["data"])
+    seen = runrecord.as_pod(cm)
+    assert runs.phase(seen) == ("Succeeded" if succeeded else "Failed")
+    assert not runs.is_active(seen)
+    assert runs.termination_message(seen) == "why it ended"
+    assert runs.ended_at(seen) == "2026-11-28T04:00:00Z"
+    if not succeeded:
+        assert runs.failure(seen) == "why it ended"
+
+
+def test_a_run_is_claimable_while_pending_or_when_its_holder_went_silent() -> None:
+    cm = runrecord.from_pod(run_pod())
+    assert runrecord.claimable(cm, NOW)
+    annotations = cm["metadata"]["annotations"]
+    annotations.update(
+        runrecord.claim_patch(cm, holder="a", node="n", now=NOW)["metadata"]["annotations"]
+    )
+    assert not runrecord.claimable(cm, NOW + timedelta(seconds=runrecord.CLAIM_TTL - 1))
+    assert runrecord.claimable(cm, NOW + timedelta(seconds=runrecord.CLAIM_TTL + 1))
+    annotations[runrecord.PHASE] = "Succeeded"
+    assert not runrecord.claimable(cm, NOW + timedelta(hours=1))
+    cm["metadata"]["deletionTimestamp"] = "2026-11-28T04:00:00Z"
+    annotations[runrecord.PHASE] = "Pending"
+    assert not runrecord.claimable(cm, NOW)
+
+
+def test_a_run_configmap_with_a_broken_pod_reads_as_an_empty_spec() -> None:
+    cm = runrecord.from_pod(run_pod())
+    cm["data"]["pod"] = "{not json"
+    assert runrecord.pod_of(cm) == {}
+    assert runrecord.as_pod(cm)["spec"] == {}
+
+
+class Cache:
+    def __init__(self, *objs: dict[str, Any]) -> None:
+        self.objs = list(objs)
+
+    def items(self) -> list[dict[str, Any]]:
+        return list(self.objs)
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return next((o for o in self.objs if o["metadata"]["name"] == name), None)
+
+
+def test_the_run_view_reads_pods_and_run_configmaps_as_one_cache_of_pods() -> None:
+    pod = run_pod({"type": "git", "git": {"repository": "r", "ref": {"commit": "a" * 40}}})
+    cm = runrecord.from_pod(run_pod())
+    view = runrecord.RunView(Cache(pod), Cache(cm))
+    assert [p["kind"] for p in view.items()] == ["Pod", "Pod"]
+    found = view.get("rukpak-system", cm["metadata"]["name"])
+    assert found is not None and runs.phase(found) == "Pending"
+    assert view.get("rukpak-system", pod["metadata"]["name"]) is pod
+    assert view.get("rukpak-system", "nothing") is None
+
+
+def test_the_source_volume_of_an_image_is_what_eligible_reads() -> None:
+    attributes = runrecord.image_attributes(volume(image_source()))
+    assert attributes is not None and attributes["image"].endswith(DIGEST)
