@@ -7,18 +7,26 @@ ServiceAccount's RoleBindings and ClusterRoleBindings, the rules of the roles th
 A rule with a wildcard (``*`` in verbs, resources or apiGroups) fails the test unless
 ``ALLOWED_WILDCARDS`` lists it with the reason it is needed; an entry no rule matches any
 more fails too, so the list stays the truth. docs/security.md ("Privileges") explains
-each. The NetworkPolicies must leave open exactly the ports the pods they select serve.
+each. The same check asks the real API server too (``kubectl auth can-i --list`` as each
+account, with the rendered RBAC applied in a namespace of its own). The NetworkPolicies must
+leave open exactly the ports the pods they select serve.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from provisioner.engine.kube import Kube
+from provisioner.engine.objects import ObjectRef
 from tests import install_helpers as inst
+from tests.polling import eventually
 
 COMPONENTS = inst.DEPLOY / "components"
 ALL_COMPONENTS = ("monitoring", "network-policy", "registry-mirror")
@@ -234,3 +242,87 @@ def test_the_network_policies_open_exactly_the_ports_the_pods_serve(
     for policy in policies:
         assert policy["metadata"]["namespace"] == "rukpak-system"
         assert policy["spec"]["policyTypes"] == ["Ingress"]
+
+
+# -- the same question asked of the real API server -------------------------------------------
+
+RBAC_KINDS = ("ServiceAccount", "Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")
+
+
+def in_namespace(docs: list[dict[str, Any]], namespace: str, suffix: str) -> list[dict[str, Any]]:
+    """The rendered RBAC objects moved to ``namespace``, cluster-scoped names suffixed, so
+    they apply beside other tests' installs on the shared API server."""
+    out = []
+    for doc in docs:
+        if doc["kind"] not in RBAC_KINDS:
+            continue
+        doc = json.loads(json.dumps(doc).replace('"rukpak-system"', f'"{namespace}"'))
+        if doc["kind"].startswith("Cluster"):
+            doc["metadata"]["name"] += f"-{suffix}"
+        if doc["kind"] in ("RoleBinding", "ClusterRoleBinding") and doc["roleRef"]["kind"] == (
+            "ClusterRole"
+        ):
+            doc["roleRef"]["name"] += f"-{suffix}"
+        out.append(doc)
+    return out
+
+
+def wildcard_lines(listing: str) -> list[tuple[str, frozenset[str]]]:
+    """(resource, verbs) of each line of ``kubectl auth can-i --list`` whose resource or
+    verbs hold ``*`` (non-resource URLs such as the discovery paths are left out)."""
+    out = []
+    for line in listing.splitlines()[1:]:
+        match = re.match(r"^(\S+)\s+\[[^\]]*\]\s+\[[^\]]*\]\s+\[([^\]]*)\]\s*$", line)
+        if not match:
+            continue
+        resource, verbs = match.group(1), frozenset(match.group(2).split())
+        if "*" in resource or "*" in verbs:
+            out.append((resource, verbs))
+    return out
+
+
+@pytest.mark.cluster
+def test_the_api_server_grants_no_wildcard_beyond_the_allow_list(
+    kube: Kube, kube_apiserver: Any, rendered: list[dict[str, Any]], name: str
+) -> None:
+    """``kubectl auth can-i --list --as=system:serviceaccount:...`` for every account: the
+    API server's own answer, merged across roles, agrees with the rendered one."""
+    suffix = name.rsplit("-", 1)[-1]
+    docs = in_namespace(rendered, name, suffix)
+    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    for doc in docs:
+        kube.apply(doc)
+    try:
+        allowed: dict[str, set[str]] = {}
+        for who, _, groups, resources, verbs in ALLOWED_WILDCARDS:
+            if (groups, resources) == ("*", "*"):
+                allowed.setdefault(who.split(":", 1)[1], set()).update(verbs.split(","))
+        accounts = [d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"]
+        assert len(accounts) >= 6, accounts
+
+        def listing(account: str) -> str:
+            user = f"system:serviceaccount:{name}:{account}"
+            return inst.run_kubectl(
+                kube_apiserver.kubeconfig, "auth", "can-i", "--list", f"--as={user}", "-n", name
+            )
+
+        def in_effect(account: str) -> bool:
+            return {r for r, _ in wildcard_lines(listing(account))} == {"*.*"}
+
+        # the authorizer's cache has the bindings once the allowed wildcards show
+        for account in sorted(allowed):
+            eventually(
+                functools.partial(in_effect, account),
+                timeout=30,
+                what=f"the wildcard rules of {account} in effect",
+            )
+        for account in accounts:
+            permitted = allowed.get(account, set())
+            for resource, granted in wildcard_lines(listing(account)):
+                ok = resource == "*.*" and ("*" in permitted or granted <= permitted)
+                assert ok, (account, resource, sorted(granted))
+    finally:
+        for doc in docs:
+            if doc["kind"].startswith("Cluster"):
+                kube.delete(ObjectRef.of(doc))
+        kube.delete(ObjectRef("", "v1", "Namespace", "", name))
