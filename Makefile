@@ -6,7 +6,7 @@ GRPC_TOOLS := $(PY) -m grpc_tools.protoc
 PROTOS := csi/proto/csi.proto csi/proto/pluginregistration.proto
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint typecheck proto proto-check run bench image manifests clean helm helm-image cosign kind kind-run kind-down docs
+.PHONY: setup test lint typecheck proto proto-check run bench image manifests clean helm helm-image cosign kind kind-run kind-down docs promtool
 
 setup:
 	@bash hack/setup.sh
@@ -30,7 +30,7 @@ typecheck: setup
 ## test: the whole suite (lint, types, proto drift, unit and integration tests), then the
 ## multi-node tests, then the kind tests, each in a pytest run of its own (one cluster at
 ## a time on 2 cores); with PYTEST_ARGS, one run with exactly those arguments
-test: setup proto-check lint typecheck k8s-bins helm cosign kind
+test: setup proto-check lint typecheck k8s-bins helm cosign kind promtool
 	@check() { rc=$$1; shift; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest $$* collected no tests (exit 5): that is a failure, not a pass" >&2; fi; \
 	  return $$rc; }; \
@@ -88,6 +88,12 @@ cosign:
 helm-image: setup
 	@test -n "$(IMAGE)" || { echo "usage: make helm-image IMAGE=registry.example.com/rukpak-helm-provisioner:TAG" >&2; exit 2; }
 	bash contrib/helm-provisioner/hack/build-image.sh $(IMAGE)
+
+## promtool: build Prometheus's promtool (github.com/prometheus/prometheus, hack/gotool.sh;
+## cached), which checks and unit-tests the monitoring component's alerting rules
+## (tests/test_monitoring_rules.py: `promtool check rules`, `promtool test rules`)
+promtool:
+	@bash hack/gotool.sh promtool --quiet
 
 bench: setup
 	$(PY) -m tests.bench

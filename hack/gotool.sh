@@ -8,6 +8,8 @@
 #   cosign  signs and verifies test bundles in the signature tests; cold: about 140 s
 #   cosign3 today's cosign (Sigstore bundles as OCI referrers), for the same tests
 #   kind    runs the system on a kind cluster (make kind-run, hack/kind); cold: about 60 s
+#   promtool  checks and unit-tests the monitoring rules (make promtool, tests/test_monitoring_rules.py);
+#             cold: minutes (Prometheus is a large module)
 #
 #   hack/gotool.sh NAME [--print-path] [--quiet]
 set -euo pipefail
@@ -46,7 +48,16 @@ kind)
     CHECK=(version)
     COLD="about 60 s"
     ;;
-*) echo "usage: hack/gotool.sh helm|cosign|cosign3|kind [--print-path] [--quiet]" >&2; exit 2 ;;
+promtool)
+    # Prometheus tags its Go module v0.X.Y for release 3.X.Y (v0.316.0 is not a Go-module
+    # semver for 3.16: the module path has no /v3), so the version here is the module's.
+    VERSION="${PROMTOOL_VERSION:-v0.316.0}"
+    PACKAGE="github.com/prometheus/prometheus/cmd/promtool"
+    LDFLAGS="-s -w -X github.com/prometheus/common/version.Version=$VERSION"
+    CHECK=(--version)
+    COLD="several minutes"
+    ;;
+*) echo "usage: hack/gotool.sh helm|cosign|cosign3|kind|promtool [--print-path] [--quiet]" >&2; exit 2 ;;
 esac
 BIN="${BIN:-$name}" # the file go install writes
 CACHE="${RUKPAK_CACHE:-$HOME/.cache/rukpak}"

@@ -61,13 +61,35 @@ def test_metrics_have_latency_histograms(plugin: PluginProcess) -> None:
     inf = values[("rukpak_csi_rpc_duration_seconds_bucket", (("le", "+Inf"), ("method", "Probe")))]
     assert count >= 1 and inf == count
     assert ("rukpak_csi_image_pull_duration_seconds_count", ()) in values
-    # and under the kubernetes-csi sidecars' name, for their dashboards
-    sidecar = (
+    # and under csi-lib-utils' name for a driver's calls, for kubernetes-csi dashboards
+    probe = (
         ("driver_name", "csi.rukpak.io"),
         ("grpc_status_code", "OK"),
         ("method_name", "/csi.v1.Identity/Probe"),
     )
-    assert values[("csi_sidecar_operations_seconds_count", sidecar)] >= 1
+    assert values[("csi_plugin_operations_seconds_count", probe)] >= 1
+
+
+def test_the_deprecated_sidecar_name_still_counts_the_same_calls(plugin: PluginProcess) -> None:
+    """``csi_sidecar_operations_seconds`` is kept one release beside its successor."""
+    assert healthz(plugin).status_code == 200
+    text = requests.get(f"http://127.0.0.1:{plugin.metrics_port}/metrics", timeout=10).text
+    assert (
+        "# HELP csi_sidecar_operations_seconds Deprecated: use csi_plugin_operations_seconds"
+        in text
+    )
+    values = samples(plugin)
+    calls = [labels for name, labels in values if name == "csi_plugin_operations_seconds_count"]
+    assert calls
+    for labels in calls:
+        assert values[("csi_sidecar_operations_seconds_count", labels)] >= 1
+
+
+def test_the_plugin_reports_its_process(plugin: PluginProcess) -> None:
+    values = samples(plugin)
+    assert values[("process_resident_memory_bytes", ())] > 1024 * 1024
+    assert values[("process_open_fds", ())] >= 3
+    assert values[("process_start_time_seconds", ())] > 1.7e9
 
 
 def test_codes_and_methods_read_as_the_sidecars_write_them() -> None:

@@ -23,6 +23,7 @@ import io
 import json
 import ssl
 import tarfile
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -348,6 +349,12 @@ def test_the_manager_exports_controller_runtime_metrics_to_an_authorized_scraper
         ("rukpak_rollbacks_total", "counter"),
         ("rukpak_revisions", "gauge"),
         ("rukpak_bundledeployments_rolled_back", "gauge"),
+        ("rukpak_bundledeployment_status_condition", "gauge"),
+        ("rukpak_bundledeployment_rolled_back", "gauge"),
+        ("rukpak_webhook_certificate_expiry_timestamp_seconds", "gauge"),
+        ("controller_runtime_webhook_requests_total", "counter"),
+        ("rukpak_webhook_verdicts_total", "counter"),
+        ("process_resident_memory_bytes", "gauge"),
     ):
         assert f"# TYPE {name} {kind}\n" in before, name
     assert 'workqueue_depth{name="rukpak-manager"}' in before
@@ -385,8 +392,26 @@ def test_the_manager_exports_controller_runtime_metrics_to_an_authorized_scraper
     assert 'rukpak_bundledeployments{condition="Installed",status="True"}' in after
     assert 'rukpak_revisions{outcome="Installed"}' in after
     assert "rukpak_bundledeployments_rolled_back 0.0" in after
-    system.kubectl("delete", "clusterrolebinding", f"metrics-{SUFFIX}")
+    # per BundleDeployment: one series per condition, named, with the reason
+    assert (
+        f'rukpak_bundledeployment_status_condition{{bundledeployment="{name}",'
+        'condition="Installed",reason="InstallationSucceeded",status="True"} 1.0'
+    ) in after
+    assert f'rukpak_bundledeployment_rolled_back{{bundledeployment="{name}"}} 0.0' in after
+    # the serving certificate ends about a year from now (the manager made it at start)
+    left = sample(
+        after, 'rukpak_webhook_certificate_expiry_timestamp_seconds{certificate="serving"}'
+    )
+    assert 300 * 86400 < left - time.time() < 366 * 86400
     inst.delete_v2(system, name)
+    # the deleted BundleDeployment's series leave with it
+    eventually(
+        lambda: (t := leader_text()) and f'bundledeployment="{name}"' not in t,
+        timeout=60,
+        interval=0.2,
+        what="the deleted BundleDeployment's series gone from the scrape",
+    )
+    system.kubectl("delete", "clusterrolebinding", f"metrics-{SUFFIX}")
 
 
 def test_a_private_image_installs_with_the_pull_secret_its_source_names(

@@ -20,6 +20,7 @@ import pytest
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, condition
 from provisioner.manager import certs, webhook
+from provisioner.runtime.metrics import Metrics
 from rukpak.common import errors
 from tests.polling import eventually
 
@@ -28,6 +29,17 @@ pytestmark = [pytest.mark.cluster]
 SUFFIX = uuid.uuid4().hex[:6]
 NAMESPACE = f"rukpak-webhook-{SUFFIX}"
 SELECTOR_LABEL = "rukpak-test-webhook"
+METRICS = Metrics()
+"""The server's metrics: what the API server's calls were counted as."""
+
+
+def verdicts(verdict: str) -> float:
+    value = METRICS.registry.get_sample_value(
+        "rukpak_webhook_verdicts_total", {"webhook": webhook.PATH, "verdict": verdict}
+    )
+    return value or 0.0
+
+
 CONFIGURATION = f"rukpak-crd-validator-{SUFFIX}"
 
 
@@ -42,7 +54,9 @@ def kube(kube_apiserver: Any) -> Iterator[Kube]:
 @pytest.fixture(scope="module")
 def server(kube: Kube) -> Iterator[webhook.Server]:
     bundle = certs.ensure(kube, NAMESPACE, ["127.0.0.1"])
-    srv = webhook.Server(webhook.existing_from(kube), bundle, host="127.0.0.1", port=0)
+    srv = webhook.Server(
+        webhook.existing_from(kube), bundle, host="127.0.0.1", port=0, metrics=METRICS
+    )
     srv.start()
     ref = ObjectRef(
         "admissionregistration.k8s.io", "v1", "ValidatingWebhookConfiguration", "", CONFIGURATION
@@ -156,12 +170,16 @@ def test_an_update_that_invalidates_existing_resources_is_denied(
 ) -> None:
     doc = install(kube, crd(unique_plural("widget"), versions=[version("v1")]))
     doc["spec"]["versions"] = [version("v1", "string")]
+    denied = verdicts("denied")
     with pytest.raises(errors.RukpakError) as caught:
         kube.apply(doc)
     message = caught.value.message
     assert "error validating existing CRs against new CRD's schema" in message
     assert 'admission webhook "crd-validation.core.rukpak.io" denied' in message
     assert "one" in message and "size" in message
+    # the API server's call was counted as a denial (the creates before it as allowed)
+    assert verdicts("denied") == denied + 1
+    assert verdicts("allowed") >= 1
 
 
 def test_no_longer_serving_a_stored_version_is_denied(kube: Kube, server: webhook.Server) -> None:

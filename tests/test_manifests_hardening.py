@@ -307,4 +307,4 @@ def test_the_host_network_render_has_no_two_workloads_on_one_node_port(
                 owners.setdefault(port, set()).add(workload["metadata"]["name"])
     shared = {port: names for port, names in owners.items() if len(names) > 1}
     assert not shared, shared
-    assert {9443, 9809, 9810, 9811} <= owners.keys(), owners
+    assert {9443, 9809, 9810, 9811, 9812} <= owners.keys(), owners

@@ -2,7 +2,8 @@
 
 ``rukpak-provisioner manager`` answers ``/livez`` on its HTTPS webhook port and
 ``rukpak-provisioner volumes`` answers ``/livez`` and ``/healthz`` on ``--health-port``
-(``provisioner.runtime.liveness``). Real processes on loopback: a PV provisioner waiting
+(``provisioner.runtime.liveness``), and ``/metrics`` on ``--metrics-port``. Real processes
+on loopback: a PV provisioner waiting
 for a plugin that is not there, then one with the real plugin process and kube-apiserver;
 two managers, leader and standby, on kube-apiserver with the CRDs installed, the standby
 taking over when the leader stops.
@@ -15,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,12 @@ def answering(url: str) -> tuple[int, str] | None:
         return None  # not listening yet
 
 
+def scrape(port: int) -> str:
+    """The Prometheus text of ``/metrics`` on loopback ``port``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        return str(answer.read().decode())
+
+
 def start(log: Path, *args: str, **env: str) -> subprocess.Popen[bytes]:
     """``python -m provisioner ARGS`` with ``env`` added, its output in ``log``."""
     with log.open("ab") as out:
@@ -61,12 +69,13 @@ def start(log: Path, *args: str, **env: str) -> subprocess.Popen[bytes]:
 def test_the_pv_provisioner_is_live_but_not_ready_while_it_waits_for_its_plugin(
     tmp_path: Path,
 ) -> None:
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     missing = tmp_path / "csi.sock"
     proc = start(
         tmp_path / "volumes.log",
         *("volumes", "--csi-address", str(missing), "--connect-timeout", "120"),
         *("--health-port", str(port), "--health-bind", "127.0.0.1"),
+        *("--metrics-port", str(metrics_port), "--metrics-bind", "127.0.0.1"),
     )
     try:
         base = f"http://127.0.0.1:{port}"
@@ -76,6 +85,13 @@ def test_the_pv_provisioner_is_live_but_not_ready_while_it_waits_for_its_plugin(
             503,
             f"not connected to the CSI plugin at {missing} yet",
         )
+        # its metrics answer from the start: not leading, the families declared
+        text = scrape(metrics_port)
+        assert 'leader_election_master_status{name="rukpak-csi-provisioner"} 0.0' in text
+        assert "# TYPE controller_persistentvolumeclaim_provision_total counter" in text
+        assert "# TYPE controller_persistentvolume_delete_failed_total counter" in text
+        assert "# TYPE csi_sidecar_operations_seconds histogram" in text
+        assert "\nprocess_resident_memory_bytes " in text
     finally:
         proc.kill()
         proc.wait(timeout=10)
@@ -87,12 +103,13 @@ def test_the_pv_provisioner_with_its_plugin_leads_and_is_ready(
 ) -> None:
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     plugin = PluginProcess(tmp_path / "plugin", extra_args=("--controller",)).start()
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     proc = start(
         tmp_path / "volumes.log",
         *("volumes", "--csi-address", str(plugin.socket), "--driver-name", "csi.rukpak.io"),
         *("--leader-elect", "--leader-election-namespace", name),
         *("--health-port", str(port), "--health-bind", "127.0.0.1"),
+        *("--metrics-port", str(metrics_port), "--metrics-bind", "127.0.0.1"),
         KUBECONFIG=str(kube_apiserver.kubeconfig),
         POD_NAME="provisioner-0",
     )
@@ -105,6 +122,10 @@ def test_the_pv_provisioner_with_its_plugin_leads_and_is_ready(
         )
         code, message = get(base + "/healthz")
         assert code == 200 and message.startswith("leading: "), message
+        text = scrape(metrics_port)
+        assert 'leader_election_master_status{name="rukpak-csi-provisioner"} 1.0' in text
+        assert 'workqueue_depth{name="volumes"}' in text
+        assert 'controller_runtime_max_concurrent_reconciles{controller="volumes"}' in text
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:

@@ -10,7 +10,7 @@ import threading
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from provisioner.runtime.metrics import Metrics, classify
+from provisioner.runtime.metrics import Metrics, classify, object_conditions
 from provisioner.runtime.queue import WorkQueue
 from provisioner.runtime.workers import Workers
 from rukpak.common import errors
@@ -142,3 +142,72 @@ def test_revisions_are_counted_by_outcome_and_rollbacks_in_force_apart() -> None
     metrics = Metrics()
     metrics.gauge_of("rukpak_bundledeployments_rolled_back", "x", [], lambda: {(): 1.0})
     assert samples(metrics)[("rukpak_bundledeployments_rolled_back", ())] == 1
+
+
+def _bd(name: str, *conditions: tuple[str, str, str]) -> dict[str, object]:
+    return {
+        "metadata": {"name": name},
+        "status": {"conditions": [{"type": t, "status": s, "reason": r} for t, s, r in conditions]},
+    }
+
+
+def test_each_object_has_one_series_per_condition_with_status_and_reason() -> None:
+    """``rukpak_bundledeployment_status_condition``: bounded by objects x condition types,
+    and an object gone from the cache is gone from the next scrape."""
+    cache = _Cache(
+        [
+            _bd(
+                "good",
+                ("Installed", "True", "InstallationSucceeded"),
+                ("Healthy", "True", "Healthy"),
+            ),
+            _bd("bad", ("Installed", "False", "InstallFailed")),
+            {"metadata": {"name": "new"}},  # no status yet: no series
+        ]
+    )
+    metrics = Metrics()
+    metrics.object_gauge(
+        "rukpak_bundledeployment_status_condition",
+        "x",
+        ["bundledeployment", "condition", "status", "reason"],
+        lambda: object_conditions(cache.items()),
+    )
+    got = {k: v for k, v in samples(metrics).items() if k[0].endswith("_status_condition")}
+    bad = (
+        "rukpak_bundledeployment_status_condition",
+        (
+            ("bundledeployment", "bad"),
+            ("condition", "Installed"),
+            ("reason", "InstallFailed"),
+            ("status", "False"),
+        ),
+    )
+    assert got[bad] == 1 and len(got) == 3
+    cache._items.pop(1)  # deleted
+    assert bad not in samples(metrics)
+
+
+def test_a_repeated_condition_type_is_one_series_and_namespaces_are_kept_when_asked() -> None:
+    obj = {
+        "metadata": {"name": "a", "namespace": "ns"},
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "Fine"},
+                {"type": "Ready", "status": "False", "reason": "Dup"},
+                "not a condition",
+            ]
+        },
+    }
+    assert list(object_conditions([obj])) == [(("a", "Ready", "True", "Fine"), 1.0)]
+    assert list(object_conditions([obj], namespaced=True)) == [
+        (("a", "ns", "Ready", "True", "Fine"), 1.0)
+    ]
+
+
+def test_rollbacks_in_force_are_one_series_per_bundledeployment() -> None:
+    from provisioner.manager.controller import Controller
+
+    back = {"metadata": {"name": "back"}, **_with_revisions(1, "Installed", "Failed")}
+    current = {"metadata": {"name": "current"}, **_with_revisions(2, "Installed", "Installed")}
+    leader = type("Leader", (), {"bds": _Cache([back, current])})()
+    assert Controller.rolled_back_by_name(leader) == {("back",): 1.0, ("current",): 0.0}  # type: ignore[arg-type]

@@ -21,12 +21,15 @@ from typing import Any
 
 import grpc
 import pytest
+import requests
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from csi.proto import csi_pb2, csi_pb2_grpc
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import ObjectRef
 from provisioner.storage import controller, plan
+from provisioner.storage import metrics as storage_metrics
 from provisioner.storage.csiclient import CsiClient, CsiError
 from provisioner.storage.events import Recorder
 from rukpak.common import errors
@@ -164,6 +167,17 @@ class Role:
     admin: Kube
     namespace: str
     suffix: str
+    metrics_port: int
+
+    def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """A scrape of the role's ``/metrics`` over HTTP: (name, sorted labels) -> value."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        text = requests.get(url, timeout=10).text
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
 
 
 @pytest.fixture
@@ -177,6 +191,7 @@ def role(kube: Kube, kube_apiserver: Any, plugin: PluginProcess, name: str) -> I
         "Impersonate-User", f"system:serviceaccount:{name}:rukpak-csi-controller"
     )
     csi = CsiClient(str(plugin.socket), timeout=30)
+    metrics = storage_metrics.Metrics(driver_name=DRIVER)
     provisioner = controller.VolumeProvisioner(
         sa,
         csi,
@@ -184,11 +199,15 @@ def role(kube: Kube, kube_apiserver: Any, plugin: PluginProcess, name: str) -> I
         recorder=Recorder(sa, component=f"{DRIVER}_test"),
         backoff=Backoff(base=0.2, cap=2.0),
         watch_timeout=20,
+        metrics=metrics,
     )
+    server = storage_metrics.serve(metrics, host="127.0.0.1", port=0)
     provisioner.start(workers=1)
     try:
-        yield Role(provisioner, kube, name, suffix)
+        yield Role(provisioner, kube, name, suffix, int(server.server_address[1]))
     finally:
+        server.shutdown()
+        server.server_close()
         provisioner.stop()
         csi.close()
         sa.close()
@@ -281,6 +300,18 @@ def test_the_role_provisions_a_claim_and_deletes_the_released_volume(
         with pytest.raises(grpc.RpcError) as info:
             stub.ValidateVolumeCapabilities(request, timeout=10)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    # and its metrics counted both, by StorageClass, and the CSI calls by method and code
+    got = role.samples()
+    by_class = (("class", cls),)
+    # (a claim synced again before its PV reached the cache is counted again: >= 1)
+    assert got[("controller_persistentvolumeclaim_provision_total", by_class)] >= 1
+    assert got[("controller_persistentvolumeclaim_provision_duration_seconds_count", by_class)] >= 1
+    assert got[("controller_persistentvolume_delete_total", by_class)] >= 1
+    assert ("controller_persistentvolumeclaim_provision_failed_total", by_class) not in got
+    call = (("driver_name", DRIVER), ("grpc_status_code", "OK"))
+    for method in ("CreateVolume", "DeleteVolume"):
+        labels = (*call, ("method_name", f"/csi.v1.Controller/{method}"))
+        assert got[("csi_sidecar_operations_seconds_count", labels)] >= 1, method
 
 
 @pytest.mark.cluster

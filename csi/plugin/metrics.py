@@ -26,7 +26,14 @@ RPC_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 
 PULL_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 SIDECAR_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 25, 50, 120, 300, 600)
-"""kubernetes-csi's csi-lib-utils buckets for ``csi_sidecar_operations_seconds``."""
+"""kubernetes-csi's csi-lib-utils buckets for its ``csi_*_operations_seconds``."""
+
+PLUGIN_OPERATIONS = "csi_plugin_operations_seconds"
+"""csi-lib-utils' name for a driver's own gRPC calls (``SubsystemPlugin``): what this plugin
+serves. ``csi_sidecar_operations_seconds`` is the name for a sidecar's calls to a driver."""
+DEPRECATED_SIDECAR_OPERATIONS = "csi_sidecar_operations_seconds"
+"""The same histogram under the sidecars' name, as earlier releases exported it: deprecated,
+kept for one release (docs/operations.md, "Metrics") so dashboards can move over."""
 _SERVICES = {
     "GetPluginInfo": "Identity",
     "GetPluginCapabilities": "Identity",
@@ -60,10 +67,18 @@ class Metrics(OwnRegistry):
     ) -> None:
         super().__init__()
         self.driver_name = driver_name
-        self.sidecar_operations = self.histogram(
-            "csi_sidecar_operations_seconds",
+        operation_labels = ["driver_name", "grpc_status_code", "method_name"]
+        self.plugin_operations = self.histogram(
+            PLUGIN_OPERATIONS,
             "Container Storage Interface operation duration with gRPC error code status total",
-            ["driver_name", "grpc_status_code", "method_name"],
+            operation_labels,
+            buckets=SIDECAR_BUCKETS,
+        )
+        self.sidecar_operations = self.histogram(
+            DEPRECATED_SIDECAR_OPERATIONS,
+            f"Deprecated: use {PLUGIN_OPERATIONS}, the same histogram; this name goes in the "
+            "next release.",
+            operation_labels,
             buckets=SIDECAR_BUCKETS,
         )
         self.rpcs = self.counter(
@@ -130,11 +145,13 @@ class Metrics(OwnRegistry):
         self.rpcs.labels(method=method, code=code).inc()
         self.rpc_seconds.labels(method=method).inc(seconds)
         self.rpc_latency.labels(method=method).observe(seconds)
-        self.sidecar_operations.labels(
-            driver_name=self.driver_name,
-            method_name=full_method(method),
-            grpc_status_code=go_code(code),
-        ).observe(seconds)
+        labels = {
+            "driver_name": self.driver_name,
+            "method_name": full_method(method),
+            "grpc_status_code": go_code(code),
+        }
+        self.plugin_operations.labels(**labels).observe(seconds)
+        self.sidecar_operations.labels(**labels).observe(seconds)
 
     def cache_result(self, *, hit: bool) -> None:
         self.cache.labels(result="hit" if hit else "miss").inc()

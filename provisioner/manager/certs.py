@@ -130,6 +130,18 @@ def usable(bundle: Bundle, hosts: list[str], *, now: datetime.datetime | None = 
     return set(hosts) <= served and cert.not_valid_after_utc - now > RENEW_BEFORE
 
 
+def expiry(bundle: Bundle) -> dict[str, float]:
+    """When the serving certificate and the CA stop being valid (``notAfter``), in seconds
+    since the epoch: the samples of ``rukpak_webhook_certificate_expiry_timestamp_seconds``
+    (``certificate`` = ``serving`` or ``ca``). The manager reads the Secret only at start
+    (``ensure`` renews within ``RENEW_BEFORE``), so a replica that runs that long serves an
+    expiring certificate: the alert RukpakWebhookCertificateExpiring says to restart it."""
+    out: dict[str, float] = {}
+    for which, pem in (("serving", bundle.cert), ("ca", bundle.ca)):
+        out[which] = x509.load_pem_x509_certificate(pem).not_valid_after_utc.timestamp()
+    return out
+
+
 def _secret_ref(namespace: str) -> ObjectRef:
     return ObjectRef("", "v1", "Secret", namespace, SECRET_NAME)
 

@@ -22,7 +22,7 @@ from typing import Any
 from provisioner.engine.kube import Kube
 from provisioner.manager import actuate, certs, content, controller, model, webhook
 from provisioner.runtime import flags, liveness, service, signals
-from provisioner.runtime.metrics import Metrics
+from provisioner.runtime.metrics import Metrics, object_conditions
 from rukpak.common import errors
 from rukpak.oci import client as oci_client
 
@@ -188,6 +188,9 @@ def start_webhook(
     ValidatingWebhookConfiguration and the BundleDeployment CRD's conversion) in the
     background."""
     bundle = certs.ensure(kube, namespace, webhook_hosts(args.webhook_service, namespace))
+    if metrics is not None:
+        for which, not_after in certs.expiry(bundle).items():
+            metrics.certificate_expiry.labels(which).set(not_after)
     server = webhook.Server(
         webhook.existing_from(kube),
         bundle,
@@ -258,6 +261,20 @@ def cache_gauges(metrics: Metrics, leader: Callable[[], controller.Controller | 
         "BundleDeployments whose installed revision is older than their newest kept one.",
         [],
         read(controller.Controller.rolled_back),
+    )
+    metrics.object_gauge(
+        "rukpak_bundledeployment_status_condition",
+        "One series per BundleDeployment and condition type, value 1: its status and reason "
+        "(the leader's cache; BundleDeployments are cluster-scoped, so no namespace).",
+        ["bundledeployment", "condition", "status", "reason"],
+        lambda: object_conditions(ctl.bds.items()) if (ctl := leader()) is not None else (),
+    )
+    metrics.gauge_of(
+        "rukpak_bundledeployment_rolled_back",
+        "1 for a BundleDeployment whose installed revision is older than its newest kept one "
+        "(a rollback in force), 0 for the others (the leader's cache).",
+        ["bundledeployment"],
+        read(controller.Controller.rolled_back_by_name),
     )
 
 

@@ -86,6 +86,13 @@ def now_text() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def rolled_back(bd: Obj) -> bool:
+    """Whether ``bd`` runs an older revision than its newest kept one (a rollback in force)."""
+    kept = revisions.of_status(bd)
+    installed = (bd.get("status") or {}).get("installedRevision")
+    return bool(kept) and isinstance(installed, int) and installed < kept[-1].number
+
+
 class Controller(Reconciler):
     def __init__(
         self,
@@ -554,13 +561,13 @@ class Controller(Reconciler):
     def rolled_back(self) -> dict[tuple[str, ...], float]:
         """BundleDeployments whose installed revision is older than their newest kept one
         (a rollback in force), from the cache: ``rukpak_bundledeployments_rolled_back``."""
-        count = 0.0
-        for bd in self.bds.items():
-            kept = revisions.of_status(bd)
-            installed = (bd.get("status") or {}).get("installedRevision")
-            if kept and isinstance(installed, int) and installed < kept[-1].number:
-                count += 1.0
-        return {(): count}
+        return {(): float(sum(rolled_back(bd) for bd in self.bds.items()))}
+
+    def rolled_back_by_name(self) -> dict[tuple[str, ...], float]:
+        """(name,) -> 1 for a BundleDeployment running an older revision than its newest
+        kept one, 0 for the others, from the cache: ``rukpak_bundledeployment_rolled_back``
+        (one series per BundleDeployment, gone with it)."""
+        return {(model.name_of(bd),): float(rolled_back(bd)) for bd in self.bds.items()}
 
     # -- lifecycle -------------------------------------------------------------------------
 

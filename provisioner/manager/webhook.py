@@ -15,6 +15,9 @@ Sits beside the controllers in the manager process. The API server sends an
 ``CONVERT_PATH`` answers the API server's ConversionReviews for the BundleDeployment
 CRD with ``conversion.review`` (pure, lossless both ways).
 
+Each review is counted with controller-runtime's webhook metrics (``runtime.metrics``: by
+path and HTTP code, latency, in flight) and by ``verdict``.
+
 ``METRICS_PATH`` serves the manager's metrics behind the same authorization, and
 ``content`` answers ``GET /bundles/<name>.tgz`` (a bundle's content, for callers the API
 server authorizes: ``status.contentURL``). ``/healthz`` (readiness: the server answers)
@@ -34,6 +37,7 @@ import socket
 import ssl
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -196,6 +200,19 @@ def review(body: Obj, existing: Existing) -> Obj:
     }
 
 
+def verdict(path: str, code: int, doc: Obj) -> str:
+    """The ``verdict`` label of ``rukpak_webhook_verdicts_total`` for an answer: ``refused``
+    (not a review: HTTP 400), ``converted`` or ``failed`` (a ConversionReview's
+    ``result.status``), ``allowed`` or ``denied`` (an AdmissionReview's ``allowed``)."""
+    if code != 200:
+        return "refused"
+    response = doc.get("response") or {}
+    if path == CONVERT_PATH:
+        status = (response.get("result") or {}).get("status")
+        return "converted" if status == "Success" else "failed"
+    return "allowed" if response.get("allowed") else "denied"
+
+
 class _ReusePortServer(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -220,28 +237,43 @@ def _handler(
             if path not in (PATH, CONVERT_PATH, CONFIGMAP_PATH):
                 paths = f"{PATH}, {CONFIGMAP_PATH} or {CONVERT_PATH}"
                 self._send(404, {"message": f"no webhook at {self.path}; use {paths}"})
-                return
+                return  # not counted: a path of the caller's choosing is no label value
+            start = time.monotonic()
+            if metrics is not None:
+                metrics.webhook_in_flight.labels(path).inc()
+            try:
+                code, doc = self._review(path)
+                self._send(code, doc)
+            finally:
+                if metrics is not None:
+                    metrics.webhook_in_flight.labels(path).dec()
+            if metrics is not None:
+                metrics.webhook_answered(
+                    path,
+                    code=code,
+                    verdict=verdict(path, code, doc),
+                    seconds=time.monotonic() - start,
+                )
+
+        def _review(self, path: str) -> tuple[int, Obj]:
             what = "a ConversionReview" if path == CONVERT_PATH else "an AdmissionReview"
             try:
                 length = int(self.headers.get("Content-Length") or 0)
             except ValueError:
                 length = 0
             if length <= 0 or length > MAX_BODY:
-                self._send(400, {"message": f"{what} body of at most {MAX_BODY} bytes is required"})
-                return
+                return 400, {"message": f"{what} body of at most {MAX_BODY} bytes is required"}
             try:
                 body: Any = json.loads(self.rfile.read(length))
                 if not isinstance(body, dict):
                     raise ValueError("not an object")
             except ValueError as err:
-                self._send(400, {"message": f"the body is not {what}: {err}"})
-                return
+                return 400, {"message": f"the body is not {what}: {err}"}
             if path == PATH:
-                self._send(200, review(body, existing))
-            elif path == CONFIGMAP_PATH:
-                self._send(200, configmap_review(body, users or (lambda name: [])))
-            else:
-                self._send(200, conversion.review(body, default_namespace=default_namespace))
+                return 200, review(body, existing)
+            if path == CONFIGMAP_PATH:
+                return 200, configmap_review(body, users or (lambda name: []))
+            return 200, conversion.review(body, default_namespace=default_namespace)
 
         def _token(self) -> str:
             auth = str(self.headers.get("Authorization") or "")

@@ -17,7 +17,17 @@ alerts work unchanged:
 - ``leader_election_master_status{name}``.
 
 RukPak's own start with ``rukpak_``: drift restores, and BundleDeployments by condition
-(read from the controller's cache at scrape).
+(read from the controller's cache at scrape). ``object_conditions`` gives the samples of a
+per-object family in kube-state-metrics' shape (``kube_deployment_status_condition``): one
+series per object and condition type, its status and reason in labels, value 1; the series
+leaves with the object (it is read from the cache at scrape, nothing is kept).
+
+The webhook server reports its requests with controller-runtime's webhook names
+(``controller_runtime_webhook_requests_total{webhook,code}``,
+``controller_runtime_webhook_latency_seconds{webhook}``,
+``controller_runtime_webhook_requests_in_flight{webhook}``) and its answers by verdict
+(``rukpak_webhook_verdicts_total{webhook,verdict}``); its serving certificate's end of
+validity is ``rukpak_webhook_certificate_expiry_timestamp_seconds{certificate}``.
 """
 
 from __future__ import annotations
@@ -25,7 +35,8 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import prometheus_client
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -36,6 +47,8 @@ CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 QUEUE_BUCKETS = (1e-6, 1e-5, 1e-4, 1e-3, 0.01, 0.1, 1, 10, 100, 1000)
 """client-go's workqueue buckets (10^-8 .. 10^3 seconds, the useful part of them)."""
+WEBHOOK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+"""prometheus.DefBuckets, which controller-runtime's webhook latency uses."""
 
 
 class _Scraped:
@@ -136,7 +149,41 @@ class Metrics(OwnRegistry):
             "Rollbacks the manager started itself, by reason (ProgressDeadlineExceeded)",
             ["reason"],
         )
+        self.webhook_requests = self.counter(
+            "controller_runtime_webhook_requests_total",
+            "Total number of admission requests by HTTP status code.",
+            ["webhook", "code"],
+        )
+        self.webhook_latency = self.histogram(
+            "controller_runtime_webhook_latency_seconds",
+            "Histogram of the latency of processing admission requests",
+            ["webhook"],
+            buckets=WEBHOOK_BUCKETS,
+        )
+        self.webhook_in_flight = self.gauge(
+            "controller_runtime_webhook_requests_in_flight",
+            "Current number of admission requests being served.",
+            ["webhook"],
+        )
+        self.webhook_verdicts = self.counter(
+            "rukpak_webhook_verdicts",
+            "Webhook answers by verdict: allowed or denied (admission), converted or failed "
+            "(conversion), refused (a request that was not a review: HTTP 400)",
+            ["webhook", "verdict"],
+        )
+        self.certificate_expiry = self.gauge(
+            "rukpak_webhook_certificate_expiry_timestamp_seconds",
+            "When the webhook's serving certificate (certificate=serving) and its CA "
+            "(certificate=ca) stop being valid, in seconds since the epoch",
+            ["certificate"],
+        )
         self._lock = threading.Lock()
+
+    def webhook_answered(self, webhook: str, *, code: int, verdict: str, seconds: float) -> None:
+        """One webhook request ended with HTTP ``code`` and ``verdict``."""
+        self.webhook_requests.labels(webhook, str(code)).inc()
+        self.webhook_latency.labels(webhook).observe(seconds)
+        self.webhook_verdicts.labels(webhook, verdict).inc()
 
     def queue(self, name: str, depth: Callable[[], int]) -> QueueMetrics:
         """The reporter of the work queue ``name``, whose depth ``depth`` reads at scrape."""
@@ -182,8 +229,48 @@ class Metrics(OwnRegistry):
 
         self.registry.register(_Scraped(produce))  # type: ignore[arg-type]
 
+    def object_gauge(
+        self,
+        name: str,
+        help_text: str,
+        labels: list[str],
+        read: Callable[[], Iterable[tuple[tuple[str, ...], float]]],
+    ) -> None:
+        """A gauge family of one series per object (and condition): ``read`` yields (label
+        values, value) at scrape, so an object gone from the cache is gone from the scrape."""
+
+        def produce() -> Iterator[Metric]:
+            family = GaugeMetricFamily(name, help_text, labels=labels)
+            for values, value in sorted(read()):
+                family.add_metric(list(values), value)
+            yield family
+
+        self.registry.register(_Scraped(produce))  # type: ignore[arg-type]
+
     def exposition(self) -> bytes:
         return bytes(prometheus_client.generate_latest(self.registry))
+
+
+def object_conditions(
+    objects: Iterable[Mapping[str, Any]], *, namespaced: bool = False
+) -> Iterator[tuple[tuple[str, ...], float]]:
+    """(name, [namespace,] condition, status, reason) -> 1 for every condition of every
+    object: one series per object and condition type (status and reason are labels, not
+    series of their own, so a change moves the series instead of adding one). A
+    cluster-scoped kind has no namespace label: an empty one would let the scrape's own
+    ``namespace`` target label (the manager's) stand in for it."""
+    for obj in objects:
+        meta = obj.get("metadata") or {}
+        who: tuple[str, ...] = (str(meta.get("name") or ""),)
+        if namespaced:
+            who += (str(meta.get("namespace") or ""),)
+        seen: set[str] = set()
+        for cond in (obj.get("status") or {}).get("conditions") or []:
+            if not isinstance(cond, dict) or not cond.get("type") or cond["type"] in seen:
+                continue
+            seen.add(str(cond["type"]))
+            status = str(cond.get("status") or "Unknown")
+            yield (*who, str(cond["type"]), status, str(cond.get("reason") or "")), 1.0
 
 
 def classify(after: float | None) -> str:

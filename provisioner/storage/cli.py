@@ -7,7 +7,8 @@ takes a Lease so only one replica provisions, then runs
 ``provisioner.storage.controller`` until SIGTERM/SIGINT or a lost Lease.
 Exit 0 when stopped by a signal, 1 on a fatal error or a lost Lease.
 
-With ``--health-port`` it answers kubelet's probes from the start
+With ``--metrics-port`` it serves ``provisioner.storage.metrics`` from the start. With
+``--health-port`` it answers kubelet's probes from the start
 (``provisioner.runtime.liveness.serve``): ``/livez`` is its ``Liveness`` (waiting for the
 plugin or the Lease, leading: the work queue), ``/healthz`` (readiness) also waits until
 the plugin was connected and checked.
@@ -25,6 +26,7 @@ from typing import Any
 
 from provisioner.runtime import flags, liveness, service, signals
 from provisioner.storage import controller
+from provisioner.storage import metrics as storage_metrics
 from provisioner.storage.csiclient import CsiClient
 from provisioner.storage.events import Recorder
 from rukpak.common import errors
@@ -90,6 +92,20 @@ def register(subparsers: Any) -> None:
         help="address of the health port: kubelet's probes dial the pod's address "
         "(default: %(default)s)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve Prometheus metrics at /metrics over HTTP on this port (provisions and "
+        "deletions by StorageClass, CSI calls, the work queue, process_*), at the address "
+        "--metrics-bind names; 0 disables (default: %(default)s)",
+    )
+    p.add_argument(
+        "--metrics-bind",
+        default="0.0.0.0",
+        help="address of the metrics port: Prometheus scrapes the pod's address "
+        "(default: %(default)s)",
+    )
     p.set_defaults(func=run_volumes)
 
 
@@ -104,17 +120,25 @@ def run_volumes(args: argparse.Namespace) -> int:
             return False, f"not connected to the CSI plugin at {args.csi_address} yet"
         return alive.check()
 
-    probes = None
+    servers = []
     if args.health_port:
-        probes = liveness.serve(
-            host=args.health_bind, port=args.health_port, live=alive.check, ready=ready
+        servers.append(
+            liveness.serve(
+                host=args.health_bind, port=args.health_port, live=alive.check, ready=ready
+            )
+        )
+    metrics = storage_metrics.Metrics(driver_name=args.driver_name)
+    metrics.leader.labels(LEASE_NAME).set(0)
+    if args.metrics_port:
+        servers.append(
+            storage_metrics.serve(metrics, host=args.metrics_bind, port=args.metrics_port)
         )
     try:
-        return provision(args, stop, alive, connected)
+        return provision(args, stop, alive, connected, metrics)
     finally:
-        if probes is not None:
-            probes.shutdown()
-            probes.server_close()
+        for server in servers:
+            server.shutdown()
+            server.server_close()
 
 
 def provision(
@@ -122,6 +146,7 @@ def provision(
     stop: threading.Event,
     alive: liveness.Liveness,
     connected: threading.Event,
+    metrics: storage_metrics.Metrics,
 ) -> int:
     """Connect to the plugin (``connected`` is set once it was checked), then provision as
     the holder of the Lease until ``stop``; the exit code."""
@@ -146,14 +171,17 @@ def provision(
             backoff=Backoff(
                 base=args.retry_interval_start, cap=args.retry_interval_max, jitter=0.1
             ),
+            metrics=metrics,
         )
         alive.follow(provisioner.queue)
         provisioner.start(workers=args.workers)
         alive.leading()
+        metrics.leader.labels(LEASE_NAME).set(1)
         log.info("msg='provisioning' driver=%s csi_address=%s", driver, args.csi_address)
 
         def halt() -> None:
             alive.stopping()
+            metrics.leader.labels(LEASE_NAME).set(0)
             provisioner.stop()
 
         return halt

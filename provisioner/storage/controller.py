@@ -19,7 +19,9 @@ A failed sync is retried by ``manager.workers`` with exponential backoff
 (``rukpak.common.backoff``: 1 s doubling to 5 min, as the sidecar's
 ``--retry-interval-start/max``); a claim's failure is also a
 ``ProvisioningFailed`` Warning event saying what to fix. Secrets named by the
-StorageClass are read when needed and never logged.
+StorageClass are read when needed and never logged. With ``metrics``
+(``provisioner.storage.metrics``) each provision and deletion is counted and timed by
+StorageClass, each CSI call by method and code, and the queue as the runtime's.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
+import time
 
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.runtime.queue import WorkQueue
 from provisioner.runtime.workers import Reconciler
+from provisioner.storage import metrics as storage_metrics
 from provisioner.storage import plan
 from provisioner.storage.csiclient import CsiClient
 from provisioner.storage.events import Recorder
@@ -53,10 +57,25 @@ class VolumeProvisioner(Reconciler):
         recorder: Recorder,
         backoff: Backoff = RETRY,
         watch_timeout: int = 60,
+        metrics: storage_metrics.Metrics | None = None,
     ) -> None:
         queue = WorkQueue(backoff=backoff)
-        super().__init__(kube, queue, self.sync, log=log, watch_timeout=watch_timeout, what="sync")
+        super().__init__(
+            kube,
+            queue,
+            self.sync,
+            log=log,
+            watch_timeout=watch_timeout,
+            what="sync",
+            metrics=metrics,
+            controller_of=lambda key: storage_metrics.CONTROLLER,
+            controllers=(storage_metrics.CONTROLLER,),
+            queue_name=storage_metrics.CONTROLLER,
+        )
         self.csi = csi
+        self.volume_metrics = metrics
+        if metrics is not None:
+            csi.observe = metrics.csi_call
         self.driver = driver
         self.recorder = recorder
         self.classes = self.caches.add(
@@ -138,9 +157,11 @@ class VolumeProvisioner(Reconciler):
             "Provisioning",
             f'External provisioner is provisioning volume for claim "{namespace}/{name}"',
         )
+        start = time.monotonic()
         try:
             pv = self._provision(claim, storage_class)
         except errors.RukpakError as err:
+            self._count_provision(class_name, ok=False, start=start)
             self.recorder.event(
                 claim,
                 "Warning",
@@ -153,12 +174,19 @@ class VolumeProvisioner(Reconciler):
         except errors.AlreadyExists:
             pass
         except errors.RukpakError as err:
+            self._count_provision(class_name, ok=False, start=start)
             raise type(err)(f"error saving volume {pv_name}: {err.message}") from None
+        self._count_provision(class_name, ok=True, start=start)
         log.info("msg=%r claim=%s/%s pv=%s image=%s", "provisioned", namespace, name, pv_name,
                  pv["spec"]["csi"]["volumeAttributes"].get("image", ""))  # fmt: skip
         self.recorder.event(
             claim, "Normal", "ProvisioningSucceeded", f"Successfully provisioned volume {pv_name}"
         )
+
+    def _count_provision(self, class_name: str | None, *, ok: bool, start: float) -> None:
+        if self.volume_metrics is not None:
+            seconds = time.monotonic() - start
+            self.volume_metrics.provisioned(class_name or "", ok=ok, seconds=seconds)
 
     def _provision(self, claim: Obj, storage_class: Obj) -> Obj:
         request = plan.create_request(claim, storage_class, self.driver)
@@ -207,18 +235,31 @@ class VolumeProvisioner(Reconciler):
         if not plan.should_delete(pv):
             return
         volume_id = ((pv.get("spec") or {}).get("csi") or {}).get("volumeHandle", "")
+        class_name = str((pv.get("spec") or {}).get("storageClassName") or "")
+        start = time.monotonic()
         try:
             self.csi.delete_volume(volume_id, self._secret_data(plan.deletion_secret(pv)))
         except errors.RukpakError as err:
+            self._count_delete(class_name, ok=False, start=start)
             self.recorder.event(pv, "Warning", "VolumeFailedDelete", err.message)
             raise
-        self.kube.delete(ref)
+        try:
+            self.kube.delete(ref)
+        except errors.RukpakError:
+            self._count_delete(class_name, ok=False, start=start)
+            raise
+        self._count_delete(class_name, ok=True, start=start)
         log.info("msg=%r pv=%s volume_id=%s", "deleted", name, volume_id)
         live = self.kube.get(ref)
         if live is not None and plan.FINALIZER in (plan.meta(live).get("finalizers") or []):
             rest = [f for f in plan.meta(live)["finalizers"] if f != plan.FINALIZER]
             with contextlib.suppress(errors.NotFound):
                 self._set_finalizers(ref, live, rest)
+
+    def _count_delete(self, class_name: str, *, ok: bool, start: float) -> None:
+        if self.volume_metrics is not None:
+            seconds = time.monotonic() - start
+            self.volume_metrics.deleted(class_name, ok=ok, seconds=seconds)
 
     def _set_finalizers(self, ref: ObjectRef, pv: Obj, finalizers: list[str]) -> Obj:
         """Merge-patch the finalizer list, guarded by the resourceVersion it was computed

@@ -5,13 +5,16 @@ Where it sits: ``provisioner.storage.controller`` calls ``create_volume`` and
 as the external-provisioner sidecar does, that the plugin names the driver
 expected and offers the Controller service with CREATE_DELETE_VOLUME. Calls carry
 a deadline; failures come back as ``CsiError`` holding the gRPC code and the
-plugin's message (the text of the claim's ProvisioningFailed event).
+plugin's message (the text of the claim's ProvisioningFailed event). ``observe``, when set,
+hears of every Create/DeleteVolume call (method, gRPC code name, seconds): the
+provisioner's ``csi_sidecar_operations_seconds``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import NoReturn
 
 import grpc
@@ -67,6 +70,7 @@ class CsiClient:
         self._channel = grpc.insecure_channel(target)
         self._identity = csi_pb2_grpc.IdentityStub(self._channel)
         self._controller = csi_pb2_grpc.ControllerStub(self._channel)
+        self.observe: Callable[[str, str, float], None] = lambda method, code, seconds: None
 
     def close(self) -> None:
         self._channel.close()
@@ -114,10 +118,14 @@ class CsiClient:
             parameters=request.parameters,
             secrets=secrets,
         )
+        start = time.monotonic()
         try:
             response = self._controller.CreateVolume(message, timeout=self.timeout)
         except grpc.RpcError as err:
-            raise _failed(err) from None
+            failed = _failed(err)
+            self.observe("CreateVolume", failed.code, time.monotonic() - start)
+            raise failed from None
+        self.observe("CreateVolume", "OK", time.monotonic() - start)
         volume = response.volume
         return CreatedVolume(
             volume_id=volume.volume_id,
@@ -127,7 +135,11 @@ class CsiClient:
 
     def delete_volume(self, volume_id: str, secrets: dict[str, str]) -> None:
         message = csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=secrets)
+        start = time.monotonic()
         try:
             self._controller.DeleteVolume(message, timeout=self.timeout)
         except grpc.RpcError as err:
-            raise _failed(err) from None
+            failed = _failed(err)
+            self.observe("DeleteVolume", failed.code, time.monotonic() - start)
+            raise failed from None
+        self.observe("DeleteVolume", "OK", time.monotonic() - start)

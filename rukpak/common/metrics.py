@@ -4,14 +4,17 @@ Where it sits: the base of the node plugin's ``csi.plugin.metrics.Metrics`` and 
 provisioner process's ``provisioner.runtime.metrics.Metrics``. Each of those owns a
 registry (several can live in one test process), and a metric declared through
 ``counter``, ``gauge`` or ``histogram`` cannot fall into prometheus_client's
-process-wide default registry by mistake.
+process-wide default registry by mistake. Each registry also holds prometheus_client's
+``ProcessCollector`` (``process_cpu_seconds_total``, ``process_resident_memory_bytes``,
+``process_open_fds``, ``process_start_time_seconds``...), read from ``/proc/self`` at scrape,
+as every Go component reports them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 
 class OwnRegistry:
@@ -19,6 +22,7 @@ class OwnRegistry:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
 
     def counter(self, name: str, documentation: str, labels: Sequence[str] = ()) -> Counter:
         return Counter(name, documentation, labels, registry=self.registry)
