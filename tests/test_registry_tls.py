@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -34,7 +35,8 @@ from rukpak.common import errors
 from rukpak.oci import tls as source_tls
 from rukpak.oci.client import RegistryClient
 from rukpak.oci.tls import SourceTLS
-from tests import tls_helpers
+from rukpak.sources import git, http
+from tests import source_servers, tls_helpers
 from tests.csi_helpers import (
     PushedImage,
     code_of,
@@ -46,7 +48,7 @@ from tests.csi_helpers import (
     tree,
     unpublish,
 )
-from tests.registry import RegistryServer
+from tests.registry import RegistryServer, ServingCert
 
 pytestmark = [pytest.mark.registry]
 
@@ -336,3 +338,49 @@ def test_bad_tls_volume_attributes_are_invalid_argument(
         node.NodePublishVolume(request)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert words in str(refused.value.details())
+
+
+# --- http and git sources: insecureSkipVerify, and refusals named ---------------------
+
+
+@pytest.fixture(scope="module")
+def source_certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ServingCert]:
+    work = tmp_path_factory.mktemp("source-pki")
+    ca = tls_helpers.make_ca()
+    return {
+        "self_signed": tls_helpers.issue(None, work, "self-signed"),
+        "expired": tls_helpers.issue(ca, work, "expired", expired=True),
+    }
+
+
+def test_an_https_source_refuses_a_self_signed_certificate_naming_the_server(
+    tmp_path: Path, source_certs: dict[str, ServingCert]
+) -> None:
+    data = source_servers.tarball({"manifests/a.yaml": "kind: ConfigMap\n"})
+    with source_servers.serving(tmp_path, tls=source_certs["self_signed"]) as server:
+        server.files["b.tgz"] = data
+        url = f"{server.url}/files/b.tgz"
+        with pytest.raises(errors.FailedPrecondition) as refused:
+            http.fetch(url)
+        message = refused.value.message
+        assert f"server 127.0.0.1:{server.port}" in message
+        assert "unknown authority (self-signed certificate)" in message
+        assert "insecureSkipTLSVerify" in message
+        # the pin still decides: skipping verification fetches the same digest
+        assert http.fetch(url, insecure=True) == f"sha256:{hashlib.sha256(data).hexdigest()}"
+        with pytest.raises(errors.FailedPrecondition, match="changed since"):
+            http.fetch(url, insecure=True, expect="sha256:" + "0" * 64)
+
+
+def test_a_git_server_whose_ca_is_unknown_is_refused_naming_it_and_insecure_skips(
+    tmp_path: Path, source_certs: dict[str, ServingCert]
+) -> None:
+    commit = source_servers.make_repo(tmp_path / "repo", {"manifests/a.yaml": "kind: X\n"})
+    with source_servers.serving(tmp_path, tls=source_certs["expired"]) as server:
+        url = server.repo_url("repo")
+        with pytest.raises(errors.FailedPrecondition) as refused:
+            git.resolve(url, {"branch": "main"})
+        message = refused.value.message
+        assert f"git server 127.0.0.1:{server.port}" in message
+        assert "unknown authority (unable to get local issuer certificate)" in message
+        assert git.resolve(url, {"branch": "main"}, insecure=True) == commit
