@@ -4,7 +4,8 @@ installs through the local kubelet when its source gives the CA as ``certificate
 RukPak is installed from ``deploy/`` (``rukpak_system``); the registry is a
 docker-registry serving HTTPS on the host's loopback with a certificate signed by a CA
 this test makes, reachable from the manager and the node plugin (both run with
-hostNetwork here). With another CA's certificate the condition names the registry and
+hostNetwork here). certificateData that is not PEM is a condition naming the field; with
+another CA's certificate the condition names the registry and
 "unknown authority"; with the right one the manager pins the tag, the instance pod's
 volume carries the CA to the node plugin, and the bundle installs.
 """
@@ -46,8 +47,18 @@ def test_a_bundledeployment_with_certificate_data_installs_from_a_private_ca_reg
         ]
         with source_tls.using(source_tls.SourceTLS(ca_pem=ca.pem)):
             pushed = csi_helpers.push_image(registry.host, f"tls-{SUFFIX}", "v1", [entries])
-        source = {"type": "image", "image": {"ref": pushed.ref, "certificateData": other_ca.pem}}
+        source = {"type": "image", "image": {"ref": pushed.ref, "certificateData": "not PEM"}}
         system.kube.create(inst.bd_v2(name, pushed.ref, installNamespace=ns, source=source))
+        bad = eventually(
+            lambda: c if "PEM" in (c := inst.cond_v2(system, name, "Unpacked"))[2] else None,
+            timeout=120,
+            what="certificateData that is not PEM refused",
+        )
+        assert bad[0] == "False" and "source.image.certificateData" in bad[2], bad
+        source["image"]["certificateData"] = other_ca.pem  # type: ignore[index]
+        system.kube.merge_patch(
+            actuate.bd_ref(name, model.API_VERSION_V2), {"spec": {"source": source}}
+        )
         refused = eventually(
             lambda: (
                 c if registry.host in (c := inst.cond_v2(system, name, "Unpacked"))[2] else None

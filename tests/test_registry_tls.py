@@ -234,6 +234,25 @@ def test_a_volume_with_certificate_data_publishes_from_a_private_ca_registry(
         unpublish(node, path, volume_id="tls-1")
 
 
+def test_a_volume_with_its_own_tls_is_published_in_bind_mode_even_when_fuse_is_asked(
+    tls_registries: TLSRegistries, node: csi_pb2_grpc.NodeStub, plugin: Any
+) -> None:
+    """FUSE reads lazily, later, on threads that carry no one volume's trust; this plugin
+    has FUSE off, so a FUSE publish would be refused: the bind publish proves the switch."""
+    regs = tls_registries
+    image = push(regs.private, "bind-not-fuse", trust=SourceTLS(ca_pem=regs.ca.pem))
+    path = target(plugin)
+    request = publish_request(path, pinned(image), volume_id="tls-fuse", publishMode="fuse")
+    with pytest.raises(grpc.RpcError, match="publishMode fuse is not enabled"):
+        node.NodePublishVolume(request)
+    request.volume_context["certificateData"] = regs.ca.pem
+    node.NodePublishVolume(request)
+    try:
+        assert tree(Path(path))["manifests/cm.yaml"] == "file:bind-not-fuse"
+    finally:
+        unpublish(node, path, volume_id="tls-fuse")
+
+
 def test_with_another_ca_the_publish_names_the_host_and_unknown_authority(
     tls_registries: TLSRegistries, node: csi_pb2_grpc.NodeStub, plugin: Any
 ) -> None:
