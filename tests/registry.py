@@ -9,6 +9,9 @@ storage under the session's temp dir, and stop it by pid at the end:
 - ``token_registry``: Docker token auth, with ``tests.tokenissuer`` as realm
   (plus a pull-only user, ``READONLY_USER``, password in ``token_issuer.users``).
 
+``RegistryServer.start(..., tls=ServingCert)`` serves HTTPS with that certificate and
+key (``tests.tls_helpers`` makes them); its :attr:`RegistryServer.url` is then https.
+
 Tests may tamper with ``storage_dir`` (see :meth:`RegistryServer.blob_path`)
 and read ``log_path``, which holds the registry's log including one access
 line per HTTP request (:meth:`RegistryServer.count_requests`).
@@ -45,6 +48,14 @@ READONLY_USER = "reader"
 AuthMode = Literal["none", "htpasswd", "token"]
 
 
+@dataclass(frozen=True)
+class ServingCert:
+    """PEM files of a serving certificate (with its chain) and its key."""
+
+    cert: Path
+    key: Path
+
+
 def _die_with_parent() -> None:
     """In the child: get SIGTERM if pytest dies without tearing down (Linux prctl)."""
     with contextlib.suppress(OSError, AttributeError):
@@ -70,18 +81,22 @@ class RegistryServer:
     username: str | None = None
     password: str | None = None
     token_issuer: tokenissuer.TokenIssuer | None = None
+    tls: ServingCert | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}"
+        return f"{'https' if self.tls else 'http'}://{self.host}"
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
     @classmethod
-    def start(cls, workdir: Path, *, auth: AuthMode = "none") -> RegistryServer:
-        """Start a registry with storage and config under ``workdir``; wait for ``/v2/``."""
+    def start(
+        cls, workdir: Path, *, auth: AuthMode = "none", tls: ServingCert | None = None
+    ) -> RegistryServer:
+        """Start a registry with storage and config under ``workdir``; wait for ``/v2/``.
+        With ``tls`` it serves HTTPS with that certificate."""
         if shutil.which(REGISTRY_BINARY) is None:
             raise RuntimeError(
                 f"{REGISTRY_BINARY} is missing: run `make setup` (it installs docker-registry)"
@@ -113,6 +128,9 @@ class RegistryServer:
                 f"    issuer: {tokenissuer.ISSUER}\n"
                 f"    rootcertbundle: {issuer.cert_path}\n"
             )
+        tls_config = (
+            f"  tls:\n    certificate: {tls.cert}\n    key: {tls.key}\n" if tls is not None else ""
+        )
         last_error = ""
         for _attempt in range(3):
             port = free_port()
@@ -123,7 +141,9 @@ class RegistryServer:
                 f"storage:\n  filesystem:\n    rootdirectory: {storage}\n"
                 "  delete:\n    enabled: true\n"
                 f"http:\n  addr: 127.0.0.1:{port}\n  secret: {secrets.token_hex(16)}\n"
-                "health:\n  storagedriver:\n    enabled: false\n" + auth_config
+                + tls_config
+                + "health:\n  storagedriver:\n    enabled: false\n"
+                + auth_config
             )
             log_path = workdir / f"registry-{port}.log"
             with log_path.open("wb") as log:
@@ -143,6 +163,7 @@ class RegistryServer:
                 username=username,
                 password=password,
                 token_issuer=issuer,
+                tls=tls,
             )
             if server._wait_ready():
                 return server
@@ -160,7 +181,7 @@ class RegistryServer:
             if self.process.poll() is not None:
                 return False
             with contextlib.suppress(requests.RequestException):
-                requests.get(f"{self.url}/v2/", timeout=1)
+                requests.get(f"{self.url}/v2/", timeout=1, verify=False)
                 return True
             time.sleep(0.05)
         return False

@@ -19,6 +19,7 @@ import base64
 import contextlib
 import io
 import os
+import ssl
 import subprocess
 import tarfile
 import threading
@@ -28,6 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from tests.httpreply import reply
+from tests.registry import ServingCert
 
 GIT_HTTP_BACKEND = "/usr/lib/git-core/git-http-backend"
 USERNAME = "bundles"
@@ -106,6 +108,8 @@ class SourceServer:
     _httpd: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
     stopping: threading.Event = field(default_factory=threading.Event)
+    tls: ServingCert | None = None
+    """Serve HTTPS with this certificate (``url`` is then ``https://``)."""
 
     @property
     def port(self) -> int:
@@ -114,7 +118,7 @@ class SourceServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def repo_url(self, name: str) -> str:
         return f"{self.url}/git/{name}"
@@ -210,6 +214,10 @@ class SourceServer:
                 reply(self, status, payload, headers=headers)
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if self.tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(self.tls.cert, self.tls.key)
+            self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
         self._thread.start()
@@ -223,8 +231,10 @@ class SourceServer:
 
 
 @contextlib.contextmanager
-def serving(git_root: Path, *, auth: bool = False) -> Iterator[SourceServer]:
-    server = SourceServer(git_root=git_root, auth=auth).start()
+def serving(
+    git_root: Path, *, auth: bool = False, tls: ServingCert | None = None
+) -> Iterator[SourceServer]:
+    server = SourceServer(git_root=git_root, auth=auth, tls=tls).start()
     try:
         yield server
     finally:

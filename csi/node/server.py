@@ -6,12 +6,19 @@ and builds the response; errors are ``rukpak.common.errors`` values turned into 
 statuses by ``csi.rpc.errors.rpc``. NodeStage/NodeUnstage are not advertised
 and answer UNIMPLEMENTED (inherited from the generated base class).
 
+An image volume with its own registry TLS (``certificateData``, ``insecureSkipTLSVerify``)
+is published under that trust on the RPC's thread only (``rukpak.oci.tls.using``): the
+clients made for it take it, a concurrent publish of another volume never does. Such a
+volume is published in bind mode (fetched whole within the publish), never through FUSE,
+whose lazy reads run later on threads that do not carry one volume's trust.
+
 NodePublishVolume's deadline starts when the request arrives: ``--publish-deadline``,
 or less when the client's own gRPC deadline (kubelet's 2 minutes) comes sooner.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import grpc
@@ -22,6 +29,7 @@ from csi.rpc.errors import RpcObserver, rpc
 from csi.volume import access
 from csi.volume.request import PublishRequest
 from rukpak.common import errors
+from rukpak.oci import tls as source_tls
 from rukpak.sources.volume import VolumeSource, credentials_from_secrets
 
 # Failures that depend on where the plugin runs (its network, its clock); the message
@@ -56,17 +64,20 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         access.check(request.volume_capability)
         secrets = dict(request.secrets)
         source = VolumeSource.from_attributes(dict(request.volume_context)).with_secrets(secrets)
+        if source.tls is not None and source.publish_mode != "bind":
+            source = dataclasses.replace(source, publish_mode="bind")  # see the docstring
         deadline = self.publisher.deadline(context.time_remaining())
         try:
-            self.publisher.publish(
-                PublishRequest(
-                    volume_id=request.volume_id,
-                    target_path=request.target_path,
-                    source=source,
-                    credentials=credentials_from_secrets(secrets, source),
-                ),
-                deadline=deadline,
-            )
+            with source_tls.using(source.tls):  # this volume's registry trust, this thread only
+                self.publisher.publish(
+                    PublishRequest(
+                        volume_id=request.volume_id,
+                        target_path=request.target_path,
+                        source=source,
+                        credentials=credentials_from_secrets(secrets, source),
+                    ),
+                    deadline=deadline,
+                )
         except NODE_LOCAL as e:
             # a source this node cannot reach may answer others: say which node asked
             raise type(e)(f"{e} (from node {self.node_id})") from e

@@ -22,6 +22,7 @@ from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import sources
 from rukpak.common import errors
+from rukpak.oci import tls as source_tls
 from rukpak.oci.auth import Credentials
 from rukpak.sources import git as gitsource
 from rukpak.sources import http as httpsource
@@ -106,11 +107,19 @@ def resolve(kube: Kube, source: Obj, *, namespace: str, resolve_image: ImageReso
         spec = _section(source, "image")
         ref = str(spec.get("ref") or "")
         secret = str(spec.get("pullSecret") or "")
-        if not secret:
+        tls = source_tls.SourceTLS.from_fields(
+            spec.get("certificateData"),
+            spec.get("insecureSkipTLSVerify"),
+            where="source.image.certificateData",
+        )
+        if not secret and tls is None:
             return Resolution(sources.pinned_image(resolve_image(ref)))
-        credentials = pull_credentials(kube, secret, namespace)
-        pinned = resolve_image(ref, credentials=credentials)
-        return Resolution(sources.pinned_image(pinned, pull_secret=secret))
+        # With the source's own TLS, a client of its own (as for a pull secret) made
+        # under that trust: the shared one never sees it.
+        credentials = pull_credentials(kube, secret, namespace) if secret else Credentials()
+        with source_tls.using(tls):
+            pinned = resolve_image(ref, credentials=credentials)
+        return Resolution(sources.pinned_image(pinned, pull_secret=secret, tls=spec))
     if kind == "git":
         spec = _section(source, "git")
         repository = str(spec.get("repository") or "")

@@ -11,7 +11,9 @@ content never passes through etcd or logs: it reaches pods only as this volume.
 
 Pins, in upstream RukPak's ``resolvedSource`` shapes:
 
-- image: ``{type: image, image: {ref: repo@sha256:...}}``;
+- image: ``{type: image, image: {ref: repo@sha256:...}}``, keeping the source's
+  ``pullSecret``, ``certificateData`` and ``insecureSkipTLSVerify`` (the volume presents
+  them to the node plugin: the registry's TLS trust travels with that volume only);
 - git: ``{type: git, git: {repository, directory, ref: {commit}, auth}}``, the
   branch or tag resolved to its commit once;
 - http: ``{type: http, http: {url, auth}}`` where the URL carries the digest of
@@ -47,6 +49,9 @@ ITEMS_KEY = "x-rukpak-configmap-items"
 MULTI = "x-rukpak-sources"
 """The ``type`` of several pinned sources (``several``), each with its ``destination``:
 what a v1alpha2 ``spec.sources`` pins to; never stored in the API as such."""
+TLS_FIELDS = ("certificateData", "insecureSkipTLSVerify")
+"""An image source's registry TLS fields (upstream's names), kept in its pin and handed to
+the node plugin as volume attributes of the same names (``rukpak.sources.volume``)."""
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -118,12 +123,16 @@ def parts(resolved: Obj) -> list[tuple[str, Obj]]:
     return out
 
 
-def pinned_image(ref: str, *, pull_secret: str = "") -> Obj:
+def pinned_image(ref: str, *, pull_secret: str = "", tls: Obj | None = None) -> Obj:
     """The ``resolvedSource`` of an image pinned by digest (with the ``pullSecret`` its
-    volume presents, when the source names one)."""
+    volume presents, when the source names one, and the source's TLS fields ``tls``:
+    ``certificateData``, ``insecureSkipTLSVerify``)."""
     image: Obj = {"ref": ref}
     if pull_secret:
         image["pullSecret"] = pull_secret
+    for key in TLS_FIELDS:
+        if (tls or {}).get(key):
+            image[key] = (tls or {})[key]
     return {"type": "image", "image": image}
 
 
@@ -222,6 +231,10 @@ def volume(resolved: Obj, name: str = VOLUME_NAME) -> Obj:
         }
         if image.get("pullSecret"):  # the node plugin pulls with it (kubelet hands it over)
             csi["nodePublishSecretRef"] = {"name": str(image["pullSecret"])}
+        if image.get("certificateData"):  # trusted for this volume only
+            csi["volumeAttributes"]["certificateData"] = str(image["certificateData"])
+        if image.get("insecureSkipTLSVerify") is True:
+            csi["volumeAttributes"]["insecureSkipTLSVerify"] = "true"
         return {"name": name, "csi": csi}
     if kind == "git":
         git = _section(resolved, "git")

@@ -97,6 +97,12 @@ def raise_for_status(
             f"{where} failed to serve {target.subject}: HTTP {status} after retries; "
             f"retry later{said}"
         )
+    if status == 400 and not codes and str(response.url).startswith("http://"):
+        # Go's answer to plain HTTP on its TLS port (a HEAD has no body to say so)
+        said += (
+            f"; if {target.host} speaks HTTPS, give the source its certificateData or "
+            "insecureSkipTLSVerify (a loopback registry is otherwise spoken to over plain HTTP)"
+        )
     raise errors.InvalidArgument(
         f"{where} refused the request for {target.subject}: HTTP {status}{said}"
     )

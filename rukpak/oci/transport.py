@@ -4,7 +4,12 @@ The one seam of ``rukpak.oci`` that touches the network. ``rukpak.oci.client``
 builds API operations on :class:`Transport.request`, which
 
 - picks ``http`` only for loopback hosts and hosts listed as insecure,
-  ``https`` for everything else (:func:`scheme_for`);
+  ``https`` for everything else (:func:`scheme_for`); a transport made for one source's
+  TLS (``rukpak.oci.tls``: its CA, or no verification) speaks ``https`` to loopback
+  hosts too, and verifies with that source's trust only;
+- answers FailedPrecondition at once, naming the host and the reason (unknown
+  authority, expired, hostname mismatch), when a certificate is refused: retrying
+  cannot help;
 - sets connect/read timeouts on every request and retries connection errors,
   429 and 5xx a bounded number of times with short exponential backoff, so a
   dead registry fails in seconds;
@@ -34,6 +39,7 @@ import requests
 from rukpak.common import backoff, errors
 from rukpak.common.backoff import Backoff
 from rukpak.oci import auth
+from rukpak.oci import tls as source_tls
 from rukpak.oci.answers import (
     RETRY_STATUS,
     Target,
@@ -86,11 +92,12 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def scheme_for(host: str, insecure: Iterable[str] = ()) -> str:
-    """``http`` for loopback or explicitly insecure hosts, else ``https``."""
+def scheme_for(host: str, insecure: Iterable[str] = (), *, tls_given: bool = False) -> str:
+    """``http`` for loopback or explicitly insecure hosts, else ``https``; with
+    ``tls_given`` (the source says how to verify its TLS) loopback hosts get ``https``."""
     allowed = {h.lower() for h in insecure}
     bare = host.lower().rsplit(":", 1)[0] if not host.endswith("]") else host.lower()
-    if is_loopback(host) or host.lower() in allowed or bare in allowed:
+    if (is_loopback(host) and not tls_given) or host.lower() in allowed or bare in allowed:
         return "http"
     return "https"
 
@@ -118,6 +125,7 @@ class Options(TypedDict, total=False):
     ca_bundle: str | None
     proxies_from_env: bool
     sleep: Callable[[float], object]
+    tls: source_tls.SourceTLS | None
 
 
 class Transport:
@@ -136,8 +144,16 @@ class Transport:
         ca_bundle: str | None = None,
         proxies_from_env: bool = True,
         sleep: Callable[[float], object] = time.sleep,
+        tls: source_tls.SourceTLS | None = None,
     ) -> None:
+        """``tls`` is the trust of the one source this transport is made for; by default
+        the one in force on this thread (``rukpak.oci.tls.using``), else the system's."""
         self.ca_bundle = ca_bundle
+        chosen = tls if tls is not None else source_tls.current()
+        self.tls = chosen if chosen is not None and chosen.custom else None
+        self.verify: str | bool = (
+            self.tls.verify(ca_bundle) if self.tls is not None else (ca_bundle or True)
+        )
         self.proxies_from_env = proxies_from_env
         self.credentials = credentials or auth.Credentials()
         self.insecure = frozenset(h.lower() for h in insecure)
@@ -168,7 +184,7 @@ class Transport:
         )
 
     def base_url(self, host: str) -> str:
-        return f"{scheme_for(host, self.insecure)}://{host}"
+        return f"{scheme_for(host, self.insecure, tls_given=self.tls is not None)}://{host}"
 
     def timeouts(self, deadline: backoff.Deadline | None) -> tuple[float, float]:
         """(connect, read) timeouts of the next attempt: ours, cut to what the deadline
@@ -249,8 +265,15 @@ class Transport:
                     timeout=self.timeouts(deadline),
                     allow_redirects=True,
                     proxies=self._proxies(url),
-                    verify=self.ca_bundle or True,
+                    verify=self.verify,
                 )
+            except requests.exceptions.SSLError as exc:
+                refused = source_tls.refusal(exc, what=f"registry {target.host}")
+                if refused is not None:  # the same certificate again: retrying cannot help
+                    raise errors.FailedPrecondition(
+                        f"{refused}; {target.subject} not fetched"
+                    ) from None
+                raise _Retry(_describe(exc)) from exc
             except requests.RequestException as exc:
                 raise _Retry(_describe(exc)) from exc
             finally:
@@ -348,7 +371,7 @@ class Transport:
         if (
             challenge.realm.startswith("http://")
             and credential is not None
-            and scheme_for(realm_host, self.insecure) != "http"
+            and scheme_for(realm_host, self.insecure, tls_given=self.tls is not None) != "http"
         ):
             raise errors.Unauthenticated(
                 f"registry {target.host} asks for credentials to be sent to {challenge.realm} "
@@ -364,7 +387,7 @@ class Transport:
                 timeout=self.timeouts(deadline),
                 host=target.host,
                 proxies=self._proxies(challenge.realm),
-                verify=self.ca_bundle or True,
+                verify=self.verify,
             )
         except errors.Unavailable as exc:
             if deadline is not None and deadline.expired():
@@ -392,7 +415,10 @@ def _describe(exc: requests.RequestException) -> str:
     if isinstance(exc, requests.ReadTimeout):
         return "no answer within the read timeout"
     if isinstance(exc, requests.exceptions.SSLError):
-        return "TLS handshake failed (certificate not trusted, or the registry speaks plain HTTP)"
+        why = source_tls.reason(exc)
+        if why is not None:
+            return f"TLS certificate refused: {why}"
+        return f"TLS handshake failed (does the server speak plain HTTP?): {_ssl_detail(exc)}"
     if isinstance(exc, requests.ConnectionError):
         text = str(exc)
         if "Connection refused" in text:
@@ -405,3 +431,12 @@ def _describe(exc: requests.RequestException) -> str:
 
 def _strip_query(url: str) -> str:
     return url.split("?", 1)[0]
+
+
+def _ssl_detail(exc: BaseException) -> str:
+    """The innermost ``ssl`` error's text, e.g. ``[SSL: WRONG_VERSION_NUMBER] ...``."""
+    text = str(exc)
+    start = text.find("[SSL")
+    if start >= 0:
+        return text[start:].split("'", 1)[0].rstrip(" ()")
+    return type(exc).__name__

@@ -42,6 +42,7 @@ from dulwich.repo import Repo
 
 from rukpak.common import errors
 from rukpak.common.backoff import Deadline
+from rukpak.oci import tls as source_tls
 from rukpak.sources.auth import SourceAuth
 
 log = logging.getLogger(__name__)
@@ -277,6 +278,9 @@ def _call(
     except NotGitRepository:
         raise errors.NotFound(f"{what} {repository}: repository not found") from None
     except (GitProtocolError, HangupException, OSError, urllib3.exceptions.HTTPError) as exc:
+        refused = source_tls.refusal(exc, what=f"git server {urlsplit(repository).netloc}")
+        if refused is not None:  # the same certificate again: retrying cannot help
+            raise errors.FailedPrecondition(f"{what} {display(repository)}: {refused}") from None
         raise _unanswered(repository, what, exc, deadline) from None
 
 

@@ -28,6 +28,7 @@ import requests
 
 from rukpak.common import errors
 from rukpak.common.backoff import Deadline
+from rukpak.oci import tls as source_tls
 from rukpak.sources.auth import SourceAuth
 
 CONNECT_TIMEOUT = 10.0
@@ -166,6 +167,9 @@ def _get(
     except requests.RequestException as exc:
         if until.expired():
             raise until.exceeded(doing, detail=type(exc).__name__) from None
+        refused = source_tls.refusal(exc, what=f"server {urlsplit(url).netloc}")
+        if refused is not None:  # the same certificate again: retrying cannot help
+            raise errors.FailedPrecondition(f"GET {display(url)}: {refused}") from None
         if not isinstance(exc, requests.Timeout):
             raise errors.Unavailable(f"GET {url}: request failed: {str(exc)[:300]}") from None
         raise errors.Unavailable(

@@ -7,6 +7,13 @@ optional ``directory``) or an http tarball (``url`` plus its pinned ``digest``);
 git and http volumes carry a ``FetchSource`` and their publish secret holds the
 source's auth Secret data (``rukpak.sources.auth``), not a dockerconfigjson.
 
+An image volume may carry its registry's TLS trust, for that volume only
+(``rukpak.oci.tls``): ``certificateData`` (PEM CA certificates, added to the system
+trust store) and ``insecureSkipTLSVerify`` (``"true"``), upstream's field names. Either
+needs an image pinned by digest: what is fetched is then verified by digest whatever
+the TLS, so a tree in the node cache is the content of its digest however it came; a
+tag's digest learnt with one volume's trust is never handed to another volume.
+
 A volume may also name what the node caches must keep for its owner (``retainFor``,
 e.g. ``bundledeployment/hello/<uid>``, and ``retain``, the owner's kept revisions,
 space-separated): images as ``name@sha256:<hex>`` references, git trees as
@@ -31,6 +38,7 @@ from rukpak.image.seams import PullPolicy
 from rukpak.oci.auth import Credentials
 from rukpak.oci.manifest import Platform
 from rukpak.oci.reference import Reference
+from rukpak.oci.tls import SourceTLS
 from rukpak.sources.auth import SourceAuth
 
 ATTR_IMAGE = "image"
@@ -44,6 +52,9 @@ ATTR_DIRECTORY = "directory"
 ATTR_URL = "url"
 ATTR_DIGEST = "digest"
 ATTR_INSECURE = "insecureSkipVerify"
+ATTR_CERTIFICATE_DATA = "certificateData"
+ATTR_INSECURE_SKIP_TLS = "insecureSkipTLSVerify"
+TLS_ATTRIBUTES = (ATTR_CERTIFICATE_DATA, ATTR_INSECURE_SKIP_TLS)
 ATTR_RETAIN_FOR = "retainFor"
 ATTR_RETAIN = "retain"
 FETCH_ATTRIBUTES = (ATTR_GIT, ATTR_COMMIT, ATTR_DIRECTORY, ATTR_URL, ATTR_DIGEST, ATTR_INSECURE)
@@ -53,6 +64,7 @@ KNOWN_ATTRIBUTES = (
     ATTR_PULL_POLICY,
     ATTR_PLATFORM,
     ATTR_PUBLISH_MODE,
+    *TLS_ATTRIBUTES,
     *RETAIN_ATTRIBUTES,
     *FETCH_ATTRIBUTES,
 )
@@ -140,6 +152,9 @@ class VolumeSource:
     retain: tuple[str, ...] = ()
     """What the node caches keep for ``retain_for``: image references pinned by digest
     and git or http source labels (:func:`retain_entry`)."""
+    tls: SourceTLS | None = field(default=None, repr=False, compare=False)
+    """The registry's TLS trust for this volume only (``certificateData``,
+    ``insecureSkipTLSVerify``); None: the node plugin's."""
     pinned: str = ""
     """Set by the publish spine, never by attributes: ``image`` pinned to the digest a
     signature check verified (``rukpak.signing.gate``); what is fetched when set."""
@@ -169,7 +184,13 @@ class VolumeSource:
                 f"volume attributes {' and '.join(kinds)} are exclusive: set exactly one"
             )
         retain_for, retain = _retention(attributes)
+        tls_given = [k for k in TLS_ATTRIBUTES if attributes.get(k, "").strip()]
         if kinds and kinds[0] != ATTR_IMAGE:
+            if tls_given:
+                raise errors.InvalidArgument(
+                    f"volume attribute(s) {', '.join(tls_given)} are for image volumes; a git "
+                    f"or http volume takes {ATTR_INSECURE!r} only"
+                )
             fetch = FetchSource.from_attributes(attributes)
             return cls(image=fetch.label(), fetch=fetch, retain_for=retain_for, retain=retain)
         image = attributes.get(ATTR_IMAGE, "").strip()
@@ -178,7 +199,18 @@ class VolumeSource:
                 "volume attribute 'image' is required: set it to the bundle image reference, "
                 "e.g. quay.io/org/bundle:v1"
             )
-        Reference.parse(image)
+        ref = Reference.parse(image)
+        tls = SourceTLS.from_fields(
+            attributes.get(ATTR_CERTIFICATE_DATA, ""),
+            attributes.get(ATTR_INSECURE_SKIP_TLS, ""),
+            where=f"volume attribute {ATTR_CERTIFICATE_DATA!r}",
+        )
+        if tls is not None and (ref.digest is None or not ref.digest.startswith("sha256:")):
+            raise errors.InvalidArgument(
+                f"volume attribute(s) {', '.join(tls_given)} need an image pinned by digest "
+                f"(name@sha256:<hex>), so that what is fetched is verified whatever the TLS; "
+                f"got {image[:300]!r}"
+            )
         policy = PullPolicy.parse(attributes.get(ATTR_PULL_POLICY) or "IfNotPresent")
         platform_text = attributes.get(ATTR_PLATFORM, "").strip()
         platform = Platform.parse(platform_text) if platform_text else None
@@ -195,6 +227,7 @@ class VolumeSource:
             publish_mode=mode,
             retain_for=retain_for,
             retain=retain,
+            tls=tls,
         )
 
     def attributes(self) -> dict[str, str]:
@@ -206,6 +239,10 @@ class VolumeSource:
                 out[ATTR_PLATFORM] = str(self.platform)
             if self.publish_mode is not None:
                 out[ATTR_PUBLISH_MODE] = self.publish_mode
+            if self.tls is not None and self.tls.ca_pem:
+                out[ATTR_CERTIFICATE_DATA] = self.tls.ca_pem
+            if self.tls is not None and self.tls.skip_verify:
+                out[ATTR_INSECURE_SKIP_TLS] = "true"
         if self.retain_for:
             out[ATTR_RETAIN_FOR] = self.retain_for
             out[ATTR_RETAIN] = " ".join(self.retain)

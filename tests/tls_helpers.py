@@ -1,0 +1,141 @@
+"""Certificates for TLS registries in tests, made with the ``cryptography`` package.
+
+A private CA (:func:`make_ca`) signs serving certificates (:func:`issue`), which may be
+expired or name another host; ``issue(None, ...)`` makes one that signs itself. Each is
+written as PEM files a registry serves (``tests.registry.ServingCert``); the CA's PEM is
+what a source gives as ``certificateData``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from tests.registry import ServingCert
+
+LOOPBACK_NAMES: tuple[x509.GeneralName, ...] = (
+    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+    x509.DNSName("localhost"),
+)
+
+
+@dataclass(frozen=True)
+class CA:
+    """A CA's certificate (``pem``) and key."""
+
+    cert: x509.Certificate
+    key: ec.EllipticCurvePrivateKey
+
+    @property
+    def pem(self) -> str:
+        return self.cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def make_ca(cn: str = "rukpak-test-registry-ca") -> CA:
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn))
+        .issuer_name(_name(cn))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(_now() - datetime.timedelta(days=1))
+        .not_valid_after(_now() + datetime.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
+        .sign(key, hashes.SHA256())
+    )
+    return CA(cert, key)
+
+
+def _write(
+    directory: Path, name: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey
+) -> ServingCert:
+    directory.mkdir(parents=True, exist_ok=True)
+    pair = ServingCert(directory / f"{name}.crt", directory / f"{name}.key")
+    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pair.key.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    pair.key.chmod(0o600)
+    return pair
+
+
+def issue(
+    ca: CA | None,
+    directory: Path,
+    name: str,
+    *,
+    names: tuple[x509.GeneralName, ...] = LOOPBACK_NAMES,
+    expired: bool = False,
+) -> ServingCert:
+    """A serving certificate for ``names`` signed by ``ca`` (itself when None), valid now
+    or, with ``expired``, for a day that ended an hour ago."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = _name(f"registry-{name}")
+    if expired:
+        before, after = _now() - datetime.timedelta(days=2), _now() - datetime.timedelta(hours=1)
+    else:
+        before, after = _now() - datetime.timedelta(days=1), _now() + datetime.timedelta(days=30)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca.cert.subject if ca else subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(before)
+        .not_valid_after(after)
+        .add_extension(x509.SubjectAlternativeName(list(names)), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+    )
+    if ca is None:  # self-signed: its own CA, as such certificates usually are
+        builder = builder.add_extension(
+            x509.BasicConstraints(ca=True, path_length=None), critical=True
+        )
+        cert = builder.sign(key, hashes.SHA256())
+    else:
+        builder = builder.add_extension(
+            x509.BasicConstraints(ca=False, path_length=None), critical=True
+        ).add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), False
+        )
+        cert = builder.sign(ca.key, hashes.SHA256())
+    return _write(directory, name, cert, key)
+
+
+def pem_of(pair: ServingCert) -> str:
+    """The certificate of ``pair`` in PEM (a self-signed one is its own CA)."""
+    return pair.cert.read_text()
