@@ -28,8 +28,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from provisioner.engine import words
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.manager import actuate, unpack
+from provisioner.manager import actuate
 from tests import bundles, csi_helpers
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
@@ -76,8 +77,8 @@ def system(rukpak_system: inst.RukpakSystem) -> Iterator[inst.RukpakSystem]:
 @pytest.mark.parametrize(
     ("entries", "message"),
     [
-        ([("README", "file", "no manifests here")], unpack.MISSING_MANIFESTS),
-        ([("manifests", "dir")], unpack.ZERO_OBJECTS),
+        ([("README", "file", "no manifests here")], words.MISSING_MANIFESTS),
+        ([("manifests", "dir")], words.ZERO_OBJECTS),
         (
             [
                 ("manifests", "dir"),
@@ -85,7 +86,7 @@ def system(rukpak_system: inst.RukpakSystem) -> Iterator[inst.RukpakSystem]:
                 ("manifests/sub", "dir"),
                 ("manifests/sub/b.yaml", "file", CONFIGMAP),
             ],
-            unpack.subdirectory_error("sub"),
+            words.subdirectory("manifests/sub"),
         ),
     ],
     ids=["no manifests", "empty manifests", "a subdirectory"],

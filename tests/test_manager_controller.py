@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine import appliedrecord, apply, inventory, inventorystore
+from provisioner.engine import appliedrecord, apply, inventory, inventorystore, words
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
 from provisioner.manager import actuate, controller, healthwatch, model, runs, unpack
@@ -614,10 +614,10 @@ def test_an_invalid_bundle_is_failing_with_the_unpack_message(
 ) -> None:
     name = unique("invalid")
     kube.create(bundle_doc(name, images["v1"]))
-    finish_unpack(kube, name, unpack.Result(error=unpack.MISSING_MANIFESTS))
+    finish_unpack(kube, name, unpack.Result(error=words.MISSING_MANIFESTS))
     eventually(
         lambda: (
-            unpacked(kube, name) == ("Failing", "False", "UnpackFailed", unpack.MISSING_MANIFESTS)
+            unpacked(kube, name) == ("Failing", "False", "UnpackFailed", words.MISSING_MANIFESTS)
         ),
         timeout=30,
         what="the Bundle Failing",
