@@ -117,7 +117,8 @@ def unresolved(source_type: object, ref: str, detail: str, where: str = "") -> s
     """A source that could not be pinned (its server did not answer, a tag that does not
     exist): the same words for a Bundle and a v1alpha2 BundleDeployment."""
     if source_type == "image":
-        return f"{SOURCE_PREFIX}{IMAGE_DESCRIPTOR}{detail}{where}"
+        named = detail if ref in detail else f"{ref}: {detail}"
+        return f"{SOURCE_PREFIX}{IMAGE_DESCRIPTOR}{named}{where}"
     return f"{SOURCE_PREFIX}cannot resolve {ref}: {detail}{where}"
 
 

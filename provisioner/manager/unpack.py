@@ -43,6 +43,7 @@ MESSAGE_LIMIT = 3800
 """Kubernetes keeps 4096 bytes of a termination message (``termination.MESSAGE_LIMIT``);
 leave room for the JSON around it."""
 
+
 @dataclass(frozen=True)
 class Result:
     """What the unpack pod reports: the kinds it found, or the error."""
