@@ -140,7 +140,8 @@ def test_a_missing_tag_stays_pending_naming_the_reference(system: inst.RukpakSys
         what="a Pending message",
     )
     assert (phase, reason) == ("Pending", "UnpackPending")
-    assert message.startswith(f"cannot resolve {ref}: ")
+    assert message.startswith("source bundle content: error fetching image descriptor: ")
+    assert ref in message
 
 
 def test_a_missing_digest_stays_pending_with_the_mount_failure(system: inst.RukpakSystem) -> None:

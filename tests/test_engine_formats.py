@@ -141,7 +141,7 @@ def test_a_gitignore_among_the_manifests_reads_as_gos_decoder_refuses_it(tmp_pat
         formats.load(root)
     assert "json: cannot unmarshal string into Go value" in refused.value.message
     assert refused.value.message == (
-        "get objects from bundle manifests: unable to decode \"manifests/.gitignore\": json: "
+        'get objects from bundle manifests: unable to decode "manifests/.gitignore": json: '
         "cannot unmarshal string into Go value of type map[string]interface {} "
         "(document 1, line 1: expected an object)"
     )
