@@ -139,7 +139,7 @@ def test_broken_v1alpha2_bundles_fail_in_upstream_v0_24s_words(
     subdirectory are Installed=False InstallFailed in the plain provisioner's words."""
     system = rukpak_system
     host, repo = system.registry_host, f"e2e-v2-{SUFFIX}"
-    images = {
+    images: dict[str, list[csi_helpers.Entry]] = {
         "no-manifests": [("README", "file", "no manifests here")],
         "empty": [("manifests", "dir")],
         "subdir": [
@@ -170,11 +170,14 @@ def test_broken_v1alpha2_bundles_fail_in_upstream_v0_24s_words(
         "subdir": 'subdirectories are not allowed within the "manifests" directory of the bundle '
         'image filesystem: found "manifests/emptydir"',
     }
+
+    def failed(tag: str) -> tuple[str, str, str] | None:
+        c = cond(system, names[tag], "Installed")
+        return c if c[1] == "InstallFailed" else None
+
     for tag, words in expected.items():
         status, _, message = eventually(
-            lambda t=tag: (
-                c if (c := cond(system, names[t], "Installed"))[1] == "InstallFailed" else None
-            ),
+            functools.partial(failed, tag),
             timeout=180,
             what=f"{tag}: InstallFailed",
         )
