@@ -46,6 +46,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from provisioner.engine import words
 from provisioner.engine.apply import Applied, DeletionPolicy, Options, Result, install
 from provisioner.engine.diff import Change
 from provisioner.engine.diff import plan as diff
@@ -142,6 +143,7 @@ __all__ = [
     "stop_on_signals",
     "unhealthy",
     "uninstall",
+    "words",
 ]
 
 

@@ -152,8 +152,9 @@ def test_unknown_kinds_are_refused_before_anything_is_applied(
         apply.install(kube, bundle, apply.Options(name=name, namespace=name))
     # every missing kind is named, in the API machinery's words (as upstream reports them)
     message = refused.value.message
-    where = "manifests/a.yaml document 2 (line 6): "
-    assert where + 'no matches for kind "Thing" in version "nope.example.com/v1"' in message
+    assert message.startswith("required resource not found: ")  # upstream v0.16's words
+    where = " (manifests/a.yaml document 2 (line 6))"
+    assert 'no matches for kind "Thing" in version "nope.example.com/v1"' + where in message
     assert 'no matches for kind "Other" in version "nope.example.com/v2"' in message
     assert kube.get(ObjectRef("", "v1", "Namespace", "", name)) is None
 

@@ -28,8 +28,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from provisioner.engine import words
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.manager import actuate, unpack
+from provisioner.manager import actuate
 from tests import bundles, csi_helpers
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
@@ -76,8 +77,8 @@ def system(rukpak_system: inst.RukpakSystem) -> Iterator[inst.RukpakSystem]:
 @pytest.mark.parametrize(
     ("entries", "message"),
     [
-        ([("README", "file", "no manifests here")], unpack.MISSING_MANIFESTS),
-        ([("manifests", "dir")], unpack.ZERO_OBJECTS),
+        ([("README", "file", "no manifests here")], words.MISSING_MANIFESTS),
+        ([("manifests", "dir")], words.ZERO_OBJECTS),
         (
             [
                 ("manifests", "dir"),
@@ -85,7 +86,7 @@ def system(rukpak_system: inst.RukpakSystem) -> Iterator[inst.RukpakSystem]:
                 ("manifests/sub", "dir"),
                 ("manifests/sub/b.yaml", "file", CONFIGMAP),
             ],
-            unpack.subdirectory_error("sub"),
+            words.subdirectory("manifests/sub"),
         ),
     ],
     ids=["no manifests", "empty manifests", "a subdirectory"],
@@ -139,7 +140,8 @@ def test_a_missing_tag_stays_pending_naming_the_reference(system: inst.RukpakSys
         what="a Pending message",
     )
     assert (phase, reason) == ("Pending", "UnpackPending")
-    assert message.startswith(f"cannot resolve {ref}: ")
+    assert message.startswith("source bundle content: error fetching image descriptor: ")
+    assert ref in message
 
 
 def test_a_missing_digest_stays_pending_with_the_mount_failure(system: inst.RukpakSystem) -> None:

@@ -216,14 +216,16 @@ def test_broken_sources_fail_with_a_message_naming_the_problem(
     http = sources.source("http")
     http["http"]["url"] = f"{sources.server.url}/redirect-away/files/hello.tgz"
     cms = {"type": "configMaps", "configMaps": [{"configMap": {"name": "absent"}}]}
-    invalid = f"invalid-{SUFFIX}"  # upstream's case: a file of text among the manifests
+    # upstream's case: its subdir bundle's files flattened into one ConfigMap, a
+    # .gitignore holding "!.gitignore" (a YAML local tag) among them
+    invalid = f"invalid-{SUFFIX}"
     system.kube.create(
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {"name": invalid, "namespace": inst.NAMESPACE},
             "immutable": True,
-            "data": {"cm.yaml": CM_YAML, ".keep": "keep this directory"},
+            "data": {"cm.yaml": CM_YAML, ".gitignore": "!.gitignore\n"},
         }
     )
     bad_cm = {
@@ -245,6 +247,7 @@ def test_broken_sources_fail_with_a_message_naming_the_problem(
         'ConfigMap "absent" not found'  # upstream's words
     )
     assert "json: cannot unmarshal string into Go value" in messages["cm-invalid"]["message"]
+    assert "could not determine a constructor" not in messages["cm-invalid"]["message"]
     # the unpack pod of the failed git Bundle goes: nothing left behind
     pod = ObjectRef("", "v1", "Pod", inst.NAMESPACE, f"src-bad-git-{SUFFIX}")
     eventually(lambda: system.kube.get(pod) is None, timeout=60, what="the unpack pod gone")

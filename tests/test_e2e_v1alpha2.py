@@ -132,6 +132,62 @@ def test_require_immutable_refs_refuses_a_tag_before_fetching(
     inst.delete_v2(system, name, timeout=120)
 
 
+def test_broken_v1alpha2_bundles_fail_in_upstream_v0_24s_words(
+    rukpak_system: inst.RukpakSystem,
+) -> None:
+    """Upstream v0.24's suite: a tag that does not exist is an ``Unpacked`` condition naming
+    the image descriptor; a bundle without ``manifests/``, an empty one and one with a
+    subdirectory are Installed=False InstallFailed in the plain provisioner's words."""
+    system = rukpak_system
+    host, repo = system.registry_host, f"e2e-v2-{SUFFIX}"
+    images: dict[str, list[csi_helpers.Entry]] = {
+        "no-manifests": [("README", "file", "no manifests here")],
+        "empty": [("manifests", "dir")],
+        "subdir": [
+            ("manifests", "dir"),
+            ("manifests/emptydir", "dir"),
+            ("manifests/namespace-a.yaml", "file", yaml.safe_dump(bundles.namespace("a"))),
+        ],
+    }
+    refs = {
+        tag: csi_helpers.push_image(host, repo, tag, [entries]).ref
+        for tag, entries in images.items()
+    }
+    refs["missing"] = f"{host}/{repo}/plain-v0:non-existent-tag"
+    names = {tag: f"words-{tag}-{SUFFIX}" for tag in refs}
+    for tag, ref in refs.items():
+        system.kube.create(bd_v2(names[tag], ref))
+    _, _, message = eventually(
+        lambda: (
+            c if "error fetching" in (c := cond(system, names["missing"], "Unpacked"))[2] else None
+        ),
+        timeout=60,
+        what="Unpacked naming the image descriptor",
+    )
+    assert "source bundle content: error fetching image descriptor" in message
+    expected = {
+        "no-manifests": "readdir manifests: file does not exist",
+        "empty": "found zero objects: plain+v0 bundles are required to contain at least one object",
+        "subdir": 'subdirectories are not allowed within the "manifests" directory of the bundle '
+        'image filesystem: found "manifests/emptydir"',
+    }
+
+    def failed(tag: str) -> tuple[str, str, str] | None:
+        c = cond(system, names[tag], "Installed")
+        return c if c[1] == "InstallFailed" else None
+
+    for tag, words in expected.items():
+        status, _, message = eventually(
+            functools.partial(failed, tag),
+            timeout=180,
+            what=f"{tag}: InstallFailed",
+        )
+        assert status == "False" and words in message, (tag, message)
+        assert cond(system, names[tag], "Healthy")[:2] == ("False", "InstallationStatusFalse")
+    for name in names.values():
+        inst.delete_v2(system, name, timeout=120)
+
+
 def test_poll_interval_follows_a_tag_and_without_it_the_pin_holds(
     rukpak_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:

@@ -67,8 +67,8 @@ def test_a_dotfile_is_content_as_upstream_reads_it(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("files", "message"),
     [
-        ({}, "contains no objects"),
-        ({"a.yaml": "---\n"}, "contains no objects"),
+        ({}, "invalid bundle: found zero objects: plain+v0 bundles are required to contain"),
+        ({"a.yaml": "---\n"}, "found zero objects"),
         ({"README.md": "# hi"}, "manifests/README.md: only .yaml, .yml and .json files"),
         (
             {"a.yaml": CM.format("a") + "---\nkind: a: b\n"},
@@ -78,7 +78,11 @@ def test_a_dotfile_is_content_as_upstream_reads_it(tmp_path: Path) -> None:
             {"a.json": '{"apiVersion": \n  "v1",, }'},
             "manifests/a.json document 1 (line 2): invalid JSON",
         ),
-        ({"a.yaml": "- 1\n- 2\n"}, "document 1 (line 1): expected an object"),
+        (
+            {"a.yaml": "- 1\n- 2\n"},
+            'unable to decode "manifests/a.yaml": json: cannot unmarshal array into Go value '
+            "of type map[string]interface {} (document 1, line 1: expected an object)",
+        ),
         ({"a.yaml": "kind: ConfigMap\nmetadata: {name: a}\n"}, "apiVersion is missing"),
         ({"a.yaml": "apiVersion: v1\nkind: ConfigMap\n"}, "ConfigMap has no metadata"),
         (
@@ -99,16 +103,54 @@ def test_bad_bundles_are_refused_naming_the_place(
         formats.load(root)
 
 
-def test_a_bundle_without_a_manifests_directory_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(BundleInvalid, match="must contain a manifests/ directory"):
+def test_a_bundle_without_a_manifests_directory_is_refused_in_upstreams_words(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(BundleInvalid) as refused:
         formats.load(tmp_path)
+    assert refused.value.message == (
+        "get objects from bundle manifests: readdir manifests: file does not exist"
+    )
 
 
-def test_subdirectories_are_refused(tmp_path: Path) -> None:
-    root = bundle(tmp_path, {"a.yaml": CM.format("a")})
-    (root / "manifests" / "nested").mkdir()
-    with pytest.raises(BundleInvalid, match="manifests/nested: subdirectories are not allowed"):
+def test_subdirectories_are_refused_in_upstreams_words(tmp_path: Path) -> None:
+    root = bundle(tmp_path, {"namespace-a.yaml": CM.format("a")})
+    (root / "manifests" / "emptydir").mkdir()
+    (root / "manifests" / "subdir").mkdir()
+    with pytest.raises(BundleInvalid) as refused:
         formats.load(root)
+    assert refused.value.message == (
+        "get objects from bundle manifests: subdirectories are not allowed within the "
+        '"manifests" directory of the bundle image filesystem: found "manifests/emptydir"'
+    )
+
+
+def test_an_empty_manifests_directory_is_refused_in_upstreams_words(tmp_path: Path) -> None:
+    with pytest.raises(BundleInvalid) as refused:
+        formats.load(bundle(tmp_path, {".gitignore": ""}))
+    assert "found zero objects: plain+v0 bundles are required to contain at least one object" in (
+        refused.value.message
+    )
+
+
+def test_a_gitignore_among_the_manifests_reads_as_gos_decoder_refuses_it(tmp_path: Path) -> None:
+    """Upstream's invalid ConfigMap bundle: a ``.gitignore`` holding ``!.gitignore`` (a YAML
+    local tag, which Go's YAML reads as the string "") beside a valid manifest."""
+    root = bundle(tmp_path, {".gitignore": "!.gitignore\n", "namespace-a.yaml": CM.format("a")})
+    with pytest.raises(BundleInvalid) as refused:
+        formats.load(root)
+    assert "json: cannot unmarshal string into Go value" in refused.value.message
+    assert refused.value.message == (
+        'get objects from bundle manifests: unable to decode "manifests/.gitignore": json: '
+        "cannot unmarshal string into Go value of type map[string]interface {} "
+        "(document 1, line 1: expected an object)"
+    )
+
+
+def test_local_yaml_tags_on_objects_are_read_as_untagged(tmp_path: Path) -> None:
+    root = bundle(tmp_path, {"a.yaml": "!thing\n" + CM.format("a") + "data: !x {k: !y v}\n"})
+    (loaded,) = formats.load(root).manifests
+    assert loaded.obj["data"] == {"k": "v"}
 
 
 def test_unknown_formats_are_refused_and_new_ones_can_register(tmp_path: Path) -> None:

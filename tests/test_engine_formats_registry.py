@@ -249,7 +249,20 @@ def test_csv_refusals_say_what_is_wrong(
 ) -> None:
     root = copy_fixture(tmp_path)
     edit_csv(root, change)
-    assert refusal(root) == f"{CSV_FILE} document 1 (line 1): {message}"
+    # upstream's prefix, then its reason (or ours) at once, then where: the CSV
+    assert refusal(root) == f"{message} ({CSV_FILE} document 1 (line 1))"
+
+
+def test_a_conversion_failure_reads_as_upstream_wrote_it_then_where(tmp_path: Path) -> None:
+    root = copy_fixture(tmp_path)
+    edit_csv(root, _no_all_namespaces)
+    with pytest.raises(BundleInvalid) as refused:
+        formats.load(root, format="registry+v1")
+    # upstream v0.16's suite: the prefix immediately followed by the reason
+    assert str(refused.value).startswith(
+        "convert registry+v1 bundle to plain+v0 bundle: AllNamespace install mode must be enabled"
+    )
+    assert str(refused.value).endswith(f"({CSV_FILE} document 1 (line 1))")
 
 
 def test_unsupported_kinds_are_refused_by_name(tmp_path: Path) -> None:
@@ -258,8 +271,8 @@ def test_unsupported_kinds_are_refused_by_name(tmp_path: Path) -> None:
         "apiVersion: v1\nkind: Event\nmetadata:\n  name: hello\n"
     )
     assert refusal(root) == (
-        "manifests/event.yaml document 1 (line 1): "
-        "bundle contains unsupported resource: Name: hello, Kind: Event"
+        "bundle contains unsupported resource: Name: hello, Kind: Event "
+        "(manifests/event.yaml document 1 (line 1))"
     )
 
 
@@ -282,7 +295,7 @@ def test_v1beta1_crds_are_refused_with_the_fix(tmp_path: Path) -> None:
         path.read_text().replace("apiextensions.k8s.io/v1", "apiextensions.k8s.io/v1beta1")
     )
     message = refusal(root)
-    assert message.startswith("manifests/cache.example.com_backups.yaml document 1 (line 1): ")
+    assert message.endswith("(manifests/cache.example.com_backups.yaml document 1 (line 1))")
     assert "convert it to apiextensions.k8s.io/v1" in message
 
 
@@ -292,9 +305,8 @@ def test_an_object_the_conversion_also_generates_is_refused_as_a_duplicate(tmp_p
         f"apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: {MANAGER_SA}\n"
     )
     message = refusal(root)
-    assert message.startswith(
-        f"manifests/sa.yaml document 1 (line 1): ServiceAccount {NS}/{MANAGER_SA}"
-    )
+    assert message.startswith(f"ServiceAccount {NS}/{MANAGER_SA} is defined twice")
+    assert message.endswith("(manifests/sa.yaml document 1 (line 1))")
     assert f"first from {CSV_FILE}" in message
 
 
@@ -304,31 +316,32 @@ def test_an_object_the_conversion_also_generates_is_refused_as_a_duplicate(tmp_p
 def test_missing_annotations_file_is_named(tmp_path: Path) -> None:
     root = copy_fixture(tmp_path)
     (root / "metadata" / "annotations.yaml").unlink()
-    assert refusal(root).startswith("metadata/annotations.yaml: missing;")
+    message = refusal(root)
+    assert message.startswith("missing; a registry+v1 bundle names its package there")
+    assert message.endswith("(metadata/annotations.yaml)")
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("annotations: [unclosed\n", "metadata/annotations.yaml: invalid YAML:"),
-        ("- a list\n", "metadata/annotations.yaml: expected a mapping with an 'annotations' key"),
+        ("annotations: [unclosed\n", "invalid YAML:"),
+        ("- a list\n", "expected a mapping with an 'annotations' key"),
         (
             "annotations:\n  operators.operatorframework.io.bundle.channels.v1: alpha\n",
-            "metadata/annotations.yaml: annotation "
-            "operators.operatorframework.io.bundle.package.v1 is missing",
+            "annotation operators.operatorframework.io.bundle.package.v1 is missing",
         ),
         (
             "annotations:\n  operators.operatorframework.io.bundle.mediatype.v1: plain+v0\n"
             "  operators.operatorframework.io.bundle.package.v1: x\n",
-            "metadata/annotations.yaml: operators.operatorframework.io.bundle.mediatype.v1 "
-            "is 'plain+v0', not 'registry+v1'",
+            "operators.operatorframework.io.bundle.mediatype.v1 is 'plain+v0', not 'registry+v1'",
         ),
     ],
 )
 def test_bad_annotations_are_named(tmp_path: Path, text: str, message: str) -> None:
     root = copy_fixture(tmp_path)
     (root / "metadata" / "annotations.yaml").write_text(text)
-    assert refusal(root).startswith(message)
+    refused = refusal(root)
+    assert refused.startswith(message) and refused.endswith("(metadata/annotations.yaml)")
 
 
 def test_a_csv_that_is_not_yaml_is_named_with_its_line(tmp_path: Path) -> None:
@@ -349,7 +362,7 @@ def test_a_bundle_without_a_csv_is_refused(tmp_path: Path) -> None:
     root = copy_fixture(tmp_path)
     (root / CSV_FILE).unlink()
     assert refusal(root) == (
-        "manifests/: a registry+v1 bundle needs one ClusterServiceVersion; found none"
+        "a registry+v1 bundle needs one ClusterServiceVersion; found none (manifests/)"
     )
 
 
@@ -378,7 +391,8 @@ def test_symlinks_out_of_the_bundle_are_refused(tmp_path: Path, link: str) -> No
     outside.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: stolen\n")
     (root / link).unlink(missing_ok=True)
     (root / link).symlink_to(outside)
-    assert refusal(root).startswith(f"{link}: leads outside the bundle")
+    refused = refusal(root)
+    assert refused.startswith("leads outside the bundle") and refused.endswith(f"({link})")
 
 
 def test_a_manifests_directory_linked_out_of_the_bundle_is_refused(tmp_path: Path) -> None:
@@ -386,7 +400,8 @@ def test_a_manifests_directory_linked_out_of_the_bundle_is_refused(tmp_path: Pat
     elsewhere = tmp_path / "elsewhere"
     shutil.move(root / "manifests", elsewhere)
     (root / "manifests").symlink_to(elsewhere)
-    assert refusal(root).startswith("manifests: leads outside the bundle")
+    refused = refusal(root)
+    assert refused.startswith("leads outside the bundle") and refused.endswith("(manifests)")
 
 
 def test_a_plain_bundle_loaded_as_registry_says_what_is_missing(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine import appliedrecord, apply, inventory, inventorystore
+from provisioner.engine import appliedrecord, apply, inventory, inventorystore, words
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
 from provisioner.manager import actuate, controller, healthwatch, model, runs, unpack
@@ -330,7 +330,9 @@ def test_an_image_that_does_not_exist_becomes_a_condition(
         timeout=30,
         what="HasValidBundle UnpackPending naming the missing tag",
     )
-    assert f"cannot resolve {images['missing']}" in message
+    # upstream v0.24's words, the same for a Bundle and a v1alpha2 BundleDeployment
+    assert "source bundle content: error fetching image descriptor: " in message
+    assert images["missing"] in message
     (bundle,) = bundles_of(kube, name)
     assert bundle["status"]["phase"] == "Pending"
     assert instance_of(kube, name) is None
@@ -614,10 +616,10 @@ def test_an_invalid_bundle_is_failing_with_the_unpack_message(
 ) -> None:
     name = unique("invalid")
     kube.create(bundle_doc(name, images["v1"]))
-    finish_unpack(kube, name, unpack.Result(error=unpack.MISSING_MANIFESTS))
+    finish_unpack(kube, name, unpack.Result(error=words.MISSING_MANIFESTS))
     eventually(
         lambda: (
-            unpacked(kube, name) == ("Failing", "False", "UnpackFailed", unpack.MISSING_MANIFESTS)
+            unpacked(kube, name) == ("Failing", "False", "UnpackFailed", words.MISSING_MANIFESTS)
         ),
         timeout=30,
         what="the Bundle Failing",
@@ -636,7 +638,8 @@ def test_a_missing_tag_stays_pending_with_the_registrys_answer(
         what="a status",
     )
     assert (phase, status, reason) == ("Pending", "False", "UnpackPending")
-    assert message.startswith(f"cannot resolve {images['missing']}: ")
+    assert message.startswith("source bundle content: error fetching image descriptor: ")
+    assert images["missing"] in message
     assert kube.get(ObjectRef("", "v1", "Pod", SYSTEM_NS, name)) is None
 
 

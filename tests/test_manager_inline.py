@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from provisioner.engine import words
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import generate, inline, model, plan, resolution, runs, sources
 from rukpak.common import errors
@@ -95,7 +96,7 @@ def test_the_recorded_install_makes_it_unpacked_and_installed() -> None:
 
 
 @pytest.mark.parametrize(
-    ("spec", "words"),
+    ("spec", "expected"),
     [
         (
             {"requireImmutableRefs": True},
@@ -136,12 +137,12 @@ def test_the_recorded_install_makes_it_unpacked_and_installed() -> None:
     ],
     ids=["image tag", "git branch", "http without digest", "upload", "nested", "root"],
 )
-def test_what_cannot_be_installed_is_refused_before_fetching(spec: Obj, words: str) -> None:
+def test_what_cannot_be_installed_is_refused_before_fetching(spec: Obj, expected: str) -> None:
     actions = planned(bd(**spec))
     assert "ResolveSource" not in kinds(actions)
     conds = written(actions)
     assert conds["Unpacked"]["reason"] == "UnpackFailed"
-    assert words in conds["Unpacked"]["message"]
+    assert expected in conds["Unpacked"]["message"]
 
 
 def test_immutable_refs_pass_with_a_digest_and_a_commit() -> None:
@@ -263,3 +264,63 @@ def test_a_readable_pull_secret_gives_its_login() -> None:
     assert (
         login is not None and login.basic_header() == "Basic " + base64.b64encode(b"me:pw").decode()
     )
+
+
+def _failed_run(the_bd: Obj, message: str) -> Obj:
+    """The first run of ``the_bd``'s pinned content, Failed with ``message``."""
+    pod = next(a.pod for a in planned(the_bd) if isinstance(a, plan.CreatePod))
+    state = {"terminated": {"exitCode": 1, "message": message, "finishedAt": NOW}}
+    pod["status"] = {"phase": "Failed", "containerStatuses": [{"name": "instance", "state": state}]}
+    return pod
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        words.MISSING_MANIFESTS,
+        words.ZERO_OBJECTS,
+        words.subdirectory("manifests/emptydir"),
+        'get objects from bundle manifests: unable to decode "manifests/.gitignore": json: '
+        "cannot unmarshal string into Go value of type map[string]interface {} (document 1, "
+        "line 1: expected an object)",
+    ],
+    ids=["no manifests", "empty manifests", "a subdirectory", "a .gitignore"],
+)
+def test_a_bundle_the_run_refuses_is_install_failed_in_upstreams_words(failure: str) -> None:
+    """Upstream v0.24's suite: Installed False, InstallFailed, its words in the message."""
+    the_bd = bd(pin=(1, NOW))
+    conds = written(planned(the_bd, plan.Observed(pods=(_failed_run(the_bd, failure),), now=NOW)))
+    installed = conds["Installed"]
+    assert (installed["status"], installed["reason"]) == ("False", "InstallFailed")
+    assert failure in installed["message"]
+    for upstream in (
+        "readdir manifests: file does not exist",
+        "found zero objects: plain+v0 bundles are required to contain at least one object",
+        'subdirectories are not allowed within the "manifests" directory of the bundle image '
+        'filesystem: found "manifests/emptydir"',
+        "json: cannot unmarshal string into Go value",
+    ):
+        if upstream in failure:
+            assert upstream in installed["message"]
+    healthy = conds["Healthy"]
+    assert (healthy["status"], healthy["reason"], healthy["message"]) == (
+        "False",
+        "InstallationStatusFalse",
+        "Installed condition is false",
+    )
+
+
+def test_kinds_nobody_serves_read_as_v0_24_reports_them() -> None:
+    """A v1alpha2 BundleDeployment whose CRD's provider does not exist: upstream v0.24's
+    reason ErrorGettingReleaseState (a v1alpha1 one keeps v0.16's InstallFailed)."""
+    the_bd = bd(pin=(1, NOW))
+    failure = words.unknown_kinds({("x.io/v1", "Widget"): "manifests/w.yaml document 1 (line 1)"})
+    conds = written(planned(the_bd, plan.Observed(pods=(_failed_run(the_bd, failure),), now=NOW)))
+    installed = conds["Installed"]
+    assert (installed["status"], installed["reason"]) == ("False", "ErrorGettingReleaseState")
+    assert "ensure CRDs are installed first" in installed["message"]
+    assert 'no matches for kind "Widget" in version "x.io/v1"' in installed["message"]
+    assert conds["Healthy"]["reason"] == "InstallationStatusFalse"
+    events = [a for a in planned(the_bd, plan.Observed(pods=(_failed_run(the_bd, failure),)))]
+    warned = [a.reason for a in events if isinstance(a, plan.RecordEvent) and a.type == "Warning"]
+    assert "ErrorGettingReleaseState" in warned

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from provisioner.engine import words
 from provisioner.engine.objects import Obj
 from provisioner.manager import generate as build
 from provisioner.manager import model, plan, runs, sources
@@ -267,7 +268,7 @@ def _ready(of: Obj, **kw: Any) -> plan.Observed:
         (
             _ready(B, pods=(run_pod(B, failed="phase 'crds': 1 object(s) failed"),)),
             ("False", "InstallFailed"),
-            ("Unknown", "NotInstalled"),
+            ("False", "InstallationStatusFalse"),  # upstream sets both
         ),
     ],
     ids=[
@@ -592,3 +593,27 @@ def test_an_early_install_is_reported_once_its_bundle_is_unpacked() -> None:
     actions = plan.plan(before, unpacked, settings=SETTINGS)
     assert status_of(actions)["activeBundle"] == model.bundle_name(B2)
     assert "DeleteBundle" in kinds(actions)
+
+
+def test_kinds_nobody_serves_read_as_v0_16_reports_them() -> None:
+    """A v1alpha1 BundleDeployment whose CRD's provider does not exist: upstream v0.16's
+    InstallFailed with ``required resource not found``, each missing kind named after it."""
+    failure = words.unknown_kinds(
+        {
+            ("operators.coreos.com/v1alpha1", "CatalogSource"): "manifests/a.yaml document 1",
+            ("operators.coreos.com/v1", "OperatorGroup"): "manifests/b.yaml document 1",
+        }
+    )
+    actions = plan.plan(B, _ready(B, pods=(run_pod(B, failed=failure),)), settings=SETTINGS)
+    installed = next(c for c in status_of(actions)["conditions"] if c["type"] == "Installed")
+    assert (installed["status"], installed["reason"]) == ("False", "InstallFailed")
+    assert "required resource not found" in installed["message"]
+    assert (
+        'no matches for kind "CatalogSource" in version "operators.coreos.com/v1alpha1"'
+        in installed["message"]
+    )
+    assert (
+        'no matches for kind "OperatorGroup" in version "operators.coreos.com/v1"'
+        in (installed["message"])
+    )
+    assert cond(actions, plan.HEALTHY) == ("False", "InstallationStatusFalse")

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from provisioner import __main__ as provisioner_main
+from provisioner.engine import words
 from provisioner.engine.objects import Obj
 from provisioner.manager import bundleplan, model, unpack
 
@@ -68,7 +69,13 @@ def test_a_subdirectory_gets_upstreams_message(tmp_path: Path) -> None:
 def test_other_errors_name_the_file_and_document(tmp_path: Path) -> None:
     tree(tmp_path, {"manifests/a.yaml": CONFIGMAP.format(name="a") + "---\nkind: [\n"})
     result = unpack.validate(tmp_path)
-    assert result.error.startswith("invalid bundle: manifests/a.yaml document 2")
+    assert result.error.startswith("get objects from bundle manifests: manifests/a.yaml document 2")
+
+
+def test_a_registry_bundle_reports_upstreams_conversion_words(tmp_path: Path) -> None:
+    tree(tmp_path, {"manifests/a.yaml": CONFIGMAP.format(name="a")})
+    result = unpack.validate(tmp_path, format="registry+v1")
+    assert result.error.startswith("convert registry+v1 bundle to plain+v0 bundle: missing;")
 
 
 def test_a_valid_bundle_reports_its_kinds(tmp_path: Path) -> None:
@@ -205,10 +212,10 @@ def test_a_succeeded_pod_makes_the_bundle_unpacked_and_goes() -> None:
 
 
 def test_a_failed_pod_makes_the_bundle_failing_with_the_loader_message() -> None:
-    result = unpack.Result(error=unpack.ZERO_OBJECTS).to_json()
+    result = unpack.Result(error=words.ZERO_OBJECTS).to_json()
     done = pod("Failed", state={"terminated": {"exitCode": 1, "message": result}})
     actions = run(bundle(status=RESOLVED), pod=done)
-    assert written(actions) == ("Failing", "False", "UnpackFailed", unpack.ZERO_OBJECTS)
+    assert written(actions) == ("Failing", "False", "UnpackFailed", words.ZERO_OBJECTS)
     assert actions[-1] == bundleplan.DeletePod("rukpak-system", "hello-1")
     events = [a for a in actions if isinstance(a, bundleplan.RecordEvent)]
     assert [(e.type, e.reason) for e in events] == [("Warning", "UnpackFailed")]

@@ -9,6 +9,13 @@ skipped; other dotfiles are read as YAML (upstream reads every file), without th
 rule. A ``v1 List`` document contributes its
 items. ``provisioner.bundle.validate`` runs this same loader at build time;
 ``formats`` lists it as the default format.
+
+Its refusals are upstream's words (``words``): no ``manifests/``, a subdirectory, zero
+objects, a document that is not an object (YAML tags upstream's decoder does not know,
+such as a ``.gitignore``'s ``!.gitignore``, read as plain values, as Go's YAML reads
+them); every other refusal carries upstream's prefix (``get objects from bundle
+manifests: ``) before our words. The unpack pod (v1alpha1) and the instance run
+(v1alpha2) both load with it, so both API versions say the same.
 """
 
 from __future__ import annotations
@@ -20,48 +27,53 @@ from typing import Any
 
 import yaml
 
+from provisioner.engine import words
 from provisioner.engine.errors import BundleInvalid
 from provisioner.engine.manifest import Bundle, Manifest, Source
 from provisioner.engine.objects import ObjectRef
 
 NAME = "plain+v0"
 SUFFIXES = (".yaml", ".yml", ".json")
-_JSON_TYPES: dict[type, str] = {
-    str: "string",
-    int: "number",
-    float: "number",
-    bool: "bool",
-    list: "array",
-}
 
 
 def load(root: Path, *, dotfiles: bool = True) -> Bundle:
     """The bundle at ``root``; ``dotfiles=False`` reads it as ``rukpak bundle build`` packs
     it (dotfiles left out of the image)."""
-    manifests_dir = root / "manifests"
+    manifests_dir = root / words.MANIFESTS_DIR
     if not manifests_dir.is_dir():
-        raise BundleInvalid(f"{root}: a plain+v0 bundle must contain a manifests/ directory")
+        raise BundleInvalid(words.MISSING_MANIFESTS)
     manifests: list[Manifest] = []
     for rel, path in manifest_entries(manifests_dir):
         if not dotfiles and path.name.startswith("."):
             continue
         if path.is_dir():
-            raise BundleInvalid(f"{rel}: subdirectories are not allowed in a plain+v0 bundle")
-        if not path.is_file():
-            raise BundleInvalid(f"{rel}: not a regular file")
-        if not path.name.endswith(SUFFIXES) and not path.name.startswith("."):
-            raise BundleInvalid(
-                f"{rel}: only .yaml, .yml and .json files belong in manifests/; move it out"
-            )
+            raise BundleInvalid(words.subdirectory(rel))
         try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as err:
-            raise BundleInvalid(f"{rel}: not UTF-8 text ({err})") from None
-        manifests.extend(parse(rel, text))
+            manifests.extend(_read(rel, path))
+        except BundleInvalid as err:
+            raise BundleInvalid(words.MANIFESTS_PREFIX + err.message) from None
     if not manifests:
-        raise BundleInvalid(f"{manifests_dir}: the bundle contains no objects")
-    _refuse_duplicates(manifests)
+        raise BundleInvalid(words.ZERO_OBJECTS)
+    try:
+        _refuse_duplicates(manifests)
+    except BundleInvalid as err:
+        raise BundleInvalid(words.MANIFESTS_PREFIX + err.message) from None
     return Bundle(format=NAME, manifests=tuple(manifests))
+
+
+def _read(rel: str, path: Path) -> list[Manifest]:
+    """The manifests of one entry of ``manifests/`` (``rel`` names it in messages)."""
+    if not path.is_file():
+        raise BundleInvalid(f"{rel}: not a regular file")
+    if not path.name.endswith(SUFFIXES) and not path.name.startswith("."):
+        raise BundleInvalid(
+            f"{rel}: only .yaml, .yml and .json files belong in manifests/; move it out"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise BundleInvalid(f"{rel}: not UTF-8 text ({err})") from None
+    return parse(rel, text)
 
 
 def manifest_entries(manifests_dir: Path) -> Iterator[tuple[str, Path]]:
@@ -91,8 +103,26 @@ def _parse_json(file: str, text: str) -> list[Manifest]:
     return _objects(doc, Source(file, 1, 1))
 
 
-_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_BASE: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 """libyaml's parser when PyYAML was built with it (about 10x faster), else the pure one."""
+
+
+class _Loader(_BASE):  # type: ignore[valid-type,misc]
+    """The safe loader, reading local tags (``!foo``) as Go's YAML does: the value as if
+    untagged (a ``.gitignore`` line ``!.gitignore`` is the string "")."""
+
+
+def _untagged(loader: yaml.SafeLoader, _suffix: str, node: yaml.Node) -> object:
+    if isinstance(node, yaml.ScalarNode):
+        return loader.construct_scalar(node)
+    if isinstance(node, yaml.SequenceNode):
+        return loader.construct_sequence(node, deep=True)
+    assert isinstance(node, yaml.MappingNode)
+    return loader.construct_mapping(node, deep=True)
+
+
+_Loader.add_multi_constructor("!", _untagged)
+_LOADER: type[yaml.SafeLoader] = _Loader
 
 
 def _parse_yaml(file: str, text: str) -> list[Manifest]:
@@ -126,11 +156,8 @@ def _objects(doc: Any, source: Source) -> list[Manifest]:
         return []
     if not isinstance(doc, dict):
         # upstream's decoder words it so, and its suite checks those words
-        raise BundleInvalid(
-            f"{source}: expected an object (a mapping): json: cannot unmarshal "
-            f"{_JSON_TYPES.get(type(doc), 'string')} into Go value of type "
-            "map[string]interface {}"
-        )
+        where = f"document {source.document}, line {source.line}: expected an object"
+        raise BundleInvalid(words.not_an_object(source.file, doc, where))
     if doc.get("apiVersion") == "v1" and doc.get("kind") == "List":
         items = doc.get("items") or []
         if not isinstance(items, list):

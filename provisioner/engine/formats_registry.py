@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from provisioner.engine import formats_plain
+from provisioner.engine import formats_plain, words
 from provisioner.engine.errors import BundleInvalid
 from provisioner.engine.manifest import Bundle, Manifest, Source
 from provisioner.engine.objects import Obj, ObjectRef
@@ -78,17 +78,22 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _POLICY_RULE_FIELDS = ("verbs", "apiGroups", "resources", "resourceNames", "nonResourceURLs")
 
 
-CONVERT_PREFIX = "convert registry+v1 bundle to plain+v0 bundle: "
-"""Upstream's prefix of every conversion failure."""
+CONVERT_PREFIX = words.CONVERT_PREFIX
+
+
+def _invalid(where: object, reason: str) -> BundleInvalid:
+    """A refusal: the reason first (upstream's where it has one), then where it is."""
+    return BundleInvalid(f"{reason} ({where})")
 
 
 def load(root: Path) -> Bundle:
     """Read the registry+v1 bundle at ``root`` and convert it to plain objects; a failure
-    carries upstream's prefix (``CONVERT_PREFIX``)."""
+    reads ``convert registry+v1 bundle to plain+v0 bundle: REASON (WHERE)``
+    (``words.conversion_failed``): upstream's prefix and reason, then our location."""
     try:
         return _load(root)
     except BundleInvalid as err:
-        raise BundleInvalid(CONVERT_PREFIX + err.message) from None
+        raise BundleInvalid(words.conversion_failed(err.message)) from None
 
 
 def _load(root: Path) -> Bundle:
@@ -97,14 +102,14 @@ def _load(root: Path) -> Bundle:
     manifests = _read_manifests(base)
     csvs = [m for m in manifests if m.obj["kind"] == "ClusterServiceVersion"]
     if not csvs:
-        raise BundleInvalid(
-            "manifests/: a registry+v1 bundle needs one ClusterServiceVersion; found none"
+        raise _invalid(
+            "manifests/", "a registry+v1 bundle needs one ClusterServiceVersion; found none"
         )
     if len(csvs) > 1:
         where = ", ".join(str(m.source) for m in csvs)
-        raise BundleInvalid(
-            f"manifests/: a registry+v1 bundle holds exactly one ClusterServiceVersion; "
-            f"found {len(csvs)} ({where})"
+        raise _invalid(
+            f"manifests/: {where}",
+            f"a registry+v1 bundle holds exactly one ClusterServiceVersion; found {len(csvs)}",
         )
     others = [m for m in manifests if m.obj["kind"] != "ClusterServiceVersion"]
     out = convert(package, csvs[0], others)
@@ -116,59 +121,56 @@ def _inside(base: Path, rel: str) -> Path:
     """``base/rel`` resolved; refuses paths that leave the bundle (symlinks included)."""
     path = (base / rel).resolve()
     if path != base and base not in path.parents:
-        raise BundleInvalid(
-            f"{rel}: leads outside the bundle (to {path}); bundles are self-contained"
-        )
+        raise _invalid(rel, f"leads outside the bundle (to {path}); bundles are self-contained")
     return path
 
 
 def _read_text(base: Path, rel: str) -> str:
     path = _inside(base, rel)
     if not path.is_file():
-        raise BundleInvalid(f"{rel}: not a regular file")
+        raise _invalid(rel, "not a regular file")
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise BundleInvalid(f"{rel}: not UTF-8 text ({err})") from None
+        raise _invalid(rel, f"not UTF-8 text ({err})") from None
 
 
 def _package_name(base: Path) -> str:
     if not (base / ANNOTATIONS_FILE).exists():
-        raise BundleInvalid(
-            f"{ANNOTATIONS_FILE}: missing; a registry+v1 bundle names its package there "
-            f"({PACKAGE_ANNOTATION}); is this a plain+v0 bundle?"
+        raise _invalid(
+            ANNOTATIONS_FILE,
+            f"missing; a registry+v1 bundle names its package there "
+            f"({PACKAGE_ANNOTATION}); is this a plain+v0 bundle?",
         )
     text = _read_text(base, ANNOTATIONS_FILE)
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise BundleInvalid(f"{ANNOTATIONS_FILE}: invalid YAML: {err}") from None
+        raise _invalid(ANNOTATIONS_FILE, f"invalid YAML: {err}") from None
     annotations = doc.get("annotations") if isinstance(doc, dict) else None
     if not isinstance(annotations, dict):
-        raise BundleInvalid(f"{ANNOTATIONS_FILE}: expected a mapping with an 'annotations' key")
+        raise _invalid(ANNOTATIONS_FILE, "expected a mapping with an 'annotations' key")
     mediatype = annotations.get(MEDIATYPE_ANNOTATION)
     if mediatype is not None and mediatype != NAME:
-        raise BundleInvalid(
-            f"{ANNOTATIONS_FILE}: {MEDIATYPE_ANNOTATION} is {mediatype!r}, not {NAME!r}; "
-            "use the provisioner class for that format"
+        raise _invalid(
+            ANNOTATIONS_FILE,
+            f"{MEDIATYPE_ANNOTATION} is {mediatype!r}, not {NAME!r}; "
+            "use the provisioner class for that format",
         )
     package = annotations.get(PACKAGE_ANNOTATION)
     if not isinstance(package, str) or not package:
-        raise BundleInvalid(f"{ANNOTATIONS_FILE}: annotation {PACKAGE_ANNOTATION} is missing")
+        raise _invalid(ANNOTATIONS_FILE, f"annotation {PACKAGE_ANNOTATION} is missing")
     return package
 
 
 def _read_manifests(base: Path) -> list[Manifest]:
     manifests_dir = _inside(base, "manifests")
     if not manifests_dir.is_dir():
-        raise BundleInvalid("manifests/: a registry+v1 bundle must contain a manifests/ directory")
+        raise _invalid("manifests/", "a registry+v1 bundle must contain a manifests/ directory")
     out: list[Manifest] = []
     for rel, entry in formats_plain.manifest_entries(manifests_dir):
         if entry.is_dir():
-            raise BundleInvalid(
-                'subdirectories are not allowed within the "manifests" directory of the '
-                f'bundle image filesystem: found "{rel}"'
-            )
+            raise BundleInvalid(words.subdirectory(rel, prefix=""))
         out.extend(formats_plain.parse(rel, _read_text(base, rel)))
     return out
 
@@ -181,9 +183,10 @@ def convert(package: str, csv_manifest: Manifest, others: list[Manifest]) -> lis
     csv_annotations = _string_map(meta.get("annotations"), src, "metadata.annotations")
     namespace = csv_annotations.get(SUGGESTED_NAMESPACE_ANNOTATION) or f"{package}-system"
     if not _DNS_LABEL.match(namespace) or len(namespace) > MAX_NAME_LENGTH:
-        raise BundleInvalid(
-            f"{src}: install namespace {namespace!r} (from the package name or the "
-            f"{SUGGESTED_NAMESPACE_ANNOTATION} annotation) is not a valid namespace name"
+        raise _invalid(
+            src,
+            f"install namespace {namespace!r} (from the package name or the "
+            f"{SUGGESTED_NAMESPACE_ANNOTATION} annotation) is not a valid namespace name",
         )
     spec = _mapping(csv.get("spec"), src, "spec")
     modes = {
@@ -192,20 +195,20 @@ def convert(package: str, csv_manifest: Manifest, others: list[Manifest]) -> lis
         if isinstance(m, dict) and m.get("supported") is True
     }
     if "AllNamespaces" not in modes:
-        raise BundleInvalid(f"{src}: AllNamespace install mode must be enabled")
+        raise _invalid(src, "AllNamespace install mode must be enabled")
     target_namespaces = [""]
     api_services = _mapping(spec.get("apiservicedefinitions"), src, "spec.apiservicedefinitions")
     if _list(api_services.get("owned"), src, "spec.apiservicedefinitions.owned"):
-        raise BundleInvalid(f"{src}: apiServiceDefintions are not supported")
+        raise _invalid(src, "apiServiceDefintions are not supported")
     if _list(spec.get("webhookdefinitions"), src, "spec.webhookdefinitions"):
-        raise BundleInvalid(f"{src}: webhookDefinitions are not supported")
+        raise _invalid(src, "webhookDefinitions are not supported")
 
     install = _mapping(spec.get("install"), src, "spec.install")
     strategy = _mapping(install.get("spec"), src, "spec.install.spec")
     deployment_specs = _list(strategy.get("deployments"), src, "spec.install.spec.deployments")
     if not deployment_specs:
-        raise BundleInvalid(
-            f"{src}: spec.install.spec.deployments is empty; the operator needs a Deployment"
+        raise _invalid(
+            src, "spec.install.spec.deployments is empty; the operator needs a Deployment"
         )
 
     def made(obj: Obj) -> Manifest:
@@ -260,9 +263,10 @@ def convert(package: str, csv_manifest: Manifest, others: list[Manifest]) -> lis
     crds = [m for m in others if m.obj["kind"] == "CustomResourceDefinition"]
     for m in crds:
         if m.obj["apiVersion"] != "apiextensions.k8s.io/v1":
-            raise BundleInvalid(
-                f"{m.source}: CustomResourceDefinition {m.ref.name} uses {m.obj['apiVersion']}; "
-                "convert it to apiextensions.k8s.io/v1 (v1beta1 is no longer served)"
+            raise _invalid(
+                m.source,
+                f"CustomResourceDefinition {m.ref.name} uses {m.obj['apiVersion']}; "
+                "convert it to apiextensions.k8s.io/v1 (v1beta1 is no longer served)",
             )
     out += crds
     for m in others:
@@ -316,7 +320,7 @@ def _permissions(strategy: Obj, key: str, src: Source) -> list[Obj]:
         item = _mapping(raw, src, where)
         sa = item.get("serviceAccountName") or ""
         if not isinstance(sa, str):
-            raise BundleInvalid(f"{src}: {where}.serviceAccountName must be a string")
+            raise _invalid(src, f"{where}.serviceAccountName must be a string")
         rules: list[Obj] | None = None
         if item.get("rules") is not None:
             rules = [
@@ -335,7 +339,7 @@ def _policy_rule(raw: Any, src: Source, where: str) -> Obj:
         if value is None:
             continue
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise BundleInvalid(f"{src}: {where}.{field} must be a list of strings")
+            raise _invalid(src, f"{where}.{field} must be a list of strings")
         if value or field == "verbs":
             out[field] = list(value)
     return out
@@ -353,7 +357,7 @@ def _deployment(
     dep = _mapping(raw, src, where)
     name = dep.get("name")
     if not isinstance(name, str) or not name:
-        raise BundleInvalid(f"{src}: {where}.name is missing")
+        raise _invalid(src, f"{where}.name is missing")
     spec = copy.deepcopy(_mapping(dep.get("spec"), src, f"{where}.spec"))
     template = _mapping(spec.get("template"), src, f"{where}.spec.template")
     template_meta = _mapping(template.get("metadata"), src, f"{where}.spec.template.metadata")
@@ -373,8 +377,8 @@ def _deployment(
 def _other(m: Manifest, namespace: str) -> Manifest:
     kind = m.obj["kind"]
     if kind not in SUPPORTED_KINDS:
-        raise BundleInvalid(
-            f"{m.source}: bundle contains unsupported resource: Name: {m.ref.name}, Kind: {kind}"
+        raise _invalid(
+            m.source, f"bundle contains unsupported resource: Name: {m.ref.name}, Kind: {kind}"
         )
     obj = copy.deepcopy(m.obj)
     if SUPPORTED_KINDS[kind]:
@@ -400,7 +404,7 @@ def _mapping(value: Any, src: Source, where: str) -> Obj:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise BundleInvalid(f"{src}: {where} must be a mapping, got {type(value).__name__}")
+        raise _invalid(src, f"{where} must be a mapping, got {type(value).__name__}")
     return value
 
 
@@ -408,7 +412,7 @@ def _list(value: Any, src: Source, where: str) -> list[Any]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise BundleInvalid(f"{src}: {where} must be a list, got {type(value).__name__}")
+        raise _invalid(src, f"{where} must be a list, got {type(value).__name__}")
     return value
 
 
@@ -416,7 +420,7 @@ def _string_map(value: Any, src: Source, where: str) -> dict[str, str]:
     mapping = _mapping(value, src, where)
     for key, item in mapping.items():
         if not isinstance(key, str) or not isinstance(item, str):
-            raise BundleInvalid(f"{src}: {where}: {key!r} must map to a string")
+            raise _invalid(src, f"{where}: {key!r} must map to a string")
     return dict(mapping)
 
 
@@ -425,7 +429,8 @@ def _refuse_duplicates(manifests: list[Manifest]) -> None:
     for m in manifests:
         first = seen.setdefault(ObjectRef.of(m.obj).identity, m)
         if first is not m:
-            raise BundleInvalid(
-                f"{m.source}: {m.ref} is defined twice after conversion (first from "
-                f"{first.source}); drop one of them from the bundle"
+            raise _invalid(
+                m.source,
+                f"{m.ref} is defined twice after conversion (first from "
+                f"{first.source}); drop one of them from the bundle",
             )

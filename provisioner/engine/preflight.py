@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from provisioner.engine import crdsafety, ownership, pool
+from provisioner.engine import crdsafety, ownership, pool, words
 from provisioner.engine.errors import (
     ApplyFailed,
     BundleInvalid,
@@ -76,13 +76,10 @@ def prepare(kube: Kube, bundle: Bundle, *, name: str, namespace: str) -> list[Ma
 
 
 def unknown_kinds(unknown: dict[tuple[str, str], str]) -> str:
-    """Every kind the API server does not serve, in the API machinery's words (upstream
-    reports ``no matches for kind "X" in version "G/V"``), with where the bundle uses it."""
-    return "; ".join(
-        f'{source}: no matches for kind "{kind}" in version "{api_version}" '
-        "(the API server has no resource for it: is its CRD installed?)"
-        for (api_version, kind), source in sorted(unknown.items())
-    )
+    """Every kind the API server does not serve, in upstream's words (``required resource
+    not found: no matches for kind "X" in version "G/V"``), each followed by where the
+    bundle uses it (``words.unknown_kinds``)."""
+    return words.unknown_kinds(unknown)
 
 
 LIST_THRESHOLD = 20

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from provisioner.engine import deletion, inventory, inventorystore, lifecycle, preview
+from provisioner.engine import deletion, inventory, inventorystore, lifecycle, preview, words
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, meta_of
 from provisioner.instance import runrecord
@@ -146,7 +146,7 @@ def resolve_bundle(kube: Kube, bundle: Obj, action: bundleplan.Resolve, resolve:
             )
         else:
             phase, reason = bundleplan.PHASE_PENDING, bundleplan.REASON_PENDING
-            message = f"cannot resolve {action.ref}: {err.message}"
+            message = words.unresolved(action.source.get("type"), action.ref, err.message)
         status = bundleplan.status_for(bundle, phase, reason, message, _now())
         message = status["conditions"][0]["message"]
         if _message(bundle) != message:
@@ -191,10 +191,11 @@ def resolve_source(kube: Kube, bd: Obj, action: plan.ResolveSource, resolve: Res
             if isinstance(err, SignatureDenied):
                 verdict = ("False", signatures.REASON, f"{err.message}{where}")
             elif source.get("type") != "image" and resolution.permanent(err):
-                message = f"{resolution.SOURCE_PREFIX}{err.message}{where}"
+                message = words.source_refused(err.message, where)
                 verdict = ("False", bundleplan.REASON_FAILED, message)
             else:
-                message = f"cannot resolve {sources.ref_of(source)}{where}: {err.message}"
+                ref = sources.ref_of(source)
+                message = words.unresolved(source.get("type"), ref, err.message, where)
                 verdict = ("False", bundleplan.REASON_PENDING, message)
             if inline.unpacked_condition_message(bd) != verdict[2]:
                 write_status(kube, name, inline.unpacked_status(bd, verdict, now), api_version)

@@ -32,6 +32,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
+from provisioner.engine import words
 from provisioner.engine.objects import Obj, condition, json_annotation, meta_of
 from provisioner.manager import conversion, generate, model, plan, revisions, runs, sources
 from provisioner.manager.actions import (
@@ -44,7 +45,6 @@ from provisioner.manager.actions import (
     SetRollback,
 )
 from provisioner.manager.model import Settings
-from provisioner.manager.resolution import SOURCE_PREFIX
 
 UNPACKED = "Unpacked"
 PIN_ANNOTATION = "core.rukpak.io/pinned"
@@ -152,7 +152,7 @@ def _refusal(spec: Obj, entries: Entries) -> str | None:
         if unsupported is not None:
             return unsupported
         if spec.get("requireImmutableRefs") and (why := mutable_ref(source)) is not None:
-            return f"{SOURCE_PREFIX}spec.requireImmutableRefs is set: {why}"
+            return words.source_refused(f"spec.requireImmutableRefs is set: {why}")
     return None
 
 
@@ -240,7 +240,7 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
             bd, None, observed.pods, observed.record, (), settings=settings, now=observed.now
         ).installed
         verdicts[plan.INSTALLED] = installed
-        verdicts[plan.HEALTHY] = plan.healthy(observed, installed[0])
+        verdicts[plan.HEALTHY] = plan.healthy(observed, installed)
         return actions + plan.status_actions(bd, "", verdicts, observed.now)
     assert bundle_format is not None
     kept = revisions.of_status(bd)
@@ -285,7 +285,7 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
         if unpacked[0] == "True"
         else ("True", "UnpackPending", f"Waiting for {described} to be unpacked")
     )
-    healthy = plan.healthy(observed, decision.installed[0])
+    healthy = plan.healthy(observed, decision.installed)
     verdicts = {
         UNPACKED: unpacked,
         plan.HAS_VALID_BUNDLE: valid,
@@ -402,7 +402,7 @@ def _history(
         revisions.INSTALLED
         if installed_now
         else revisions.FAILED
-        if decision.installed[1] == "InstallFailed"
+        if decision.installed[1] in words.FAILED_INSTALL_REASONS
         else revisions.IN_PROGRESS
     )
     objects = len(record.applied) if done and record is not None and record.applied else None

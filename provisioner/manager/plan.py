@@ -50,7 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from provisioner.engine import appliedrecord
+from provisioner.engine import appliedrecord, words
 from provisioner.engine.health import Health as Health
 from provisioner.engine.objects import Obj, meta_of
 from provisioner.manager import bundleplan, dependencies, model, runs, sources
@@ -90,7 +90,8 @@ WARNING_REASONS = frozenset(
         "UnsupportedProvisionerClass",
         "ResolveFailed",
         "UnpackFailed",
-        "InstallFailed",
+        words.INSTALL_FAILED,
+        words.ERROR_GETTING_RELEASE_STATE,
         "Unhealthy",
         "DependencyCycle",
         "ProgressDeadlineExceeded",
@@ -173,12 +174,20 @@ Verdict = tuple[str, str, str]
 """(status, reason, message) of one condition."""
 
 
-def healthy(observed: Observed, installed_status: str) -> Verdict:
-    if observed.health is None or installed_status != "True":
-        return "Unknown", "NotInstalled", "health is known once the bundle is installed"
+def healthy(observed: Observed, installed: Verdict) -> Verdict:
+    """``Healthy`` beside ``installed``: False while the install failed (as upstream sets
+    both), unknown until something is installed, else the health of what is."""
+    if installed[0] == "False" and installed[1] in words.FAILED_INSTALL_REASONS:
+        return words.healthy_when_failed()
+    if observed.health is None or installed[0] != "True":
+        return words.healthy_unknown()
     if observed.health.ready:
-        return "True", "Healthy", observed.health.reason or "every installed object is healthy"
-    return "False", "Unhealthy", observed.health.reason
+        return (
+            "True",
+            words.REASON_HEALTHY,
+            observed.health.reason or ("every installed object is healthy"),
+        )
+    return "False", words.REASON_UNHEALTHY, observed.health.reason
 
 
 # -- status ------------------------------------------------------------------------------
@@ -342,7 +351,7 @@ def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
     verdicts = {
         HAS_VALID_BUNDLE: valid,
         INSTALLED: installed_verdict,
-        HEALTHY: healthy(observed, installed_verdict[0]),
+        HEALTHY: healthy(observed, installed_verdict),
     }
     conflict = field_conflict(bd, observed)
     if conflict is not None:

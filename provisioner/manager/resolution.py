@@ -18,6 +18,7 @@ import binascii
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from provisioner.engine import words
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import sources
@@ -143,10 +144,6 @@ def resolve(kube: Kube, source: Obj, *, namespace: str, resolve_image: ImageReso
     raise errors.InvalidArgument(f'bundle source type "{kind}" not supported')
 
 
-SOURCE_PREFIX = "source bundle content: "
-"""Upstream's prefix of a source whose content cannot be had."""
-
-
 def configmap_items(kube: Kube, entries: list[Obj], *, namespace: str) -> list[list[str]]:
     """``[configMap, key, path in the bundle]`` for every file, after upstream's checks:
     each ConfigMap exists and is immutable; no two put a file at the same path."""
@@ -183,7 +180,7 @@ def configmap_items(kube: Kube, entries: list[Obj], *, namespace: str) -> list[l
             seen[path] = name
             items.append([name, key, path])
     if problems:  # in upstream's words (its unpacker's prefix, the cache client's NotFound)
-        raise errors.FailedPrecondition(SOURCE_PREFIX + "; ".join(problems))
+        raise errors.FailedPrecondition(words.source_refused("; ".join(problems)))
     return items
 
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from provisioner.engine import appliedrecord, inventory
+from provisioner.engine import appliedrecord, inventory, words
 from provisioner.engine.objects import Obj, ObjectRef, meta_of
-from provisioner.manager import actions, model
+from provisioner.manager import actions, conversion, model
 from provisioner.manager.generate import instance_run_pod
 from provisioner.manager.model import Settings
 
@@ -258,7 +258,7 @@ def decide(
         pending = f"instance pod {pod_name} {waiting(pod)}"
         return Decision(out, verdict or ("False", "InstallPending", pending), installed_bundle)
     if phase(pod) == "Failed":
-        failed = ("False", "InstallFailed", f"instance pod {pod_name} failed: {failure(pod)}")
+        failed = words.install_failed(conversion.origin(bd), pod_name, failure(pod))
         since = model.seconds_between(ended_at(pod), now)
         if since is not None and since >= RETRY_SECONDS and not deleting(pod):
             out.append(actions.DeletePod(ns, pod_name))
@@ -273,7 +273,7 @@ def decide(
 
 
 def _installed(bundle: str, record: InstallRecord | None = None) -> Verdict:
-    message = f"Instantiated bundle {bundle} successfully"
+    message = words.installation_succeeded(bundle)
     if record is not None and record.awaiting:
         apis = ", ".join(
             f"{'/'.join(api[:2]).lstrip('/')} {api[2]}" for api in sorted(record.awaiting)
@@ -282,4 +282,4 @@ def _installed(bundle: str, record: InstallRecord | None = None) -> Verdict:
             f"; optional objects skipped, their API is not served: {apis} "
             "(they are created when the API appears)"
         )
-    return "True", "InstallationSucceeded", message
+    return "True", words.INSTALLATION_SUCCEEDED, message

@@ -9,10 +9,10 @@ in the container's termination message (``/dev/termination-log``), which the
 manager reads from the pod's status. No content ever leaves the node: only
 the object count and kinds, or the error.
 
-The three plain+v0 failures upstream RukPak reports are checked first so the
-user sees upstream's words exactly (a missing ``manifests`` directory, a
-subdirectory in it, zero objects); every other problem is the loader's message,
-which names the file and the document.
+The error is the loader's message: upstream's words where upstream has them (a
+missing ``manifests`` directory, a subdirectory in it, zero objects, a file that is
+not an object, a registry+v1 conversion), then the file and document
+(``provisioner.engine.words``).
 
 Exit status: 0 when the bundle is valid, 1 when it is not (the pod then ends
 ``Failed``), 2 on a usage error. The result format (``Result.to_json``)::
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.engine import formats, formats_plain
+from provisioner.engine import formats
 from provisioner.engine.errors import BundleInvalid
 from provisioner.runtime import flags, termination
 
@@ -39,25 +39,9 @@ log = logging.getLogger("rukpak.unpack")
 
 EXIT_OK = 0
 EXIT_INVALID = 1
-MANIFESTS_DIR = "manifests"
 MESSAGE_LIMIT = 3800
 """Kubernetes keeps 4096 bytes of a termination message (``termination.MESSAGE_LIMIT``);
 leave room for the JSON around it."""
-
-MISSING_MANIFESTS = "get objects from bundle manifests: readdir manifests: file does not exist"
-ZERO_OBJECTS = (
-    "invalid bundle: found zero objects: plain+v0 bundles are required to contain at least "
-    "one object"
-)
-
-
-def subdirectory_error(name: str) -> str:
-    """Upstream's words for a directory inside ``manifests/`` (Go's %q quoting)."""
-    return (
-        "get objects from bundle manifests: subdirectories are not allowed within the "
-        f'"{MANIFESTS_DIR}" directory of the bundle image filesystem: found '
-        f"{json.dumps(f'{MANIFESTS_DIR}/{name}')}"
-    )
 
 
 @dataclass(frozen=True)
@@ -103,39 +87,14 @@ class Result:
         return f"{self.objects} {noun} ({parts})"
 
 
-def _upstream_checks(root: Path) -> str:
-    """Upstream's plain+v0 refusals, in its words; "" when none applies."""
-    manifests = root / MANIFESTS_DIR
-    if not manifests.is_dir():
-        return MISSING_MANIFESTS
-    entries = sorted(manifests.iterdir(), key=lambda p: p.name)
-    for entry in entries:
-        if entry.is_dir() and not entry.name.startswith("."):
-            return subdirectory_error(entry.name)
-    count = 0
-    for entry in entries:
-        if entry.name.startswith(".") or not entry.is_file():
-            continue
-        if not entry.name.endswith(formats_plain.SUFFIXES):
-            return ""  # the loader explains what is wrong with it
-        try:
-            text = entry.read_text(encoding="utf-8")
-            count += len(formats_plain.parse(f"{MANIFESTS_DIR}/{entry.name}", text))
-        except (BundleInvalid, UnicodeDecodeError):
-            return ""  # the loader names the file and document
-    return ZERO_OBJECTS if count == 0 else ""
-
-
 def validate(root: Path, *, format: str = formats.DEFAULT_FORMAT) -> Result:
-    """Validate the bundle at ``root``; never raises for a bad bundle."""
-    if format == formats_plain.NAME:
-        refusal = _upstream_checks(root)
-        if refusal:
-            return Result(error=refusal)
+    """Validate the bundle at ``root``; never raises for a bad bundle. The error is the
+    loader's, in upstream's words (``words``), as the instance run of a v1alpha2
+    BundleDeployment reports it too."""
     try:
         bundle = formats.load(root, format=format)
     except BundleInvalid as err:
-        return Result(error=f"invalid bundle: {err.message}")
+        return Result(error=err.message)
     except OSError as err:
         return Result(error=f"cannot read the bundle at {root}: {err}")
     return Result(kinds=dict(Counter(str(m.obj.get("kind")) for m in bundle.manifests)))

@@ -43,7 +43,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from provisioner.engine import crdsafety
+from provisioner.engine import crdsafety, words
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, meta_of
 from provisioner.manager import certs, conversion
@@ -91,11 +91,8 @@ def decide(operation: str, old: Obj | None, new: Obj | None, existing: Existing)
         reasons = [f"cannot read the existing custom resources: {err.message}"]
     if not reasons:
         return ""
-    return (
-        f'failed to validate safety of {operation} for CRD "{name}" (NOTE: to disable this '
-        f'validation, set the "{crdsafety.OPT_OUT_ANNOTATION}" annotation to '
-        f'"{crdsafety.OPT_OUT_VALUE}"): error validating existing CRs against new CRD\'s '
-        f'schema for "{name}": ' + "; ".join(reasons)
+    return words.crd_denied(
+        operation, name, crdsafety.OPT_OUT_ANNOTATION, crdsafety.OPT_OUT_VALUE, reasons
     )
 
 

@@ -30,7 +30,7 @@ from provisioner import api
 from rukpak_helm import plan
 
 UNPACKED = "Unpacked"
-SOURCE_PREFIX = "source bundle content: "
+SOURCE_PREFIX = api.words.SOURCE_PREFIX
 KINDS = ("image", "http")
 """The source types this provisioner fetches."""
 
