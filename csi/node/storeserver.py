@@ -61,7 +61,11 @@ class StoreSocket:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # a previous process's socket
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(str(path))
+        address, fd = protocol.short_path(path.parent, path.name)
+        try:
+            self._listener.bind(address)
+        finally:
+            os.close(fd)
         os.chmod(path, 0o666)  # any user of the pod may ask; the pod is the unit of trust
         self._listener.listen(MAX_CONNECTIONS)
         self._thread = threading.Thread(target=self._accept, name=f"store-{name[:16]}", daemon=True)

@@ -161,7 +161,7 @@ class StoreVolumes:
         self._sockets: dict[str, StoreSocket] = {}
 
     def _directory(self, target: Path) -> Path:
-        return self.root / hashlib.sha256(str(target).encode()).hexdigest()[:32]
+        return self.root / hashlib.sha256(str(target).encode()).hexdigest()[:24]
 
     def _record(self, directory: Path) -> Path:
         return directory.with_name(directory.name + ".json")  # outside what the pod sees
@@ -220,9 +220,9 @@ class StoreVolumes:
         """Make ``req``'s digest visible in ``vol`` once its credential passed; the answer."""
         started = time.monotonic()
         attributes = {volume.ATTR_IMAGE: req.ref, volume.ATTR_PUBLISH_MODE: "bind"}
-        if req.retain_for or req.retain:
+        if req.retain_for or req.retain:  # the content asked for is kept, and the listed
             attributes[volume.ATTR_RETAIN_FOR] = req.retain_for
-            attributes[volume.ATTR_RETAIN] = " ".join(req.retain)
+            attributes[volume.ATTR_RETAIN] = " ".join(req.retain or (req.ref,))
         source = VolumeSource.from_attributes(attributes)
         target = vol.directory / req.digest
         publish = PublishRequest(

@@ -10,6 +10,7 @@ restarted (its socket is made anew); safe to share between threads.
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from collections.abc import Sequence
@@ -91,11 +92,16 @@ class StoreClient:
         if self._sock is None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(self.timeout)
+            fd = -1
             try:
-                sock.connect(str(self.socket_path))
+                address, fd = protocol.short_path(self.mount, protocol.SOCKET_NAME)
+                sock.connect(address)
             except OSError:
                 sock.close()
                 raise
+            finally:
+                if fd >= 0:
+                    os.close(fd)
             self._sock, self._buffer = sock, b""
         return self._sock
 

@@ -27,9 +27,11 @@ Where it sits: the node plugin parses requests and writes answers with it
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rukpak.common import errors
@@ -87,6 +89,15 @@ class StoreAnswer:
     def error(self) -> errors.RukpakError:
         """The answer's error as the ``rukpak.common.errors`` value of its code."""
         return _CODES.get(self.code, errors.Internal)(self.message)
+
+
+def short_path(directory: Path, name: str) -> tuple[str, int]:
+    """A path to ``directory / name`` short enough for a unix socket address (at most 107
+    bytes, where a kubelet target path alone may take more): through an ``O_PATH``
+    descriptor of ``directory`` (``/proc/self/fd/<fd>/<name>``). Returns the path and the
+    descriptor, to close once the socket is bound or connected."""
+    fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    return f"/proc/self/fd/{fd}/{name}", fd
 
 
 def parse_request(line: bytes) -> StoreRequest:
