@@ -9,6 +9,7 @@ Everything mounted is unmounted at the end (``running_plugin``).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -265,10 +266,8 @@ def _raw_answer(mount: Path, payload: bytes) -> protocol.StoreAnswer:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(30)
         sock.connect(str(mount / protocol.SOCKET_NAME))
-        try:
+        with contextlib.suppress(OSError):  # closed after the first line was too long
             sock.sendall(payload)
-        except OSError:
-            pass  # closed after the first line was too long
         data = b""
         while not data.endswith(b"\n"):
             chunk = sock.recv(1)
