@@ -159,6 +159,7 @@ class StoreVolumes:
         self.allow = allow
         self._lock = threading.Lock()
         self._sockets: dict[str, StoreSocket] = {}
+        self._closing: set[str] = set()  # targets being unpublished
 
     def _directory(self, target: Path) -> Path:
         return self.root / hashlib.sha256(str(target).encode()).hexdigest()[:24]
@@ -183,6 +184,7 @@ class StoreVolumes:
                 raise errors.AlreadyExists(
                     f"target {target} is already a mount point of other content; unpublish it first"
                 )
+            self._closing.discard(str(target))
             directory.mkdir(mode=0o755, parents=True, exist_ok=True)
             fsio.write_json_atomic(
                 self._record(directory),
@@ -243,6 +245,9 @@ class StoreVolumes:
                     )
                 self.publisher.publish(publish)
                 seen = False
+                if vol.target in self._closing:  # unpublish listed the digests before this
+                    self.publisher.unpublish(vol.volume_id, str(target))
+                    raise errors.Aborted("the store volume was unpublished during the request")
         except errors.RukpakError as exc:
             log.warning(
                 "msg=%r volume=%s ref=%s code=%s error=%r",
@@ -275,6 +280,7 @@ class StoreVolumes:
         target = self.publisher.check_target(target_path)
         directory = self._directory(target)
         with self._lock:
+            self._closing.add(str(target))
             server = self._sockets.pop(str(target), None)
             if server is not None:
                 server.stop()
@@ -292,6 +298,7 @@ class StoreVolumes:
             with contextlib.suppress(FileNotFoundError):
                 directory.rmdir()
             self._record(directory).unlink(missing_ok=True)
+            self._closing.discard(str(target))
         log.info("msg=%r target=%s volume_id=%s", "unpublished store volume", target, volume_id)
 
     def resume(self) -> None:
