@@ -15,6 +15,10 @@ space-separated): images as ``name@sha256:<hex>`` references, git trees as
 (``csi.node.publish``) so that eviction spares those trees, in bind mode and in FUSE
 mode. Both or neither.
 
+A volume with ``kind: store`` (the default kind is ``bundle``) holds nothing of its own:
+the node plugin publishes it to allowed pods, which ask it for content by digest
+(``csi.node.storevolume``); it takes no other attribute (:func:`volume_kind`).
+
 Where it sits: the Node service parses publish requests with it and the
 Controller service checks CreateVolume parameters with it; both then hand the
 plain dataclass on (to ``csi.node.publish`` or the volume records).
