@@ -42,6 +42,7 @@ MS_NOATIME = 1024
 MS_NODIRATIME = 2048
 MS_BIND = 4096
 MS_RELATIME = 1 << 21
+MS_SHARED = 1 << 20
 # statvfs f_flag bit → the mount flag a remount must repeat to keep it.
 _KEPT_FLAGS = {
     os.ST_NOSUID: MS_NOSUID,
@@ -169,6 +170,14 @@ class Mounter:
             if isinstance(exc, OSError):
                 raise _failed(f"read-only remount of {target}", exc.errno or 0) from exc
             raise
+
+    def share_in_place(self, path: Path) -> None:
+        """Make ``path`` a mount point of its own (a bind on itself, unless it is one) in a
+        shared peer group: mounts made below it later then propagate to every bind of it
+        (the store volume, ``csi.node.storevolume``). Idempotent."""
+        if find_on(self, path) is None:
+            _mount(path, path, MS_BIND, what=f"bind mount of {path} on itself")
+        _mount(None, path, MS_SHARED, what=f"shared propagation on {path}")
 
     def unmount(self, target: Path) -> None:
         if _libc.umount2(os.fsencode(target), 0) != 0:

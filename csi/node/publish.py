@@ -235,6 +235,28 @@ class Publisher:
             self._retain(req.source)
             return unpacked.path
 
+    def authorize_published(self, req: PublishRequest, *, deadline: Deadline | None = None) -> None:
+        """For a presentation that shows one published target to many credentials (the
+        store volume, ``csi.node.storevolume``): check ``req``'s credential against the
+        content already bind-published at its target as a first publish would (the image
+        cache's pull policy and re-check of private trees, ``rukpak.image.grants``) and
+        record its retention; nothing is mounted. PermissionDenied when the credential
+        cannot read it."""
+        deadline = deadline or self.deadline()
+        target = self.check_target(req.target_path)
+        key = str(target)
+        with backoff.within(deadline), self._locks.hold(key):
+            holder = Holder(target=key, volume_id=req.volume_id, image=req.source.image)
+            with self._slot(deadline, req.source.image):
+                self.images.ensure(
+                    req.source.pinned or req.source.image,
+                    platform=req.source.platform or self.platform,
+                    pull_policy=req.source.pull_policy,
+                    credentials=req.credentials,
+                    holder=holder,
+                )
+            self._retain(req.source)
+
     def _checked(self, req: PublishRequest) -> PublishRequest:
         """The request to fetch: with every signature policy selecting its image satisfied,
         pinned to the digest verified (so the bytes fetched are those); unchanged when no

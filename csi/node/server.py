@@ -24,12 +24,14 @@ from dataclasses import dataclass
 import grpc
 
 from csi.node.publish import Publisher
+from csi.node.storevolume import PodInfo, StoreVolumes
 from csi.proto import csi_pb2, csi_pb2_grpc
 from csi.rpc.errors import RpcObserver, rpc
 from csi.volume import access
 from csi.volume.request import PublishRequest
 from rukpak.common import errors
 from rukpak.oci import tls as source_tls
+from rukpak.sources import volume
 from rukpak.sources.volume import VolumeSource, credentials_from_secrets
 
 # Failures that depend on where the plugin runs (its network, its clock); the message
@@ -52,6 +54,8 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
     publisher: Publisher
     node_id: str
     metrics: RpcObserver | None = None
+    store: StoreVolumes | None = None
+    """Store volumes (``kind: store``, ``csi.node.storevolume``); None: refused."""
 
     @rpc
     def NodePublishVolume(
@@ -62,8 +66,14 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         if not request.HasField("volume_capability"):
             raise errors.InvalidArgument("volume_capability is required")
         access.check(request.volume_capability)
+        attributes = dict(request.volume_context)
+        if volume.volume_kind(attributes) == volume.KIND_STORE:
+            self._store().publish(
+                request.volume_id, request.target_path, PodInfo.from_attributes(attributes)
+            )
+            return csi_pb2.NodePublishVolumeResponse()
         secrets = dict(request.secrets)
-        source = VolumeSource.from_attributes(dict(request.volume_context)).with_secrets(secrets)
+        source = VolumeSource.from_attributes(attributes).with_secrets(secrets)
         if source.tls is not None and source.publish_mode != "bind":
             source = dataclasses.replace(source, publish_mode="bind")  # see the docstring
         deadline = self.publisher.deadline(context.time_remaining())
@@ -89,8 +99,18 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
     ) -> csi_pb2.NodeUnpublishVolumeResponse:
         """Idempotent: an unknown or already removed target is OK."""
         _require(request.volume_id, request.target_path)
+        if self.store is not None and self.store.is_store(request.target_path):
+            self.store.unpublish(request.volume_id, request.target_path)
         self.publisher.unpublish(request.volume_id, request.target_path)
         return csi_pb2.NodeUnpublishVolumeResponse()
+
+    def _store(self) -> StoreVolumes:
+        if self.store is None:
+            raise errors.FailedPrecondition(
+                "store volumes are not served by this node plugin (it was started without "
+                "a store volume root)"
+            )
+        return self.store
 
     @rpc
     def NodeGetCapabilities(

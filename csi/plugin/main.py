@@ -44,6 +44,7 @@ from csi.node.identity import IdentityServicer
 from csi.node.publish import PUBLISH_DEADLINE, Publisher
 from csi.node.registration import RegistrationServicer
 from csi.node.server import NodeServicer
+from csi.node.storevolume import AllowList, StoreVolumes
 from csi.plugin import health, metrics
 from csi.proto import csi_pb2_grpc, pluginregistration_pb2_grpc
 from rukpak.common import errors
@@ -195,6 +196,16 @@ def build_parser() -> argparse.ArgumentParser:
         ("--system-namespace", str, env("POD_NAMESPACE", "rukpak-system"),
          "namespace of the key Secrets policies name (env POD_NAMESPACE)"),
     ])  # fmt: skip
+    p.add_argument(
+        "--store-volume-allow",
+        action="append",
+        default=[env("STORE_VOLUME_ALLOW")] if env("STORE_VOLUME_ALLOW") else [],
+        metavar="NAMESPACE/SERVICEACCOUNT",
+        help="pods that may mount a kind: store volume (content by digest on request, for "
+        "standing provisioners): those running as SERVICEACCOUNT in NAMESPACE (NAMESPACE/*: "
+        "any there); repeatable or comma-separated; every other pod is refused "
+        "PERMISSION_DENIED (env STORE_VOLUME_ALLOW)",
+    )
     add_log_level(p)
     return p
 
@@ -318,6 +329,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             deadline=args.publish_deadline,
         )
         publisher.reconcile()
+        store = StoreVolumes(
+            publisher=publisher,
+            mounter=Mounter(),
+            root=args.kubelet_dir / "plugins" / args.driver_name / "store",
+            allow=AllowList.parse(args.store_volume_allow),
+        )
+        store.resume()
     except errors.RukpakError as exc:
         log.error("msg=%r error=%r", "cannot start", exc.message)
         return 1
@@ -333,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
         (
             csi_pb2_grpc.add_NodeServicer_to_server,
-            NodeServicer(publisher=publisher, node_id=args.node_id, metrics=m),
+            NodeServicer(publisher=publisher, node_id=args.node_id, metrics=m, store=store),
         ),
     ]
     if args.controller:
@@ -401,6 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         event.wait(GRACE_SECONDS + 1)
     if http is not None:
         http.shutdown()
+    store.stop()  # the store volumes stay mounted; the next plugin process serves them again
     if fuse is not None:
         fuse.stop()  # the mount stays with the holder for the next plugin process
     for path in sockets:

@@ -22,6 +22,10 @@ space-separated): images as ``name@sha256:<hex>`` references, git trees as
 (``csi.node.publish``) so that eviction spares those trees, in bind mode and in FUSE
 mode. Both or neither.
 
+A volume with ``kind: store`` (the default kind is ``bundle``) holds nothing of its own:
+the node plugin publishes it to allowed pods, which ask it for content by digest
+(``csi.node.storevolume``); it takes no other attribute (:func:`volume_kind`).
+
 Where it sits: the Node service parses publish requests with it and the
 Controller service checks CreateVolume parameters with it; both then hand the
 plain dataclass on (to ``csi.node.publish`` or the volume records).
@@ -57,9 +61,14 @@ ATTR_INSECURE_SKIP_TLS = "insecureSkipTLSVerify"
 TLS_ATTRIBUTES = (ATTR_CERTIFICATE_DATA, ATTR_INSECURE_SKIP_TLS)
 ATTR_RETAIN_FOR = "retainFor"
 ATTR_RETAIN = "retain"
+ATTR_KIND = "kind"
+KIND_BUNDLE = "bundle"
+KIND_STORE = "store"
+KINDS = (KIND_BUNDLE, KIND_STORE)
 FETCH_ATTRIBUTES = (ATTR_GIT, ATTR_COMMIT, ATTR_DIRECTORY, ATTR_URL, ATTR_DIGEST, ATTR_INSECURE)
 RETAIN_ATTRIBUTES = (ATTR_RETAIN_FOR, ATTR_RETAIN)
 KNOWN_ATTRIBUTES = (
+    ATTR_KIND,
     ATTR_IMAGE,
     ATTR_PULL_POLICY,
     ATTR_PLATFORM,
@@ -178,6 +187,11 @@ class VolumeSource:
                 f"unknown volume attribute(s) {', '.join(unknown)}; "
                 f"supported: {', '.join(KNOWN_ATTRIBUTES)}"
             )
+        if volume_kind(attributes) == KIND_STORE:
+            raise errors.InvalidArgument(
+                "a kind: store volume holds no bundle of its own: it is an inline volume the "
+                "node plugin publishes to allowed pods, which ask it for content by digest"
+            )
         kinds = [k for k in (ATTR_IMAGE, ATTR_GIT, ATTR_URL) if attributes.get(k, "").strip()]
         if len(kinds) > 1:
             raise errors.InvalidArgument(
@@ -247,6 +261,27 @@ class VolumeSource:
             out[ATTR_RETAIN_FOR] = self.retain_for
             out[ATTR_RETAIN] = " ".join(self.retain)
         return out
+
+
+def volume_kind(attributes: Mapping[str, str]) -> str:
+    """The volume's ``kind``: ``bundle`` (the default: one image, git or http tree) or
+    ``store`` (content by digest on request, ``csi.node.storevolume``); a store volume
+    takes no other attribute of ours. InvalidArgument naming what is wrong."""
+    kind = attributes.get(ATTR_KIND, "").strip() or KIND_BUNDLE
+    if kind not in KINDS:
+        raise errors.InvalidArgument(
+            f"volume attribute 'kind' {kind[:80]!r} is invalid: use bundle (the default) or store"
+        )
+    if kind == KIND_STORE:
+        extra = sorted(
+            k for k in attributes if k != ATTR_KIND and not k.startswith(K8S_ATTRIBUTE_PREFIX)
+        )
+        if extra:
+            raise errors.InvalidArgument(
+                f"a kind: store volume takes no other volume attributes (got {', '.join(extra)}): "
+                "its pod asks for content by digest on the volume's socket"
+            )
+    return kind
 
 
 def _retention(attributes: Mapping[str, str]) -> tuple[str, tuple[str, ...]]:

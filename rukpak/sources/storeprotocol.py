@@ -1,0 +1,206 @@
+"""The store volume's request protocol: what a pod asks for on the volume's socket, and
+the answer, in one place for both ends.
+
+A store volume (volume attribute ``kind: store``, ``csi.node.storevolume``) is one
+directory the node plugin mounts read-only into an allowed pod. Content appears in it by
+digest, ``<mount>/<digest>/…``, once the pod asked for it with a credential the plugin
+checked. It asks on the unix socket ``<mount>/.rukpak-store.sock`` the plugin serves in
+the volume, one JSON object per line, one answer line per request, in order, as many
+requests per connection as the pod likes:
+
+request: ``{"ref": "registry/repo@sha256:<hex>"}`` plus the credential, either
+``"dockerconfigjson"`` (a pull Secret's ``.dockerconfigjson`` text) or ``"username"`` and
+``"password"`` (for the ref's registry), neither for an anonymous pull; optionally
+``"retainFor"`` (the owner key) with ``"retain"`` (a list of pinned refs: the owner's kept
+revisions), as the volume attributes of the same names.
+
+answer: ``{"ok": true, "digest": "sha256:<hex>", "path": "sha256:<hex>"}`` (``path``
+relative to the mount) or ``{"ok": false, "code": "<gRPC status code name>",
+"message": "…"}``. A line longer than :data:`MAX_LINE` bytes is answered once, then the
+connection is closed (the stream cannot be resynchronised).
+
+Where it sits: the node plugin parses requests and writes answers with it
+(``csi.node.storevolume``); the provisioner side asks through
+``rukpak.sources.storeclient``. Credentials never appear in a repr or a message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rukpak.common import errors
+from rukpak.oci.auth import Credential, Credentials
+from rukpak.oci.reference import Reference
+
+SOCKET_NAME = ".rukpak-store.sock"
+"""The socket in the root of every store volume."""
+MAX_LINE = 256 * 1024
+"""Bytes one request line may hold (a dockerconfigjson with many registries fits)."""
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+FIELDS = ("ref", "dockerconfigjson", "username", "password", "retainFor", "retain")
+_CODES = {
+    cls.code: cls
+    for cls in (
+        errors.InvalidArgument,
+        errors.NotFound,
+        errors.AlreadyExists,
+        errors.FailedPrecondition,
+        errors.ResourceExhausted,
+        errors.Unavailable,
+        errors.PermissionDenied,
+        errors.Unauthenticated,
+        errors.DeadlineExceeded,
+        errors.Aborted,
+        errors.DataLoss,
+        errors.Internal,
+    )
+}
+
+
+@dataclass(frozen=True)
+class StoreRequest:
+    """One request: content ``ref`` pinned by ``digest``, what to present for it, and
+    what its owner retains."""
+
+    ref: str
+    digest: str
+    credentials: Credentials | None = field(default=None, repr=False)
+    retain_for: str = ""
+    retain: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StoreAnswer:
+    """``digest`` and ``path`` (relative to the mount) when ``ok``; else ``code`` (a
+    gRPC status code name) and ``message``."""
+
+    ok: bool
+    digest: str = ""
+    path: str = ""
+    code: str = ""
+    message: str = ""
+
+    def error(self) -> errors.RukpakError:
+        """The answer's error as the ``rukpak.common.errors`` value of its code."""
+        return _CODES.get(self.code, errors.Internal)(self.message)
+
+
+def short_path(directory: Path, name: str) -> tuple[str, int]:
+    """A path to ``directory / name`` short enough for a unix socket address (at most 107
+    bytes, where a kubelet target path alone may take more): through an ``O_PATH``
+    descriptor of ``directory`` (``/proc/self/fd/<fd>/<name>``). Returns the path and the
+    descriptor, to close once the socket is bound or connected."""
+    fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    return f"/proc/self/fd/{fd}/{name}", fd
+
+
+def parse_request(line: bytes) -> StoreRequest:
+    """One request line parsed and checked; InvalidArgument naming what is wrong (never
+    quoting a credential)."""
+    if len(line) > MAX_LINE:
+        raise errors.InvalidArgument(f"request line longer than {MAX_LINE} bytes")
+    try:
+        doc = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        where = f" at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+        raise errors.InvalidArgument(
+            f"request is not a JSON object on one line{where}: send "
+            '{"ref": "registry/repo@sha256:<hex>", ...} followed by a newline'
+        ) from None
+    if not isinstance(doc, dict):
+        raise errors.InvalidArgument("request must be a JSON object")
+    unknown = sorted(str(k)[:40] for k in doc if k not in FIELDS)
+    if unknown:
+        raise errors.InvalidArgument(
+            f"unknown request field(s) {', '.join(unknown)}; supported: {', '.join(FIELDS)}"
+        )
+    for key, value in doc.items():
+        if key != "retain" and not isinstance(value, str):
+            raise errors.InvalidArgument(f"request field {key!r} must be a string")
+    text = doc.get("ref", "")
+    if not text:
+        raise errors.InvalidArgument("request field 'ref' is required: registry/repo@sha256:<hex>")
+    ref = Reference.parse(text)
+    if ref.digest is None or not DIGEST_RE.match(ref.digest):
+        raise errors.InvalidArgument(
+            f"ref {text[:300]!r} is not pinned by digest: a store volume serves content by "
+            "digest only, write registry/repo@sha256:<64 hex>"
+        )
+    retain = doc.get("retain", [])
+    if not isinstance(retain, list) or not all(isinstance(r, str) for r in retain):
+        raise errors.InvalidArgument("request field 'retain' must be a list of strings")
+    return StoreRequest(
+        ref=text,
+        digest=ref.digest,
+        credentials=_credentials(doc, ref),
+        retain_for=doc.get("retainFor", ""),
+        retain=tuple(retain),
+    )
+
+
+def _credentials(doc: dict[str, Any], ref: Reference) -> Credentials | None:
+    if "dockerconfigjson" in doc and ("username" in doc or "password" in doc):
+        raise errors.InvalidArgument(
+            "request fields 'dockerconfigjson' and 'username'/'password' are exclusive"
+        )
+    if "dockerconfigjson" in doc:
+        return Credentials.from_dockerconfigjson(doc["dockerconfigjson"])
+    if "username" in doc or "password" in doc:
+        if not doc.get("username") or not doc.get("password"):
+            raise errors.InvalidArgument("request fields 'username' and 'password' go together")
+        return Credentials({ref.api_host: Credential(doc["username"], doc["password"])})
+    return None
+
+
+def encode_request(
+    ref: str,
+    *,
+    dockerconfigjson: str | None = None,
+    username: str | None = None,
+    password: str | None = None,
+    retain_for: str = "",
+    retain: Sequence[str] = (),
+) -> bytes:
+    """One request line (newline-terminated)."""
+    doc: dict[str, Any] = {"ref": ref}
+    if dockerconfigjson is not None:
+        doc["dockerconfigjson"] = dockerconfigjson
+    if username is not None or password is not None:
+        doc["username"], doc["password"] = username or "", password or ""
+    if retain_for:
+        doc["retainFor"], doc["retain"] = retain_for, list(retain)
+    return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+
+
+def encode_answer(answer: StoreAnswer) -> bytes:
+    """One answer line (newline-terminated)."""
+    if answer.ok:
+        doc: dict[str, Any] = {"ok": True, "digest": answer.digest, "path": answer.path}
+    else:
+        doc = {"ok": False, "code": answer.code, "message": answer.message}
+    return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+
+
+def failure(exc: errors.RukpakError) -> StoreAnswer:
+    return StoreAnswer(ok=False, code=exc.code, message=exc.message)
+
+
+def parse_answer(line: bytes) -> StoreAnswer:
+    """An answer line; Unavailable when it is not one (the plugin went away mid-line)."""
+    try:
+        doc = json.loads(line)
+        if not isinstance(doc, dict) or not isinstance(doc.get("ok"), bool):
+            raise ValueError("no 'ok'")
+        if doc["ok"]:
+            return StoreAnswer(ok=True, digest=str(doc["digest"]), path=str(doc["path"]))
+        return StoreAnswer(ok=False, code=str(doc["code"]), message=str(doc["message"]))
+    except (ValueError, KeyError):
+        raise errors.Unavailable(
+            f"the store volume's socket answered {line[:200]!r}, not an answer line"
+        ) from None
