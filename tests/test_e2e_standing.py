@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,7 +44,7 @@ def standing(rukpak_system: inst.RukpakSystem) -> Iterator[inst.RukpakSystem]:
         kubelet_dir=Path(system.cluster.kubelet_dir),
         state_dir=system.state_dir,
         api_server=system.cluster.in_cluster_env(),
-        components=(*inst.COMPONENTS, "standing"),
+        components=("standing", *inst.COMPONENTS),  # first: host-network patches it too
     )
     manifests = system.workdir / "rukpak-standing.yaml"
     manifests.write_text(system.kubectl("kustomize", str(overlay)))
@@ -60,6 +61,26 @@ def standing(rukpak_system: inst.RukpakSystem) -> Iterator[inst.RukpakSystem]:
                 "--ignore-not-found", "--wait=true", timeout=90,
             )  # fmt: skip
         inst.rollout(system, system.documents(), timeout=inst.ROLLOUT_TIMEOUT)
+
+
+def explain(system: inst.RukpakSystem, name: str) -> str:
+    """What a failing standing test needs to say: the BundleDeployment's conditions, its
+    run ConfigMaps and the standing provisioner's last log lines."""
+    conditions = inst.conditions(system.kube.get(actuate.bd_ref(name, model.API_VERSION_V2)))
+    items, _ = system.kube.list(
+        "v1", "ConfigMap", namespace=inst.NAMESPACE, label_selector=runrecord.RUN_LABEL
+    )
+    maps = [(i["metadata"]["name"], i["metadata"].get("annotations"), i.get("data", {}).get(
+        runrecord.MESSAGE_KEY)) for i in items]  # fmt: skip
+    logs = system.kubectl(*PROVISIONER[:2], "logs", PROVISIONER[2], "--tail=40", check=False)
+    return f"conditions={conditions}\nruns={maps}\nprovisioner logs:\n{logs}"
+
+
+def wait(system: inst.RukpakSystem, name: str, check: Callable[[], object], what: str) -> Any:
+    try:
+        return eventually(check, timeout=120, what=what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{explain(system, name)}") from None
 
 
 def instance_pods_scheduled(system: inst.RukpakSystem, name: str) -> list[str]:
@@ -101,15 +122,13 @@ def test_an_install_and_an_upgrade_start_no_pod(
     second = push_hello(system, tmp_path / "v2", "v2", ns, "standing two")
     system.kube.create(inst.bd_v2(name, first))
     try:
-        eventually(lambda: installed(system, name), timeout=120, what=f"{name} Installed")
+        wait(system, name, lambda: installed(system, name), f"{name} Installed")
         assert inst.greeting(system, ns) == "standing one"
         assert run_maps(system, name), "the install was a run ConfigMap"
         patch = {"spec": {"source": {"type": "image", "image": {"ref": second}}}}
         system.kube.merge_patch(actuate.bd_ref(name, model.API_VERSION_V2), patch)
-        eventually(
-            lambda: inst.greeting(system, ns) == "standing two", timeout=120, what="upgraded"
-        )
-        eventually(lambda: installed(system, name), timeout=60, what="Installed again")
+        wait(system, name, lambda: inst.greeting(system, ns) == "standing two", "upgraded")
+        wait(system, name, lambda: installed(system, name), "Installed again")
         assert instance_pods_scheduled(system, name) == [], "a pod was started for a change"
     finally:
         inst.delete_v2(system, name)
@@ -126,13 +145,13 @@ def test_content_the_store_cannot_serve_fails_with_a_condition_and_others_still_
     system.kube.create(inst.bd_v2(bad, missing))
     system.kube.create(inst.bd_v2(good, ref))
     try:
-        eventually(lambda: installed(system, good), timeout=120, what=f"{good} Installed")
+        wait(system, good, lambda: installed(system, good), f"{good} Installed")
 
         def failed() -> str:
             status, _reason, message = inst.cond_v2(system, bad, "Installed")
             return message if status == "False" and "node store" in message else ""
 
-        message = eventually(failed, timeout=120, what=f"{bad} failing")
+        message = wait(system, bad, failed, f"{bad} failing")
         assert missing.split("@")[1] in message or "not found" in message.lower(), message
         assert instance_pods_scheduled(system, bad) == []
     finally:
