@@ -14,16 +14,15 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from provisioner.runtime import flags
 from rukpak.common import errors
-from rukpak.oci.reference import Reference
-from rukpak.signing import discover, keys, verify
-from rukpak.signing import policy as signing
-from rukpak.signing import sign as signer
+
+# Signing and verifying are imported by the commands that run them (start-up).
+if TYPE_CHECKING:
+    from rukpak.oci.reference import Reference
+    from rukpak.signing import policy as signing
 
 PASSWORD_ENV = "COSIGN_PASSWORD"
 
@@ -75,6 +74,10 @@ def _read(path: Path, what: str) -> bytes:
 
 
 def run_sign(args: argparse.Namespace) -> int:
+    from rukpak.oci.reference import Reference
+    from rukpak.signing import keys
+    from rukpak.signing import sign as signer
+
     ref = Reference.parse(args.reference)
     password = os.environ.get(PASSWORD_ENV)
     key = keys.load_private_key(
@@ -88,6 +91,10 @@ def run_sign(args: argparse.Namespace) -> int:
 
 
 def _policy(args: argparse.Namespace, ref: Reference) -> signing.Policy:
+    import yaml
+
+    from rukpak.signing import policy as signing
+
     glob = [{"glob": ref.name}]
     if args.policy is not None:
         try:
@@ -130,6 +137,9 @@ def _policy(args: argparse.Namespace, ref: Reference) -> signing.Policy:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    from rukpak.oci.reference import Reference
+    from rukpak.signing import discover, verify
+
     ref = Reference.parse(args.reference)
     policy = _policy(args, ref)
 
