@@ -142,6 +142,11 @@ class HelperCredentials(auth.Credentials):
                 return found
         return self._fallback.for_host(wanted)
 
+    def __bool__(self) -> bool:
+        """True even without ``auths`` entries (``len`` 0): the helpers answer for hosts no
+        entry names, and ``credentials or Credentials()`` must not drop them."""
+        return True
+
     def __repr__(self) -> str:
         return (
             f"HelperCredentials(hosts={self.hosts()}, helpers={sorted(self._helpers)}, "
