@@ -18,23 +18,28 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from provisioner.cli import apply as apply_cli
 from provisioner.cli import deployments, get, output, version
 from provisioner.cli import main as cli
-from provisioner.engine import apply, formats, health, inventory
+from provisioner.engine import apply, diff, formats, health, inventory
 from provisioner.engine.lifecycle import ObjectStatus
 from provisioner.engine.objects import ObjectRef
 from provisioner.runtime import flags
+from tests import signing_helpers
+from tests.registry import RegistryServer
 from tests.test_cli_deployments import bd, kept
 
 ROOT = Path(__file__).resolve().parent.parent
 READ_COMMANDS = [
-    ["status", "x"],
-    ["history", "x"],
-    ["preview", "x"],
-    ["get"],
-    ["bundle", "inspect", "r.example/x:v1"],
+    (["status"], ["x"]),
+    (["diff"], ["dir", "--name", "x"]),
+    (["history"], ["x"]),
+    (["preview"], ["x"]),
+    (["get"], []),
+    (["bundle", "inspect"], ["r.example/x:v1"]),
+    (["bundle", "verify"], ["r.example/x:v1", "--key", "k.pub"]),
 ]
 
 
@@ -47,13 +52,12 @@ def subparser(parser: argparse.ArgumentParser, *path: str) -> argparse.ArgumentP
     return parser
 
 
-@pytest.mark.parametrize("argv", READ_COMMANDS, ids=lambda a: " ".join(a[:2]))
-def test_every_read_command_takes_the_same_output_flag(argv: list[str]) -> None:
+@pytest.mark.parametrize(("words", "rest"), READ_COMMANDS, ids=lambda a: " ".join(a))
+def test_every_read_command_takes_the_same_output_flag(words: list[str], rest: list[str]) -> None:
     parser = cli.build_parser()
     for fmt in ("json", "yaml", "wide", "name"):
-        assert parser.parse_args([*argv, "-o", fmt]).output == fmt
-    assert parser.parse_args(argv).output == output.TABLE
-    words = [w for w in argv if not w.startswith(("x", "r.example"))]
+        assert parser.parse_args([*words, *rest, "-o", fmt]).output == fmt
+    assert parser.parse_args([*words, *rest]).output == output.TABLE
     option = subparser(parser, *words)._option_string_actions["-o"]
     assert option.choices == output.FORMATS
 
@@ -114,6 +118,44 @@ def test_status_names_each_object_as_kubectl_does() -> None:
         "apiVersion": "apps/v1", "kind": "Deployment", "namespace": "ns", "name": "d",
         "ready": False, "reason": "0/1",
     }  # fmt: skip
+
+
+def test_diff_lists_what_would_change_with_its_unified_diff() -> None:
+    cm = ObjectRef("", "v1", "ConfigMap", "ns", "a")
+    web = ObjectRef("apps", "v1", "Deployment", "ns", "web")
+    changes = [
+        diff.Change(cm, "update", "-  k: '1'\n+  k: '2'\n"),
+        diff.Change(web, "unchanged"),
+        diff.Change(ObjectRef("", "v1", "ConfigMap", "ns", "b"), "prune"),
+    ]
+    view = apply_cli.diff_view(changes)
+    assert output.render(view, "table") == (
+        "update    ConfigMap ns/a\n-  k: '1'\n+  k: '2'\nprune     ConfigMap ns/b\n"
+    )
+    assert output.render(view, "name") == "configmap/a\nconfigmap/b\n"
+    assert [c["action"] for c in json.loads(output.render(view, "json"))["changes"]] == [
+        "update", "prune"
+    ]  # fmt: skip
+
+
+@pytest.mark.registry
+def test_verify_says_what_it_verified_in_json(
+    registry: RegistryServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "b" / "manifests"
+    root.mkdir(parents=True)
+    (root / "cm.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n")
+    key = ec.generate_private_key(ec.SECP256R1())
+    (tmp_path / "k.key").write_bytes(signing_helpers.private_pem(key))
+    (tmp_path / "k.pub").write_bytes(signing_helpers.public_pem(key))
+    ref = f"{registry.host}/output/verify:v1"
+    assert cli.main(["bundle", "push", "--from-dir", str(tmp_path / "b"), ref]) == 0
+    assert cli.main(["bundle", "sign", ref, "--key", str(tmp_path / "k.key")]) == 0
+    capsys.readouterr()
+    assert cli.main(["bundle", "verify", ref, "--key", str(tmp_path / "k.pub"), "-o", "json"]) == 0
+    said = json.loads(capsys.readouterr().out)
+    assert said["verified"] is True and said["reference"] == f"{registry.host}/output/verify"
+    assert said["digest"].startswith("sha256:") and said["signatures"] == 1
 
 
 def test_history_gives_every_kept_revision_in_full_as_yaml() -> None:

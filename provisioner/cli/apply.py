@@ -25,8 +25,9 @@ from rukpak.common import errors
 
 # The engine is imported by the commands that run it, not to build the parser (start-up).
 if TYPE_CHECKING:
-    from provisioner.engine import apply, formats, lifecycle
+    from provisioner.engine import apply, diff, formats, lifecycle
     from provisioner.engine.kube import Kube
+    from provisioner.engine.objects import ObjectRef
 
 EXIT_OK = 0
 EXIT_CHANGES = 3
@@ -65,6 +66,7 @@ def register(subparsers: Any) -> None:
         epilog="exit status: 0 nothing would change; 1 an error; 3 something would change",
     )
     _bundle_args(p)
+    output.add_output(p)
     p.set_defaults(func=run_diff)
 
     p = subparsers.add_parser(
@@ -205,18 +207,40 @@ def run_diff(args: argparse.Namespace) -> int:
     from provisioner.engine import diff
 
     options = _options(args)
-    changes = diff.plan(_kube(args), _load(args), options)
-    changed = 0
+    changes = list(diff.plan(_kube(args), _load(args), options))
+    view = diff_view(changes)
+    output.emit(view, args.output)
+    print(f"{len(view.names)} of {len(changes)} objects would change", file=sys.stderr)
+    return EXIT_CHANGES if view.names else EXIT_OK
+
+
+def _kubectl_name(ref: ObjectRef) -> str:
+    """``configmap/a``, ``deployment.apps/web``: an object as ``kubectl -o name`` names it."""
+    resource = f"{ref.kind.lower()}.{ref.group}" if ref.group else ref.kind.lower()
+    return f"{resource}/{ref.name}"
+
+
+def _ref_document(ref: ObjectRef) -> dict[str, str]:
+    return {
+        "apiVersion": ref.api_version,
+        "kind": ref.kind,
+        "namespace": ref.namespace,
+        "name": ref.name,
+    }
+
+
+def diff_view(changes: list[diff.Change]) -> output.View:
+    """``rukpak diff``: each object that would change, its action and its unified diff (an
+    update) or note; ``-o name`` the objects, ``-o json|yaml`` them with action and detail."""
+    text, names, items = [], [], []
     for c in changes:
         if c.action == "unchanged":
             continue
-        changed += 1
         note = f" ({c.detail})" if c.detail and c.action != "update" else ""
-        print(f"{c.action:9} {c.ref}{note}")
-        if c.action == "update":
-            sys.stdout.write(c.detail)
-    print(f"{changed} of {len(changes)} objects would change", file=sys.stderr)
-    return EXIT_CHANGES if changed else EXIT_OK
+        text.append(f"{c.action:9} {c.ref}{note}\n" + (c.detail if c.action == "update" else ""))
+        names.append(_kubectl_name(c.ref))
+        items.append({**_ref_document(c.ref), "action": c.action, "detail": c.detail})
+    return output.View(document={"changes": items}, names=names, text="".join(text))
 
 
 def run_status(args: argparse.Namespace) -> int:
@@ -240,18 +264,8 @@ def status_view(name: str, states: list[lifecycle.ObjectStatus]) -> output.View:
         ref = s.ref
         rows.append(("ready" if s.health.ready else "NOT READY", str(ref), s.health.reason))
         wide.append((ref.api_version,))
-        resource = f"{ref.kind.lower()}.{ref.group}" if ref.group else ref.kind.lower()
-        names.append(f"{resource}/{ref.name}")
-        items.append(
-            {
-                "apiVersion": ref.api_version,
-                "kind": ref.kind,
-                "namespace": ref.namespace,
-                "name": ref.name,
-                "ready": s.health.ready,
-                "reason": s.health.reason,
-            }
-        )
+        names.append(_kubectl_name(ref))
+        items.append({**_ref_document(ref), "ready": s.health.ready, "reason": s.health.reason})
     document = {"deployment": name, "objects": items}
     return output.View(
         document=document,

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from provisioner.cli import output
 from provisioner.runtime import flags
 from rukpak.common import errors
 
@@ -62,6 +63,7 @@ def register(commands: Any) -> None:
     check.add_argument("--certificate-oidc-issuer", default="", metavar="ISSUER")
     check.add_argument("--certificate-oidc-issuer-regexp", default="", metavar="REGEXP")
     check.add_argument("--rekor-key", type=Path, metavar="PUB", help="Rekor's public key (PEM)")
+    output.add_output(check)
     flags.add_registry_command(check)
     check.set_defaults(func=run_verify)
 
@@ -155,5 +157,13 @@ def run_verify(args: argparse.Namespace) -> int:
     outcome = verify.check(policy, found, digest, read_secret=no_secrets)
     if not outcome.ok:
         raise errors.PermissionDenied(f"{ref.name}@{digest}: {outcome.reason}")
-    print(f"verified: {ref.name}@{digest}: {outcome.reason} ({len(found.signatures)} found)")
+    said = f"verified: {ref.name}@{digest}: {outcome.reason} ({len(found.signatures)} found)\n"
+    document = {
+        "reference": ref.name,
+        "digest": digest,
+        "verified": True,
+        "reason": outcome.reason,
+        "signatures": len(found.signatures),
+    }
+    output.emit(output.View(document, names=[f"{ref.name}@{digest}"], text=said), args.output)
     return 0
