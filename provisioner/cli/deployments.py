@@ -6,8 +6,10 @@ The edge over ``provisioner.engine.revisionlog``: reads a BundleDeployment (its
 them as ``kubectl rollout history`` does; ``rollback`` writes the rollback annotation
 that makes the manager reinstall a kept revision from the node caches, and can wait
 until it is installed; ``preview`` prints what a paused one would install and grant (the
-ConfigMap its preview run wrote, ``engine.preview``). ``provisioner.cli.main`` calls
-``register``.
+ConfigMap its preview run wrote, ``engine.preview``); ``approve`` (its own module) unpauses
+one. ``history`` and ``preview`` print through ``provisioner.cli.output`` (``-o``); the
+helpers ``ref``, ``get``, ``status_of`` and ``resource_name`` serve ``approve`` and ``get``
+too. ``provisioner.cli.main`` calls ``register``.
 
 Exit codes: 0 done; 1 an error (no such BundleDeployment or revision, a v1alpha1-made
 object); 3 ``rollback --wait`` ran out of time.
