@@ -16,6 +16,7 @@ APT_PACKAGES=(
   openssl iproute2 util-linux  # test PKI, the node bridge, mount/flock
   debootstrap          # the node plugin image (hack/image/build.sh), no container engine
   git openssh-server   # git sources: git http-backend and sshd servers the tests start
+  zsh fish             # the CLI's completion scripts are run by each shell they are for
 )
 
 missing=()

@@ -451,8 +451,16 @@ def test_a_paused_bundle_granting_secrets_is_previewed_then_approved(
     )
     assert "PreviewReady" in events
 
-    # approval: unpause
-    system.kube.merge_patch(actuate.bd_ref(name, model.API_VERSION_V2), {"spec": {"paused": False}})
+    # approval (rukpak approve: unpause), only of the digest the preview is of
+    pinned = str(status(system, name)["resolvedSource"]["image"]["ref"]).split("@")[1]
+    wrong = "sha256:" + "0" * 64
+    refused = subprocess.run(
+        [str(Path(sys.executable).parent / "rukpak"), "approve", name, "--preview-digest",
+         wrong, "--kubeconfig", str(system.kubeconfig)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 1 and f"the preview is of {pinned}, not {wrong}" in refused.stderr
+    assert "approved" in rukpak(system, "approve", name, "--preview-digest", pinned)
     eventually(lambda: ready(system, name, 1), timeout=180, what="installed once approved")
     assert system.kube.get(role) is not None
 

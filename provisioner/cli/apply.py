@@ -17,18 +17,23 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from provisioner.bundle import source
-from provisioner.engine import apply, diff, drift, formats, lifecycle
-from provisioner.engine.kube import Kube
+from provisioner.cli import output
 from provisioner.runtime import flags
 from rukpak.common import errors
-from rukpak.oci.reference import Reference
+
+# The engine is imported by the commands that run it, not to build the parser (start-up).
+if TYPE_CHECKING:
+    from provisioner.engine import apply, diff, formats, lifecycle
+    from provisioner.engine.kube import Kube
+    from provisioner.engine.objects import ObjectRef
 
 EXIT_OK = 0
 EXIT_CHANGES = 3
 """``diff`` found changes, or objects are not ready (``status``, ``apply --wait``)."""
+DEFAULT_CONCURRENCY = 16
+"""``provisioner.engine.apply.Options.concurrency``."""
 
 
 def register(subparsers: Any) -> None:
@@ -61,6 +66,7 @@ def register(subparsers: Any) -> None:
         epilog="exit status: 0 nothing would change; 1 an error; 3 something would change",
     )
     _bundle_args(p)
+    output.add_output(p)
     p.set_defaults(func=run_diff)
 
     p = subparsers.add_parser(
@@ -69,6 +75,7 @@ def register(subparsers: Any) -> None:
         epilog="exit status: 0 every object ready; 1 an error; 3 some object not ready",
     )
     p.add_argument("name", metavar="NAME")
+    output.add_output(p)
     _cluster_args(p)
     p.set_defaults(func=run_status)
 
@@ -90,7 +97,7 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--concurrency",
         type=int,
-        default=apply.Options.concurrency,
+        default=DEFAULT_CONCURRENCY,
         help="parallel requests (default: %(default)s)",
     )
 
@@ -116,6 +123,8 @@ def _kube(args: argparse.Namespace) -> Kube:
 
 
 def _options(args: argparse.Namespace) -> apply.Options:
+    from provisioner.engine import apply
+
     if args.concurrency < 1:
         raise errors.InvalidArgument("--concurrency must be at least 1")
     return apply.Options(
@@ -130,6 +139,10 @@ def _options(args: argparse.Namespace) -> apply.Options:
 
 def _load(args: argparse.Namespace) -> formats.Bundle:
     """Load DIR, or pull IMAGE into a temporary tree, load it, and remove the tree."""
+    from provisioner.bundle import source
+    from provisioner.engine import formats
+    from rukpak.oci.reference import Reference
+
     if source.looks_like_directory(args.source):
         return formats.load(Path(args.source).expanduser(), format=args.format)
     ref = Reference.parse(args.source)
@@ -144,6 +157,8 @@ def _load(args: argparse.Namespace) -> formats.Bundle:
 
 
 def run_apply(args: argparse.Namespace) -> int:
+    from provisioner.engine import apply, drift
+
     options = _options(args)
     bundle = _load(args)
     kube = _kube(args)
@@ -172,6 +187,8 @@ def run_apply(args: argparse.Namespace) -> int:
 
 
 def _wait_ready(kube: Kube, options: apply.Options, timeout: float) -> int:
+    from provisioner.engine import lifecycle
+
     deadline = time.monotonic() + timeout
     while True:
         states = lifecycle.status(kube, options.name, system_namespace=options.system_namespace)
@@ -187,35 +204,83 @@ def _wait_ready(kube: Kube, options: apply.Options, timeout: float) -> int:
 
 
 def run_diff(args: argparse.Namespace) -> int:
+    from provisioner.engine import diff
+
     options = _options(args)
-    changes = diff.plan(_kube(args), _load(args), options)
-    changed = 0
+    changes = list(diff.plan(_kube(args), _load(args), options))
+    view = diff_view(changes)
+    output.emit(view, args.output)
+    print(f"{len(view.names)} of {len(changes)} objects would change", file=sys.stderr)
+    return EXIT_CHANGES if view.names else EXIT_OK
+
+
+def _kubectl_name(ref: ObjectRef) -> str:
+    """``configmap/a``, ``deployment.apps/web``: an object as ``kubectl -o name`` names it."""
+    resource = f"{ref.kind.lower()}.{ref.group}" if ref.group else ref.kind.lower()
+    return f"{resource}/{ref.name}"
+
+
+def _ref_document(ref: ObjectRef) -> dict[str, str]:
+    return {
+        "apiVersion": ref.api_version,
+        "kind": ref.kind,
+        "namespace": ref.namespace,
+        "name": ref.name,
+    }
+
+
+def diff_view(changes: list[diff.Change]) -> output.View:
+    """``rukpak diff``: each object that would change, its action and its unified diff (an
+    update) or note; ``-o name`` the objects, ``-o json|yaml`` them with action and detail."""
+    text, names, items = [], [], []
     for c in changes:
         if c.action == "unchanged":
             continue
-        changed += 1
         note = f" ({c.detail})" if c.detail and c.action != "update" else ""
-        print(f"{c.action:9} {c.ref}{note}")
-        if c.action == "update":
-            sys.stdout.write(c.detail)
-    print(f"{changed} of {len(changes)} objects would change", file=sys.stderr)
-    return EXIT_CHANGES if changed else EXIT_OK
+        text.append(f"{c.action:9} {c.ref}{note}\n" + (c.detail if c.action == "update" else ""))
+        names.append(_kubectl_name(c.ref))
+        items.append({**_ref_document(c.ref), "action": c.action, "detail": c.detail})
+    return output.View(document={"changes": items}, names=names, text="".join(text))
 
 
 def run_status(args: argparse.Namespace) -> int:
+    from provisioner.engine import lifecycle
+
     states = lifecycle.status(
         _kube(args), args.name, system_namespace=args.system_namespace, concurrency=args.concurrency
     )
-    for s in states:
-        mark = "ready" if s.health.ready else "NOT READY"
-        reason = f"  {s.health.reason}" if s.health.reason else ""
-        print(f"{mark:9} {s.ref}{reason}")
+    output.emit(status_view(args.name, states), args.output)
     ready = sum(1 for s in states if s.health.ready)
     print(f"{ready}/{len(states)} ready", file=sys.stderr)
     return EXIT_OK if ready == len(states) else EXIT_CHANGES
 
 
+def status_view(name: str, states: list[lifecycle.ObjectStatus]) -> output.View:
+    """``rukpak status``: one row per object of deployment ``name``; ``-o name`` gives each
+    object as kubectl names it (``configmap/a``), ``-o json|yaml`` each object's reference
+    and readiness, ``-o wide`` adds the API version."""
+    rows, wide, names, items = [], [], [], []
+    for s in states:
+        ref = s.ref
+        rows.append(("ready" if s.health.ready else "NOT READY", str(ref), s.health.reason))
+        wide.append((ref.api_version,))
+        names.append(_kubectl_name(ref))
+        items.append({**_ref_document(ref), "ready": s.health.ready, "reason": s.health.reason})
+    document = {"deployment": name, "objects": items}
+    return output.View(
+        document=document,
+        names=names,
+        columns=("STATUS", "OBJECT", "REASON"),
+        rows=rows,
+        wide_columns=("API VERSION",),
+        wide=wide,
+        empty=f"deployment {name} has no objects",
+    )
+
+
 def run_uninstall(args: argparse.Namespace) -> int:
+    from provisioner.engine import lifecycle
+
     result = lifecycle.uninstall(
         _kube(args),
         args.name,

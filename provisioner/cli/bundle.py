@@ -14,22 +14,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from provisioner.bundle import build as bundle_build
-from provisioner.bundle import inspect as bundle_inspect
-from provisioner.bundle import push as bundle_push
-from provisioner.bundle.layout import OciLayout
-from provisioner.cli import signing
+from provisioner.cli import output, signing
 from provisioner.runtime import flags
 from rukpak.common import errors
-from rukpak.oci.manifest import Descriptor, Platform
-from rukpak.oci.reference import Reference
+
+# Building, pushing and the registry client are imported by the commands that run them, not
+# to build the parser (start-up).
+if TYPE_CHECKING:
+    from provisioner.bundle import build as bundle_build
+    from provisioner.bundle import inspect as bundle_inspect
+    from provisioner.bundle.layout import OciLayout
+    from rukpak.oci.manifest import Descriptor
+    from rukpak.oci.reference import Reference
 
 
 def register(subparsers: Any) -> None:
@@ -87,7 +89,8 @@ def register(subparsers: Any) -> None:
     )
     inspect.add_argument("reference", metavar="REF")
     flags.add_platform(inspect)
-    inspect.add_argument("--json", action="store_true", help="print JSON")
+    inspect.add_argument("--json", action="store_true", help="print JSON (as -o json)")
+    output.add_output(inspect)
     _add_registry_options(inspect, progress=False)
     inspect.set_defaults(func=run_inspect)
     signing.register(commands)
@@ -144,6 +147,9 @@ def _cli_hints(handler: Callable[[argparse.Namespace], int]) -> Callable[[argpar
 
 @_cli_hints
 def run_build(args: argparse.Namespace) -> int:
+    from provisioner.bundle.layout import OciLayout
+    from rukpak.oci.reference import Reference
+
     ref = Reference.parse(args.tag)
     if args.output is None and not args.push:
         raise errors.InvalidArgument(
@@ -162,6 +168,10 @@ def run_build(args: argparse.Namespace) -> int:
 
 @_cli_hints
 def run_push(args: argparse.Namespace) -> int:
+    from provisioner.bundle import push as bundle_push
+    from provisioner.bundle.layout import OciLayout
+    from rukpak.oci.reference import Reference
+
     positional: list[str] = list(args.arguments)
     if args.from_dir is not None:
         if len(positional) != 1:
@@ -190,15 +200,20 @@ def run_push(args: argparse.Namespace) -> int:
 
 @_cli_hints
 def run_inspect(args: argparse.Namespace) -> int:
+    from provisioner.bundle import inspect as bundle_inspect
+    from rukpak.oci.manifest import Platform
+    from rukpak.oci.reference import Reference
+
     ref = Reference.parse(args.reference)
     platform = Platform.parse(args.platform) if args.platform else None
     with flags.registry_client(args, ref) as client:
         result = bundle_inspect.inspect(client, ref, platform=platform)
-    if args.json:
-        json.dump(bundle_inspect.to_json(result), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        print(render_inspection(result))
+    view = output.View(
+        document=bundle_inspect.to_json(result),
+        names=[f"{ref.name}@{result.digest}"],
+        text=render_inspection(result) + "\n",
+    )
+    output.emit(view, "json" if args.json else args.output)
     return 0
 
 
@@ -208,6 +223,8 @@ def run_inspect(args: argparse.Namespace) -> int:
 def _build(
     args: argparse.Namespace, directory: Path, layout: OciLayout, ref: Reference
 ) -> bundle_build.BuildResult:
+    from provisioner.bundle import build as bundle_build
+
     sources = bundle_build.plan_sources(
         directory,
         bundle_build.parse_platforms(args.platform),
@@ -242,6 +259,8 @@ def describe(result: bundle_build.BuildResult) -> str:
 
 
 def _push(args: argparse.Namespace, layout: OciLayout, image: Descriptor, ref: Reference) -> None:
+    from provisioner.bundle import push as bundle_push
+
     show = bool(args.progress) or sys.stderr.isatty()
     progress = _Progress(sys.stderr) if show else None
     try:

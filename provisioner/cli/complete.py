@@ -2,45 +2,51 @@
 
 Where it sits: beside ``main`` (which builds the parser). Two front ends use it:
 
+- ``rukpak completion bash|zsh|fish``: the script of ``argcomplete`` (a well-kept library
+  that completes argparse parsers) for ``rukpak`` and ``kubectl-rukpak``. The shell runs
+  the command with ``_ARGCOMPLETE`` set; ``main`` then hands the parser to
+  ``argcomplete.autocomplete`` (:func:`autocomplete`), which answers and exits before
+  anything else runs. Subcommands, flags and choices (``-o json``) complete; positional
+  arguments and flag values fall back to file names, since most of them are paths.
 - ``kubectl_complete-rukpak`` (a console script): kubectl 1.26 and later completes a
   plugin's arguments by running ``kubectl_complete-<plugin> ARGS...`` and reading
-  Cobra's ``__complete`` answer: one candidate a line, then ``:<directive>``. So
-  ``kubectl rukpak <TAB>`` completes wherever kubectl's own completion is set up.
-- ``rukpak completion bash``: a bash function for ``rukpak`` and ``kubectl-rukpak``
-  that asks the same code (``rukpak __complete ARGS...``).
-
-Subcommands and flags are completed; a flag's value and positional arguments fall back
-to file names (Cobra's default directive), since most of them are paths.
+  Cobra's ``__complete`` answer: one candidate a line, then ``:<directive>``
+  (:func:`answer`). So ``kubectl rukpak <TAB>`` completes wherever kubectl's own
+  completion is set up.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 
+SHELLS = ("bash", "zsh", "fish")
+EXECUTABLES = ("rukpak", "kubectl-rukpak")
 DIRECTIVE_DEFAULT = 0
 """Cobra: let the shell complete file names too."""
 DIRECTIVE_NO_FILES = 4
 """Cobra: only the candidates given."""
 
-BASH_SCRIPT = """\
-# rukpak and kubectl-rukpak completion for bash: source <(rukpak completion bash)
-_rukpak_complete() {
-    local IFS=$'\\n' line directive=0 out
-    out=$(rukpak __complete "${COMP_WORDS[@]:1:$COMP_CWORD}" 2>/dev/null) || return
-    COMPREPLY=()
-    while read -r line; do
-        case "$line" in
-            :*) directive=${line#:} ;;
-            *) COMPREPLY+=("$line") ;;
-        esac
-    done <<< "$out"
-    if [ "${#COMPREPLY[@]}" -eq 0 ] && [ $((directive & 4)) -eq 0 ]; then
-        COMPREPLY=($(compgen -f -- "${COMP_WORDS[COMP_CWORD]}"))
-    fi
-}
-complete -o default -F _rukpak_complete rukpak kubectl-rukpak
-"""
+
+def script(shell: str) -> str:
+    """The completion script of ``shell`` (one of ``SHELLS``) for ``EXECUTABLES``."""
+    if shell not in SHELLS:
+        raise ValueError(f"no completion for shell {shell!r}; use one of {', '.join(SHELLS)}")
+    from argcomplete.shell_integration import shellcode
+
+    text: str = shellcode(list(EXECUTABLES), shell=shell)
+    return text
+
+
+def autocomplete(parser: argparse.ArgumentParser) -> None:
+    """When a completion script runs us (``_ARGCOMPLETE`` set): answer and exit. Otherwise
+    nothing, and argcomplete is not even imported (start-up)."""
+    if "_ARGCOMPLETE" not in os.environ:
+        return
+    import argcomplete
+
+    argcomplete.autocomplete(parser)
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -6,8 +6,10 @@ The edge over ``provisioner.engine.revisionlog``: reads a BundleDeployment (its
 them as ``kubectl rollout history`` does; ``rollback`` writes the rollback annotation
 that makes the manager reinstall a kept revision from the node caches, and can wait
 until it is installed; ``preview`` prints what a paused one would install and grant (the
-ConfigMap its preview run wrote, ``engine.preview``). ``provisioner.cli.main`` calls
-``register``.
+ConfigMap its preview run wrote, ``engine.preview``); ``approve`` (its own module) unpauses
+one. ``history`` and ``preview`` print through ``provisioner.cli.output`` (``-o``); the
+helpers ``ref``, ``get``, ``status_of`` and ``resource_name`` serve ``approve`` and ``get``
+too. ``provisioner.cli.main`` calls ``register``.
 
 Exit codes: 0 done; 1 an error (no such BundleDeployment or revision, a v1alpha1-made
 object); 3 ``rollback --wait`` ran out of time.
@@ -20,15 +22,17 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
-
-from provisioner.engine import preview, revisionlog
-from provisioner.engine.kube import Kube
-from provisioner.engine.objects import Obj, ObjectRef, condition, meta_of
+from provisioner.cli import output
 from provisioner.runtime import flags
 from rukpak.common import errors
+
+# The engine is imported by the commands that run, not to build the parser (start-up).
+if TYPE_CHECKING:
+    from provisioner.engine import revisionlog
+    from provisioner.engine.kube import Kube
+    from provisioner.engine.objects import Obj, ObjectRef
 
 EXIT_TIMEOUT = 3
 GROUP = "core.rukpak.io"
@@ -51,6 +55,7 @@ def register(subparsers: Any) -> None:
         "  rukpak history my-operator --revision 2   # one revision in full (YAML)",
     )
     p.add_argument("--revision", type=int, help="show this revision in full")
+    output.add_output(p)
     flags.add_cluster(p)
 
     p = _command(
@@ -82,12 +87,14 @@ def register(subparsers: Any) -> None:
         "with spec.paused: true: its objects by kind and namespace, the cluster-scoped "
         "ones, the CRDs it changes, the RBAC rules it grants (aggregated) and what a "
         "reviewer must notice (wildcards, escalate, bind, impersonate, secrets). Unpausing "
-        "is the approval.",
+        "is the approval (rukpak approve).",
         epilog="examples:\n  rukpak preview my-operator\n"
         "  rukpak preview my-operator --diff   # against what is installed\n"
-        '  kubectl patch bd my-operator --type merge -p \'{"spec":{"paused":false}}\'',
+        "  rukpak preview my-operator -o json  # the summary, the text and the diff\n"
+        "  rukpak approve my-operator",
     )
     p.add_argument("--diff", action="store_true", help="what approving changes ('+'/'-' lines)")
+    output.add_output(p)
     flags.add_cluster(p)
     flags.add_system_namespace(p, holds="the preview ConfigMap")
 
@@ -115,18 +122,22 @@ def _command(
     return p
 
 
-def _ref(name: str) -> ObjectRef:
+def ref(name: str) -> ObjectRef:
+    """The v1alpha2 BundleDeployment ``name``."""
+    from provisioner.engine.objects import ObjectRef
+
     return ObjectRef(GROUP, "v1alpha2", KIND, "", name)
 
 
-def _get(kube: Kube, name: str) -> Obj:
-    bd = kube.get(_ref(name))
+def get(kube: Kube, name: str) -> Obj:
+    """The BundleDeployment ``name``; NotFound when there is none."""
+    bd = kube.get(ref(name))
     if bd is None:
         raise errors.NotFound(f"bundledeployment {name!r} not found")
     return bd
 
 
-def _status(bd: Obj) -> Obj:
+def status_of(bd: Obj) -> Obj:
     status = bd.get("status")
     return status if isinstance(status, dict) else {}
 
@@ -151,12 +162,27 @@ def _one(src: Obj) -> str:
     return str(body.get("ref") or body.get("url") or kind)
 
 
-def history_table(bd: Obj) -> str:
-    """The revisions of ``bd`` as a table (``rukpak history``)."""
-    status = _status(bd)
+def _name_of(bd: Obj) -> str:
+    meta = bd.get("metadata")
+    return str((meta if isinstance(meta, dict) else {}).get("name") or "")
+
+
+def resource_name(name: str) -> str:
+    """``bundledeployment.core.rukpak.io/NAME``, as ``-o name`` prints it."""
+    return f"bundledeployment.{GROUP}/{name}"
+
+
+def history_view(bd: Obj) -> output.View:
+    """The revisions of ``bd`` (``rukpak history``): a table (``-o wide`` adds each
+    revision's record name and when it became the installed one), or ``-o json|yaml``
+    the installed and previous revision numbers with every kept revision in full."""
+    from provisioner.engine import revisionlog
+
+    status = status_of(bd)
     installed, previous = status.get("installedRevision"), status.get("previousRevision")
-    rows = [("REVISION", "OUTCOME", "OBJECTS", "GENERATION", "TIME", "SOURCE")]
-    for rev in revisionlog.of_status(bd):
+    kept = revisionlog.of_status(bd)
+    rows, wide = [], []
+    for rev in kept:
         mark = "*" if rev.number == installed else "-" if rev.number == previous else ""
         rows.append(
             (
@@ -168,42 +194,64 @@ def history_table(bd: Obj) -> str:
                 _source(rev),
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    lines = [
-        "".join(cell.ljust(width + 2) for cell, width in zip(row, widths, strict=False)) + row[-1]
-        for row in rows
-    ]
-    return f"bundledeployment.{GROUP}/{meta_of(bd).get('name')}\n" + "\n".join(lines) + "\n"
+        wide.append((rev.name, rev.installed_at or "-"))
+    name = _name_of(bd)
+    return output.View(
+        document={
+            "name": name,
+            "installedRevision": installed,
+            "previousRevision": previous,
+            "revisions": [rev.document() for rev in kept],
+        },
+        names=[resource_name(name)],
+        columns=("REVISION", "OUTCOME", "OBJECTS", "GENERATION", "TIME", "SOURCE"),
+        rows=rows,
+        wide_columns=("RECORD", "INSTALLED AT"),
+        wide=wide,
+        heading=resource_name(name),
+        empty=f"{resource_name(name)}: no revisions recorded yet",
+    )
+
+
+def history_table(bd: Obj) -> str:
+    """The revisions of ``bd`` as a table (``rukpak history``)."""
+    return output.render(history_view(bd), output.TABLE)
 
 
 def run_history(args: argparse.Namespace) -> int:
-    bd = _get(flags.kube(args), args.name)
+    from provisioner.engine import revisionlog
+
+    bd = get(flags.kube(args), args.name)
     kept = revisionlog.of_status(bd)
-    if args.revision is not None:
-        rev = revisionlog.find(kept, args.revision)
-        if rev is None:
-            numbers = ", ".join(str(r.number) for r in kept) or "none"
-            raise errors.NotFound(f"revision {args.revision} is not kept (kept: {numbers})")
-        sys.stdout.write(yaml.safe_dump(rev.document(), sort_keys=False))
+    if args.revision is None:
+        output.emit(history_view(bd), args.output)
         return 0
-    if not kept:
-        print(f"bundledeployment.{GROUP}/{args.name}: no revisions recorded yet", file=sys.stderr)
-        return 0
-    sys.stdout.write(history_table(bd))
+    rev = revisionlog.find(kept, args.revision)
+    if rev is None:
+        numbers = ", ".join(str(r.number) for r in kept) or "none"
+        raise errors.NotFound(f"revision {args.revision} is not kept (kept: {numbers})")
+    one = output.View(
+        document=rev.document(),
+        names=[resource_name(args.name)],
+        text=output.render(output.View(rev.document(), ()), "yaml"),
+    )  # one revision in full: YAML unless asked otherwise
+    output.emit(one, args.output)
     return 0
 
 
 def choose(bd: Obj, wanted: int | None) -> revisionlog.Revision:
     """The kept revision a rollback of ``bd`` goes to; ``errors`` say why none can."""
-    name = str(meta_of(bd).get("name") or "")
-    annotations = meta_of(bd).get("annotations") or {}
+    from provisioner.engine import revisionlog
+
+    name = _name_of(bd)
+    annotations = (bd.get("metadata") or {}).get("annotations") or {}
     if V1ALPHA1_MADE in annotations:
         raise errors.FailedPrecondition(
             f"bundledeployment {name!r} was created as v1alpha1: its revisions are Bundles; "
             "change spec.template to go back"
         )
     kept = revisionlog.of_status(bd)
-    status = _status(bd)
+    status = status_of(bd)
     number = wanted if wanted is not None else status.get("previousRevision")
     if not isinstance(number, int):
         raise errors.FailedPrecondition(
@@ -217,14 +265,17 @@ def choose(bd: Obj, wanted: int | None) -> revisionlog.Revision:
 
 
 def run_rollback(args: argparse.Namespace) -> int:
+    from provisioner.engine import revisionlog
+    from provisioner.engine.objects import condition, meta_of
+
     kube = flags.kube(args)
-    bd = _get(kube, args.name)
+    bd = get(kube, args.name)
     rev = choose(bd, args.to_revision)
     meta = meta_of(bd)
     generation = int(meta.get("generation") or 0)
     value = revisionlog.rollback_annotation(rev.number, generation, revisionlog.MANUAL)
     kube.merge_patch(
-        _ref(args.name),
+        ref(args.name),
         {
             "metadata": {
                 "annotations": {revisionlog.ROLLBACK_ANNOTATION: value},
@@ -237,27 +288,32 @@ def run_rollback(args: argparse.Namespace) -> int:
         return 0
     deadline = time.monotonic() + args.wait
     while time.monotonic() < deadline:
-        now = _get(kube, args.name)
+        now = get(kube, args.name)
         installed = condition(now, "Installed") or {}
         if (
-            _status(now).get("installedRevision") == rev.number
+            status_of(now).get("installedRevision") == rev.number
             and installed.get("status") == "True"
             and installed.get("observedGeneration") == generation
         ):
             print(f"bundledeployment.{GROUP}/{args.name} revision {rev.number} installed")
             return 0
         time.sleep(1.0)
-    last = json.dumps(_status(_get(kube, args.name)).get("conditions") or [])[:400]
+    last = json.dumps(status_of(get(kube, args.name)).get("conditions") or [])[:400]
     print(f"timed out waiting for revision {rev.number}: {last}", file=sys.stderr)
     return EXIT_TIMEOUT
 
 
 def run_preview(args: argparse.Namespace) -> int:
+    from provisioner.engine import preview
+    from provisioner.engine.objects import ObjectRef
+
     kube = flags.kube(args)
-    bd = _get(kube, args.name)
-    shown = _status(bd).get("preview")
-    ref = ObjectRef("", "v1", "ConfigMap", args.system_namespace, preview.configmap_name(args.name))
-    cm = kube.get(ref)
+    bd = get(kube, args.name)
+    shown = status_of(bd).get("preview")
+    where = ObjectRef(
+        "", "v1", "ConfigMap", args.system_namespace, preview.configmap_name(args.name)
+    )
+    cm = kube.get(where)
     if cm is None or not isinstance(cm.get("data"), dict):
         if isinstance(shown, dict) and shown.get("error"):
             raise errors.FailedPrecondition(f"the preview failed: {shown['error']}")
@@ -271,11 +327,28 @@ def run_preview(args: argparse.Namespace) -> int:
             "note: the preview is of an earlier revision; a new one is on its way",
             file=sys.stderr,
         )
+    text = str(data.get(preview.RENDER_KEY) or "")
+    changes = str(data.get(preview.DIFF_KEY) or "")
     if args.diff:
-        changes = str(data.get(preview.DIFF_KEY) or "")
-        sys.stdout.write(changes or "no changes against what is installed\n")
-        return 0
-    sys.stdout.write(str(data.get(preview.RENDER_KEY) or ""))
-    if not (bd.get("spec") or {}).get("paused"):
+        text = changes or "no changes against what is installed\n"
+    try:
+        summary = json.loads(str(data.get(preview.SUMMARY_KEY) or "null"))
+    except ValueError:
+        summary = None
+    paused = bool((bd.get("spec") or {}).get("paused"))
+    document = {
+        "name": args.name,
+        "paused": paused,
+        "revision": data.get(preview.REVISION_KEY),
+        "status": shown if isinstance(shown, dict) else None,
+        "summary": summary,
+        "preview": str(data.get(preview.RENDER_KEY) or ""),
+        "diff": changes,
+    }
+    output.emit(
+        output.View(document=document, names=[resource_name(args.name)], text=text),
+        args.output,
+    )
+    if not paused and not args.diff:
         print("note: spec.paused is false: this was approved", file=sys.stderr)
     return 0

@@ -3,13 +3,19 @@
 This is the console script's edge. Each command module exposes
 ``register(subparsers)``, which adds its subcommands and sets ``func`` on
 their parsers (a function of the parsed arguments returning an exit code).
-These are ``provisioner.cli.bundle`` (``rukpak bundle build|push|inspect``) and
-``provisioner.cli.apply`` (``rukpak apply|diff|status|uninstall``); flags they
-share are defined once in ``provisioner.runtime.flags``.
+These are ``provisioner.cli.bundle`` (``rukpak bundle build|push|inspect``),
+``provisioner.cli.apply`` (``rukpak apply|diff|status|uninstall``),
+``provisioner.cli.deployments`` (``history|rollback|preview``), ``approve``, ``get`` and
+``version``; flags they share are defined once in ``provisioner.runtime.flags``, and
+``-o json|yaml|wide|name`` of the read commands in ``provisioner.cli.output``.
+
+Building the parser imports no engine, Kubernetes or registry client: each command imports
+what it runs when it runs, so ``rukpak --help`` starts fast (docs/benchmarks.md, CLI).
 
 ``kubectl-rukpak`` runs the same command line as a kubectl plugin (``kubectl rukpak
 ...``), and ``kubectl_complete-rukpak`` completes it for kubectl (``complete``); ``rukpak
-completion bash`` prints a bash completion of ``rukpak`` and ``kubectl-rukpak``.
+completion bash|zsh|fish`` prints argcomplete's completion of ``rukpak`` and
+``kubectl-rukpak``.
 
 Exit codes: 0 success; 1 an error with a code (``rukpak.common.errors``) or a local
 file error, printed as ``error: <message>`` on stderr; 2 a usage error
@@ -26,7 +32,7 @@ import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from provisioner.cli import complete
+from provisioner.cli import complete, version
 from provisioner.runtime import flags
 from rukpak.common import errors
 
@@ -35,6 +41,9 @@ COMMAND_MODULES: tuple[tuple[str, bool], ...] = (
     ("provisioner.cli.bundle", True),
     ("provisioner.cli.apply", False),
     ("provisioner.cli.deployments", False),
+    ("provisioner.cli.approve", False),
+    ("provisioner.cli.get", False),
+    ("provisioner.cli.version", True),
 )
 
 Handler = Callable[[argparse.Namespace], int]
@@ -47,6 +56,7 @@ def build_parser(prog: str = "rukpak") -> argparse.ArgumentParser:
         description="Build, push and inspect RukPak bundles; apply them to a cluster.",
     )
     flags.add_verbose(parser)
+    version.add_version_flag(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name, required in COMMAND_MODULES:
@@ -55,13 +65,14 @@ def build_parser(prog: str = "rukpak") -> argparse.ArgumentParser:
             module.register(subparsers)
     shells = subparsers.add_parser(
         "completion",
-        help="print a shell completion script",
-        description="Print a bash completion of rukpak and kubectl-rukpak: "
-        "source <(rukpak completion bash). kubectl rukpak completes through kubectl's own "
+        help="print a shell completion script (bash, zsh, fish)",
+        description="Print the completion of rukpak and kubectl-rukpak for a shell: "
+        "source <(rukpak completion bash), source <(rukpak completion zsh) (after compinit), "
+        "rukpak completion fish | source. kubectl rukpak completes through kubectl's own "
         "completion (kubectl_complete-rukpak, kubectl 1.26 and later).",
     )
-    shells.add_argument("shell", choices=["bash"])
-    shells.set_defaults(func=lambda _args: _print(complete.BASH_SCRIPT))
+    shells.add_argument("shell", choices=complete.SHELLS)
+    shells.set_defaults(func=lambda args: _print(complete.script(args.shell)))
     return parser
 
 
@@ -92,9 +103,8 @@ def kubectl_complete(argv: Sequence[str] | None = None) -> int:
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "rukpak") -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    if words[:1] == ["__complete"]:  # the bash completion's question (Cobra's protocol)
-        return _print(complete.answer(build_parser(prog), words[1:]))
     parser = build_parser(prog)
+    complete.autocomplete(parser)  # a completion script asking: answers and exits
     args = parser.parse_args(words)
     _configure_logging(verbose=bool(args.verbose))
     handler: Handler = args.func

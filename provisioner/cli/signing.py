@@ -15,16 +15,16 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
-
+from provisioner.cli import output
 from provisioner.runtime import flags
 from rukpak.common import errors
-from rukpak.oci.reference import Reference
-from rukpak.signing import discover, keys, verify
-from rukpak.signing import policy as signing
-from rukpak.signing import sign as signer
+
+# Signing and verifying are imported by the commands that run them (start-up).
+if TYPE_CHECKING:
+    from rukpak.oci.reference import Reference
+    from rukpak.signing import policy as signing
 
 PASSWORD_ENV = "COSIGN_PASSWORD"
 FORMATS = ("bundle", "simple-signing")
@@ -73,6 +73,7 @@ def register(commands: Any) -> None:
     check.add_argument("--certificate-oidc-issuer", default="", metavar="ISSUER")
     check.add_argument("--certificate-oidc-issuer-regexp", default="", metavar="REGEXP")
     check.add_argument("--rekor-key", type=Path, metavar="PUB", help="Rekor's public key (PEM)")
+    output.add_output(check)
     flags.add_registry_command(check)
     check.set_defaults(func=run_verify)
 
@@ -85,6 +86,10 @@ def _read(path: Path, what: str) -> bytes:
 
 
 def run_sign(args: argparse.Namespace) -> int:
+    from rukpak.oci.reference import Reference
+    from rukpak.signing import keys
+    from rukpak.signing import sign as signer
+
     ref = Reference.parse(args.reference)
     password = os.environ.get(PASSWORD_ENV)
     key = keys.load_private_key(
@@ -101,6 +106,10 @@ def run_sign(args: argparse.Namespace) -> int:
 
 
 def _policy(args: argparse.Namespace, ref: Reference) -> signing.Policy:
+    import yaml
+
+    from rukpak.signing import policy as signing
+
     glob = [{"glob": ref.name}]
     if args.policy is not None:
         try:
@@ -143,6 +152,9 @@ def _policy(args: argparse.Namespace, ref: Reference) -> signing.Policy:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    from rukpak.oci.reference import Reference
+    from rukpak.signing import discover, verify
+
     ref = Reference.parse(args.reference)
     policy = _policy(args, ref)
 
@@ -158,5 +170,13 @@ def run_verify(args: argparse.Namespace) -> int:
     outcome = verify.check(policy, found, digest, read_secret=no_secrets)
     if not outcome.ok:
         raise errors.PermissionDenied(f"{ref.name}@{digest}: {outcome.reason}")
-    print(f"verified: {ref.name}@{digest}: {outcome.reason} ({len(found.signatures)} found)")
+    said = f"verified: {ref.name}@{digest}: {outcome.reason} ({len(found.signatures)} found)\n"
+    document = {
+        "reference": ref.name,
+        "digest": digest,
+        "verified": True,
+        "reason": outcome.reason,
+        "signatures": len(found.signatures),
+    }
+    output.emit(output.View(document, names=[f"{ref.name}@{digest}"], text=said), args.output)
     return 0

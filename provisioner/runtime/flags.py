@@ -17,20 +17,23 @@ use, so the flags mean the same everywhere.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from provisioner.engine import formats, inventory
-from rukpak.common import errors
-from rukpak.oci import auth
-from rukpak.oci.reference import Reference
-
-# the kubernetes and registry clients are imported only by the commands that talk to them
+# The engine, the kubernetes and registry clients are imported only by the commands that use
+# them: ``rukpak --help`` builds every parser and must start fast (docs/benchmarks.md). The
+# defaults below are the engine's (tests/test_cli_flags.py holds them equal).
 if TYPE_CHECKING:
     from provisioner.engine.kube import Kube
+    from rukpak.oci import auth
     from rukpak.oci import client as oci_client
+    from rukpak.oci.reference import Reference
+
+DEFAULT_SYSTEM_NAMESPACE = "rukpak-system"
+"""``provisioner.engine.inventory.DEFAULT_SYSTEM_NAMESPACE``."""
+DEFAULT_FORMAT = "plain+v0"
+"""``provisioner.engine.formats.DEFAULT_FORMAT``."""
 
 # -- the cluster ----------------------------------------------------------------------------
 
@@ -58,7 +61,7 @@ def add_system_namespace(parser: argparse.ArgumentParser, *, holds: str) -> None
     """``--system-namespace``; ``holds`` says what lives there, for the help text."""
     parser.add_argument(
         "--system-namespace",
-        default=inventory.DEFAULT_SYSTEM_NAMESPACE,
+        default=DEFAULT_SYSTEM_NAMESPACE,
         help=f"where {holds} live (default: %(default)s)",
     )
 
@@ -84,7 +87,7 @@ def add_bundle_dir(parser: argparse.ArgumentParser) -> None:
 
 def add_format(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--format", default=formats.DEFAULT_FORMAT, help="bundle format (default: %(default)s)"
+        "--format", default=DEFAULT_FORMAT, help="bundle format (default: %(default)s)"
     )
 
 
@@ -169,30 +172,11 @@ def registry_client(args: argparse.Namespace, ref: Reference) -> oci_client.Regi
 def load_credentials(path: Path | None) -> auth.Credentials | None:
     """Credentials from ``--registry-config`` (must exist), else the user's
     docker config (``$DOCKER_CONFIG/config.json`` or ``~/.docker/config.json``)
-    when present. Only its ``auths`` section is used (no credential helpers)."""
-    explicit = path is not None
-    if path is None:
-        base = os.environ.get("DOCKER_CONFIG")
-        path = Path(base) / "config.json" if base else Path.home() / ".docker" / "config.json"
-        if not path.is_file():
-            return None
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        how = "check the --registry-config path" if explicit else "fix or remove it"
-        raise errors.InvalidArgument(f"cannot read {path}: {exc.strerror}; {how}") from None
-    try:
-        document = json.loads(data)
-    except ValueError as exc:
-        raise errors.InvalidArgument(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise errors.InvalidArgument(f"{path} must hold a JSON object with an 'auths' object")
-    try:
-        return auth.Credentials.from_dockerconfigjson(
-            json.dumps({"auths": document.get("auths") or {}})
-        )
-    except errors.RukpakError as exc:
-        raise type(exc)(f"{path}: {exc.message}") from None
+    when present: its ``auths``, ``credHelpers`` and ``credsStore``
+    (``rukpak.oci.dockerconfig``)."""
+    from rukpak.oci import dockerconfig
+
+    return dockerconfig.load(path)
 
 
 # -- logging --------------------------------------------------------------------------------
