@@ -93,12 +93,8 @@ def instance_pods_scheduled(system: inst.RukpakSystem, name: str) -> list[str]:
     return [line for line in out.splitlines() if line.startswith(prefix)]
 
 
-def run_maps(system: inst.RukpakSystem, name: str) -> list[str]:
-    items, _ = system.kube.list(
-        "v1", "ConfigMap", namespace=inst.NAMESPACE, label_selector=runrecord.RUN_LABEL
-    )
-    prefix = f"{model.instance_name(name)}-"
-    return [str(i["metadata"]["name"]) for i in items if i["metadata"]["name"].startswith(prefix)]
+def provisioner_log(system: inst.RukpakSystem) -> str:
+    return system.kubectl(*PROVISIONER[:2], "logs", PROVISIONER[2], timeout=30)
 
 
 def installed(system: inst.RukpakSystem, name: str) -> str:
@@ -124,7 +120,8 @@ def test_an_install_and_an_upgrade_start_no_pod(
     try:
         wait(system, name, lambda: installed(system, name), f"{name} Installed")
         assert inst.greeting(system, ns) == "standing one"
-        assert run_maps(system, name), "the install was a run ConfigMap"
+        assert f"run={model.instance_name(name)}-" in provisioner_log(system), "not run here"
+        assert instance_pods_scheduled(system, name) == [], "a pod was started to install"
         patch = {"spec": {"source": {"type": "image", "image": {"ref": second}}}}
         system.kube.merge_patch(actuate.bd_ref(name, model.API_VERSION_V2), patch)
         wait(system, name, lambda: inst.greeting(system, ns) == "standing two", "upgraded")
