@@ -385,7 +385,9 @@ class TestTheInstanceProcess:
         assert proc.process.wait(30) == 1, proc.log()
         assert "manifests/bad.yaml document 1" in proc.log()
         assert "level=error" in proc.log()
-        assert termination.read_text().startswith("manifests/bad.yaml document 1")
+        assert termination.read_text().startswith(
+            "get objects from bundle manifests: manifests/bad.yaml document 1"
+        )
 
     def test_an_apply_error_exits_1_with_the_object_named(
         self, kube: Kube, name: str, tmp_path: Path, run_instance: Any
