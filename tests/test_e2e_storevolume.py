@@ -126,5 +126,6 @@ def test_an_allowed_pod_reads_a_digest_it_asked_for_and_another_pod_is_refused(
     finally:
         e2e.delete_pod_and_wait(core, namespace, reader)
         e2e.delete_pod_and_wait(core, namespace, refused)
-    assert not mount.exists()
+    # kubelet tears the volume down after the pod is gone from the API: wait for it
+    eventually(lambda: not mount.exists(), timeout=60, what="the store volume unpublished")
     assert "unpublished store volume" in plugin.log()
