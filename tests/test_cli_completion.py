@@ -37,7 +37,7 @@ def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
 def needs(shell: str) -> str:
     found = shutil.which(shell)
     if found is None:
-        pytest.skip(f"{shell} is not installed (hack/setup.sh installs it)")
+        pytest.fail(f"{shell} is not installed: run make setup (hack/setup.sh installs it)")
     return found
 
 
