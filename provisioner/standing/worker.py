@@ -37,8 +37,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from rukpak.sources.storeclient import StoreClient
-
 from provisioner.engine import listwatch
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, meta_of
@@ -46,6 +44,7 @@ from provisioner.instance import process
 from provisioner.instance import runrecord as runs
 from provisioner.runtime import flags, leader
 from rukpak.common import errors
+from rukpak.sources.storeclient import StoreClient
 
 log = logging.getLogger("rukpak.standing")
 
@@ -91,6 +90,7 @@ class Standing:
         self.stopping = threading.Event()
         self.work: queue.Queue[str] = queue.Queue()
         self._busy: set[str] = set()
+        self._running: set[process.Instance] = set()
         self._lock = threading.Lock()
         self.informer = listwatch.Informer(
             kube,
@@ -111,6 +111,10 @@ class Standing:
         if not self.stopping.is_set():
             log.info(process.kv("stopping", reason=why))
         self.stopping.set()
+        with self._lock:
+            running = list(self._running)
+        for instance in running:  # each releases its Lease and ends its run
+            instance.stop("the standing provisioner stops")
 
     def run(self) -> None:
         """Serve until ``stop``: the informer, the workers, and a sweep that offers runs
@@ -210,15 +214,17 @@ class Standing:
                 preview=args.preview,
             )
             instance = process.Instance(self.kube.impersonating(user), config)
-            stop = threading.Thread(target=self._forward_stop, args=(instance,), daemon=True)
-            stop.start()
-            code = instance.run()
+            with self._lock:
+                self._running.add(instance)
+            if self.stopping.is_set():
+                instance.stop("the standing provisioner stops")
+            try:
+                code = instance.run()
+            finally:
+                with self._lock:
+                    self._running.discard(instance)
             message = log_path.read_text() if log_path.exists() else ""
         return code == process.EXIT_OK, message.strip()
-
-    def _forward_stop(self, instance: process.Instance) -> None:
-        self.stopping.wait()
-        instance.stop("the standing provisioner stops")
 
     def content(self, pod: Obj) -> Path:
         """The run's one image volume, asked of the node store with its pull Secret."""
