@@ -6,7 +6,7 @@ Subcommands: ``instance`` (``provisioner.instance.process``: the instance pod's
 process), ``standing`` (``provisioner.standing.worker``: the standing provisioner, which
 takes instance runs as work), ``volumes`` (``provisioner.storage.cli``: the PV provisioner for
 StorageClasses of csi.rukpak.io), ``manager`` (``provisioner.manager.cli``: the Bundle
-and BundleDeployment controllers) and ``unpack`` (``provisioner.manager.unpack``: the
+and BundleDeployment controllers) and ``unpack`` (``provisioner.instance.unpack``: the
 unpack pod's process).
 Without a subcommand this prints usage and exits 2.
 """
@@ -26,7 +26,7 @@ SUBCOMMANDS = {
     "instance": "provisioner.instance.process",
     "manager": "provisioner.manager.cli",
     "standing": "provisioner.standing.worker",
-    "unpack": "provisioner.manager.unpack",
+    "unpack": "provisioner.instance.unpack",
     "volumes": "provisioner.storage.cli",
 }
 """Each subcommand and the module that registers and runs it. Only the module of the

@@ -10,7 +10,9 @@ and switched back after. Checked here:
   store volume and applying as the run's ServiceAccount;
 - content the node store cannot serve fails the BundleDeployment with a condition that
   says so, and the provisioner goes on serving the others;
-- a run whose content is not one image (a git source) still gets its pod.
+- a run whose content is not one image (a git source) still gets its pod;
+- a v1alpha1 BundleDeployment: its Bundle's unpack check and its install run standing, no
+  pod; an invalid Bundle fails its check with upstream's words, no pod.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import pytest
 
 from provisioner.instance import runrecord
 from provisioner.manager import actuate, model
+from tests import bundles
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
 from tests.polling import eventually
@@ -170,3 +173,67 @@ def test_the_standing_provisioner_serves_from_its_store_volume(
     assert mount["mountPropagation"] == "HostToContainer"
     logs = standing.kubectl(*PROVISIONER[:2], "logs", PROVISIONER[2], timeout=30)
     assert "serving runs" in logs
+
+
+def scheduled_in_system(system: inst.RukpakSystem, prefix: str) -> list[str]:
+    """Pods in rukpak-system whose name starts with ``prefix`` that the scheduler placed."""
+    out = system.kubectl(
+        "get", "events", "-n", inst.NAMESPACE, "--field-selector", "reason=Scheduled",
+        "-o", "jsonpath={range .items[*]}{.involvedObject.name}{'\\n'}{end}",
+    )  # fmt: skip
+    return [line for line in out.splitlines() if line.startswith(prefix)]
+
+
+def test_a_v1alpha1_install_checks_its_bundle_and_installs_with_no_pod(
+    standing: inst.RukpakSystem, tmp_path: Path
+) -> None:
+    system = standing
+    name = ns = f"standing-v1-{SUFFIX}"
+    ref = push_hello(system, tmp_path / "v1", "v1alpha1", ns, "checked without a pod")
+    system.kube.create(inst.bundle_deployment(name, ref))
+    bd = actuate.bd_ref(name)
+    try:
+
+        def installed_v1() -> bool:
+            conds = inst.conditions(system.kube.get(bd))
+            return (conds.get("Installed") or {}).get("status") == "True"
+
+        wait(system, name, installed_v1, f"{name} Installed")
+        assert inst.greeting(system, ns) == "checked without a pod"
+        owned, _ = system.kube.list(
+            model.API_VERSION, model.BUNDLE, label_selector=f"{model.OWNER_NAME_LABEL}={name}"
+        )
+        (bundle,) = owned
+        unpacked = inst.conditions(bundle)["Unpacked"]
+        assert unpacked["reason"] == "UnpackSuccessful", unpacked
+        assert "Successfully unpacked" in unpacked["message"]
+        logs = provisioner_log(system)
+        assert f"run={bundle['metadata']['name']}" in logs, "the check did not run here"
+        assert scheduled_in_system(system, bundle["metadata"]["name"]) == []
+        assert instance_pods_scheduled(system, name) == []
+    finally:
+        system.kubectl("delete", "bundledeployments.core.rukpak.io", name, timeout=150)
+
+
+def test_an_invalid_v1alpha1_bundle_fails_its_check_in_upstreams_words_with_no_pod(
+    standing: inst.RukpakSystem, tmp_path: Path
+) -> None:
+    system = standing
+    root = tmp_path / "empty"
+    (root / "manifests").mkdir(parents=True)
+    ref = f"{system.registry_host}/e2e-standing-{SUFFIX}/empty:v1"
+    e2e.push_bundle(root, ref)
+    name = f"standing-empty-{SUFFIX}"
+    system.kube.create(bundles.bundle_doc(name, ref))
+    bundle = actuate.bundle_ref(name)
+    try:
+
+        def failing() -> str:
+            unpacked = inst.conditions(system.kube.get(bundle)).get("Unpacked") or {}
+            return str(unpacked.get("message") or "") if unpacked.get("status") == "False" else ""
+
+        message = wait(system, name, failing, f"{name} failing its check")
+        assert "found zero objects: plain+v0 bundles are required to contain at least" in message
+        assert scheduled_in_system(system, name) == []
+    finally:
+        system.kube.delete(bundle)

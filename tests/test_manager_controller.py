@@ -32,7 +32,8 @@ import pytest
 from provisioner.engine import appliedrecord, apply, inventory, inventorystore, words
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
-from provisioner.manager import actuate, controller, healthwatch, model, runs, unpack
+from provisioner.instance import unpack
+from provisioner.manager import actuate, controller, healthwatch, model, runs
 from rukpak.common import errors
 from rukpak.oci import client as oci_client
 from tests import e2e_helpers as e2e

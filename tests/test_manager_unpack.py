@@ -16,7 +16,8 @@ import pytest
 from provisioner import __main__ as provisioner_main
 from provisioner.engine import words
 from provisioner.engine.objects import Obj
-from provisioner.manager import bundleplan, model, unpack
+from provisioner.instance import unpack
+from provisioner.manager import bundleplan, model
 
 SETTINGS = model.Settings(image="registry.example/rukpak:v1", system_namespace="rukpak-system")
 DIGEST = "registry.example/hello@sha256:" + "a" * 64

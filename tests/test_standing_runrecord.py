@@ -71,7 +71,7 @@ def test_the_run_configmap_carries_the_pod_and_reads_back_as_it_pending() -> Non
     assert seen["metadata"]["name"] == pod["metadata"]["name"]
     assert seen["metadata"]["labels"]["core.rukpak.io/bundle-deployment"] == "hello"
     assert runs.phase(seen) == "Pending" and runs.is_active(seen)
-    assert runs.waiting(seen) == "is Pending"
+    assert runs.waiting(seen) == f"waits: {runrecord.UNTAKEN}"
 
 
 def test_a_claimed_run_reads_as_running_on_its_node() -> None:
@@ -148,3 +148,48 @@ def test_the_run_view_reads_pods_and_run_configmaps_as_one_cache_of_pods() -> No
 def test_the_source_volume_of_an_image_is_what_eligible_reads() -> None:
     attributes = runrecord.image_attributes(volume(image_source()))
     assert attributes is not None and attributes["image"].endswith(DIGEST)
+
+
+def bundle(source: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "core.rukpak.io/v1alpha1",
+        "kind": "Bundle",
+        "metadata": {"name": "hello-bundle", "uid": "u-2"},
+        "spec": {"provisionerClassName": model.PLAIN_CLASS, "source": source},
+    }
+
+
+def unpack_run(source: dict[str, Any] | None = None) -> dict[str, Any]:
+    resolved = source or image_source()
+    return generate.unpack_pod(bundle(resolved), resolved, SETTINGS)
+
+
+def test_a_bundles_check_of_one_pinned_image_runs_standing_and_goes_with_its_bundle() -> None:
+    pod = unpack_run()
+    assert runrecord.eligible(pod)
+    cm = runrecord.from_pod(pod)
+    assert cm["metadata"]["labels"][runrecord.RUN_LABEL] == "unpack"
+    assert cm["metadata"]["ownerReferences"] == pod["metadata"]["ownerReferences"]
+    finished = {**cm, "data": {**cm["data"], runrecord.MESSAGE_KEY: '{"objects": 1}'}}
+    finished["metadata"] = {
+        **cm["metadata"],
+        "annotations": {**cm["metadata"]["annotations"], runrecord.PHASE: "Succeeded"},
+    }
+    seen = runrecord.as_pod(finished)
+    (status,) = seen["status"]["containerStatuses"]
+    assert status["name"] == generate.UNPACK_CONTAINER  # what the Bundle planner reads
+    assert status["state"]["terminated"]["message"] == '{"objects": 1}'
+    assert seen["metadata"]["ownerReferences"][0]["kind"] == "Bundle"
+
+
+def test_a_bundles_check_of_a_tag_or_of_git_keeps_its_pod() -> None:
+    assert not runrecord.eligible(unpack_run(image_source("registry.example.com/hello:v1")))
+    git = {"type": "git", "git": {"repository": "https://g.example/r", "ref": {"commit": "a" * 40}}}
+    assert not runrecord.eligible(unpack_run(git))
+
+
+def test_a_pod_of_another_command_never_runs_standing() -> None:
+    pod = run_pod()
+    pod["spec"]["containers"][0]["command"][1] = "serve"
+    assert not runrecord.eligible(pod)
+    assert runrecord.command_of({"spec": {"containers": []}}) == ""

@@ -12,9 +12,9 @@ asked for (``data.pod``, JSON) and the state a kubelet would have reported, in
 annotations (:data:`PHASE`, :data:`NODE`, :data:`HOLDER`, :data:`RENEWED`,
 :data:`FINISHED`) and ``data.message``; :func:`as_pod` turns it back into that pod, so
 the planner, its tests and every rule about runs stay as they are. What may run this way
-is :func:`eligible`: runs of the instance (install or preview) whose content is image
-volumes pinned by digest, which the node store serves by digest; any other run (git,
-http, ConfigMaps sources) is still a pod.
+is :func:`eligible`: runs of the instance (install or preview) and a v1alpha1 Bundle's
+unpack check, whose content is one image volume pinned by digest, which the node store
+serves by digest; any other run (git, http, ConfigMaps sources) is still a pod.
 
 Claiming: a worker claims a ``Pending`` run, or a ``Running`` one whose holder has not
 renewed it for :data:`CLAIM_TTL` seconds (a provisioner killed mid-run), with a merge
@@ -30,7 +30,10 @@ from typing import Any, Protocol
 from provisioner.engine.objects import Obj, meta_of
 
 RUN_LABEL = "core.rukpak.io/run"
-"""On every run ConfigMap (value ``instance``): what a standing provisioner watches."""
+"""On every run ConfigMap (value ``instance`` or ``unpack``, the command it runs): what a
+standing provisioner watches."""
+OWNER_KIND_LABEL = "core.rukpak.io/owner-kind"
+BD_LABEL = "core.rukpak.io/bundle-deployment"
 PHASE = "core.rukpak.io/run-phase"
 NODE = "core.rukpak.io/run-node"
 HOLDER = "core.rukpak.io/run-holder"
@@ -41,6 +44,10 @@ MESSAGE_KEY = "message"
 CLAIM_TTL = 30.0
 """Seconds a Running run's holder may go without renewing it before another takes it."""
 RENEW_EVERY = 10.0
+UNTAKEN = (
+    "for a standing provisioner to take the run (deployment rukpak-provisioner in the "
+    "system namespace; kubectl logs it if this lasts)"
+)
 IMAGE_ATTRIBUTES = frozenset({"image", "pullPolicy", "retainFor", "retain"})
 """The volume attributes a standing run serves; any other (git, http, ...) keeps a pod."""
 
@@ -49,11 +56,23 @@ def now_text(now: datetime | None = None) -> str:
     return (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def command_of(pod: Obj) -> str:
+    """The ``rukpak-provisioner`` subcommand a run pod runs (``instance``, ``unpack``)."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    command = (containers[0].get("command") if containers else None) or []
+    return str(command[1]) if len(command) > 1 else ""
+
+
 def eligible(pod: Obj) -> bool:
-    """Whether ``pod`` (an instance run) can run standing: its one content volume is an
-    image pinned by digest, through the CSI driver (several sources keep a pod)."""
+    """Whether ``pod`` can run standing: an instance run of a BundleDeployment or the unpack
+    check of a Bundle, whose one content volume is an image pinned by digest, through the
+    CSI driver (several sources keep a pod)."""
     labels = meta_of(pod).get("labels") or {}
-    if "core.rukpak.io/bundle-deployment" not in labels:
+    command = command_of(pod)
+    if not (
+        (command == "instance" and BD_LABEL in labels)
+        or (command == "unpack" and labels.get(OWNER_KIND_LABEL) == "Bundle")
+    ):
         return False
     volumes = (pod.get("spec") or {}).get("volumes") or []
     if len(volumes) != 1:
@@ -73,18 +92,21 @@ def image_attributes(volume: Obj) -> dict[str, str] | None:
 def from_pod(pod: Obj) -> Obj:
     """The run ConfigMap of run pod ``pod`` (``Pending``, not claimed)."""
     meta = meta_of(pod)
-    labels = {**(meta.get("labels") or {}), RUN_LABEL: "instance"}
+    labels = {**(meta.get("labels") or {}), RUN_LABEL: command_of(pod) or "instance"}
     annotations = {**(meta.get("annotations") or {}), PHASE: "Pending"}
     body = {k: v for k, v in pod.items() if k != "status"}
+    metadata: Obj = {
+        "name": meta["name"],
+        "namespace": meta["namespace"],
+        "labels": labels,
+        "annotations": annotations,
+    }
+    if meta.get("ownerReferences"):  # a Bundle's check goes with the Bundle, as its pod did
+        metadata["ownerReferences"] = meta["ownerReferences"]
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "labels": labels,
-            "annotations": annotations,
-        },
+        "metadata": metadata,
         "data": {POD_KEY: json.dumps(body, sort_keys=True, separators=(",", ":"))},
     }
 
@@ -114,6 +136,8 @@ def as_pod(cm: Obj) -> Obj:
         spec["nodeName"] = annotations[NODE]
     state = phase(cm)
     status: Obj = {"phase": state}
+    containers = spec.get("containers") or [{}]
+    container = str(containers[0].get("name") or "instance")
     if state in ("Succeeded", "Failed"):
         terminated = {
             "exitCode": 0 if state == "Succeeded" else 1,
@@ -121,12 +145,23 @@ def as_pod(cm: Obj) -> Obj:
             "message": str((cm.get("data") or {}).get(MESSAGE_KEY) or ""),
             "finishedAt": annotations.get(FINISHED, ""),
         }
-        status["containerStatuses"] = [{"name": "instance", "state": {"terminated": terminated}}]
+        status["containerStatuses"] = [{"name": container, "state": {"terminated": terminated}}]
     elif state == "Running":
-        status["containerStatuses"] = [{"name": "instance", "state": {"running": {}}}]
+        status["containerStatuses"] = [{"name": container, "state": {"running": {}}}]
+    else:  # not taken yet: say by whom it should be, as a pod says what it waits for
+        waiting = {"reason": "NotTaken", "message": UNTAKEN}
+        status["containerStatuses"] = [{"name": container, "state": {"waiting": waiting}}]
     view_meta: Obj = {
         k: meta[k]
-        for k in ("name", "namespace", "uid", "labels", "creationTimestamp", "deletionTimestamp")
+        for k in (
+            "name",
+            "namespace",
+            "uid",
+            "labels",
+            "ownerReferences",
+            "creationTimestamp",
+            "deletionTimestamp",
+        )
         if k in meta
     }
     view_meta["annotations"] = annotations

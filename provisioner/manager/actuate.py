@@ -246,8 +246,11 @@ def perform_bundle(
     *,
     resolve: Resolver,
     now: str,
+    run_mode: str = "pod",
 ) -> float | None:
-    """Perform a Bundle's actions; the requeue delay, if any. Raises on a failed resolve."""
+    """Perform a Bundle's actions; the requeue delay, if any. Raises on a failed resolve.
+    With ``run_mode`` ``standing`` an unpack check of one pinned image is a run ConfigMap
+    the standing provisioner takes, not a pod (as for BundleDeployments' runs)."""
     requeue: float | None = None
     for action in actions:
         match action:
@@ -258,10 +261,14 @@ def perform_bundle(
             case bundleplan.CreatePod(pod=pod):
                 if _moved_on(kube, bundle, resolved=False):
                     return None  # the cache was behind: unpacked (or gone) already
+                if run_mode == "standing" and runrecord.eligible(pod):
+                    pod = runrecord.from_pod(pod)
                 with contextlib.suppress(errors.AlreadyExists):
                     kube.create(pod)
             case bundleplan.DeletePod(namespace=ns, name=name):
                 kube.delete(ObjectRef("", "v1", "Pod", ns, name))
+                if run_mode == "standing":
+                    kube.delete(ObjectRef("", "v1", "ConfigMap", ns, name))
             case bundleplan.WriteStatus(name=name, status=status):
                 kube.merge_patch_status(bundle_ref(name), {"status": status})
             case bundleplan.RecordEvent():

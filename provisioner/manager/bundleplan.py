@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from provisioner.engine.objects import Obj, meta_of
+from provisioner.instance.unpack import Result
 from provisioner.manager import model, sources
 from provisioner.manager.actions import CreatePod as CreatePod
 from provisioner.manager.actions import DeletePod as DeletePod
@@ -39,7 +40,6 @@ from provisioner.manager.actions import RecordEvent as RecordEvent
 from provisioner.manager.actions import Requeue as Requeue
 from provisioner.manager.generate import UNPACK_CONTAINER, unpack_pod
 from provisioner.manager.model import Settings
-from provisioner.manager.unpack import Result
 
 UNPACKED = "Unpacked"
 PHASE_PENDING = "Pending"

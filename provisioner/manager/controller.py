@@ -141,13 +141,23 @@ class Controller(Reconciler):
                 on_change=self._owned,
             )
             self.pods = runrecord.RunView(run_pods, run_maps)
-        self.unpack_pods = caches.add(
+        unpack_pods = caches.add(
             "v1",
             "Pod",
             namespace=ns,
             label_selector=f"{model.OWNER_KIND_LABEL}={model.BUNDLE}",
             on_change=self._unpack_pod_changed,
         )
+        self.unpack_pods: runrecord.Runs = unpack_pods
+        if settings.run_mode == "standing":  # a Bundle's check without its pod, as for runs
+            unpack_maps = caches.add(
+                "v1",
+                "ConfigMap",
+                namespace=ns,
+                label_selector=f"{model.OWNER_KIND_LABEL}={model.BUNDLE},{runrecord.RUN_LABEL}",
+                on_change=self._unpack_pod_changed,
+            )
+            self.unpack_pods = runrecord.RunView(unpack_pods, unpack_maps)
         self.events = caches.add("v1", "Event", namespace=ns, on_change=self._event_seen)
         # signature policies: their status here, their check before an image is pinned
         self.policies = caches.add(
@@ -516,7 +526,12 @@ class Controller(Reconciler):
         if actions:
             log.info("msg='plan' bundle=%s actions=%s", name, [type(a).__name__ for a in actions])
         return actuate.perform_bundle(
-            self.kube, bundle, actions, resolve=self.resolve, now=observed.now
+            self.kube,
+            bundle,
+            actions,
+            resolve=self.resolve,
+            now=observed.now,
+            run_mode=self.settings.run_mode,
         )
 
     # -- workers ---------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Where it sits: at the edge of the ``rukpak-provisioner`` processes that run in pods and
 end with a verdict: ``instance`` (``provisioner.instance.process``: a fatal error) and
-``unpack`` (``provisioner.manager.unpack``: the JSON result the manager reads back).
+``unpack`` (``provisioner.instance.unpack``: the JSON result the manager reads back).
 ``add_flag`` defines ``--termination-log`` for both; ``where`` resolves its default;
 ``write`` writes it, best effort, within the size Kubernetes keeps.
 """

@@ -1,5 +1,5 @@
 """``rukpak-provisioner standing``: the standing provisioner, a long-running pod that takes
-instance runs as work instead of a pod being started for each.
+instance runs and Bundle checks as work instead of a pod being started for each.
 
 Where it sits: beside the instance process (``instance.process``), whose ``Instance`` it
 runs in-process, one per run. The manager writes each run it wants as a run ConfigMap
@@ -12,7 +12,8 @@ runs in-process, one per run. The manager writes each run it wants as a run Conf
    through the CSI driver, checked against that credential as a pod's volume is;
 2. runs the instance over ``<store>/<digest>`` exactly as the run pod would have, acting
    as the run's ServiceAccount (``Impersonate-User``): the API server allows it what that
-   ServiceAccount is allowed, never this pod's own rights;
+   ServiceAccount is allowed, never this pod's own rights; or, for a v1alpha1 Bundle's
+   unpack check, validates the content (``instance.unpack``) without any API request;
 3. finishes the run ConfigMap (Succeeded or Failed, with the termination message the pod
    would have left), which the manager reads as the pod's status.
 
@@ -40,7 +41,7 @@ from typing import Any
 from provisioner.engine import listwatch
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, meta_of
-from provisioner.instance import process
+from provisioner.instance import process, unpack
 from provisioner.instance import runrecord as runs
 from provisioner.runtime import flags, leader
 from rukpak.common import errors
@@ -52,15 +53,17 @@ DEFAULT_CONCURRENCY = 8
 """Runs applied at once (each applies one BundleDeployment, under its Lease)."""
 
 
-def instance_args(pod: Obj) -> argparse.Namespace:
-    """The instance's arguments, parsed from the command of the run pod ``pod``."""
+def run_args(pod: Obj) -> argparse.Namespace:
+    """The arguments of the run pod ``pod``'s command (``instance`` or ``unpack``), parsed
+    as that command parses them."""
     containers = (pod.get("spec") or {}).get("containers") or []
     command = [str(c) for c in (containers[0].get("command") if containers else None) or []]
-    if len(command) < 2 or command[1] != "instance":
-        raise errors.InvalidArgument("the run carries no instance command")
-    parser = argparse.ArgumentParser(prog="instance", add_help=False)
+    if len(command) < 2 or command[1] not in ("instance", "unpack"):
+        raise errors.InvalidArgument("the run carries no instance or unpack command")
+    parser = argparse.ArgumentParser(prog="run", add_help=False)
     commands = parser.add_subparsers(dest="command", required=True)
     process.register(commands)
+    unpack.register(commands)
     try:
         return parser.parse_args(command[1:])
     except SystemExit:
@@ -191,10 +194,13 @@ class Standing:
     def execute(self, name: str, pod: Obj) -> tuple[bool, str]:
         """Run the instance of ``pod`` over its content from the store; (ok, message)."""
         try:
-            args = instance_args(pod)
+            args = run_args(pod)
             content = self.content(pod)
         except errors.RukpakError as exc:
             return False, exc.message
+        if args.command == "unpack":  # a Bundle's check: no API access, only the content
+            result = unpack.validate(content, format=args.format)
+            return result.ok, result.to_json()
         spec = pod.get("spec") or {}
         account = str(spec.get("serviceAccountName") or "default")
         user = f"system:serviceaccount:{self.namespace}:{account}"

@@ -1,6 +1,9 @@
-"""``rukpak-provisioner unpack``: the process of a Bundle's unpack pod.
+"""``rukpak-provisioner unpack``: the check of a v1alpha1 Bundle's content.
 
-Sits at the far end of the Bundle controller (``bundles``): the unpack pod
+Sits in the instance package beside the instance process, at the far end of the Bundle
+controller (``manager.bundleplan``); the standing provisioner runs :func:`validate`
+in-process over the content the node store serves it (``standing.worker``), and the
+result goes back the same way. Without it, the unpack pod
 mounts the Bundle's pinned content read-only at ``/bundle`` (an image, git commit or
 http tarball through the CSI driver, or a projected volume of ConfigMaps; see
 ``sources.volume``) and runs this command, which validates the content with the format loader
