@@ -49,7 +49,12 @@ from tests.polling import eventually
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = REPO_ROOT / "deploy"
-COMPONENTS = ("kubelet-root", "host-network")
+COMPONENTS = ("run-pods", "kubelet-root", "host-network")
+"""What the session's installed system adds to ``deploy/``: a pod per change (the modules
+that test runs as pods), this node's kubelet root and the host network."""
+STANDING = tuple(c for c in COMPONENTS if c != "run-pods")
+"""The same without ``run-pods``: the default install, runs taken by the standing
+provisioner (``test_e2e_standing``, ``bench_standing``)."""
 NAMESPACE = "rukpak-system"
 PART_OF = "app.kubernetes.io/part-of=rukpak"
 MANAGER = "rukpak-manager"

@@ -97,7 +97,7 @@ def install_system(
         cluster,
         workdir,
         image,
-        components=("kubelet-root",),
+        components=("run-pods", "kubelet-root"),
         state_dir=machines.common_dir(cluster.workdir) / "rukpak-csi",
         # every registry the tests start lives at the control plane's address
         patches=insecure_registry(cluster.registry_host.rsplit(":", 1)[0]),

@@ -1,9 +1,9 @@
-"""End to end: the standing provisioner (``deploy/components/standing``) on the local kubelet.
+"""End to end: the standing provisioner (``deploy/standing``) on the local kubelet.
 
-The installed system (``rukpak_system``) is switched to standing mode for this module by
-applying the same overlay with the component added (the manager's ``--run-mode=standing``
-and the ``rukpak-provisioner`` Deployment, which mounts the node plugin's store volume),
-and switched back after. Checked here:
+The installed system (``rukpak_system``, a pod per change: ``run-pods``) is switched to the
+default install for this module by applying the same overlay without ``run-pods`` (the
+manager's ``--run-mode=standing`` and the ``rukpak-provisioner`` Deployment, which mounts
+the node plugin's store volume), and switched back after. Checked here:
 
 - an install and an upgrade of a v1alpha2 BundleDeployment start no pod: each run is a
   run ConfigMap the standing provisioner takes, fetching the image by digest through the
@@ -47,7 +47,7 @@ def standing(rukpak_system: inst.RukpakSystem) -> Iterator[inst.RukpakSystem]:
         kubelet_dir=Path(system.cluster.kubelet_dir),
         state_dir=system.state_dir,
         api_server=system.cluster.in_cluster_env(),
-        components=("standing", *inst.COMPONENTS),  # first: host-network patches it too
+        components=inst.STANDING,
     )
     manifests = system.workdir / "rukpak-standing.yaml"
     manifests.write_text(system.kubectl("kustomize", str(overlay)))

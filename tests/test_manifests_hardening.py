@@ -38,6 +38,7 @@ PYTHON = "/opt/rukpak/bin/python"
 SERVES: dict[str, set[str]] = {
     "rukpak-provisioner manager": {"/healthz", liveness.LIVEZ_PATH, webhook.METRICS_PATH},
     "rukpak-provisioner volumes": {liveness.HEALTHZ_PATH, liveness.LIVEZ_PATH},
+    "rukpak-provisioner standing": {liveness.HEALTHZ_PATH, liveness.LIVEZ_PATH},
     "rukpak-csi-plugin": {"/healthz", "/metrics"},
     "csi.mirror": {"/v2/"},
 }
@@ -173,8 +174,9 @@ def test_every_long_running_container_has_liveness_and_readiness_probes(
     ]
     assert not missing, missing
     names = {(w["metadata"]["name"], c["name"]) for w, c in containers(renders[RENDERS[1]])}
-    assert len(names) == 6, names  # the manager, the node plugin and holder, the controller's
-    # two, the mirror: a new container must be measured and documented (see below)
+    assert len(names) == 7, names  # the manager, the standing provisioner, the node plugin and
+    # holder, the controller's two, the mirror: a new container must be measured and
+    # documented (see below)
 
 
 def test_every_long_running_container_requests_cpu_and_memory_and_has_a_memory_limit(
@@ -216,7 +218,7 @@ def test_the_operations_table_states_every_containers_requests_limit_and_measure
         assert request == f"{requests['cpu']}, {requests['memory']}", key
         assert limit == container["resources"]["limits"]["memory"], key
         assert "VmHWM" in measured and "MiB" in measured and "`footprint`" in source, key
-    assert len(rows) == 6, sorted(rows)
+    assert len(rows) == 7, sorted(rows)
 
 
 # -- the probes reach what exists ------------------------------------------------------------

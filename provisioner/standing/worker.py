@@ -43,9 +43,10 @@ from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, meta_of
 from provisioner.instance import process, unpack
 from provisioner.instance import runrecord as runs
-from provisioner.runtime import flags, leader
+from provisioner.runtime import flags, leader, liveness
 from rukpak.common import errors
 from rukpak.sources.storeclient import StoreClient
+from rukpak.sources.storeprotocol import SOCKET_NAME
 
 log = logging.getLogger("rukpak.standing")
 
@@ -95,6 +96,7 @@ class Standing:
         self._busy: set[str] = set()
         self._running: set[process.Instance] = set()
         self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
         self.informer = listwatch.Informer(
             kube,
             "v1",
@@ -105,6 +107,27 @@ class Standing:
             stop=self.stopping,
             watch_timeout=watch_timeout,
         )
+
+    def live(self) -> tuple[bool, str]:
+        """Liveness: every worker thread is alive (a stuck run is renewed or taken over by
+        its claim's expiry, not by a restart)."""
+        dead = [t.name for t in self._threads if not t.is_alive()]
+        if dead and not self.stopping.is_set():
+            return False, f"worker threads ended: {', '.join(dead)}"
+        return True, f"{len(self._threads)} workers"
+
+    def ready(self) -> tuple[bool, str]:
+        """Readiness: the runs are listed, and the node plugin's store volume answers here
+        (its socket is in the mount); otherwise runs would fail, so say why instead."""
+        if not self.informer.synced:
+            return False, "run ConfigMaps not listed yet"
+        socket_path = self.store.mount / SOCKET_NAME
+        if not socket_path.is_socket():
+            return False, (
+                f"no store volume at {self.store.mount} (no {SOCKET_NAME}): is the node "
+                "plugin (daemonset rukpak-csi-node) running on this node?"
+            )
+        return self.live()
 
     def _seen(self, cm: Obj) -> None:
         if runs.claimable(cm, datetime.now(UTC)):
@@ -124,7 +147,7 @@ class Standing:
         whose holder went silent again."""
         self.informer.start()
         self.informer.wait_synced(timeout=60)
-        threads = [
+        threads = self._threads = [
             threading.Thread(target=self._worker, name=f"standing-{i}", daemon=True)
             for i in range(self.concurrency)
         ]
@@ -291,6 +314,19 @@ def register(subparsers: Any) -> None:
         default=DEFAULT_CONCURRENCY,
         help="runs applied at once (default: %(default)s)",
     )
+    p.add_argument(
+        "--health-port",
+        type=int,
+        default=0,
+        help="serve /livez (liveness) and /healthz (readiness: runs listed, the store volume "
+        "answering) over HTTP on this port; 0 disables (default: %(default)s)",
+    )
+    p.add_argument(
+        "--health-bind",
+        default="0.0.0.0",
+        help="address of the health port: kubelet's probes dial the pod's address "
+        "(default: %(default)s)",
+    )
     flags.add_system_namespace(p, holds="the run ConfigMaps, pull Secrets and Leases")
     flags.add_cluster(p)
     p.set_defaults(func=run_standing)
@@ -313,9 +349,16 @@ def run_standing(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    server = None
+    if args.health_port:
+        server = liveness.serve(
+            host=args.health_bind, port=args.health_port, live=standing.live, ready=standing.ready
+        )
     try:
         standing.run()
     finally:
+        if server is not None:
+            server.shutdown()
         store.close()
         kube.close()
     return 0

@@ -21,6 +21,8 @@ OOM-killed.
 - ``manager``, leader and standby (``rukpak-provisioner manager --leader-elect``, webhook
   on loopback) at rest with the CRDs installed and no BundleDeployment; the cost of each
   BundleDeployment is ``install``'s (50) and ``scale``'s (1,000);
+- the ``standing`` provisioner (``rukpak-provisioner standing``, health port) at rest, its
+  runs watched;
 - the registry ``mirror`` (``python -m csi.mirror``, deploy/components/registry-mirror)
   after ``PULLS`` nodes pulled a ``LAYER_MIB`` MiB image through it at once.
 """
@@ -329,6 +331,44 @@ def manager_figures(workdir: Path, cluster: LocalCluster, kube: Kube) -> list[Re
     ]
 
 
+def standing_figures(workdir: Path, cluster: LocalCluster) -> list[Result]:
+    """The standing provisioner at rest: its runs listed and watched, no store volume here
+    (so it answers live, and not ready, saying why); its cost per BundleDeployment is
+    ``standing``'s."""
+    port = free_port()
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "POD_NAME": "standing-0"}
+    store = workdir / "store"
+    store.mkdir(parents=True)
+    args = [sys.executable, "-m", "provisioner", "standing", "--store-dir", str(store)]
+    args += ["--system-namespace", NAMESPACE, "--health-bind", "127.0.0.1"]
+    args += ["--health-port", str(port)]
+    with (workdir / "standing.log").open("wb") as log:
+        proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            eventually(
+                lambda: probe(f"http://127.0.0.1:{port}/livez")[0] == 200,
+                timeout=60,
+                what="the standing provisioner live",
+            )
+            code, body = probe(f"http://127.0.0.1:{port}/healthz")
+            assert code == 503 and "store volume" in body, (code, body)
+            cpu = at_rest({"standing": proc.pid})["standing"]
+            hwm = proc_status_mib(proc.pid, "VmHWM")
+        finally:
+            terminate(proc)
+    limit = limit_mib("deploy/standing/deployment.yaml", "provisioner")
+    return [
+        Result(
+            "footprint: standing provisioner at rest, no BundleDeployment, peak RSS (VmHWM)",
+            hwm,
+            "MiB",
+            target=limit,
+            note="runs watched, health port; per-BundleDeployment cost: standing",
+        ),
+        Result("footprint: standing provisioner CPU at rest", cpu, "m"),
+    ]
+
+
 def mirror_figures(workdir: Path, registry: RegistryServer) -> list[Result]:
     data = os.urandom(LAYER_MIB << 20)  # random: no compression shrinks it
     image = push_image(registry.host, "footprint/big", "v1", [[("blob.bin", "file", data)]])
@@ -397,6 +437,8 @@ def run(workdir: Path) -> list[Result]:
         results += storageclass_figures(workdir, cluster, kube, image)
         progress("footprint: the managers")
         results += manager_figures(workdir, cluster, kube)
+        progress("footprint: the standing provisioner")
+        results += standing_figures(workdir / "standing", cluster)
         progress("footprint: the registry mirror")
         results += mirror_figures(workdir / "mirror", registry)
     finally:

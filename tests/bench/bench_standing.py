@@ -7,7 +7,7 @@ the end-to-end tests install it (``bench_install.on_installed_system``):
 1. **pod per change** (the baseline): a v1alpha2 ``hello`` BundleDeployment, its image
    cached on the node, created -> Installed, and -> Installed+Healthy; median of 5 after a
    warm-up round; the pods the scheduler placed in ``rukpak-system`` meanwhile are counted;
-2. the same overlay with ``deploy/components/standing`` applied (the manager's
+2. the same overlay without ``deploy/components/run-pods`` (the default install: the manager's
    ``--run-mode=standing`` and the ``rukpak-provisioner`` Deployment);
 3. **standing**: the same rounds, plus a content change -> applied (v1 and v2 in turn), and
    the pods scheduled during all of it (target 0);
@@ -136,7 +136,7 @@ def switch_to_standing(system: inst.RukpakSystem) -> inst.RukpakSystem:
         kubelet_dir=Path(system.cluster.kubelet_dir),
         state_dir=system.state_dir,
         api_server=system.cluster.in_cluster_env(),
-        components=("standing", *inst.COMPONENTS),
+        components=inst.STANDING,
     )
     manifests = system.workdir / "rukpak-standing.yaml"
     manifests.write_text(system.kubectl("kustomize", str(overlay)))
@@ -275,7 +275,7 @@ def measure(system: inst.RukpakSystem, workdir: Path) -> list[Result]:
     refs = bench_install.push_hello(system, workdir, "standing-hello")
     pod_installed, pod_healthy, pod_pods = rounds(system, "pod", refs[0])
     _delete_hello(system)
-    progress("standing: switching to deploy/components/standing")
+    progress("standing: switching to the default install (standing provisioner)")
     system = switch_to_standing(system)
     installed, healthy, pods = rounds(system, "standing", refs[0])
     since = time.time()
