@@ -23,7 +23,9 @@
 #  9. a v1alpha2 BundleDeployment (content named inline, no Bundle) created paused shows
 #     its permission preview, installs once approved, and reads as v1alpha1 through the
 #     manager's conversion webhook; a failing upgrade misses its progress deadline and is
-#     rolled back with its registry stopped (no pod: the manager kept revision 1's objects).
+#     rolled back with its registry stopped (no pod: the manager kept revision 1's objects);
+#     the pods of rukpak-system are printed before and after: the standing provisioner
+#     ran every install, upgrade, Bundle check and preview, and no pod was started for one.
 # Each step prints its wall time; every wait is bounded and shows `kubectl describe`
 # when it fails.
 # With KUBECONFIG set, part 2 only runs `rukpak apply/status/uninstall` into a
@@ -275,6 +277,13 @@ deployment_uid() { "$KUBECTL" get deployment hello -n hello -o jsonpath='{.metad
 available() {
   [ "$("$KUBECTL" get deployment "$@" -o jsonpath='{.status.availableReplicas}')" = 1 ]
 }
+system_pods() {  # the pods of rukpak-system, a name a line
+  "$KUBECTL" get pods -n rukpak-system -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}'
+}
+new_pods() {  # new_pods BEFORE: pods the scheduler placed in rukpak-system that BEFORE lacks
+  "$KUBECTL" get events -n rukpak-system --field-selector reason=Scheduled \
+    -o jsonpath='{range .items[*]}{.involvedObject.name}{"\n"}{end}' | sort -u | grep -vxF -f <(printf '%s\n' "$1") || true
+}
 pod_phase_is() { [ "$("$KUBECTL" get pod "$1" -o jsonpath='{.status.phase}')" = "$2" ]; }
 show() { printf '$ kubectl %s\n' "$*"; "$KUBECTL" "$@"; }
 
@@ -452,6 +461,13 @@ YAML
   show logs bundle-reader
   show delete pod bundle-reader --wait=true
 
+  local pods_before
+  pods_before=$(system_pods)
+  echo "The pods of rukpak-system before any BundleDeployment (the standing provisioner,"
+  echo "rukpak-provisioner, takes every install, upgrade, rollback and Bundle check below as"
+  echo "work: none of them starts a pod):"
+  show get pods -n rukpak-system
+
   say "Creating a BundleDeployment of hello"
   cat >"$WORK/bd.yaml" <<YAML
 apiVersion: core.rukpak.io/v1alpha1
@@ -477,7 +493,7 @@ YAML
   show get bd,bundles
   show get all,configmaps -n hello -l app.kubernetes.io/part-of=rukpak-examples
   echo "The instance ran to completion and recorded the install on the inventory ConfigMap;"
-  echo "at rest no instance pod runs (the manager watches the installed objects instead):"
+  echo "at rest no instance run is left (the manager watches the installed objects instead):"
   poll 60 "the instance run to finish" "pods" -- no_instance_pods hello
   show get pods -n rukpak-system -l core.rukpak.io/bundle-deployment=hello
   show get configmap rukpak-inventory-hello -n rukpak-system \
@@ -617,7 +633,18 @@ YAML
   echo " full 30 s grace period before the namespace can finish terminating)"
   poll 90 "namespace hello to be gone" "namespace/hello" -- is_absent namespace hello
   show get bd,bundles
+  echo "The pods of rukpak-system after it all (the same as before):"
   show get pods -n rukpak-system
+  local started
+  started=$(new_pods "$pods_before")
+  if [ -n "$started" ]; then
+    echo "run.sh: pods were started for runs or checks: $started" >&2
+    exit 1
+  fi
+  echo "No pod was started for the installs, the upgrade, the Bundle checks, the preview or"
+  echo "the rollback: the standing provisioner ran them (its log: kubectl logs -n"
+  echo "rukpak-system deployment/rukpak-provisioner)."
+  show logs -n rukpak-system deployment/rukpak-provisioner --tail=5
   T_CSI=$(since "$T0")
 }
 

@@ -27,7 +27,7 @@ import pytest
 
 from provisioner.instance import runrecord
 from provisioner.manager import actuate, model
-from tests import bundles
+from tests import bundles, csi_helpers
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
 from tests.polling import eventually
@@ -219,10 +219,10 @@ def test_an_invalid_v1alpha1_bundle_fails_its_check_in_upstreams_words_with_no_p
     standing: inst.RukpakSystem, tmp_path: Path
 ) -> None:
     system = standing
-    root = tmp_path / "empty"
-    (root / "manifests").mkdir(parents=True)
-    ref = f"{system.registry_host}/e2e-standing-{SUFFIX}/empty:v1"
-    e2e.push_bundle(root, ref)
+    del tmp_path  # `rukpak bundle build` refuses an empty bundle: pushed by hand
+    ref = csi_helpers.push_image(
+        system.registry_host, f"e2e-standing-{SUFFIX}/empty", "v1", [[("manifests/", "dir")]]
+    ).ref
     name = f"standing-empty-{SUFFIX}"
     system.kube.create(bundles.bundle_doc(name, ref))
     bundle = actuate.bundle_ref(name)
