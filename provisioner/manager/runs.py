@@ -239,9 +239,9 @@ def decide(
     if found is None:
         if other_runs >= settings.max_concurrent_runs:
             out.append(actions.Requeue(RUN_SLOT_WAIT, "waiting for a free run slot"))
-            pending = (
-                f"waiting for a free run slot: {other_runs} instance runs are active "
-                f"(--max-concurrent-runs {settings.max_concurrent_runs})"
+            pending = (  # no count in it: a message that changes is a status write
+                f"waiting for a free run slot: --max-concurrent-runs "
+                f"{settings.max_concurrent_runs} instance runs are active"
             )
             return Decision(out, verdict or ("False", "InstallPending", pending), installed_bundle)
         if not any(is_active(p) for p in pods):
