@@ -12,7 +12,9 @@ the node plugin's store volume), and switched back after. Checked here:
   says so, and the provisioner goes on serving the others;
 - a run whose content is not one image (a git source) still gets its pod;
 - a v1alpha1 BundleDeployment: its Bundle's unpack check and its install run standing, no
-  pod; an invalid Bundle fails its check with upstream's words, no pod.
+  pod; an invalid Bundle fails its check with upstream's words, no pod;
+- a provisioner killed (grace period 0) while it holds a run loses nothing: the one that
+  replaces it takes the run once the claim is stale, and installs.
 """
 
 from __future__ import annotations
@@ -20,13 +22,16 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from provisioner.engine.objects import ObjectRef
 from provisioner.instance import runrecord
 from provisioner.manager import actuate, model
+from provisioner.runtime import lease
 from tests import bundles, csi_helpers
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
@@ -237,3 +242,58 @@ def test_an_invalid_v1alpha1_bundle_fails_its_check_in_upstreams_words_with_no_p
         assert scheduled_in_system(system, name) == []
     finally:
         system.kube.delete(bundle)
+
+
+def test_a_provisioner_killed_mid_run_loses_nothing_the_next_one_finishes_it(
+    standing: inst.RukpakSystem, tmp_path: Path
+) -> None:
+    """kill -9 of the provisioner holding a run: the run stays Running, its claim goes stale,
+    and the provisioner that replaces it takes it and installs. The run is held mid-way
+    deterministically: the BundleDeployment's Lease is held by someone else until the kill."""
+    system = standing
+    name = ns = f"standing-kill-{SUFFIX}"
+    ref = push_hello(system, tmp_path / "k", "kill", ns, "survived a kill")
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    held = ObjectRef("coordination.k8s.io", "v1", "Lease", inst.NAMESPACE, lease.lease_name(name))
+    system.kube.create(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": held.name, "namespace": inst.NAMESPACE},
+            "spec": {
+                "holderIdentity": "someone-else",
+                "leaseDurationSeconds": 3600,
+                "acquireTime": now,
+                "renewTime": now,
+            },
+        }
+    )
+    system.kube.create(inst.bd_v2(name, ref))
+    try:
+
+        def claimed() -> str:
+            items, _ = system.kube.list(
+                "v1", "ConfigMap", namespace=inst.NAMESPACE,
+                label_selector=f"{runrecord.RUN_LABEL},{model.BD_LABEL}={name}",
+            )  # fmt: skip
+            for cm in items:
+                annotations = cm["metadata"].get("annotations") or {}
+                if annotations.get(runrecord.PHASE) == "Running":
+                    return str(annotations.get(runrecord.HOLDER) or "")
+            return ""
+
+        holder = wait(system, name, claimed, f"{name}'s run claimed")
+        system.kubectl(
+            "delete", "pod", holder, "-n", inst.NAMESPACE, "--grace-period=0", "--force",
+            timeout=60,
+        )  # fmt: skip
+        system.kube.delete(held)  # the Lease is free: whoever takes the run can install
+        wait(system, name, lambda: installed(system, name), f"{name} Installed after the kill")
+        assert inst.greeting(system, ns) == "survived a kill"
+        assert instance_pods_scheduled(system, name) == []
+        log = provisioner_log(system)
+        assert f"run={model.instance_name(name)}-" in log, "the new provisioner did not run it"
+        assert holder not in system.kubectl("get", "pods", "-n", inst.NAMESPACE, "-o", "name")
+    finally:
+        system.kube.delete(held)
+        inst.delete_v2(system, name)

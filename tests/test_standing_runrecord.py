@@ -193,3 +193,28 @@ def test_a_pod_of_another_command_never_runs_standing() -> None:
     pod["spec"]["containers"][0]["command"][1] = "serve"
     assert not runrecord.eligible(pod)
     assert runrecord.command_of({"spec": {"containers": []}}) == ""
+
+
+def merged(obj: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """RFC 7386 merge patch, as the API server applies it (null removes a key)."""
+    out = dict(obj)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def test_a_run_given_back_by_a_stopping_provisioner_is_taken_at_once_by_the_next() -> None:
+    cm = runrecord.from_pod(run_pod())
+    cm["metadata"]["resourceVersion"] = "7"
+    claimed = merged(cm, runrecord.claim_patch(cm, holder="standing-0", node="n1", now=NOW))
+    assert not runrecord.claimable(claimed, NOW + timedelta(seconds=1))
+    back = merged(claimed, runrecord.release_patch())
+    annotations = back["metadata"]["annotations"]
+    assert runrecord.HOLDER not in annotations and runrecord.NODE not in annotations
+    assert runrecord.claimable(back, NOW + timedelta(seconds=1))
+    assert runs.waiting(runrecord.as_pod(back)) == f"waits: {runrecord.UNTAKEN}"

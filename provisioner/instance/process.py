@@ -96,6 +96,9 @@ class Instance:
         self.config = config
         self.identity = config.identity or leader.default_identity()
         self.stopping = threading.Event()
+        self.unfinished = False
+        """Stopped before it installed anything (exit 0, nothing recorded): a standing
+        provisioner gives such a run back instead of finishing it."""
         self.lock = lease.LeaseLock(
             kube,
             namespace=config.system_namespace,
@@ -208,7 +211,9 @@ class Instance:
                 return self.preview(bundle)
             if not self.take_lease():
                 log.info(kv("stopped", lease="never taken"))
+                self.unfinished = True
                 return EXIT_OK
+            self.unfinished = self.stopping.is_set()
             if not self.stopping.is_set():
                 result = self.install(bundle)
                 self.record(result)

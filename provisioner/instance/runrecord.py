@@ -207,6 +207,17 @@ def claim_patch(cm: Obj, *, holder: str, node: str, now: datetime) -> Obj:
     }
 
 
+def release_patch() -> Obj:
+    """The merge patch that gives a claimed run back, unfinished (its holder is stopping):
+    ``Pending`` again, so the next worker takes it at once instead of after the claim's
+    expiry."""
+    return {
+        "metadata": {
+            "annotations": {PHASE: "Pending", HOLDER: None, NODE: None, RENEWED: None},
+        }
+    }
+
+
 def finish_patch(*, succeeded: bool, message: str, now: datetime) -> Obj:
     return {
         "metadata": {

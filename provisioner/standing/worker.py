@@ -50,6 +50,8 @@ from rukpak.sources.storeprotocol import SOCKET_NAME
 
 log = logging.getLogger("rukpak.standing")
 
+UNFINISHED = "\0unfinished"
+"""What ``execute`` says of a run whose instance stopped before installing anything."""
 DEFAULT_CONCURRENCY = 8
 """Runs applied at once (each applies one BundleDeployment, under its Lease)."""
 
@@ -200,6 +202,13 @@ class Standing:
             succeeded, message = self.execute(name, runs.pod_of(cm))
         finally:
             done.set()
+        if succeeded and message == UNFINISHED:
+            # stopped before it installed anything: give the run back for the next
+            # provisioner rather than finish it unapplied
+            log.info(process.kv("run given back", run=name))
+            with contextlib.suppress(errors.NotFound):
+                self.kube.merge_patch(self._ref(name), runs.release_patch())
+            return True
         log.info(process.kv("run finished", run=name, succeeded=succeeded))
         finish = runs.finish_patch(succeeded=succeeded, message=message, now=datetime.now(UTC))
         with contextlib.suppress(errors.NotFound):  # removed meanwhile: a newer revision
@@ -253,6 +262,8 @@ class Standing:
                 with self._lock:
                     self._running.discard(instance)
             message = log_path.read_text() if log_path.exists() else ""
+        if code == process.EXIT_OK and instance.unfinished:
+            return True, UNFINISHED
         return code == process.EXIT_OK, message.strip()
 
     def content(self, pod: Obj) -> Path:
