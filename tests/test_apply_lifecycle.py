@@ -138,3 +138,38 @@ def test_drift_is_corrected_within_seconds_and_steady_state_sends_no_writes(
         assert watcher.idle and watcher.corrections == settled, events
     finally:
         watcher.stop()
+
+
+def test_a_fight_is_damped_and_reported_once_naming_the_other_field_manager_and_field(
+    kube: Kube, name: str, tmp_path: Path
+) -> None:
+    """`rukpak apply --watch` (and the helm provisioner) correct drift with the manager's
+    damper: another writer that keeps changing a field of ours gets backoff, and one report
+    that names it and the field, not one per write."""
+    result = apply.install(
+        kube,
+        write_bundle(tmp_path, {"a.yaml": [namespace(name), configmap("cfg", name, mode="fast")]}),
+        apply.Options(name=name, namespace=name),
+    )
+    events: list[str] = []
+    watcher = drift.DriftWatcher(kube, name, result.applied, report=events.append, watch_timeout=5)
+    watcher.start()
+    cfg = ObjectRef("", "v1", "ConfigMap", name, "cfg")
+    try:
+        assert watcher.informer("v1", "ConfigMap").wait_synced(10)
+        for round_ in range(1, drift.FIGHT_THRESHOLD + 2):
+            kube.apply(configmap("cfg", name, mode="slow"), manager="autoscaler", force=True)
+            eventually(
+                lambda r=round_: watcher.corrections >= r,  # type: ignore[misc]
+                timeout=30,
+                what=f"correction {round_}",
+            )
+            assert (kube.get(cfg) or {})["data"]["mode"] == "fast"
+        first = events[0]
+        assert "data.mode (by autoscaler)" in first, events
+        fights = [e for e in events if e.startswith("fight over")]
+        assert len(fights) == 1, events  # reported once, then only damped
+        assert "autoscaler keeps changing data.mode" in fights[0]
+        assert watcher.fights[cfg] == fights[0]
+    finally:
+        watcher.stop()

@@ -15,7 +15,12 @@ that decision shared with ``apply`` (our managedFields entry, the owner
 label) live in ``ownership``.
 
 The worker re-reads an object before correcting it, so stale events never
-cause a write, and corrects with ``force`` (taking fields back).
+cause a write, and corrects with ``force`` (taking fields back). It names what it
+corrects: the fields another writer took and that writer's field manager
+(``restore.others_owning``). A writer that keeps taking them back meets the manager's
+own damper (``restore.Damper``: at once, then exponential backoff within its window), and
+the fight is reported once, when it becomes one (``FIGHT_THRESHOLD`` re-applies inside the
+window), naming the other field manager and the fields, not on every write.
 """
 
 from __future__ import annotations
@@ -24,11 +29,12 @@ import functools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from provisioner.engine import listwatch
+from provisioner.engine import listwatch, restore
 from provisioner.engine.apply import Applied
 from provisioner.engine.informers import InformerSet
 from provisioner.engine.kube import Kube
@@ -39,6 +45,9 @@ from rukpak.common import errors
 log = logging.getLogger(__name__)
 
 Report = Callable[[str], None]
+FIGHT_THRESHOLD = 3
+"""Re-applies of one object inside the damper's window that make a fight (the manager's
+figure, ``manager.plan.FIGHT_THRESHOLD``)."""
 
 
 def drift_reason(
@@ -97,8 +106,13 @@ class DriftWatcher:
         self._pending: set[ObjectRef] = set()
         self._informers: dict[tuple[str, str], listwatch.Informer] = {}
         self._worker: threading.Thread | None = None
+        self._damper = restore.Damper()
+        self._clock: Callable[[], float] = time.monotonic
+        self._timers: list[threading.Timer] = []
         self.corrections = 0
         """Write requests sent so far (for metrics and tests)."""
+        self.fights: dict[ObjectRef, str] = {}
+        """Objects in a fight now, with the report that named it (for tests and status)."""
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -120,6 +134,8 @@ class DriftWatcher:
     def stop(self, timeout: float = 1.0) -> None:
         """Ask every thread to end; watches end at the latest when their server timeout ends."""
         self._stop.set()
+        for timer in self._timers:
+            timer.cancel()
         self._queue.put(None)
         self._caches.stop(timeout)
         if self._worker is not None:
@@ -181,25 +197,56 @@ class DriftWatcher:
             ref = self._queue.get()
             if ref is None or self._stop.is_set():
                 return
+            later = 0.0
             try:
-                self._correct(ref)
+                later = self._correct(ref)
             except errors.RukpakError as err:
                 self._report(f"could not correct {ref}: {err}")
             finally:
-                with self._lock:
-                    self._pending.discard(ref)
+                if later > 0 and not self._stop.is_set():  # stays pending until then
+                    timer = threading.Timer(later, self._queue.put, args=(ref,))
+                    timer.daemon = True
+                    self._timers = [t for t in self._timers if t.is_alive()] + [timer]
+                    timer.start()
+                else:
+                    with self._lock:
+                        self._pending.discard(ref)
 
-    def _correct(self, ref: ObjectRef) -> None:
+    def _correct(self, ref: ObjectRef) -> float:
+        """Correct ``ref`` if it drifted; the seconds to wait first when a fight is damped
+        (0: done, or nothing to do)."""
         with self._lock:
             tracked = self._tracked[ref.identity]
         live = self._kube.get(ref)
         reason = drift_reason(tracked.fields, live, self._owner)
         if reason is None:
-            return
+            self.fights.pop(ref, None)
+            return 0.0
         if live is not None and meta_of(live).get("deletionTimestamp"):
-            return  # being deleted: its DELETED event brings it back here
+            return 0.0  # being deleted: its DELETED event brings it back here
+        key = "/".join(ref.identity)
+        wait = self._damper.wait(key, self._clock())
+        if wait > 0:
+            return wait
+        taken = frozenset(restore.fields_of(tracked.fields)) - frozenset(
+            restore.fields_of(applied_fields(live) if live is not None else None)
+        )
+        writers = restore.others_owning(live, taken)
         result = self._kube.apply(tracked.desired, force=True)
         self.corrections += 1
         with self._lock:
             tracked.fields = applied_fields(result)
-        self._report(f"corrected {ref}: {reason}")
+        count = self._damper.record(key, self._clock())
+        named = "; ".join(f"{field} (by {manager})" for manager, field in writers)
+        if count < FIGHT_THRESHOLD:
+            self._report(f"corrected {ref}: {reason}" + (f": {named}" if named else ""))
+        elif count == FIGHT_THRESHOLD:  # once: from now on it is damped, not reported
+            who = ", ".join(sorted({m for m, _ in writers})) or "another writer"
+            fields = ", ".join(sorted({f for _, f in writers})) or "fields this bundle applies"
+            message = (
+                f"fight over {ref}: {who} keeps changing {fields}; re-applying with "
+                f"backoff (the other writer should stop, or leave these fields to it)"
+            )
+            self.fights[ref] = message
+            self._report(message)
+        return 0.0
