@@ -21,6 +21,8 @@ The flow, in the order a provisioner uses it::
     workers.start(1)                                          # retries with backoff
 
     pinned = api.fetch_bundle("registry.example.com/charts/web:v1", Path("/cache/web"))
+    # or, standing (no second fetch path): the node plugin's store volume at /store
+    tree = api.open_store(Path("/store")).fetch(api.pin_image("registry.example.com/web:v1"))
     bundle = api.Bundle("my-format", tuple(api.parse_manifests("rendered.yaml", text)))
     result = api.install(kube, bundle, api.Options(name="web", namespace="web"))
     watcher = api.DriftWatcher(kube, "web", result.applied)   # .run() until .stop()
@@ -82,6 +84,7 @@ from provisioner.runtime.service import Election, serve
 from provisioner.runtime.signals import stop_on_signals
 from provisioner.runtime.workers import Reconciler, Workers
 from rukpak.common.errors import RukpakError
+from rukpak.sources.storeclient import StoreClient
 
 GROUP = "core.rukpak.io"
 VERSION = "v1alpha1"
@@ -119,6 +122,7 @@ __all__ = [
     "Result",
     "RukpakError",
     "Source",
+    "StoreClient",
     "UnknownKind",
     "WorkQueue",
     "Workers",
@@ -135,7 +139,9 @@ __all__ = [
     "install",
     "lead",
     "load_bundle",
+    "open_store",
     "parse_manifests",
+    "pin_image",
     "record_event",
     "register_format",
     "serve",
@@ -186,18 +192,11 @@ def fetch_bundle(
     (NotFound for a missing tag, Unavailable when the registry does not answer, ...).
     """
     from provisioner.bundle import source
-    from rukpak.oci import client as oci_client
-    from rukpak.oci import reference
 
     if dest.exists():
         raise FileExistsError(f"{dest} exists: fetch_bundle writes a new directory")
     hosts = tuple(insecure)
-    parsed = reference.Reference.parse(ref)
-    if parsed.digest is not None:
-        pinned = f"{parsed.name}@{parsed.digest}"
-    else:
-        with oci_client.RegistryClient(insecure=hosts, timeout=timeout) as registry:
-            pinned = f"{parsed.name}@{registry.resolve(parsed).digest}"
+    pinned = pin_image(ref, insecure=hosts, timeout=timeout)
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
@@ -208,6 +207,30 @@ def fetch_bundle(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return pinned
+
+
+def pin_image(ref: str, *, insecure: Iterable[str] = (), timeout: float = 30.0) -> str:
+    """``ref`` pinned: ``repository@sha256:...`` of what the tag points at now (one request
+    for its manifest's digest, no content); a digest reference as it is."""
+    from rukpak.oci import client as oci_client
+    from rukpak.oci import reference
+
+    parsed = reference.Reference.parse(ref)
+    if parsed.digest is not None:
+        return f"{parsed.name}@{parsed.digest}"
+    with oci_client.RegistryClient(insecure=tuple(insecure), timeout=timeout) as registry:
+        return f"{parsed.name}@{registry.resolve(parsed).digest}"
+
+
+def open_store(mount: Path) -> StoreClient:
+    """A client of the node plugin's store volume mounted at ``mount`` (a CSI volume with
+    the attribute ``kind: store``, which the plugin publishes only to the ServiceAccounts
+    its ``--store-volume-allow`` names): the standing pattern. ``fetch(pinned,
+    dockerconfigjson=...)`` asks the node plugin for an image by digest, checked against
+    that credential as a pod's volume is, and returns ``<mount>/<digest>``, read-only, the
+    same content on every ask; nothing is pulled by the provisioner itself. Close it when
+    done."""
+    return StoreClient(mount)
 
 
 def fetch_tarball(url: str, dest: Path, *, insecure: bool = False) -> str:

@@ -361,3 +361,37 @@ def test_credentials_never_reach_the_plugin_log(
     assert token_registry.password and token_registry.password not in log
     assert "hunter2-wrong" not in log
     assert json.loads(good)["auths"][token_registry.host]["auth"] not in log
+
+
+def test_an_out_of_tree_provisioner_reads_through_the_store_volume_with_no_pull_of_its_own(
+    store: Store, registry: RegistryServer, tmp_path: Path
+) -> None:
+    """The standing pattern of ``provisioner.api`` (``open_store``, ``pin_image``), as the
+    helm provisioner uses it with ``--store-dir``: a tag is pinned, the content comes from
+    the node plugin by digest, and nothing lands in the provisioner's own cache."""
+    from rukpak_helm import content
+
+    from provisioner import api
+
+    image = push_image(
+        registry.host, "store/helm", "v1",
+        [[("manifests/", "dir"), ("manifests/cm.yaml", "file", b"served by the node")]],
+    )  # fmt: skip
+    cache = tmp_path / "helm-cache"
+    helm_store = content.Store(cache, node_store=store.mount)
+    try:
+        got, root = helm_store.fetch(image.ref)
+        assert got == api.pin_image(image.ref) == pinned(image)
+        assert root == store.mount / image.manifest_digest
+        assert (root / "manifests" / "cm.yaml").read_bytes() == b"served by the node"
+        assert list(cache.iterdir()) == []  # no pull, no copy of its own
+    finally:
+        helm_store.close()
+    client = api.open_store(store.mount)
+    try:
+        with pytest.raises(errors.RukpakError) as refused:
+            client.fetch(f"{registry.host}/store/helm@sha256:{'0' * 64}")
+        assert refused.value.code in ("NOT_FOUND", "PERMISSION_DENIED")
+        assert "0" * 64 in refused.value.message
+    finally:
+        client.close()

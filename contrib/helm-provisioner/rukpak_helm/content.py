@@ -7,6 +7,11 @@ source through ``api.fetch_tarball``) into
 Content behind a pinned reference never changes, so an entry is never refreshed; a
 restarted process (its cache dir is an emptyDir) fetches again on first use.
 ``forget`` removes the entries no Bundle pins any more.
+
+Standing (``--store-dir``, the node plugin's store volume mounted there): images are not
+pulled here at all; the tag is pinned (one manifest request) and the node plugin serves
+the content by digest (``api.open_store``), read-only, cached and collected on the node
+as any pod volume's.
 """
 
 from __future__ import annotations
@@ -21,11 +26,18 @@ from provisioner import api
 
 
 class Store:
-    def __init__(self, root: Path, *, insecure: Iterable[str] = ()) -> None:
+    def __init__(
+        self, root: Path, *, insecure: Iterable[str] = (), node_store: Path | None = None
+    ) -> None:
         self.root = root
         self.insecure = tuple(insecure)
         self._lock = threading.Lock()
+        self._node: api.StoreClient | None = api.open_store(node_store) if node_store else None
         root.mkdir(parents=True, exist_ok=True)
+
+    def close(self) -> None:
+        if self._node is not None:
+            self._node.close()
 
     def path(self, pinned: str) -> Path:
         return self.root / hashlib.sha256(pinned.encode()).hexdigest()[:32]
@@ -35,6 +47,9 @@ class Store:
         tag or a bare URL is pinned first); the pinned reference or URL and its files."""
         if ref.startswith(("http://", "https://")):
             return self._fetch(ref, "#sha256=" in ref, self._tarball)
+        if self._node is not None:  # standing: the node plugin serves it by digest
+            pinned = api.pin_image(ref, insecure=self.insecure)
+            return pinned, self._node.fetch(pinned)
         return self._fetch(ref, "@sha256:" in ref, api.fetch_bundle)
 
     def _tarball(self, url: str, dest: Path, *, insecure: Iterable[str] = ()) -> str:

@@ -47,6 +47,13 @@ def parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="a registry spoken to over plain HTTP (loopback ones always are); repeatable",
     )
+    p.add_argument(
+        "--store-dir",
+        type=Path,
+        default=None,
+        help="the node plugin's store volume (kind: store) is mounted here: images are served "
+        "by it by digest, not pulled by this process (the standing pattern)",
+    )
     p.add_argument("--leader-elect", action="store_true", help="take the Lease before working")
     p.add_argument("--lease-name", default=LEASE_NAME)
     p.add_argument("-v", "--verbose", action="store_true")
@@ -71,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         ctl = controller.Controller(
             kube,
             helm=args.helm,
-            store=content.Store(args.cache_dir, insecure=args.insecure_registry),
+            store=content.Store(
+                args.cache_dir, insecure=args.insecure_registry, node_store=args.store_dir
+            ),
             system_namespace=args.system_namespace,
             default_namespace=args.install_namespace,
         )
