@@ -264,3 +264,34 @@ def test_run_pods_and_unpack_pods_run_as_non_root_without_privilege() -> None:
         assert container["allowPrivilegeEscalation"] is False
         assert container["capabilities"] == {"drop": ["ALL"]}
         assert container["readOnlyRootFilesystem"] is True
+
+
+def test_a_finished_run_wakes_the_oldest_bundle_deployments_waiting_for_a_slot() -> None:
+    """Waiting for a run slot costs no reconcile every few seconds: the controller keeps the
+    waiters in order and a run that ends (pod or run ConfigMap) wakes the oldest two."""
+    import threading
+
+    from provisioner.instance import runrecord
+    from provisioner.manager import controller
+    from provisioner.runtime.queue import WorkQueue
+
+    ctl = controller.Controller.__new__(controller.Controller)
+    ctl._repairs = threading.Lock()
+    ctl._slot_waiters = {}
+    ctl.queue = WorkQueue()
+    slot: list[plan.Action] = [plan.Requeue(runs.RUN_SLOT_WAIT, runs.SLOT_WAIT_WHY)]
+    for name in ("a", "b", "c"):
+        ctl._wait_for_slot(name, slot)
+    ctl._wait_for_slot("b", [])  # b got its slot meanwhile
+    running = {"kind": "Pod", "metadata": {"name": "x"}, "status": {"phase": "Running"}}
+    ctl._owned(running)
+    assert len(ctl.queue) == 0 and list(ctl._slot_waiters) == ["a", "c"]
+    done = runrecord.from_pod(
+        run_pod := {"kind": "Pod", "metadata": {"name": "y", "namespace": "s"}}
+    )
+    done["metadata"]["annotations"][runrecord.PHASE] = "Succeeded"
+    del run_pod
+    ctl._owned(done)
+    woken = {ctl.queue.get(timeout=1), ctl.queue.get(timeout=1)}
+    assert woken == {controller.BD_KEY + "a", controller.BD_KEY + "c"}
+    assert ctl._slot_waiters == {}

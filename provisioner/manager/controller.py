@@ -82,6 +82,21 @@ def _by_label(obj: Obj) -> str:
     return str(_labels(obj).get(model.BD_LABEL) or "")
 
 
+SLOT_WAKES = 2
+"""BundleDeployments waiting for a run slot woken per finished run (a run is seen over
+twice: finished, then deleted), oldest first; the others look again after
+``runs.RUN_SLOT_WAIT``."""
+
+
+def _run_over(obj: Obj) -> bool:
+    """Whether a run pod or run ConfigMap no longer holds a run slot."""
+    if meta_of(obj).get("deletionTimestamp"):
+        return True
+    if obj.get("kind") == "ConfigMap":
+        return runrecord.phase(obj) in ("Succeeded", "Failed")
+    return str((obj.get("status") or {}).get("phase") or "") in ("Succeeded", "Failed")
+
+
 def now_text() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -191,6 +206,8 @@ class Controller(Reconciler):
         self._restore_failed: dict[str, str] = {}
         """BD -> the record (its writer) whose restore failed: that record gets a run."""
         self._conflicts: dict[str, str] = {}
+        self._slot_waiters: dict[str, None] = {}
+        """BDs whose last plan waited for a run slot, oldest first (an ordered set)."""
         self._kept_records: dict[str, dict[str, runwatch.Kept]] = {}
         """BD -> revision -> its install record and what it installed: what a rollback goes
         back to without a run (this process's memory; after a restart a run does it)."""
@@ -227,6 +244,26 @@ class Controller(Reconciler):
     def _owned(self, obj: Obj) -> None:
         if _by_label(obj):
             self.queue.add(BD_KEY + _by_label(obj))
+        if _run_over(obj):  # a slot may be free: the BundleDeployments waiting for one
+            self._wake_slot_waiters(SLOT_WAKES)
+
+    def _wake_slot_waiters(self, count: int) -> None:
+        with self._repairs:
+            names = list(self._slot_waiters)[:count]
+            for name in names:
+                del self._slot_waiters[name]
+        for name in names:
+            self.queue.add(BD_KEY + name)
+
+    def _wait_for_slot(self, name: str, actions: list[plan.Action]) -> None:
+        """Remember ``name`` while its plan waits for a free run slot (a finished run wakes
+        it, oldest first) and forget it once it does not."""
+        waiting = any(isinstance(a, plan.Requeue) and a.why == runs.SLOT_WAIT_WHY for a in actions)
+        with self._repairs:
+            if waiting:
+                self._slot_waiters.setdefault(name, None)
+            else:
+                self._slot_waiters.pop(name, None)
 
     def _unpack_pod_changed(self, obj: Obj) -> None:
         owner = str(_labels(obj).get(model.OWNER_NAME_LABEL) or "")
@@ -431,6 +468,7 @@ class Controller(Reconciler):
                 self._restore_failed.pop(name, None)
                 self._conflicts.pop(name, None)
                 self._kept_records.pop(name, None)
+                self._slot_waiters.pop(name, None)
                 self.damper.drop(name)
             self._finish_uninstall(name)
             return None
@@ -459,6 +497,7 @@ class Controller(Reconciler):
                     self._restore_failed[name] = observed.record.by
                 return 0.0
             raise
+        self._wait_for_slot(name, actions)
         for action in actions:
             if isinstance(action, plan.MarkUninstall):  # uninstalled: they may go now
                 for other in action.depends_on:

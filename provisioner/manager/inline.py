@@ -333,7 +333,7 @@ def _plan_preview(
         return out
     if found is None:
         if observed.other_runs >= settings.max_concurrent_runs:
-            return [*out, Requeue(runs.RUN_SLOT_WAIT, "waiting for a free run slot")]
+            return [*out, Requeue(runs.RUN_SLOT_WAIT, runs.SLOT_WAIT_WHY)]
         return [*out, CreatePod(want)]
     phase = runs.phase(found)
     if phase not in ("Succeeded", "Failed"):

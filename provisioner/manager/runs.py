@@ -23,8 +23,12 @@ from provisioner.manager.generate import instance_run_pod
 from provisioner.manager.model import Settings
 
 ACTIVE_PHASES = frozenset({"", "Pending", "Running"})
-RUN_SLOT_WAIT = 2.0
-"""How soon a run that found no free slot looks again."""
+RUN_SLOT_WAIT = 30.0
+"""How soon a run that found no free slot looks again at the latest: a finished run wakes
+the oldest waiters at once (``manager.controller``), so waiting BundleDeployments cost no
+reconcile every few seconds each."""
+SLOT_WAIT_WHY = "waiting for a free run slot"
+"""The ``Requeue.why`` of a run waiting for a slot (what the controller recognises)."""
 RETRY_SECONDS = 15.0
 """A failed run is retried this long after it ended (at once when a CRD appears)."""
 
@@ -238,7 +242,7 @@ def decide(
     found = mine.get(keep)
     if found is None:
         if other_runs >= settings.max_concurrent_runs:
-            out.append(actions.Requeue(RUN_SLOT_WAIT, "waiting for a free run slot"))
+            out.append(actions.Requeue(RUN_SLOT_WAIT, SLOT_WAIT_WHY))
             pending = (  # no count in it: a message that changes is a status write
                 f"waiting for a free run slot: --max-concurrent-runs "
                 f"{settings.max_concurrent_runs} instance runs are active"
