@@ -1,7 +1,7 @@
 """Benchmark: the standing provisioner against a pod per change, in the same run.
 
 Where it sits: ``make bench`` (``python -m tests.bench standing``; ``RUKPAK_BENCH_SCALE=N``
-sets the scale count, default 1,000). On the local cluster with ``deploy/`` installed as
+sets the scale count, default 1,000; ``RUKPAK_BENCH_STANDING=scale`` runs step 4 only). On the local cluster with ``deploy/`` installed as
 the end-to-end tests install it (``bench_install.on_installed_system``):
 
 1. **pod per change** (the baseline): a v1alpha2 ``hello`` BundleDeployment, its image
@@ -38,6 +38,8 @@ from tests import install_helpers as inst
 from tests.bench import Result, bench_install, progress, timed
 
 SCALE = int(os.environ.get("RUKPAK_BENCH_SCALE") or 1000)
+SCALE_ONLY = os.environ.get("RUKPAK_BENCH_STANDING") == "scale"
+"""``RUKPAK_BENCH_STANDING=scale``: the scale rounds only (about half the time)."""
 ROUNDS = bench_install.ROUNDS
 BD_V2 = ("core.rukpak.io/v1alpha2", "BundleDeployment")
 SCALE_TIMEOUT = 1800.0
@@ -272,6 +274,8 @@ def scale(system: inst.RukpakSystem) -> list[Result]:
 
 
 def measure(system: inst.RukpakSystem, workdir: Path) -> list[Result]:
+    if SCALE_ONLY:
+        return scale(switch_to_standing(system))
     refs = bench_install.push_hello(system, workdir, "standing-hello")
     pod_installed, pod_healthy, pod_pods = rounds(system, "pod", refs[0])
     _delete_hello(system)
