@@ -1,8 +1,9 @@
 """Benchmark: the standing provisioner against a pod per change, in the same run.
 
 Where it sits: ``make bench`` (``python -m tests.bench standing``; ``RUKPAK_BENCH_SCALE=N``
-sets the scale count, default 1,000; ``RUKPAK_BENCH_STANDING=scale`` runs step 4 only). On the local cluster with ``deploy/`` installed as
-the end-to-end tests install it (``bench_install.on_installed_system``):
+sets the scale count, default 1,000; ``RUKPAK_BENCH_STANDING=scale`` runs step 4 only). On
+the local cluster with ``deploy/`` installed as the end-to-end tests install it
+(``bench_install.on_installed_system``):
 
 1. **pod per change** (the baseline): a v1alpha2 ``hello`` BundleDeployment, its image
    cached on the node, created -> Installed, and -> Installed+Healthy; median of 5 after a
