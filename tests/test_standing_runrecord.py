@@ -218,3 +218,21 @@ def test_a_run_given_back_by_a_stopping_provisioner_is_taken_at_once_by_the_next
     assert runrecord.HOLDER not in annotations and runrecord.NODE not in annotations
     assert runrecord.claimable(back, NOW + timedelta(seconds=1))
     assert runs.waiting(runrecord.as_pod(back)) == f"waits: {runrecord.UNTAKEN}"
+
+
+def test_the_run_view_decodes_each_version_of_a_run_configmap_once() -> None:
+    cm = runrecord.from_pod(run_pod())
+    cm["metadata"]["resourceVersion"] = "1"
+    view = runrecord.RunView(Cache(), Cache(cm))
+    (first,) = view.items()
+    assert view.get(cm["metadata"]["namespace"], cm["metadata"]["name"]) is first
+    claimed = {
+        **cm,
+        "metadata": {
+            **cm["metadata"],
+            "resourceVersion": "2",
+            "annotations": {**cm["metadata"]["annotations"], runrecord.PHASE: "Running"},
+        },
+    }
+    view = runrecord.RunView(Cache(), Cache(claimed))
+    assert runs.phase(view.items()[0]) == "Running"  # a new version is decoded again

@@ -41,6 +41,8 @@ RENEWED = "core.rukpak.io/run-renewed"
 FINISHED = "core.rukpak.io/run-finished-at"
 POD_KEY = "pod"
 MESSAGE_KEY = "message"
+VIEW_CACHE = 1024
+"""Run ConfigMaps whose pod view ``RunView`` keeps decoded (four times as many at most)."""
 CLAIM_TTL = 30.0
 """Seconds a Running run's holder may go without renewing it before another takes it."""
 RENEW_EVERY = 10.0
@@ -242,13 +244,32 @@ class RunView:
     def __init__(self, pods: Runs, runs: Runs) -> None:
         self._pods = pods
         self._runs = runs
+        self._seen: dict[tuple[str, str], tuple[str, Obj]] = {}
+        """(namespace, name) -> (resourceVersion, its pod view): each version of a run
+        ConfigMap is decoded once, not on every read (the planner reads them all for each
+        BundleDeployment it looks at)."""
+
+    def _view(self, cm: Obj) -> Obj:
+        meta = meta_of(cm)
+        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        version = str(meta.get("resourceVersion") or "")
+        seen = self._seen.get(key)
+        if seen is not None and version and seen[0] == version:
+            return seen[1]
+        pod = as_pod(cm)
+        if version:
+            if len(self._seen) > 4 * VIEW_CACHE:  # keep it bounded: drop the oldest half
+                for old in list(self._seen)[: len(self._seen) // 2]:
+                    self._seen.pop(old, None)
+            self._seen[key] = (version, pod)
+        return pod
 
     def items(self) -> list[Obj]:
-        return [*self._pods.items(), *(as_pod(cm) for cm in self._runs.items())]
+        return [*self._pods.items(), *(self._view(cm) for cm in self._runs.items())]
 
     def get(self, namespace: str, name: str) -> Obj | None:
         found = self._pods.get(namespace, name)
         if found is not None:
             return found
         cm = self._runs.get(namespace, name)
-        return as_pod(cm) if cm is not None else None
+        return self._view(cm) if cm is not None else None

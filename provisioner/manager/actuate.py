@@ -302,7 +302,7 @@ def perform(
     api_version = str(bd.get("apiVersion") or model.API_VERSION)
     requeue: float | None = None
     for action in actions:
-        log.info("msg='action' bd=%s action=%s", name, type(action).__name__)
+        log.debug("msg='action' bd=%s action=%s", name, type(action).__name__)
         match action:
             case plan.AddFinalizer():
                 finalizers = list(meta_of(bd).get("finalizers") or [])
