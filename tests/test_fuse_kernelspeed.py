@@ -244,3 +244,15 @@ def test_the_metadata_builder_refuses_a_redirect_that_is_not_a_digest(tmp_path: 
     ]
     with pytest.raises(errors.InvalidArgument, match="bad digest"):
         overlay._write(index.Index("sha256:" + "b" * 64, rows, {0: {"f": 1}}), tmp_path / "t")
+
+
+def test_the_metadata_builder_never_creates_below_a_symlink(tmp_path: Path) -> None:
+    digest = "sha256:" + "c" * 64
+    rows = [
+        index.Row(-1, "", index.DIR, 0o555, 0, "", "", 0),
+        index.Row(0, "up", index.LINK, 0o777, 0, "", str(tmp_path), 0),
+        index.Row(1, "escaped", index.FILE, 0o444, 3, digest, "", 0),
+    ]
+    with pytest.raises(errors.InvalidArgument, match="parent is no directory"):
+        overlay._write(index.Index(digest, rows, {0: {"up": 1}, 1: {"escaped": 2}}), tmp_path / "t")
+    assert not (tmp_path / "escaped").exists()

@@ -217,6 +217,8 @@ def _write(tree: index.Index, root: Path) -> None:
             continue
         if not row.name or "/" in row.name or row.name in (".", "..") or "\0" in row.name:
             raise errors.InvalidArgument(f"index entry name {row.name!r} is not a plain name")
+        if not 0 <= row.parent < row_id or tree.rows[row.parent].kind != index.DIR:
+            raise errors.InvalidArgument(f"index entry {row.name!r}: its parent is no directory")
         path = f"{paths[row.parent]}/{row.name}"
         paths.append(path)
         if row.kind == index.DIR:

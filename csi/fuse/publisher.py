@@ -154,7 +154,18 @@ class FusePublisher:
             name in self.images.lazy.broken or self.meta.missing(tree)
         ):
             return False  # lazy and not complete yet: the FUSE view fetches on first read
-        self.meta.present(name, tree, target, mounter, image=image)  # type: ignore[arg-type]
+        try:
+            self.meta.present(name, tree, target, mounter, image=image)  # type: ignore[arg-type]
+        except errors.Internal as exc:  # no overlay here (an old kernel, no tmpfs): FUSE view
+            log.warning(
+                "msg=%r tree=%s error=%r",
+                "cannot present the tree as an overlay; binding the FUSE view instead",
+                name,
+                exc.message,
+            )
+            if name not in self.presented():
+                self.meta.drop(name)
+            return False
         return True
 
     def _set(self, key: str, record: dict[str, str] | None) -> None:

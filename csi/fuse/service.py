@@ -79,7 +79,12 @@ class FuseService:
         self.mountpoint = mountpoint or root / "mnt"
         if overlay_trees is None:
             overlay_trees = os.environ.get("FUSE_OVERLAY", "true") != "false"
-        self.meta = overlay.MetaTrees(root / "meta", self.images.files) if overlay_trees else None
+        self.meta: overlay.MetaTrees | None = None
+        if overlay_trees:
+            try:
+                self.meta = overlay.MetaTrees(root / "meta", self.images.files)
+            except errors.InvalidArgument as exc:
+                log.warning("msg=%r error=%r", "fetched trees stay on the FUSE view", exc.message)
         self.publisher = FusePublisher(self.images, self, root / "publishes.json", meta=self.meta)
         self.holder_process: subprocess.Popen[bytes] | None = None
         self._session: Session | None = None
