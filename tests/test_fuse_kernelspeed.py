@@ -256,3 +256,26 @@ def test_the_metadata_builder_never_creates_below_a_symlink(tmp_path: Path) -> N
     with pytest.raises(errors.InvalidArgument, match="parent is no directory"):
         overlay._write(index.Index(digest, rows, {0: {"up": 1}, 1: {"escaped": 2}}), tmp_path / "t")
     assert not (tmp_path / "escaped").exists()
+
+
+def test_a_tree_too_large_for_the_metadata_tmpfs_is_resource_exhausted_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    store = FileStore(tmp_path / "store")
+    rows = [index.Row(-1, "", index.DIR, 0o555, 0, "", "", 0)]
+    for n in range(12):
+        digest = store.put_bytes(f"file {n}".encode())
+        rows.append(index.Row(0, f"f{n}", index.FILE, 0o444, len(f"file {n}"), digest, "", 0))
+    children = {0: {row.name: position for position, row in enumerate(rows) if position}}
+    tree_index = index.Index("sha256:" + "d" * 64, rows, children)
+    meta = overlay.MetaTrees(tmp_path / "meta", store)
+    meta.root.mkdir()
+    real = mounter.Mounter()
+    real.mount_tmpfs(meta.root, "mode=0700,nr_inodes=8")
+    try:
+        meta._mounted = True
+        with pytest.raises(errors.ResourceExhausted, match="does not fit"):
+            meta.build("d" * 64, tree_index, image="example/big:v1")
+        assert list(meta.root.iterdir()) == []  # no staging left, no half tree
+    finally:
+        real.detach(meta.root)

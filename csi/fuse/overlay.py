@@ -20,7 +20,10 @@ FUSE view. The idea is composefs's, without its tools (none in this Debian):
 The metadata lives in tmpfs because ext4 cannot keep the 65-byte redirect inside
 the inode: each metadata file would cost a 4 KiB xattr block on disk (41 MB for
 10,000 files), more than a version's changed content. In memory a file costs
-about 1 KiB of kernel memory while a volume presents its tree. A tree's
+about 1.5 KiB of kernel memory (charged to the plugin's cgroup) while a volume
+presents its tree; the tmpfs holds at most :data:`TMPFS_INODES` inodes (~96 MiB),
+and a tree that does not fit is ResourceExhausted here and gets the FUSE view
+(the publisher falls back). A tree's
 metadata goes when the last record naming it is released
 (:meth:`MetaTrees.drop`); mounted overlays hold references of their own, so a
 lost tmpfs (a restarted plugin container) never breaks a published volume, and
@@ -37,6 +40,7 @@ fails the publish with DataLoss naming it, never wrong content.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import secrets
@@ -56,7 +60,8 @@ log = logging.getLogger(__name__)
 METACOPY = "trusted.overlay.metacopy"
 REDIRECT = "trusted.overlay.redirect"
 STAGING = ".staging-"
-TMPFS_OPTIONS = "mode=0700,nr_inodes=2097152"  # ~1 KiB of kernel memory per inode in use
+TMPFS_INODES = 65_536  # ~1.5 KiB of kernel memory each, in use
+TMPFS_OPTIONS = f"mode=0700,nr_inodes={TMPFS_INODES}"
 _UNSAFE = (",", ":", "\\", "\n", " ")
 _HEX = frozenset("0123456789abcdef")
 
@@ -163,8 +168,13 @@ class MetaTrees:
             try:
                 _write(tree, staging)
                 os.rename(staging, final)
-            except BaseException:
+            except BaseException as exc:
                 shutil.rmtree(staging, ignore_errors=True)
+                if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.ENOMEM):
+                    raise errors.ResourceExhausted(
+                        f"tree {name} ({len(tree.rows)} entries) does not fit in the overlay "
+                        f"metadata tmpfs ({TMPFS_INODES} inodes, {self.root})"
+                    ) from None
                 raise
         log.info("msg=%r tree=%s files=%d", "metadata tree built", name, len(tree.rows))
         return final

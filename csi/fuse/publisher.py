@@ -156,7 +156,8 @@ class FusePublisher:
             return False  # lazy and not complete yet: the FUSE view fetches on first read
         try:
             self.meta.present(name, tree, target, mounter, image=image)  # type: ignore[arg-type]
-        except errors.Internal as exc:  # no overlay here (an old kernel, no tmpfs): FUSE view
+        except (errors.Internal, errors.ResourceExhausted) as exc:  # an old kernel, a full
+            # metadata tmpfs: the FUSE view serves this tree
             log.warning(
                 "msg=%r tree=%s error=%r",
                 "cannot present the tree as an overlay; binding the FUSE view instead",
