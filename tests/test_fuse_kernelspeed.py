@@ -279,3 +279,23 @@ def test_a_tree_too_large_for_the_metadata_tmpfs_is_resource_exhausted_and_leave
         assert list(meta.root.iterdir()) == []  # no staging left, no half tree
     finally:
         real.detach(meta.root)
+
+
+def test_a_restarted_plugin_adopts_an_overlay_whose_record_was_lost(
+    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+) -> None:
+    image = _bundle(registry, "kernelspeed/adopt")
+    volume = target(plugin)
+    node.NodePublishVolume(publish_request(volume, image, publishMode="fuse"))
+    expected = tree(Path(volume))
+    plugin.kill()
+    (plugin.state_dir / "fuse" / "publishes.json").unlink()
+    plugin.start()
+    logged(plugin.log, "adopting an overlay without a record")
+    assert tree(Path(volume)) == expected  # its metadata was kept, not swept
+    with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
+        again = csi_pb2_grpc.NodeStub(channel)
+        again.NodePublishVolume(publish_request(volume, image, publishMode="fuse"))
+        unpublish(again, volume)
+    assert _mount_on(volume) is None
+    assert list(_meta(plugin).iterdir()) == []

@@ -154,8 +154,18 @@ class MetaTrees:
 
     def is_presenting(self, info: mounts.MountInfo, name: str) -> bool:
         """Whether the mount ``info`` is our overlay of tree ``name``."""
-        wanted = f"lowerdir={self.root / name}::"
-        return info.fstype == "overlay" and any(o.startswith(wanted) for o in info.super_options)
+        return self.tree_of(info) == name
+
+    def tree_of(self, info: mounts.MountInfo) -> str | None:
+        """The tree our overlay ``info`` presents; None for any other mount."""
+        if info.fstype != "overlay":
+            return None
+        prefix = f"lowerdir={self.root}/"
+        for option in info.super_options:
+            if option.startswith(prefix) and option.endswith(f"::{self.data_dir}"):
+                name = option[len(prefix) : -len(f"::{self.data_dir}")]
+                return name if _is_hex(name) else None
+        return None
 
     def build(self, name: str, tree: index.Index, *, image: str) -> Path:
         """The metadata tree of ``name``, built once (atomically: staging, then rename)."""

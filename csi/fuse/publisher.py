@@ -85,6 +85,8 @@ class FusePublisher:
         volume_id, source = req.volume_id, req.source
         current = mounts.find_on(mounter, target)
         known = self._records.get(key)
+        if known is not None and not known["volume_id"]:
+            known = None  # adopted at start (volume unknown): this publish names it again
         if current is not None and known is not None:
             if known["volume_id"] == volume_id and known["image"] == source.image:
                 log.info("msg=%r target=%s volume_id=%s", "already published", key, volume_id)
@@ -215,5 +217,20 @@ class FusePublisher:
             if target not in mounted:
                 log.info("msg=%r target=%s", "dropping record of a vanished FUSE mount", target)
                 self.release(target)
-        if self.meta is not None:  # metadata no record presents: from before a crash
-            self.meta.sweep(self.presented())
+        if self.meta is not None:
+            self._adopt_overlays()
+            self.meta.sweep(self.presented())  # metadata no record presents: from a crash
+
+    def _adopt_overlays(self) -> None:
+        """Record our overlays that have no record (a lost ``publishes.json``), volume
+        unknown, so their trees are held and unpublishing them drops their metadata."""
+        assert self.meta is not None
+        for info in mounts.Mounter().mounts():
+            tree = self.meta.tree_of(info)
+            if tree is not None and info.mount_point not in self._records:
+                log.info(
+                    "msg=%r target=%s tree=%s", "adopting an overlay without a record",
+                    info.mount_point, tree,
+                )  # fmt: skip
+                record = {"volume_id": "", "image": "", "tree": tree, "presentation": OVERLAY}
+                self._set(info.mount_point, record)
