@@ -87,6 +87,8 @@ class MountInfo:
     mount_point: str
     root: str
     options: tuple[str, ...]
+    fstype: str = ""
+    super_options: tuple[str, ...] = ()
 
     @property
     def read_only(self) -> bool:
@@ -114,11 +116,14 @@ def parse_mountinfo(text: str) -> list[MountInfo]:
         fields = line.split(" ")
         if len(fields) < 6:
             continue
+        tail = fields[fields.index("-", 6) + 1 :] if "-" in fields[6:] else []
         mounts.append(
             MountInfo(
                 mount_point=unescape(fields[4]),
                 root=unescape(fields[3]),
                 options=tuple(fields[5].split(",")),
+                fstype=tail[0] if tail else "",
+                super_options=tuple(unescape(tail[2]).split(",")) if len(tail) > 2 else (),
             )
         )
     return mounts
@@ -178,6 +183,26 @@ class Mounter:
         if find_on(self, path) is None:
             _mount(path, path, MS_BIND, what=f"bind mount of {path} on itself")
         _mount(None, path, MS_SHARED, what=f"shared propagation on {path}")
+
+    def mount_overlay(self, options: str, target: Path) -> None:
+        """A read-only, nosuid, nodev overlayfs on ``target`` (``csi.fuse.overlay`` builds
+        ``options``); read-only from the start, so propagated copies are too."""
+        flags = MS_RDONLY | MS_NOSUID | MS_NODEV
+        if _libc.mount(b"rukpak", os.fsencode(target), b"overlay", ctypes.c_ulong(flags),
+                       os.fsencode(options)) != 0:  # fmt: skip
+            raise _failed(f"overlay mount on {target}", ctypes.get_errno())
+
+    def mount_tmpfs(self, target: Path, options: str) -> None:
+        """A private tmpfs (nosuid, nodev, noexec) on ``target`` for plugin metadata."""
+        flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+        if _libc.mount(b"rukpak-meta", os.fsencode(target), b"tmpfs", ctypes.c_ulong(flags),
+                       os.fsencode(options)) != 0:  # fmt: skip
+            raise _failed(f"tmpfs mount on {target}", ctypes.get_errno())
+
+    def detach(self, target: Path) -> None:
+        """A lazy unmount (``MNT_DETACH``): gone from the table now, freed when unused."""
+        if _libc.umount2(os.fsencode(target), 2) != 0:
+            raise _failed(f"detaching {target}", ctypes.get_errno())
 
     def unmount(self, target: Path) -> None:
         if _libc.umount2(os.fsencode(target), 0) != 0:

@@ -1,5 +1,7 @@
 """FUSE publishing mode through the real plugin process, a real registry and a real mount.
 
+The plugin runs with ``FUSE_OVERLAY=false``: these tests are about the FUSE view,
+which fully fetched trees otherwise leave for overlays (``test_fuse_kernelspeed``).
 Reads go through the kernel (``/dev/fuse``, ``allow_other``, read-only binds of
 tree directories on kubelet-style targets); the /dev/fuse holder is started by
 the test so it can be stopped by pid. The restart test kills the plugin with
@@ -62,7 +64,12 @@ def holder(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.fixture
-def plugin(tmp_path: Path, holder: Path) -> Iterator[PluginProcess]:
+def plugin(
+    tmp_path: Path, holder: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[PluginProcess]:
+    # The FUSE view itself: fully fetched trees would otherwise be overlays
+    # (tests/test_fuse_kernelspeed.py).
+    monkeypatch.setenv("FUSE_OVERLAY", "false")
     proc = PluginProcess(
         tmp_path / "plugin", extra_args=("--fuse", "--fuse-holder-socket", str(holder))
     ).start()

@@ -7,6 +7,7 @@ is enabled, started beside the gRPC server and stopped after it. Layout under
     store/        file store and tree indexes (csi.fuse.images)
     slots.json    tree → inode slot (csi.fuse.fs)
     publishes.json  target → tree (csi.fuse.publisher)
+    meta/         a private tmpfs of metadata trees for overlays (csi.fuse.overlay)
     mnt/          the FUSE mount (default; the holder mounts it)
     holder.sock   the holder's socket (default)
 
@@ -17,15 +18,21 @@ it runs as its own container of the plugin's pod (``daemonset/``), so a
 plugin container that crashes, is killed or OOM-killed and restarted finds
 the same mount; the plugin waits for it and never starts one, which would
 race the container's holder for the mountpoint.
+
+Fully fetched trees are presented as overlays (``csi.fuse.overlay``), reads at
+kernel speed; ``overlay=False``, or the environment variable
+``FUSE_OVERLAY=false``, keeps every volume on the FUSE view.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 from pathlib import Path
 
-from csi.fuse import fs
+from csi import mounter as mounts
+from csi.fuse import fs, index, overlay
 from csi.fuse.images import FuseImages
 from csi.fuse.publisher import FusePublisher
 from csi.fuse.session import HolderClient, Session, spawn_holder, wait_for_socket
@@ -51,6 +58,7 @@ class FuseService:
         settings: CacheSettings = DEFAULTS,
         holder_socket: Path | None = None,
         mountpoint: Path | None = None,
+        overlay_trees: bool | None = None,
     ) -> None:
         """``shared_grants``: bind mode's credential checks, so that both modes re-check a
         pod's credentials against a private image once (``--private-image-auth-ttl``)."""
@@ -69,7 +77,15 @@ class FuseService:
         self.external_holder = holder_socket is not None
         self.holder_socket = holder_socket or root / "holder.sock"
         self.mountpoint = mountpoint or root / "mnt"
-        self.publisher = FusePublisher(self.images, self, root / "publishes.json")
+        if overlay_trees is None:
+            overlay_trees = os.environ.get("FUSE_OVERLAY", "true") != "false"
+        self.meta: overlay.MetaTrees | None = None
+        if overlay_trees:
+            try:
+                self.meta = overlay.MetaTrees(root / "meta", self.images.files)
+            except errors.InvalidArgument as exc:
+                log.warning("msg=%r error=%r", "fetched trees stay on the FUSE view", exc.message)
+        self.publisher = FusePublisher(self.images, self, root / "publishes.json", meta=self.meta)
         self.holder_process: subprocess.Popen[bytes] | None = None
         self._session: Session | None = None
         self._holder: HolderClient | None = None
@@ -77,6 +93,10 @@ class FuseService:
 
     def tree_dir(self, name: str) -> Path:
         return self.mountpoint / name
+
+    def tree_index(self, name: str) -> index.Index | None:
+        """Tree ``name``'s loaded index (None when the store holds none)."""
+        return self.trees.get(self.trees.slot(name)) if self.trees.exists(name) else None
 
     def start(self) -> None:
         client = HolderClient(self.holder_socket)
@@ -110,6 +130,23 @@ class FuseService:
         return self._holder is not None and self._holder.ident() == self._holder_id
 
     def stop(self) -> None:
+        """Stop the daemon and unmount the metadata tmpfs (published overlays keep what
+        they use: the kernel holds it until their last unmount)."""
         if self._session is not None:
             self._session.stop()
             self._session = None
+        if self.meta is not None:
+            unmount_meta(self.meta.root)
+
+
+def unmount_meta(root: Path) -> None:
+    """Detach every tmpfs mounted on ``root`` (idempotent)."""
+    mounter = mounts.Mounter()
+    for _ in range(4):
+        if mounts.find(mounter.mounts(), root) is None:
+            return
+        try:
+            mounter.detach(root)
+        except errors.RukpakError as exc:
+            log.warning("msg=%r path=%s error=%r", "cannot unmount the metadata tmpfs", root, exc)
+            return

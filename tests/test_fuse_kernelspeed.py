@@ -1,0 +1,301 @@
+"""FUSE mode's kernel-speed presentation: fully fetched trees as overlays over the file store.
+
+Through the real plugin process, a real registry and real mounts (overlayfs, tmpfs,
+the FUSE mount of a holder the test starts and stops by pid). What is checked: a
+fully fetched tree is an overlay whose files, modes, links and times are bind mode's;
+nothing in it is writable; unpublish leaves no mount and no metadata; a tree whose
+stored file is missing or damaged fails the publish with DATA_LOSS naming the file;
+a lazy tree stays on the FUSE view until fetched; overlays outlive a ``kill -9`` of
+the plugin and a restarted plugin unpublishes them. The metadata builder's refusal of
+names an index should never hold is checked without mounts.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from csi import mounter
+from csi.fuse import index, overlay
+from csi.fuse.filestore import FileStore
+from csi.fuse.service import unmount_meta
+from csi.proto import csi_pb2_grpc
+from provisioner.cli import main as cli
+from rukpak.common import errors
+from tests.csi_helpers import (
+    Entry,
+    PluginProcess,
+    assert_read_only,
+    publish_request,
+    push_image,
+    target,
+    terminate,
+    tree,
+    unpublish,
+)
+from tests.fuse_helpers import start_holder
+from tests.polling import logged
+from tests.registry import RegistryServer
+
+pytestmark = [pytest.mark.registry]
+
+
+@pytest.fixture
+def plugin(tmp_path: Path) -> Iterator[PluginProcess]:
+    holder = start_holder(tmp_path / "fusemnt", tmp_path / "holder.sock")
+    proc = PluginProcess(
+        tmp_path / "plugin",
+        extra_args=("--fuse", "--fuse-holder-socket", str(tmp_path / "holder.sock")),
+    )
+    try:
+        yield proc.start()
+    finally:
+        proc.stop()
+        proc.unmount_all()
+        unmount_meta(proc.state_dir / "fuse" / "meta")  # after a kill -9 nobody else does
+        terminate(holder)
+
+
+@pytest.fixture
+def node(plugin: PluginProcess) -> Iterator[csi_pb2_grpc.NodeStub]:
+    with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
+        yield csi_pb2_grpc.NodeStub(channel)
+
+
+def _bundle(registry: RegistryServer, repo: str) -> str:
+    entries: list[Entry] = [("manifests/", "dir")]
+    for i in range(20):
+        entries.append((f"manifests/{i:02}.yaml", "file", f"kind: ConfigMap # {i}\n".encode() * i))
+    entries += [("manifests/link.yaml", "symlink", "01.yaml"), ("bin/run", "file", b"#!/bin/sh\n")]
+    return push_image(registry.host, repo, "v1", [entries]).ref
+
+
+def _configmap(n: int) -> str:
+    return f"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c{n}\n"
+
+
+def _mount_on(path: str) -> mounter.MountInfo | None:
+    return mounter.find(mounter.Mounter().mounts(), Path(path))
+
+
+def _meta(plugin: PluginProcess) -> Path:
+    return plugin.state_dir / "fuse" / "meta"
+
+
+def _stored(plugin: PluginProcess, content: bytes) -> Path:
+    files = plugin.state_dir / "fuse" / "store" / "files" / "sha256"
+    (found,) = [p for p in files.iterdir() if p.read_bytes() == content]
+    return found
+
+
+def test_a_fetched_tree_is_an_overlay_with_bind_modes_content_and_metadata(
+    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+) -> None:
+    image = _bundle(registry, "kernelspeed/same")
+    bind_target, fuse_target = target(plugin), target(plugin)
+    node.NodePublishVolume(publish_request(bind_target, image, publishMode="bind"))
+    node.NodePublishVolume(publish_request(fuse_target, image, publishMode="fuse"))
+    mount = _mount_on(fuse_target)
+    assert mount is not None and mount.fstype == "overlay"
+    assert {"ro", "nosuid", "nodev"} <= set(mount.options)
+    assert tree(Path(fuse_target)) == tree(Path(bind_target))
+    assert os.stat(fuse_target).st_mode == os.stat(Path(bind_target)).st_mode
+    for rel in ("manifests/05.yaml", "bin/run"):  # bind mode keeps no symlink times
+        ours, theirs = os.lstat(Path(fuse_target, rel)), os.lstat(Path(bind_target, rel))
+        assert (ours.st_mode, ours.st_size, ours.st_mtime) == (
+            theirs.st_mode,
+            theirs.st_size,
+            theirs.st_mtime,
+        ), rel
+    assert_read_only(Path(fuse_target, "manifests/new.yaml"))
+    with pytest.raises(OSError) as raised:
+        os.open(Path(fuse_target, "manifests/00.yaml"), os.O_WRONLY)
+    assert raised.value.errno == errno.EROFS
+    # Reads come from the stored file itself: the same inode's page cache for every tree.
+    assert "presentation=overlay" in plugin.log()
+    # Publishing twice is OK; unpublishing removes the mount, the target and the metadata.
+    node.NodePublishVolume(publish_request(fuse_target, image, publishMode="fuse"))
+    (meta,) = [p for p in _meta(plugin).iterdir()]
+    unpublish(node, fuse_target)
+    assert _mount_on(fuse_target) is None
+    assert not Path(fuse_target).exists()
+    assert not meta.exists()
+    assert not any(m.fstype == "overlay" and str(meta) in ",".join(m.super_options)
+                   for m in mounter.Mounter().mounts())  # fmt: skip
+
+
+def test_a_tree_whose_stored_file_is_missing_fails_clearly_and_mounts_nothing(
+    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+) -> None:
+    image = push_image(
+        registry.host, "kernelspeed/missing", "v1", [[("cm.yaml", "file", b"gone soon")]]
+    ).ref
+    first = target(plugin)
+    node.NodePublishVolume(publish_request(first, image, publishMode="fuse"))
+    unpublish(node, first)
+    _stored(plugin, b"gone soon").unlink()
+    again = target(plugin)
+    with pytest.raises(grpc.RpcError) as raised:
+        node.NodePublishVolume(publish_request(again, image, publishMode="fuse"))
+    assert raised.value.code() == grpc.StatusCode.DATA_LOSS
+    assert "cm.yaml" in str(raised.value.details())
+    assert _mount_on(again) is None
+
+
+def test_a_damaged_stored_file_fails_the_first_publish_of_a_new_plugin(
+    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+) -> None:
+    image = push_image(
+        registry.host, "kernelspeed/damaged", "v1", [[("cm.yaml", "file", b"the real content")]]
+    ).ref
+    first = target(plugin)
+    node.NodePublishVolume(publish_request(first, image, publishMode="fuse"))
+    unpublish(node, first)
+    stored = _stored(plugin, b"the real content")
+    stored.chmod(0o644)
+    stored.write_bytes(b"the evil content")
+    plugin.stop()
+    plugin.start()  # a new process checks every stored file before it presents a tree
+    with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
+        again = target(plugin)
+        with pytest.raises(grpc.RpcError) as raised:
+            csi_pb2_grpc.NodeStub(channel).NodePublishVolume(
+                publish_request(again, image, publishMode="fuse")
+            )
+    assert raised.value.code() == grpc.StatusCode.DATA_LOSS
+    assert "does not match its digest" in str(raised.value.details())
+    assert _mount_on(again) is None
+
+
+def test_a_lazy_tree_stays_on_fuse_until_fetched_then_publishes_as_an_overlay(
+    tmp_path: Path, plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+) -> None:
+    bundle = tmp_path / "bundle"
+    (bundle / "manifests").mkdir(parents=True)
+    for n in range(10):
+        (bundle / f"manifests/{n}.yaml").write_text(_configmap(n))
+    ref = f"{registry.host}/kernelspeed/lazy:v1"
+    assert cli.main(["bundle", "build", str(bundle), "--tag", ref, "--estargz", "--push"]) == 0
+    lazy = target(plugin)
+    node.NodePublishVolume(publish_request(lazy, ref, publishMode="fuse"))
+    mount = _mount_on(lazy)
+    assert mount is not None and mount.fstype.startswith("fuse")
+    logged(plugin.log, "lazy tree complete, layers verified", timeout=60)
+    fetched = target(plugin)
+    node.NodePublishVolume(publish_request(fetched, ref, publishMode="fuse"))
+    mount = _mount_on(fetched)
+    assert mount is not None and mount.fstype == "overlay"
+    assert tree(Path(fetched)) == tree(Path(lazy))
+    assert Path(fetched, "manifests/7.yaml").read_text() == _configmap(7)
+
+
+def test_overlays_outlive_a_kill_9_and_the_restarted_plugin_unpublishes_them(
+    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+) -> None:
+    image = _bundle(registry, "kernelspeed/restart")
+    volume = target(plugin)
+    node.NodePublishVolume(publish_request(volume, image, publishMode="fuse"))
+    expected = tree(Path(volume))
+    plugin.kill()
+    assert tree(Path(volume)) == expected  # no daemon serves it: the kernel does
+    plugin.start()
+    with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
+        again = csi_pb2_grpc.NodeStub(channel)
+        again.NodePublishVolume(publish_request(volume, image, publishMode="fuse"))  # twice is OK
+        unpublish(again, volume)
+    assert _mount_on(volume) is None
+    assert list(_meta(plugin).iterdir()) == []
+
+
+def test_mountinfo_gives_the_filesystem_type_and_its_options() -> None:
+    line = (
+        r"251 27 0:128 / /k/pods/a\040b ro,nosuid,relatime shared:5 - overlay rukpak "
+        "ro,lowerdir=/s/meta/ab::/s/files/sha256,redirect_dir=on,metacopy=on"
+    )
+    (info,) = mounter.parse_mountinfo(line)
+    assert (info.mount_point, info.fstype) == ("/k/pods/a b", "overlay")
+    assert "lowerdir=/s/meta/ab::/s/files/sha256" in info.super_options
+    assert info.read_only
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", ".", ""])
+def test_the_metadata_builder_refuses_names_that_are_not_plain(tmp_path: Path, name: str) -> None:
+    digest = "sha256:" + "a" * 64
+    rows = [
+        index.Row(-1, "", index.DIR, 0o555, 0, "", "", 0),
+        index.Row(0, name, index.FILE, 0o444, 3, digest, "", 0),
+    ]
+    meta = overlay.MetaTrees(tmp_path / "meta", FileStore(tmp_path / "store"))
+    (tmp_path / "meta").mkdir()
+    with pytest.raises(errors.InvalidArgument, match="not a plain name"):
+        overlay._write(index.Index(digest, rows, {0: {name: 1}}), meta.root / "t")
+    assert not (tmp_path / "escaped").exists()
+
+
+def test_the_metadata_builder_refuses_a_redirect_that_is_not_a_digest(tmp_path: Path) -> None:
+    rows = [
+        index.Row(-1, "", index.DIR, 0o555, 0, "", "", 0),
+        index.Row(0, "f", index.FILE, 0o444, 3, "sha256:../../etc/passwd", "", 0),
+    ]
+    with pytest.raises(errors.InvalidArgument, match="bad digest"):
+        overlay._write(index.Index("sha256:" + "b" * 64, rows, {0: {"f": 1}}), tmp_path / "t")
+
+
+def test_the_metadata_builder_never_creates_below_a_symlink(tmp_path: Path) -> None:
+    digest = "sha256:" + "c" * 64
+    rows = [
+        index.Row(-1, "", index.DIR, 0o555, 0, "", "", 0),
+        index.Row(0, "up", index.LINK, 0o777, 0, "", str(tmp_path), 0),
+        index.Row(1, "escaped", index.FILE, 0o444, 3, digest, "", 0),
+    ]
+    with pytest.raises(errors.InvalidArgument, match="parent is no directory"):
+        overlay._write(index.Index(digest, rows, {0: {"up": 1}, 1: {"escaped": 2}}), tmp_path / "t")
+    assert not (tmp_path / "escaped").exists()
+
+
+def test_a_tree_too_large_for_the_metadata_tmpfs_is_resource_exhausted_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    store = FileStore(tmp_path / "store")
+    rows = [index.Row(-1, "", index.DIR, 0o555, 0, "", "", 0)]
+    for n in range(12):
+        digest = store.put_bytes(f"file {n}".encode())
+        rows.append(index.Row(0, f"f{n}", index.FILE, 0o444, len(f"file {n}"), digest, "", 0))
+    children = {0: {row.name: position for position, row in enumerate(rows) if position}}
+    tree_index = index.Index("sha256:" + "d" * 64, rows, children)
+    meta = overlay.MetaTrees(tmp_path / "meta", store)
+    meta.root.mkdir()
+    real = mounter.Mounter()
+    real.mount_tmpfs(meta.root, "mode=0700,nr_inodes=8")
+    try:
+        meta._mounted = True
+        with pytest.raises(errors.ResourceExhausted, match="does not fit"):
+            meta.build("d" * 64, tree_index, image="example/big:v1")
+        assert list(meta.root.iterdir()) == []  # no staging left, no half tree
+    finally:
+        real.detach(meta.root)
+
+
+def test_a_restarted_plugin_adopts_an_overlay_whose_record_was_lost(
+    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+) -> None:
+    image = _bundle(registry, "kernelspeed/adopt")
+    volume = target(plugin)
+    node.NodePublishVolume(publish_request(volume, image, publishMode="fuse"))
+    expected = tree(Path(volume))
+    plugin.kill()
+    (plugin.state_dir / "fuse" / "publishes.json").unlink()
+    plugin.start()
+    logged(plugin.log, "adopting an overlay without a record")
+    assert tree(Path(volume)) == expected  # its metadata was kept, not swept
+    with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
+        again = csi_pb2_grpc.NodeStub(channel)
+        again.NodePublishVolume(publish_request(volume, image, publishMode="fuse"))
+        unpublish(again, volume)
+    assert _mount_on(volume) is None
+    assert list(_meta(plugin).iterdir()) == []
