@@ -135,6 +135,9 @@ foreign_wheels() {
     "${RUN[@]}" "$PY" -m pip download --progress-bar off -q --only-binary=:all: "${plats[@]}" \
         --platform "manylinux2014_${DEB_TO_UNAME[$arch]}" --python-version 3.11 --implementation cp \
         -d "$work/wheels" -r "$work/requirements-binary.txt"
+    # bookworm's setuptools (66) cannot read pyfuse3's pyproject.toml: a newer one builds it
+    "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$work/build-wheels" \
+        "setuptools>=77" wheel
     mkdir -p "$work/pyfuse3-src"
     "$PY" -m pip download -q --no-deps --no-binary :all: -d "$work/pyfuse3-src" pyfuse3==3.5.0
     tar -xzf "$work"/pyfuse3-src/pyfuse3-3.5.0.tar.gz -C "$work/pyfuse3-src"
@@ -147,15 +150,15 @@ chroot_pyfuse3() {
     local work=$1 build
     build="gcc libc6-dev libfuse3-dev pkg-config python3-dev"
     cp -r "$work/pyfuse3-src/pyfuse3-3.5.0" "$work/rootfs/tmp/pyfuse3-3.5.0"
+    cp -r "$work/build-wheels" "$work/rootfs/tmp/build-wheels"
     in_chroot "$work/rootfs" sh -c "apt-get -qq update && apt-get install -y -q --no-install-recommends \
         $build >/dev/null && python3 -m venv /tmp/pyfuse3-venv &&
-        /tmp/pyfuse3-venv/bin/pip install -q --no-index /tmp/wheels/trio-*.whl \
-            /tmp/wheels/sniffio-*.whl /tmp/wheels/attrs-*.whl /tmp/wheels/outcome-*.whl \
-            /tmp/wheels/idna-*.whl /tmp/wheels/sortedcontainers-*.whl /tmp/wheels/cffi-*.whl \
-            /tmp/wheels/pycparser-*.whl &&
+        /tmp/pyfuse3-venv/bin/pip install -q --no-index --disable-pip-version-check \
+            /tmp/build-wheels/*.whl &&
         /tmp/pyfuse3-venv/bin/pip wheel -q --no-deps --no-build-isolation -w /tmp/wheels \
             /tmp/pyfuse3-3.5.0 &&
-        apt-get purge -y -q --autoremove $build >/dev/null && rm -rf /tmp/pyfuse3-venv /tmp/pyfuse3-3.5.0" |
+        apt-get purge -y -q --autoremove $build >/dev/null &&
+        rm -rf /tmp/pyfuse3-venv /tmp/pyfuse3-3.5.0 /tmp/build-wheels" |
         sed 's/^/      /'
 }
 
