@@ -188,7 +188,8 @@ def test_the_chart_installs_what_the_kustomize_overlay_installs(
 def test_helm_lint_passes_and_missing_values_fail_clearly(helm: str) -> None:
     assert "0 chart(s) failed" in _run(helm, "lint", "--strict", str(CHART))
     done = subprocess.run(
-        [helm, "template", "rukpak", "--kube-version", "1.34.4", str(CHART), "--set", "hostNetwork.enabled=true"],
+        [helm, "template", "rukpak", "--kube-version", "1.34.4", str(CHART),
+         "--set", "hostNetwork.enabled=true"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode != 0
@@ -385,6 +386,62 @@ def _helm(helm: str, kubeconfig: Path, *args: str, timeout: float = 300) -> str:
     return _run(helm, "--kubeconfig", str(kubeconfig), *args, timeout=timeout)
 
 
+def _values(cluster: Any, repo: str, state_dir: Path) -> dict[str, Any]:
+    """The chart's values for the local cluster: its kubelet root, no kube-proxy."""
+    api = cluster.in_cluster_env()
+    return {
+        "image": {"repository": repo},
+        "kubeletRoot": str(cluster.kubelet_dir),
+        "stateDir": str(state_dir),
+        "hostNetwork": {"enabled": True, "apiServerHost": api["KUBERNETES_SERVICE_HOST"],
+                        "apiServerPort": api["KUBERNETES_SERVICE_PORT"]},
+    }  # fmt: skip
+
+
+def _helm_release(
+    cluster: Any, helm: str, dist: Path, workdir: Path, *, version: str, upgrade: bool = False
+) -> tuple[inst.RukpakSystem, float]:
+    """``helm install`` (or ``upgrade``) of the chart in ``dist`` (a copy of a dist/: its
+    image archive pushed to the cluster's registry first), then every rollout waited for.
+    The system as installed, and the seconds from helm's start to all rollouts Ready."""
+    shipped = workdir / f"dist-{version}"
+    shutil.copytree(dist, shipped)
+    repo = f"{cluster.registry_host}/rukpak/rukpak-python"
+    pushed = _run("bash", str(RELEASE / "push.sh"), str(shipped), repo,
+                  env={"PYTHON": sys.executable}).strip()  # fmt: skip
+    values = workdir / "values.yaml"
+    values.write_text(yaml.safe_dump(_values(cluster, repo, workdir / "plugin-state")))
+    kubeconfig = Path(cluster.kubeconfig)
+    started = time.monotonic()
+    _helm(helm, kubeconfig, "upgrade" if upgrade else "install", "rukpak",
+          str(shipped / f"rukpak-{version}.tgz"), "-f", str(values))  # fmt: skip
+    manifests = workdir / f"installed-{version}.yaml"
+    manifests.write_text(_helm(helm, kubeconfig, "get", "manifest", "rukpak"))
+    system = inst.RukpakSystem(
+        cluster=cluster,
+        kube=Kube.from_kubeconfig(str(kubeconfig)),
+        image=pushed,
+        workdir=workdir,
+        manifests=manifests,
+        state_dir=workdir / "plugin-state",
+    )
+    try:
+        inst.rollout(system, system.documents(), timeout=inst.ROLLOUT_TIMEOUT)
+    except BaseException:
+        _teardown(system, helm)
+        raise
+    return system, time.monotonic() - started
+
+
+def _teardown(system: inst.RukpakSystem, helm: str) -> None:
+    try:
+        inst.uninstall(system)
+        _run(helm, "--kubeconfig", str(system.kubeconfig), "uninstall", "rukpak", "--wait",
+             "--ignore-not-found", timeout=300)  # fmt: skip
+    finally:
+        system.kube.close()
+
+
 @pytest.fixture
 def released_system(
     kube_cluster: Any, release_dist: Path, helm: str, tmp_path: Path
@@ -392,48 +449,12 @@ def released_system(
     """The release installed with helm from a copy of dist/ (nothing of the source tree:
     the chart archive and the image archive, pushed to the cluster's registry)."""
     e2e.require_local_node(kube_cluster)
-    shipped = tmp_path / "dist"
-    shutil.copytree(release_dist, shipped)
-    repo = f"{kube_cluster.registry_host}/rukpak/rukpak-python"
-    _run("bash", str(RELEASE / "push.sh"), str(shipped), repo, env={"PYTHON": sys.executable})
-    api = kube_cluster.in_cluster_env()
-    state_dir = tmp_path / "plugin-state"
-    values = {
-        "image": {"repository": repo},
-        "kubeletRoot": str(kube_cluster.kubelet_dir),
-        "stateDir": str(state_dir),
-        "hostNetwork": {"enabled": True, "apiServerHost": api["KUBERNETES_SERVICE_HOST"],
-                        "apiServerPort": api["KUBERNETES_SERVICE_PORT"]},
-    }  # fmt: skip
-    (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
-    kubeconfig = Path(kube_cluster.kubeconfig)
-    started = time.monotonic()
-    _helm(helm, kubeconfig, "install", "rukpak", str(shipped / f"rukpak-{VERSION}.tgz"),
-          "-f", str(tmp_path / "values.yaml"))  # fmt: skip
-    manifests = tmp_path / "installed.yaml"
-    manifests.write_text(_helm(helm, kubeconfig, "get", "manifest", "rukpak"))
-    system = inst.RukpakSystem(
-        cluster=kube_cluster,
-        kube=Kube.from_kubeconfig(str(kubeconfig)),
-        image=(shipped / "IMAGE").read_text().strip().replace(
-            "registry.example.com/rukpak/rukpak-python", repo),
-        workdir=tmp_path,
-        manifests=manifests,
-        state_dir=state_dir,
-    )  # fmt: skip
+    system, took = _helm_release(kube_cluster, helm, release_dist, tmp_path, version=VERSION)
+    print(f"\nhelm install from dist/ -> all rollouts Ready in {took:.1f}s")
     try:
-        inst.rollout(system, system.documents(), timeout=inst.ROLLOUT_TIMEOUT)
-        print(
-            f"\nhelm install from dist/ -> all rollouts Ready in {time.monotonic() - started:.1f}s"
-        )
         yield system
     finally:
-        try:
-            inst.uninstall(system)
-            _run(helm, "--kubeconfig", str(kubeconfig), "uninstall", "rukpak", "--wait",
-                 timeout=300)  # fmt: skip
-        finally:
-            system.kube.close()
+        _teardown(system, helm)
 
 
 @pytest.mark.cluster
@@ -466,4 +487,115 @@ def test_the_release_installs_from_dist_and_installs_a_bundle(
         eventually(installed, timeout=240, what="hello-release Installed and Healthy")
     except AssertionError as e:
         raise AssertionError(f"{e}\n{system.describe()}") from None
+    assert inst.greeting(system, namespace) == "Hello from a RukPak bundle"
+
+
+# --- upgrading from the previous release -------------------------------------------------
+
+# The previous release: there is none published yet, so it is the release this tooling
+# builds from a fixed earlier commit of the project (main before the standing provisioner
+# stopped its runs through one set: a different provisioner, so a different image), with
+# the chart generated from that commit's deploy/, as version 0.1.0.
+PREVIOUS_COMMIT = "137ae7830690b66c84f3ab67e974c21c8dcc59ab"
+PREVIOUS_VERSION = "0.1.0"
+
+
+@pytest.fixture(scope="session")
+def previous_dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The previous release's dist/ (amd64): PREVIOUS_COMMIT's tree with today's release
+    tooling (hack/release, hack/image, hack/gotool.sh, charts/rukpak regenerated)."""
+    tree = tmp_path_factory.mktemp("previous-tree")
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", PREVIOUS_COMMIT],
+                             capture_output=True, check=True).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    for tool in ("hack/release", "hack/image", "charts/rukpak"):
+        shutil.rmtree(tree / tool, ignore_errors=True)
+        shutil.copytree(REPO / tool, tree / tool)
+    shutil.copy2(REPO / "hack" / "gotool.sh", tree / "hack" / "gotool.sh")
+    _run("git", "init", "-q", str(tree))  # build.sh lists the sources with git ls-files
+    _run(sys.executable, str(tree / "hack" / "release" / "chart.py"), "generate",
+         env={"PYTHONPATH": str(tree)})  # fmt: skip
+    dist = tmp_path_factory.mktemp("previous-dist")
+    _run("bash", str(tree / "hack" / "release" / "release.sh"), PREVIOUS_VERSION, timeout=1800,
+         env={"ARCHES": "amd64", "DIST": str(dist), "PYTHON": sys.executable,
+              "PYTHONPATH": str(tree)})  # fmt: skip
+    return dist
+
+
+@pytest.fixture
+def upgraded_system(
+    kube_cluster: Any, previous_dist: Path, release_dist: Path, helm: str, tmp_path: Path
+) -> Iterator[tuple[inst.RukpakSystem, list[inst.RukpakSystem]]]:
+    """The previous release installed with helm; the test upgrades it (``upgrade``)."""
+    e2e.require_local_node(kube_cluster)
+    before, _ = _helm_release(kube_cluster, helm, previous_dist, tmp_path, version=PREVIOUS_VERSION)
+    after: list[inst.RukpakSystem] = []
+    try:
+        yield before, after
+    finally:
+        if after:
+            before.kube.close()
+        _teardown(after[0] if after else before, helm)
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_upgrading_from_the_previous_release_keeps_every_bundledeployment(
+    upgraded_system: Any, release_dist: Path, helm: str, tmp_path: Path
+) -> None:
+    before, after = upgraded_system
+    namespace = "release-upgrade"
+    ref = f"{before.registry_host}/rukpak-e2e/hello-upgrade:v1"
+    root = inst.hello_bundle(tmp_path / "bundle", namespace=namespace, image=before.busybox_image)
+    e2e.push_bundle(root, ref)
+    before.kube.create(inst.bundle_deployment("hello-upgrade", ref))
+    bd = ObjectRef("core.rukpak.io", "v1alpha1", "BundleDeployment", "", "hello-upgrade")
+    hello = ObjectRef("apps", "v1", "Deployment", namespace, "hello")
+
+    def installed(system: inst.RukpakSystem) -> dict[str, Any] | None:
+        conds = inst.conditions(system.kube.get(bd))
+        ok = all(conds.get(t, {}).get("status") == "True" for t in ("Installed", "Healthy"))
+        return conds if ok else None
+
+    conds = eventually(lambda: installed(before), timeout=240, what="installed before")
+    was = {
+        "bd": (before.kube.get(bd) or {})["metadata"]["uid"],
+        "greeting": (before.kube.get(inst.greeting_ref(namespace)) or {})["metadata"],
+        "hello": (before.kube.get(hello) or {})["metadata"],
+        "bundles": sorted(before.kubectl("get", "bundles", "-o", "name").split()),
+    }
+    system, took = _helm_release(
+        before.cluster, helm, release_dist, tmp_path / "new", version=VERSION, upgrade=True
+    )
+    after.append(system)
+    print(f"\nhelm upgrade {PREVIOUS_VERSION} -> {VERSION}: all rollouts Ready in {took:.1f}s")
+    assert before.image != system.image  # a different image: the pods were replaced
+    pods = json.loads(
+        system.kubectl(
+            "get",
+            "pods",
+            "-n",
+            inst.NAMESPACE,
+            "-l",
+            f"app.kubernetes.io/name={inst.MANAGER}",
+            "-o",
+            "json",
+        )
+    )
+    assert {c["image"] for p in pods["items"] for c in p["spec"]["containers"]} == {system.image}
+    # the new managers have the BundleDeployment settled, and nothing was reinstalled
+    later = eventually(lambda: installed(system), timeout=120, what="installed after")
+    assert later["Installed"]["lastTransitionTime"] == conds["Installed"]["lastTransitionTime"]
+    assert (system.kube.get(bd) or {})["metadata"]["uid"] == was["bd"]
+    greeting = (system.kube.get(inst.greeting_ref(namespace)) or {})["metadata"]
+    assert (greeting["uid"], greeting["resourceVersion"]) == (
+        was["greeting"]["uid"],
+        was["greeting"]["resourceVersion"],
+    )
+    deployment = (system.kube.get(hello) or {})["metadata"]  # its status may move, not its spec
+    assert (deployment["uid"], deployment["generation"]) == (
+        was["hello"]["uid"],
+        was["hello"]["generation"],
+    )
+    assert sorted(system.kubectl("get", "bundles", "-o", "name").split()) == was["bundles"]
     assert inst.greeting(system, namespace) == "Hello from a RukPak bundle"

@@ -137,7 +137,7 @@ foreign_wheels() {
         -d "$work/wheels" -r "$work/requirements-binary.txt"
     # bookworm's setuptools (66) cannot read pyfuse3's pyproject.toml: a newer one builds it
     "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$work/build-wheels" \
-        "setuptools>=77" wheel
+        "setuptools>=77"
     mkdir -p "$work/pyfuse3-src"
     "$PY" -m pip download -q --no-deps --no-binary :all: -d "$work/pyfuse3-src" pyfuse3==3.5.0
     tar -xzf "$work"/pyfuse3-src/pyfuse3-3.5.0.tar.gz -C "$work/pyfuse3-src"

@@ -87,7 +87,7 @@ def kustomize_command() -> list[str]:
 def version_patch(version: str) -> dict[str, Any]:
     """The kustomize patch that sets the manager's app.kubernetes.io/version labels."""
     ops = [
-        {"op": "replace", "path": f"{where}/labels/app.kubernetes.io~1version", "value": version}
+        {"op": "add", "path": f"{where}/labels/app.kubernetes.io~1version", "value": version}
         for where in ("/metadata", "/spec/template/metadata")
     ]
     return {
