@@ -284,6 +284,19 @@ def test_the_release_holds_every_artefact_checksummed(release_dist: Path) -> Non
     assert done.stdout.count(": OK") == 6
 
 
+def test_the_same_tree_released_again_gives_the_same_bytes(
+    release_dist: Path, tmp_path: Path
+) -> None:
+    """Reproducible: a second release of this tree (same cached base layer) has the same
+    image archive, index digest, manifest and SBOM."""
+    _run("bash", str(RELEASE / "release.sh"), VERSION, timeout=1800,
+         env={"ARCHES": "amd64", "DIST": str(tmp_path), "PYTHON": sys.executable,
+              "IMAGE_REPO": "registry.example.com/rukpak/rukpak-python"})  # fmt: skip
+    for name in ("IMAGE", f"rukpak-python-{VERSION}.oci.tar", "rukpak.yaml",
+                 f"rukpak-python-{VERSION}.spdx.json"):  # fmt: skip
+        assert (tmp_path / name).read_bytes() == (release_dist / name).read_bytes(), name
+
+
 def test_the_manifest_and_the_chart_pin_the_archive_index_by_digest(
     release_dist: Path, helm: str
 ) -> None:
