@@ -26,7 +26,7 @@ from tests.bench import Result, progress
 
 REPO = Path(__file__).resolve().parents[2]
 RELEASE = REPO / "hack" / "release"
-VERSION = "0.0.0-bench"
+VERSION = "0.0.1"
 
 
 def _ocindex() -> ModuleType:
@@ -68,9 +68,7 @@ def run(workdir: Path) -> list[Result]:
     progress("release: pip install of the wheel into a new venv")
     started = time.monotonic()
     venv.create(workdir / "venv", with_pip=True)
-    wheel = workdir / "dist" / f"rukpak_python-{VERSION.replace('-', '_')}-py3-none-any.whl"
-    if not wheel.exists():
-        wheel = next((workdir / "dist").glob("rukpak_python-*.whl"))
+    wheel = workdir / "dist" / f"rukpak_python-{VERSION}-py3-none-any.whl"
     subprocess.run(
         [str(workdir / "venv" / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
          str(wheel)],
