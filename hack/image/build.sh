@@ -84,6 +84,8 @@ packages=$(grep -v '^\s*#' "$HERE/packages.txt" | xargs)
 base_key=$(
     {
         echo "recipe=$BASE_RECIPE suite=$SUITE arch=${DEB_TO_UNAME[$arch]} packages=$packages"
+        # another architecture's steps (foreign_wheels, chroot_pyfuse3): their own recipe
+        [[ -z $FOREIGN ]] || echo "foreign-recipe=2"
         cat "$REPO/pyproject.toml" "$REPO/hack/pyfuse3/patch.py"
     } | sha256sum | cut -c1-16
 )
@@ -151,14 +153,17 @@ chroot_pyfuse3() {
     build="gcc libc6-dev libfuse3-dev pkg-config python3-dev"
     cp -r "$work/pyfuse3-src/pyfuse3-3.5.0" "$work/rootfs/tmp/pyfuse3-3.5.0"
     cp -r "$work/build-wheels" "$work/rootfs/tmp/build-wheels"
-    in_chroot "$work/rootfs" sh -c "apt-get -qq update && apt-get install -y -q --no-install-recommends \
+    # every package the compiler brings is purged afterwards: the list before it is kept
+    in_chroot "$work/rootfs" sh -c "dpkg-query -W -f='\${Package}\n' | sort >/tmp/packages-before &&
+        apt-get -qq update && apt-get install -y -q --no-install-recommends \
         $build >/dev/null && python3 -m venv /tmp/pyfuse3-venv &&
         /tmp/pyfuse3-venv/bin/pip install -q --no-index --disable-pip-version-check \
             /tmp/build-wheels/*.whl &&
         /tmp/pyfuse3-venv/bin/pip wheel -q --no-deps --no-build-isolation -w /tmp/wheels \
             /tmp/pyfuse3-3.5.0 &&
-        apt-get purge -y -q --autoremove $build >/dev/null &&
-        rm -rf /tmp/pyfuse3-venv /tmp/pyfuse3-3.5.0 /tmp/build-wheels" |
+        dpkg-query -W -f='\${Package}\n' | sort >/tmp/packages-after &&
+        comm -13 /tmp/packages-before /tmp/packages-after | xargs apt-get purge -y -q >/dev/null &&
+        rm -rf /tmp/pyfuse3-venv /tmp/pyfuse3-3.5.0 /tmp/build-wheels /tmp/packages-*" |
         sed 's/^/      /'
 }
 
