@@ -284,6 +284,30 @@ def test_the_release_holds_every_artefact_checksummed(release_dist: Path) -> Non
     assert done.stdout.count(": OK") == 6
 
 
+def test_a_bad_version_is_refused_at_once(tmp_path: Path) -> None:
+    done = subprocess.run(
+        ["bash", str(RELEASE / "release.sh"), "1.2"], capture_output=True, text=True,
+        timeout=30, check=False, env={**os.environ, "DIST": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "usage: release.sh VERSION (semver x.y.z, got '1.2')" in done.stderr
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_a_tampered_dist_is_not_pushed(release_dist: Path, tmp_path: Path) -> None:
+    tampered = tmp_path / "dist"
+    shutil.copytree(release_dist, tampered)
+    with (tampered / "rukpak.yaml").open("a") as f:
+        f.write("# changed after the release\n")
+    done = subprocess.run(
+        ["bash", str(RELEASE / "push.sh"), str(tampered), "127.0.0.1:1/rukpak-python"],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "PYTHON": sys.executable},
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "does not match its SHA256SUMS" in done.stderr
+
+
 def test_the_same_tree_released_again_gives_the_same_bytes(
     release_dist: Path, tmp_path: Path
 ) -> None:
