@@ -367,7 +367,8 @@ def test_the_wheel_installs_the_cli_into_a_new_venv_without_fuse(
 ) -> None:
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
-    wheelhouse = sorted(Path.home().glob(".cache/rukpak/image/base-*/wheels"))
+    cache = Path(os.environ.get("RUKPAK_CACHE") or Path.home() / ".cache" / "rukpak")
+    wheelhouse = sorted(cache.glob("image/base-*/wheels"))  # the image's, else PyPI
     links = [a for w in wheelhouse[:1] for a in ("--find-links", str(w))]
     wheel = release_dist / f"rukpak_python-{VERSION}-py3-none-any.whl"
     _run(str(env_dir / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
