@@ -73,6 +73,17 @@ image: setup
 manifests: setup k8s-bins
 	@bash hack/manifests.sh $(if $(IMAGE),--image $(IMAGE))
 
+## release: VERSION=x.y.z: everything a release ships, into dist/ (hack/release/release.sh),
+## offline and with no container engine: the image for ARCHES (amd64 arm64) as one OCI index
+## (an OCI layout archive; hack/release/push.sh pushes and signs it), rukpak.yaml and the Helm
+## chart pinning it by digest, the CLI's wheel and sdist, an SPDX SBOM and SHA256SUMS.
+## IMAGE_REPO names where the image will live (docs/install.md, "Releases")
+.PHONY: release
+VERSION ?=
+release: setup
+	@test -n "$(VERSION)" || { echo "usage: make release VERSION=x.y.z [ARCHES='amd64 arm64'] [IMAGE_REPO=...]" >&2; exit 2; }
+	bash hack/release/release.sh $(VERSION)
+
 ## helm: build the helm binary (helm.sh/helm/v3, hack/helm.sh) the helm provisioner runs (cached)
 helm:
 	@bash hack/helm.sh --quiet

@@ -8,6 +8,8 @@
 #   cosign  signs and verifies test bundles in the signature tests; cold: about 140 s
 #   cosign3 today's cosign (Sigstore bundles as OCI referrers), for the same tests
 #   kind    runs the system on a kind cluster (make kind-run, hack/kind); cold: about 60 s
+#   kustomize renders deploy/ for releases (make release, hack/release) without building
+#             Kubernetes; cold: about a minute
 #   promtool  checks and unit-tests the monitoring rules (make promtool, tests/test_monitoring_rules.py);
 #             cold: minutes (Prometheus is a large module)
 #
@@ -48,6 +50,13 @@ kind)
     CHECK=(version)
     COLD="about 60 s"
     ;;
+kustomize)
+    VERSION="${KUSTOMIZE_VERSION:-v5.7.1}"
+    PACKAGE="sigs.k8s.io/kustomize/kustomize/v5"
+    LDFLAGS="-s -w -X sigs.k8s.io/kustomize/api/provenance.version=$VERSION"
+    CHECK=(version)
+    COLD="about a minute"
+    ;;
 promtool)
     # Prometheus tags its Go module v0.X.Y for release 3.X.Y (v0.316.0 is not a Go-module
     # semver for 3.16: the module path has no /v3), so the version here is the module's.
@@ -57,7 +66,7 @@ promtool)
     CHECK=(--version)
     COLD="several minutes"
     ;;
-*) echo "usage: hack/gotool.sh helm|cosign|cosign3|kind|promtool [--print-path] [--quiet]" >&2; exit 2 ;;
+*) echo "usage: hack/gotool.sh helm|cosign|cosign3|kind|kustomize|promtool [--print-path] [--quiet]" >&2; exit 2 ;;
 esac
 BIN="${BIN:-$name}" # the file go install writes
 CACHE="${RUKPAK_CACHE:-$HOME/.cache/rukpak}"

@@ -49,3 +49,16 @@ def name() -> str:
 def group(name: str) -> str:
     """A CRD API group no other test uses (``<name>.example.com``)."""
     return f"{name}.example.com"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that install a release with helm (``released_system``, tests/test_release.py)
+    run after the host-process plugin's e2e tests and before those of ``rukpak_system``
+    (tests.install_helpers): both own the kubelet's csi.rukpak.io registration while they run."""
+
+    def rank(item: pytest.Item) -> int:
+        names = getattr(item, "fixturenames", ())
+        return 2 if "rukpak_system" in names else 1 if "released_system" in names else 0
+
+    items.sort(key=rank)

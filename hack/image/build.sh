@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Build the node plugin's container image without a container engine, and push it.
 #
-#   hack/image/build.sh [--insecure HOST:PORT] [--digest-file FILE] REF
-#   hack/image/build.sh --oci-layout DIR [--tag TAG]
+#   hack/image/build.sh [--arch ARCH] [--insecure HOST:PORT] [--digest-file FILE] REF
+#   hack/image/build.sh [--arch ARCH] --oci-layout DIR [--tag TAG]
+#
+# --arch amd64|arm64 (default: the host's). Another architecture than the host's runs its
+# chroot steps under qemu-user-static through binfmt_misc (installed and registered when
+# missing); its dependency wheels are the PyPI wheels for that platform (pip download
+# --platform), and pyfuse3, which has none, is compiled inside the chroot and its
+# compiler removed again. Each architecture has its own cached base layer.
 #
 # Two layers:
 #   base  Debian bookworm minbase (debootstrap) + packages.txt, security updates, and a
@@ -30,14 +36,15 @@ VENV=/opt/rukpak
 RUN=(nice -n "${NICE:-10}")
 START=$SECONDS
 
-ref="" insecure=() digest_file="" layout_dir="" tag=latest
+ref="" insecure=() digest_file="" layout_dir="" tag=latest arch=""
 while (($#)); do
     case $1 in
     --insecure) insecure+=(--insecure "$2"); shift 2 ;;
     --digest-file) digest_file=$2; shift 2 ;;
     --oci-layout) layout_dir=$2; shift 2 ;;
     --tag) tag=$2; shift 2 ;;
-    -h | --help) sed -n '2,20s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    --arch) arch=$2; shift 2 ;;
+    -h | --help) sed -n '2,27s/^# \{0,1\}//p' "$0"; exit 0 ;;
     -*) echo "build.sh: unknown flag $1" >&2; exit 2 ;;
     *) ref=$1; shift ;;
     esac
@@ -47,6 +54,13 @@ if [[ -z $ref && -z $layout_dir ]]; then
     exit 2
 fi
 [[ $(id -u) == 0 ]] || { echo "build.sh: needs root (debootstrap, chroot)" >&2; exit 1; }
+declare -A DEB_TO_UNAME=([amd64]=x86_64 [arm64]=aarch64)
+HOST_ARCH=$(dpkg --print-architecture)
+arch=${arch:-$HOST_ARCH}
+[[ -n ${DEB_TO_UNAME[$arch]:-} ]] || { echo "build.sh: --arch wants amd64 or arm64, not $arch" >&2; exit 2; }
+FOREIGN=""
+# another architecture's layers are cached in a directory of their own
+[[ $arch == "$HOST_ARCH" ]] || { FOREIGN=1; CACHE=$CACHE/$arch; }
 [[ -x $PY ]] || { echo "build.sh: no $PY; run make setup first" >&2; exit 1; }
 
 if ! command -v debootstrap >/dev/null; then
@@ -69,7 +83,9 @@ SECURITY_MIRROR=${SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 packages=$(grep -v '^\s*#' "$HERE/packages.txt" | xargs)
 base_key=$(
     {
-        echo "recipe=$BASE_RECIPE suite=$SUITE arch=$(uname -m) packages=$packages"
+        echo "recipe=$BASE_RECIPE suite=$SUITE arch=${DEB_TO_UNAME[$arch]} packages=$packages"
+        # another architecture's steps (foreign_wheels, chroot_pyfuse3): their own recipe
+        [[ -z $FOREIGN ]] || echo "foreign-recipe=2"
         cat "$REPO/pyproject.toml" "$REPO/hack/pyfuse3/patch.py"
     } | sha256sum | cut -c1-16
 )
@@ -97,23 +113,82 @@ in_chroot() { # in_chroot ROOTFS CMD...: with /proc mounted and the host's resol
     return $rc
 }
 
+# A foreign architecture's binaries run under qemu-user-static, registered with binfmt_misc's
+# F flag (the interpreter is opened once, so it works inside the chroot too).
+ensure_binfmt() {
+    local name=qemu-${DEB_TO_UNAME[$arch]}
+    if [[ ! -e /proc/sys/fs/binfmt_misc/register ]]; then
+        mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+    fi
+    if [[ ! -f /usr/lib/binfmt.d/$name.conf ]]; then
+        step "base: installing qemu-user-static (apt) to run $arch binaries"
+        apt-get install -y -q qemu-user-static >/dev/null ||
+            { apt-get update -q && apt-get install -y -q qemu-user-static >/dev/null; }
+    fi
+    [[ -e /proc/sys/fs/binfmt_misc/$name ]] || cat "/usr/lib/binfmt.d/$name.conf" >/proc/sys/fs/binfmt_misc/register
+}
+
+# The dependencies' wheels for a foreign architecture: PyPI's manylinux wheels for it (glibc
+# up to bookworm's 2.36), pyfuse3 excepted (its patched sdist is compiled in the chroot).
+foreign_wheels() {
+    local work=$1 plats=() v
+    for v in 17 26 27 28 31 34 35 36; do plats+=(--platform "manylinux_2_${v}_${DEB_TO_UNAME[$arch]}"); done
+    grep -v '^pyfuse3' "$work/requirements.txt" >"$work/requirements-binary.txt"
+    "${RUN[@]}" "$PY" -m pip download --progress-bar off -q --only-binary=:all: "${plats[@]}" \
+        --platform "manylinux2014_${DEB_TO_UNAME[$arch]}" --python-version 3.11 --implementation cp \
+        -d "$work/wheels" -r "$work/requirements-binary.txt"
+    # bookworm's setuptools (66) cannot read pyfuse3's pyproject.toml: a newer one builds it
+    "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$work/build-wheels" \
+        "setuptools>=77"
+    mkdir -p "$work/pyfuse3-src"
+    "$PY" -m pip download -q --no-deps --no-binary :all: -d "$work/pyfuse3-src" pyfuse3==3.5.0
+    tar -xzf "$work"/pyfuse3-src/pyfuse3-3.5.0.tar.gz -C "$work/pyfuse3-src"
+    "$PY" "$REPO/hack/pyfuse3/patch.py" "$work/pyfuse3-src/pyfuse3-3.5.0"
+}
+
+# pyfuse3 for a foreign architecture, compiled in the chroot (under qemu) with the compiler
+# and headers installed for it and purged afterwards; the wheel lands in /tmp/wheels.
+chroot_pyfuse3() {
+    local work=$1 build
+    build="gcc libc6-dev libfuse3-dev pkg-config python3-dev"
+    cp -r "$work/pyfuse3-src/pyfuse3-3.5.0" "$work/rootfs/tmp/pyfuse3-3.5.0"
+    cp -r "$work/build-wheels" "$work/rootfs/tmp/build-wheels"
+    # every package the compiler brings is purged afterwards: the list before it is kept
+    in_chroot "$work/rootfs" sh -c "dpkg-query -W -f='\${Package}\n' | sort >/tmp/packages-before &&
+        apt-get -qq update && apt-get install -y -q --no-install-recommends \
+        $build >/dev/null && python3 -m venv /tmp/pyfuse3-venv &&
+        /tmp/pyfuse3-venv/bin/pip install -q --no-index --disable-pip-version-check \
+            /tmp/build-wheels/*.whl &&
+        /tmp/pyfuse3-venv/bin/pip wheel -q --no-deps --no-build-isolation -w /tmp/wheels \
+            /tmp/pyfuse3-3.5.0 &&
+        dpkg-query -W -f='\${Package}\n' | sort >/tmp/packages-after &&
+        comm -13 /tmp/packages-before /tmp/packages-after | xargs apt-get purge -y -q >/dev/null &&
+        rm -rf /tmp/pyfuse3-venv /tmp/pyfuse3-3.5.0 /tmp/build-wheels /tmp/packages-*" |
+        sed 's/^/      /'
+}
+
 build_base() {
     local work=$CACHE/base-$base_key.tmp
     [[ -d $work ]] && { unmount_under "$work"; rm -rf "$work"; }
     mkdir -p "$work/wheels"
     trap 'unmount_under "'"$work"'"' EXIT
 
-    step "base: wheels of the dependencies (host pip, CPython $("$PY" -c 'import sys; print(sys.version.split()[0])'))"
+    step "base: wheels of the dependencies for $arch (host pip, CPython $("$PY" -c 'import sys; print(sys.version.split()[0])'))"
     "$PY" -c 'import sys, tomllib; p = tomllib.load(sys.stdin.buffer)["project"]
 print(*p["dependencies"], *p["optional-dependencies"]["node"], sep="\n")' \
         <"$REPO/pyproject.toml" >"$work/requirements.txt"
-    "${RUN[@]}" "$PY" -m pip wheel --progress-bar off -q -w "$work/wheels" -r "$work/requirements.txt"
-    rm -f "$work/wheels"/pyfuse3-*.whl  # FUSE mode wants the patched one (hack/pyfuse3)
-    "${RUN[@]}" "$REPO/hack/pyfuse3/build.sh" "$(dirname "$PY")/pip" "$work/wheels" >/dev/null
+    if [[ -n $FOREIGN ]]; then
+        ensure_binfmt
+        foreign_wheels "$work"
+    else
+        "${RUN[@]}" "$PY" -m pip wheel --progress-bar off -q -w "$work/wheels" -r "$work/requirements.txt"
+        rm -f "$work/wheels"/pyfuse3-*.whl  # FUSE mode wants the patched one (hack/pyfuse3)
+        "${RUN[@]}" "$REPO/hack/pyfuse3/build.sh" "$(dirname "$PY")/pip" "$work/wheels" >/dev/null
+    fi
     ls "$work/wheels" | sed 's/^/      /'
 
     step "base: debootstrap --variant=minbase $SUITE from $MIRROR (+ $packages)"
-    "${RUN[@]}" debootstrap --variant=minbase --components=main \
+    "${RUN[@]}" debootstrap --arch="$arch" --variant=minbase --components=main \
         --include="${packages// /,}" "$SUITE" "$work/rootfs" "$MIRROR" 2>&1 |
         tee "$work/debootstrap.log" |
         awk '/^I: (Retrieving|Validating|Extracting|Unpacking|Configuring) [a-z0-9]/ {
@@ -134,6 +209,11 @@ EOF
     step "base: venv $VENV with the dependencies"
     mkdir -p "$work/rootfs/tmp/wheels"
     cp "$work/wheels"/*.whl "$work/rootfs/tmp/wheels/"
+    if [[ -n $FOREIGN ]]; then
+        step "base: pyfuse3 compiled for $arch in the chroot"
+        chroot_pyfuse3 "$work"
+        cp "$work/rootfs/tmp/wheels"/pyfuse3-*.whl "$work/wheels/"
+    fi
     in_chroot "$work/rootfs" sh -c "python3 -m venv $VENV && $VENV/bin/pip install -q \
         --no-index --no-cache-dir --disable-pip-version-check /tmp/wheels/*.whl &&
         $VENV/bin/pip list --disable-pip-version-check --format=freeze" | sed 's/^/      /'
@@ -208,6 +288,7 @@ image_args=(
     --layer "$base/base.tar.gz=debian $SUITE minbase + $packages + $VENV dependencies"
     --layer "$app=rukpak-python (source $app_key)"
     --entrypoint "$VENV/bin/rukpak-csi-plugin"
+    --arch "$arch"
     --path "$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     --label "org.opencontainers.image.title=rukpak-python"
     --label "org.opencontainers.image.source=https://github.com/operator-framework/rukpak"

@@ -124,11 +124,17 @@ def host_arch() -> str:
 
 
 def image_config(
-    layers: list[dict[str, Any]], *, entrypoint: list[str], env: list[str], labels: dict[str, str]
+    layers: list[dict[str, Any]],
+    *,
+    entrypoint: list[str],
+    env: list[str],
+    labels: dict[str, str],
+    arch: str | None = None,
 ) -> bytes:
-    """The OCI image config: platform of this host, entrypoint, env, diff_ids."""
+    """The OCI image config: platform (``arch``, default this host's), entrypoint, env,
+    diff_ids."""
     config = {
-        "architecture": host_arch(),
+        "architecture": arch or host_arch(),
         "os": "linux",
         "config": {"Entrypoint": entrypoint, "Env": env, "Labels": labels, "WorkingDir": "/"},
         "rootfs": {"type": "layers", "diff_ids": [layer["diff_id"] for layer in layers]},
@@ -148,7 +154,11 @@ def _image(args: argparse.Namespace) -> tuple[bytes, list[tuple[Path, dict[str, 
     env = [f"PATH={args.path}", "PYTHONUNBUFFERED=1"]
     labels = dict(label.split("=", 1) for label in args.label)
     config = image_config(
-        [d for _, d in layers], entrypoint=args.entrypoint.split(), env=env, labels=labels
+        [d for _, d in layers],
+        entrypoint=args.entrypoint.split(),
+        env=env,
+        labels=labels,
+        arch=args.arch,
     )
     return config, layers
 
@@ -219,7 +229,7 @@ def layout(args: argparse.Namespace) -> None:
                 "mediaType": OCI_MANIFEST,
                 "digest": put(body),
                 "size": len(body),
-                "platform": {"os": "linux", "architecture": host_arch()},
+                "platform": {"os": "linux", "architecture": args.arch or host_arch()},
                 "annotations": {"org.opencontainers.image.ref.name": args.tag},
             }
         ],
@@ -242,6 +252,7 @@ def main() -> None:
         s.add_argument("--entrypoint", required=True)
         s.add_argument("--path", required=True, help="the image's PATH")
         s.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+        s.add_argument("--arch", default=None, help="the image's architecture (default: host's)")
     sub.choices["push"].add_argument("ref")
     sub.choices["push"].add_argument("--insecure", action="append", default=[])
     sub.choices["push"].add_argument("--digest-file")
