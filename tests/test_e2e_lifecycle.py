@@ -451,7 +451,9 @@ def test_a_paused_bundle_granting_secrets_is_previewed_then_approved(
     )
     assert "PreviewReady" in events
 
-    # approval (rukpak approve: unpause), only of the digest the preview is of
+    # the tag moves after the preview: the approval installs what was reviewed, not v2
+    e2e.push_bundle(tmp_path / "v2", refs[0])
+    # approval (rukpak approve), only of the digest the preview is of
     pinned = str(status(system, name)["resolvedSource"]["image"]["ref"]).split("@")[1]
     wrong = "sha256:" + "0" * 64
     refused = subprocess.run(
@@ -462,7 +464,10 @@ def test_a_paused_bundle_granting_secrets_is_previewed_then_approved(
     assert refused.returncode == 1 and f"the preview is of {pinned}, not {wrong}" in refused.stderr
     assert "approved" in rukpak(system, "approve", name, "--preview-digest", pinned)
     eventually(lambda: ready(system, name, 1), timeout=180, what="installed once approved")
-    assert system.kube.get(role) is not None
+    assert (system.kube.get(role) or {}).get("rules") == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["*"]}
+    ]  # what the preview showed, not the content the tag moved to
+    assert cond(system, name, "Approved")[:2] == ("True", "Approved")
 
     # a paused upgrade shows what approving it would add
     set_ref(system, name, refs[1], paused=True)
@@ -482,4 +487,7 @@ def test_a_paused_bundle_granting_secrets_is_previewed_then_approved(
     assert (system.kube.get(role) or {}).get("rules") == [
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["*"]}
     ]  # still what was approved
+    approved = cond(system, name, "Approved")
+    assert approved[:2] == ("False", "PreviewChanged"), approved
+    assert approved[2].startswith(f"approved {pinned}, but the source now pins sha256:"), approved
     delete(system, name)

@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from provisioner.engine.objects import Obj
-from provisioner.manager import generate, inline, model, plan
+from provisioner.manager import approval, generate, inline, model, plan, runs
 from tests.plan_helpers import bd_v2, kinds
 
 SETTINGS = model.Settings(image="registry.example/rukpak:1", system_namespace="rukpak-system")
@@ -55,7 +55,9 @@ def test_the_summary_goes_to_status_with_an_event_naming_escalations() -> None:
     assert status["preview"]["objects"] == 3
     assert status["preview"]["pod"] == model.name_of(pod)
     assert status["preview"]["revision"].startswith("hello-")
-    event = next(a for a in actions if isinstance(a, plan.RecordEvent))
+    event = next(
+        a for a in actions if isinstance(a, plan.RecordEvent) and a.reason != "AwaitingApproval"
+    )
     assert (event.type, event.reason) == ("Warning", "PreviewReady")
     assert "1 escalation(s) to review" in event.message
     assert "CreatePod" not in kinds(actions)
@@ -67,7 +69,9 @@ def test_a_shown_preview_is_not_run_again_and_its_pod_goes() -> None:
     shown = paused_bd(preview={"pod": model.name_of(pod), "objects": 1})
     done = finished(pod, "Succeeded", "{}")
     actions = inline.plan_inline(shown, plan.Observed(pods=(done,), now=NOW), settings=SETTINGS)
-    assert kinds(actions) == ["DeletePod"]
+    assert kinds(actions) == ["DeletePod", "WriteStatus"]  # and Approved: AwaitingApproval
+    status = next(a.status for a in actions if isinstance(a, plan.WriteStatus))
+    assert [c["reason"] for c in status["conditions"]] == ["AwaitingApproval"]
 
 
 def test_a_failed_or_silent_preview_says_so() -> None:
@@ -90,3 +94,93 @@ def test_a_configuration_change_while_paused_is_a_new_preview() -> None:
     changed = paused_bd()
     changed["spec"]["installNamespace"] = "elsewhere"
     assert model.name_of(preview_pod(changed)) != model.name_of(first)
+
+
+# -- approval bound to the preview (``approval``) -------------------------------------------
+
+
+def reviewed_bd(
+    *, generation: int = 1, approved: str | None = None, before: Obj | None = None, **spec: Any
+) -> Obj:
+    """``paused_bd`` (with ``before`` in its spec) once its preview is recorded (with what
+    binds an approval to it), then at ``generation`` with ``spec`` changes and an approval
+    annotation."""
+    first = paused_bd()
+    first["spec"].update(before or {})
+    pod = preview_pod(first)
+    done = finished(pod, "Succeeded", json.dumps({"objects": 2}))
+    actions = inline.plan_inline(first, plan.Observed(pods=(done,), now=NOW), settings=SETTINGS)
+    status = next(a.status for a in actions if isinstance(a, plan.WriteStatus))
+    shown = bd_v2(pin=(1, NOW), digest=DIGEST, status=status, paused=True)
+    shown["metadata"]["generation"] = generation
+    shown["spec"].update({**(before or {}), **spec})
+    if approved is not None:
+        shown["metadata"]["annotations"][approval.APPROVED_ANNOTATION] = approved
+    return shown
+
+
+def install_runs(actions: list[plan.Action]) -> list[Obj]:
+    return [
+        a.pod
+        for a in actions
+        if isinstance(a, plan.CreatePod)
+        and generate.PREVIEW_ANNOTATION not in a.pod["metadata"]["annotations"]
+    ]
+
+
+def test_the_preview_records_the_digests_it_reviewed_and_the_spec_but_paused() -> None:
+    shown = reviewed_bd()["status"]["preview"]
+    assert shown["digests"] == ["sha256:" + "a" * 64]
+    assert shown["specHash"] == approval.spec_hash({**paused_bd()["spec"], "paused": False})
+
+
+def test_unpausing_installs_the_reviewed_pin_without_pinning_again() -> None:
+    unpaused = reviewed_bd(generation=2, paused=False)
+    actions = inline.plan_inline(unpaused, plan.Observed(now=NOW), settings=SETTINGS)
+    assert "ResolveSource" not in kinds(actions)
+    (run,) = install_runs(actions)
+    assert run["spec"]["volumes"][0]["csi"]["volumeAttributes"]["image"] == DIGEST
+
+
+def test_a_spec_changed_beyond_paused_is_pinned_again() -> None:
+    changed = reviewed_bd(generation=2, paused=False, installNamespace="elsewhere")
+    actions = inline.plan_inline(changed, plan.Observed(now=NOW), settings=SETTINGS)
+    assert kinds(actions) == ["ResolveSource"]
+
+
+def test_poll_interval_moves_a_reviewed_pin_only_once_it_is_installed() -> None:
+    later = "2026-11-25T13:00:00Z"  # an hour after the pin: past its pollInterval
+    unpaused = reviewed_bd(generation=2, paused=False, before={"pollInterval": "1m"})
+    actions = inline.plan_inline(unpaused, plan.Observed(now=later), settings=SETTINGS)
+    (run,) = install_runs(actions)
+    revision = run["metadata"]["annotations"][model.BUNDLE_ANNOTATION]
+    record = runs.InstallRecord(by=model.name_of(run), bundle=revision)
+    installed = inline.plan_inline(
+        unpaused, plan.Observed(record=record, now=later), settings=SETTINGS
+    )
+    assert kinds(installed) == ["ResolveSource"]
+
+
+def test_an_approval_of_the_previewed_digest_installs_it_while_paused() -> None:
+    approved = reviewed_bd(approved="sha256:" + "a" * 64)
+    actions = inline.plan_inline(approved, plan.Observed(now=NOW), settings=SETTINGS)
+    (run,) = install_runs(actions)
+    assert run["spec"]["volumes"][0]["csi"]["volumeAttributes"]["image"] == DIGEST
+    status = next(a.status for a in actions if isinstance(a, plan.WriteStatus))
+    conds = {c["type"]: c for c in status["conditions"]}
+    assert (conds["Approved"]["status"], conds["Approved"]["reason"]) == ("True", "Approved")
+
+
+def test_an_approval_of_another_digest_installs_nothing_and_says_the_source_moved() -> None:
+    other = "sha256:" + "b" * 64
+    moved = reviewed_bd(approved=other)
+    actions = inline.plan_inline(moved, plan.Observed(now=NOW), settings=SETTINGS)
+    assert install_runs(actions) == []
+    status = next(a.status for a in actions if isinstance(a, plan.WriteStatus))
+    (cond,) = status["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == ("Approved", "False", "PreviewChanged")
+    assert cond["message"].startswith(
+        f"approved {other}, but the source now pins sha256:{'a' * 64} (it moved since the "
+        "preview that was approved): nothing installed; review the new preview (rukpak "
+        f"preview hello) and approve it (rukpak approve hello --preview-digest sha256:{'a' * 64})"
+    )

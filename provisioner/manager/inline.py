@@ -34,7 +34,16 @@ from typing import Any
 
 from provisioner.engine import words
 from provisioner.engine.objects import Obj, condition, json_annotation, meta_of
-from provisioner.manager import conversion, generate, model, plan, revisions, runs, sources
+from provisioner.manager import (
+    approval,
+    conversion,
+    generate,
+    model,
+    plan,
+    revisions,
+    runs,
+    sources,
+)
 from provisioner.manager.actions import (
     Action,
     AddFinalizer,
@@ -187,12 +196,23 @@ def pinned_sources(bd: Obj, entries: Entries) -> Obj | None:
     return sources.several(out)
 
 
-def _pin_current(bd: Obj, spec: Obj, now: str) -> tuple[bool, float | None]:
-    """(whether the recorded pin holds, seconds until ``pollInterval`` re-pins)."""
+def _pin_current(
+    bd: Obj, spec: Obj, now: str, *, bundle_format: str, installed: str | None
+) -> tuple[bool, float | None]:
+    """(whether the recorded pin holds, seconds until ``pollInterval`` re-pins). A pin its
+    preview reviewed holds across a change of ``paused`` alone, and is installed before
+    ``pollInterval`` moves it (``approval``)."""
     pin = pin_of(bd)
     generation = int(meta_of(bd).get("generation") or 0)
-    if pin is None or pin[0] != generation or pinned_sources(bd, entries_of(spec)) is None:
+    resolved = pinned_sources(bd, entries_of(spec))
+    if pin is None or resolved is None:
         return False, None
+    revision = revision_name(bd, resolved, bundle_format)
+    kept = approval.reviewed(bd, revision)
+    if pin[0] != generation and not kept:
+        return False, None
+    if kept and not spec.get("paused") and installed != revision:
+        return True, None
     interval = seconds_of(spec.get("pollInterval"))
     if interval is None:
         return True, None
@@ -254,15 +274,26 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
         bd_run = revisions.with_config(bd, rolled_to.config)
     else:
         rollback = rolled_to = None
-        current, poll = _pin_current(bd, spec, observed.now)
+        live = observed.record.bundle if observed.record is not None else None
+        current, poll = _pin_current(
+            bd, spec, observed.now, bundle_format=bundle_format, installed=live
+        )
         if not current:
             return [*actions, ResolveSource(entries, settings.system_namespace, generation)]
         resolved = pinned_sources(bd, entries)
         assert resolved is not None
         target = runs.Target(revision_name(bd, resolved, bundle_format), resolved)
         bd_run = bd
-    if spec.get("paused"):  # nothing applied: what the install would do, for approval
-        return actions + _plan_preview(bd_run, observed, target, settings)
+    approved: plan.Verdict | None = None
+    if spec.get("paused"):  # nothing applied but what was previewed and approved
+        shown = _plan_preview(bd_run, observed, target, settings)
+        if not approval.reviewed(bd_run, target.bundle):
+            return actions + shown
+        digests = approval.digests_of(target.resolved)
+        approved = approval.verdict(bd_run, target.bundle, digests, model.name_of(bd))
+        if approved[0] != "True":
+            return actions + shown
+        actions += [a for a in shown if isinstance(a, DeletePod)]
     more, decision = plan.run_install(bd_run, target, observed, settings)
     actions += more
     record = observed.record
@@ -300,6 +331,8 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
     conflict = plan.field_conflict(bd, observed)
     if conflict is not None:
         verdicts[plan.FIELD_CONFLICT] = conflict
+    if approved is not None:
+        verdicts[approval.APPROVED] = approved
     address = model.content_url(settings.content_base_url, model.name_of(bd))
     extra: Obj = {"contentURL": address} if address else {}
     extra.update(history)
@@ -315,11 +348,15 @@ def _plan_preview(
     bd: Obj, observed: plan.Observed, target: runs.Target, settings: Settings
 ) -> list[Action]:
     """A paused BD: a preview run of ``target`` (``instance --preview``) whose summary goes to
-    ``status.preview``; unpausing is the approval."""
+    ``status.preview`` with the digests it reviewed, and ``Approved`` saying how to approve
+    it (``approval``)."""
     want = generate.instance_run_pod(bd, target.bundle, target.resolved, settings, 0, preview=True)
     want_name = model.name_of(want)
     shown = (bd.get("status") or {}).get("preview")
     done = isinstance(shown, dict) and shown.get("pod") == want_name
+    digests = approval.digests_of(target.resolved)
+    conditions = plan.conditions_of(bd)
+    conditions[approval.APPROVED] = approval.verdict(bd, target.bundle, digests, model.name_of(bd))
     out: list[Action] = []
     found: Obj | None = None
     for pod in observed.pods:
@@ -330,7 +367,9 @@ def _plan_preview(
         elif not runs.deleting(pod):
             out.append(DeletePod(settings.system_namespace, model.name_of(pod)))
     if done:
-        return out
+        if isinstance(shown, dict) and shown.get("error"):
+            return out
+        return [*out, *plan.status_actions(bd, "", conditions, observed.now)]
     if found is None:
         if observed.other_runs >= settings.max_concurrent_runs:
             return [*out, Requeue(runs.RUN_SLOT_WAIT, "waiting for a free run slot")]
@@ -342,6 +381,7 @@ def _plan_preview(
         "revision": target.bundle,
         "pod": want_name,
         "generation": meta_of(bd).get("generation"),
+        **approval.preview_fields(bd, target.resolved),
     }
     event: plan.RecordEvent
     if phase == "Failed":
@@ -354,18 +394,21 @@ def _plan_preview(
             summary = None
         if not isinstance(summary, dict):
             summary = {"error": "the preview run left no summary"}
-        result.update({k: v for k, v in summary.items() if k not in ("pod", "revision")})
+        result.update({k: v for k, v in summary.items() if k not in result})
         escalations = summary.get("escalations") or []
         event = plan.RecordEvent(
             "Warning" if escalations else "Normal",
             "PreviewReady",
             f"preview of {sources.describe(target.resolved)}: {summary.get('objects', 0)} "
-            f"objects, {len(escalations)} escalation(s) to review; approve by setting "
-            "spec.paused to false (rukpak preview shows all)",
+            f"objects, {len(escalations)} escalation(s) to review (rukpak preview shows all); "
+            f"approve {', '.join(digests) or target.bundle} with rukpak approve, or set "
+            "spec.paused to false",
         )
+    if phase == "Failed":
+        conditions.pop(approval.APPROVED, None)
     return [
         *out,
-        *plan.status_actions(bd, "", plan.conditions_of(bd), observed.now, {"preview": result}),
+        *plan.status_actions(bd, "", conditions, observed.now, {"preview": result}),
         event,
     ]
 
