@@ -42,6 +42,7 @@ from provisioner.manager import (
     plan,
     revisions,
     runs,
+    signatures,
     sources,
 )
 from provisioner.manager.actions import (
@@ -56,6 +57,8 @@ from provisioner.manager.actions import (
 from provisioner.manager.model import Settings
 
 UNPACKED = "Unpacked"
+VERIFIED = signatures.VERIFIED
+"""Written with the pin by ``actuate.resolve_source`` (``signatures``), carried over here."""
 PIN_ANNOTATION = "core.rukpak.io/pinned"
 """``{"generation": G, "at": RFC 3339}``: which generation ``status.resolvedSource`` pins."""
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
@@ -261,6 +264,8 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
         ).installed
         verdicts[plan.INSTALLED] = installed
         verdicts[plan.HEALTHY] = plan.healthy(observed, installed)
+        if (checked := plan.conditions_of(bd).get(VERIFIED)) is not None:
+            verdicts[VERIFIED] = checked
         return actions + plan.status_actions(bd, "", verdicts, observed.now)
     assert bundle_format is not None
     kept = revisions.of_status(bd)
@@ -333,6 +338,8 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
         verdicts[plan.FIELD_CONFLICT] = conflict
     if approved is not None:
         verdicts[approval.APPROVED] = approved
+    if (checked := plan.conditions_of(bd).get(VERIFIED)) is not None:
+        verdicts[VERIFIED] = checked  # written with the pin (``signatures.verified``)
     address = model.content_url(settings.content_base_url, model.name_of(bd))
     extra: Obj = {"contentURL": address} if address else {}
     extra.update(history)
