@@ -5,8 +5,7 @@ under the controller, which picks the planner by ``conversion.origin``; both han
 actions to ``actuate``. Pure: it never talks to the API nor reads the clock
 (``Observed.now``). The flow for a live BD:
 
-1. add the uninstall finalizer; ``spec.paused`` plans nothing more (deletion still
-   runs, as ``plan`` runs it);
+1. add the uninstall finalizer (deletion runs, paused or not, as ``plan`` runs it);
 2. refuse what cannot be installed, in upstream's words where upstream has them: a
    source type we do not fetch, and under ``spec.requireImmutableRefs`` an image tag, a
    git branch or tag, an http URL without a content digest;
@@ -14,7 +13,9 @@ actions to ``actuate``. Pure: it never talks to the API nor reads the clock
    ``PIN_ANNOTATION`` (the generation it was pinned for, and when). A pin holds until the
    generation changes or, with ``spec.pollInterval``, until that interval passed; never
    on a resync, so nothing pivots silently;
-4. install the pinned content with run-to-completion instance pods (``runs``), the
+4. under ``spec.paused``, preview the pin instead (``_plan_preview``) and install it only
+   once approved; a reviewed pin holds when only ``paused`` changed (``approval``);
+   otherwise install the pinned content with run-to-completion instance pods (``runs``), the
    revision named ``<bd>-<hash of the pin and format>``; the instance pod mounts the pin
    as its CSI volume, nothing is copied through the API server;
 5. undo drift and damp fights exactly as ``plan`` does;
