@@ -229,3 +229,13 @@ def test_version_reads_the_managers_deployment(
         "Manager Version: 0.3.1-rc.1 (image registry.example/rukpak:v0.3.1)"
     )
     kube.delete(ObjectRef("", "v1", "Namespace", "", ns))
+
+
+def test_an_upgrade_held_for_its_new_permissions_is_approved_unpaused() -> None:
+    held = paused(preview={"revision": "app-2", "generation": 2, "digests": [D1]})
+    held["spec"]["paused"] = False
+    assert approve.check(held, D1) is None  # nothing held: nothing to approve
+    held["status"]["conditions"] = [
+        {"type": "Approved", "status": "False", "reason": "EscalationNeedsApproval"}
+    ]
+    assert approve.check(held, D1) == D1

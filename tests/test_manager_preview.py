@@ -66,7 +66,8 @@ def test_the_summary_goes_to_status_with_an_event_naming_escalations() -> None:
 def test_a_shown_preview_is_not_run_again_and_its_pod_goes() -> None:
     first = paused_bd()
     pod = preview_pod(first)
-    shown = paused_bd(preview={"pod": model.name_of(pod), "objects": 1})
+    spec_hash = approval.spec_hash(first["spec"])
+    shown = paused_bd(preview={"pod": model.name_of(pod), "objects": 1, "specHash": spec_hash})
     done = finished(pod, "Succeeded", "{}")
     actions = inline.plan_inline(shown, plan.Observed(pods=(done,), now=NOW), settings=SETTINGS)
     assert kinds(actions) == ["DeletePod", "WriteStatus"]  # and Approved: AwaitingApproval
@@ -184,3 +185,66 @@ def test_an_approval_of_another_digest_installs_nothing_and_says_the_source_move
         "preview that was approved): nothing installed; review the new preview (rukpak "
         f"preview hello) and approve it (rukpak approve hello --preview-digest sha256:{'a' * 64})"
     )
+
+
+# -- upgradePolicy: ApproveEscalations ------------------------------------------------------
+
+OLD = runs.InstallRecord(by="hello-run-old", bundle="hello-0123456789")
+"""An installed revision other than the pin's: the pin is an upgrade."""
+
+
+def upgrade_previewed(new_rules: list[str], **annotations: str) -> Obj:
+    """An installed BD under ApproveEscalations whose upgrade's preview says ``new_rules``."""
+    first = bd_v2(pin=(1, NOW), digest=DIGEST, upgradePolicy="ApproveEscalations")
+    actions = inline.plan_inline(first, plan.Observed(record=OLD, now=NOW), settings=SETTINGS)
+    (pod,) = [a.pod for a in actions if isinstance(a, plan.CreatePod)]
+    assert pod["metadata"]["annotations"][generate.PREVIEW_ANNOTATION] == "true"
+    assert install_runs(actions) == []  # previewed before anything is installed
+    summary = {"objects": 3, "newRules": new_rules}
+    done = finished(pod, "Succeeded", json.dumps(summary))
+    observed = plan.Observed(pods=(done,), record=OLD, now=NOW)
+    actions = inline.plan_inline(first, observed, settings=SETTINGS)
+    status = next(a.status for a in actions if isinstance(a, plan.WriteStatus))
+    shown = bd_v2(pin=(1, NOW), digest=DIGEST, status=status, upgradePolicy="ApproveEscalations")
+    shown["metadata"]["annotations"].update(annotations)
+    return shown
+
+
+def test_an_upgrade_granting_more_waits_for_approval_listing_the_new_rules() -> None:
+    rule = "cluster: create on pods/exec"
+    waiting = upgrade_previewed([rule])
+    actions = inline.plan_inline(waiting, plan.Observed(record=OLD, now=NOW), settings=SETTINGS)
+    assert install_runs(actions) == []
+    cond = next(c for c in waiting["status"]["conditions"] if c["type"] == "Approved")
+    assert (cond["status"], cond["reason"]) == ("False", "EscalationNeedsApproval")
+    assert cond["message"].startswith(
+        f"the upgrade to sha256:{'a' * 64} grants permissions the installed revision lacks: "
+        f"{rule}; nothing installed: review it (rukpak preview hello --diff)"
+    )
+    approved = upgrade_previewed([rule], **{approval.APPROVED_ANNOTATION: "sha256:" + "a" * 64})
+    actions = inline.plan_inline(approved, plan.Observed(record=OLD, now=NOW), settings=SETTINGS)
+    (run,) = install_runs(actions)
+    assert run["spec"]["volumes"][0]["csi"]["volumeAttributes"]["image"] == DIGEST
+
+
+def test_an_upgrade_granting_nothing_new_installs_at_once_and_a_first_install_is_not_held() -> None:
+    same = upgrade_previewed([])
+    actions = inline.plan_inline(same, plan.Observed(record=OLD, now=NOW), settings=SETTINGS)
+    assert len(install_runs(actions)) == 1
+    status = next(a.status for a in actions if isinstance(a, plan.WriteStatus))
+    conds = {c["type"]: c for c in status["conditions"]}
+    assert conds["Approved"]["reason"] == "NoNewPermissions"
+    first = bd_v2(pin=(1, NOW), digest=DIGEST, upgradePolicy="ApproveEscalations")
+    assert (
+        len(install_runs(inline.plan_inline(first, plan.Observed(now=NOW), settings=SETTINGS))) == 1
+    )
+
+
+def test_a_spec_change_the_preview_pod_does_not_show_is_recorded_again() -> None:
+    shown = reviewed_bd()
+    pod = preview_pod(paused_bd())
+    done = finished(pod, "Succeeded", json.dumps({"objects": 2}))
+    shown["spec"]["pollInterval"] = "1h"  # the same pod, another spec
+    actions = inline.plan_inline(shown, plan.Observed(pods=(done,), now=NOW), settings=SETTINGS)
+    status = next(a.status for a in actions if isinstance(a, plan.WriteStatus))
+    assert status["preview"]["specHash"] == approval.spec_hash(shown["spec"])

@@ -17,6 +17,9 @@ the pin (``status.resolvedSource`` or ``status.resolvedSources``, see
 ``D`` (an image digest, a git commit, an http content digest). ``check`` is pure and tested
 on its own.
 
+The same approves an upgrade that ``spec.upgradePolicy: ApproveEscalations`` holds because
+it grants more (condition ``Approved``, reason EscalationNeedsApproval).
+
 Idempotent: approving a BundleDeployment that is not paused changes nothing and says so;
 approving twice writes the same annotation.
 """
@@ -37,6 +40,8 @@ if TYPE_CHECKING:
 
 APPROVED_ANNOTATION = "core.rukpak.io/approved-digest"
 """``provisioner.manager.approval.APPROVED_ANNOTATION``: what is approved while paused."""
+ESCALATION = "EscalationNeedsApproval"
+"""``provisioner.manager.approval.REASON_ESCALATION``: an upgrade waits for an approval."""
 PIN_ANNOTATION = "core.rukpak.io/pinned"
 """``provisioner.manager.inline.PIN_ANNOTATION``: the generation the recorded pin is for."""
 _DIGEST = re.compile(r"^(sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128}|[0-9a-f]{40}|[0-9a-f]{64})$")
@@ -105,18 +110,23 @@ def digests_of(status: Obj) -> list[str]:
 
 def check(bd: Obj, digest: str | None) -> str | None:
     """The value of ``APPROVED_ANNOTATION`` that approves ``bd``'s preview: ``digest``, or
-    every digest the preview reviewed when ``digest`` is None; None when ``bd`` is not paused
-    (nothing to approve). FailedPrecondition when there is no preview of the current spec
-    to approve, or it is not of ``digest``."""
+    every digest the preview reviewed when ``digest`` is None; None when ``bd`` is neither
+    paused nor holding an upgrade for approval (``upgradePolicy: ApproveEscalations``).
+    FailedPrecondition when there is no preview of the current spec to approve, or it is not
+    of ``digest``."""
     name = deployments.resource_name(str((bd.get("metadata") or {}).get("name") or ""))
     if digest is not None and not _DIGEST.match(digest):
         raise errors.InvalidArgument(
             f"--preview-digest {digest!r} is not a digest: give sha256:<64 hex digits> (an "
             "image or http content digest) or a git commit"
         )
-    if not (bd.get("spec") or {}).get("paused"):
-        return None
     status = deployments.status_of(bd)
+    waiting = any(
+        isinstance(c, dict) and c.get("type") == "Approved" and c.get("reason") == ESCALATION
+        for c in status.get("conditions") or []
+    )
+    if not (bd.get("spec") or {}).get("paused") and not waiting:
+        return None
     meta = bd.get("metadata") or {}
     generation = meta.get("generation")
     shown = status.get("preview")

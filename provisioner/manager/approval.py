@@ -19,6 +19,13 @@ Two rules follow:
   pin moved since (a new ``pollInterval`` pin, a spec change), the BundleDeployment stays
   paused with a new preview and ``Approved`` False, reason :data:`REASON_CHANGED`, naming
   both. :func:`verdict` is the ``Approved`` condition.
+- **Upgrades that grant more wait, when asked.** Under ``spec.upgradePolicy:
+  ApproveEscalations`` an unpaused BundleDeployment previews an upgrade (a new pin over an
+  installed revision, :func:`gated`) before installing it; when the preview lists
+  permissions the installed revision lacks (``newRules``: new ClusterRole or Role rules,
+  verbs, resources), it installs nothing until approved as above, ``Approved`` False with
+  reason :data:`REASON_ESCALATION` listing them; otherwise it goes on at once
+  (:data:`REASON_NO_ESCALATION`).
 """
 
 from __future__ import annotations
@@ -36,6 +43,10 @@ APPROVED = "Approved"
 REASON_AWAITING = "AwaitingApproval"
 REASON_APPROVED = "Approved"
 REASON_CHANGED = "PreviewChanged"
+REASON_ESCALATION = "EscalationNeedsApproval"
+REASON_NO_ESCALATION = "NoNewPermissions"
+APPROVE_ESCALATIONS = "ApproveEscalations"
+"""``spec.upgradePolicy``: upgrades that grant more wait for an approval."""
 _IMAGE_DIGEST = re.compile(r"@(sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128})$")
 _HTTP_PIN = re.compile(r"#sha256=([0-9a-f]{64})$")
 
@@ -92,11 +103,40 @@ def approved(bd: Obj) -> list[str]:
     return [p.strip() for p in str(value or "").split(",") if p.strip()]
 
 
-def verdict(bd: Obj, revision: str, digests: list[str], name: str) -> Verdict:
-    """``Approved`` for a paused BundleDeployment whose current pin is ``revision`` with
-    ``digests`` and has been previewed."""
+def gated(spec: Obj, installed: str | None, target: str) -> bool:
+    """Whether installing ``target`` over ``installed`` is an upgrade that
+    ``upgradePolicy: ApproveEscalations`` previews first."""
+    return (
+        spec.get("upgradePolicy") == APPROVE_ESCALATIONS
+        and installed is not None
+        and installed != target
+    )
+
+
+def new_rules_of(shown: object) -> list[str]:
+    """The permissions a preview (``status.preview``) says an upgrade adds; one line saying
+    so when the preview run did not tell (an older instance image)."""
+    rules = shown.get("newRules") if isinstance(shown, dict) else None
+    if not isinstance(rules, list):
+        return ["(the preview run did not list new permissions)"]
+    return [str(r) for r in rules]
+
+
+def verdict(
+    bd: Obj, revision: str, digests: list[str], name: str, *, new_rules: list[str] | None = None
+) -> Verdict:
+    """``Approved`` for a BundleDeployment whose current pin is ``revision`` with
+    ``digests`` and has been previewed: paused, or (``new_rules`` given) an upgrade under
+    ``upgradePolicy: ApproveEscalations`` that adds ``new_rules``."""
     asked = approved(bd)
     shown = ", ".join(digests) or revision
+    if new_rules is not None and not new_rules:
+        return (
+            "True",
+            REASON_NO_ESCALATION,
+            f"the upgrade to {shown} grants no permission the installed revision lacks: "
+            "installing it",
+        )
     if asked and (sorted(set(asked)) == sorted(set(digests)) if digests else asked == [revision]):
         return "True", REASON_APPROVED, f"{shown} approved ({APPROVED_ANNOTATION}): installing it"
     how = (
@@ -104,6 +144,14 @@ def verdict(bd: Obj, revision: str, digests: list[str], name: str) -> Verdict:
         if len(digests) == 1
         else f"annotate {APPROVED_ANNOTATION}={','.join(digests) or revision}"
     )
+    if new_rules:
+        return (
+            "False",
+            REASON_ESCALATION,
+            f"the upgrade to {shown} grants permissions the installed revision lacks: "
+            f"{'; '.join(new_rules)}; nothing installed: review it (rukpak preview {name} "
+            f"--diff) and approve it ({how})",
+        )
     if asked:
         return (
             "False",

@@ -274,13 +274,13 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
     rolled_to = revisions.find(kept, rollback.revision) if rollback is not None else None
     rolled_pin = revisions.decode_pin(rolled_to.source) if rolled_to is not None else None
     poll: float | None = None
+    live = observed.record.bundle if observed.record is not None else None
     if rollback is not None and rolled_to is not None and rolled_pin is not None:
         # the kept pin, as it was: nothing is resolved, no server is asked
         target = runs.Target(rolled_to.name, rolled_pin, prefer_nodes=rolled_to.nodes)
         bd_run = revisions.with_config(bd, rolled_to.config)
     else:
         rollback = rolled_to = None
-        live = observed.record.bundle if observed.record is not None else None
         current, poll = _pin_current(
             bd, spec, observed.now, bundle_format=bundle_format, installed=live
         )
@@ -297,6 +297,19 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
             return actions + shown
         digests = approval.digests_of(target.resolved)
         approved = approval.verdict(bd_run, target.bundle, digests, model.name_of(bd))
+        if approved[0] != "True":
+            return actions + shown
+        actions += [a for a in shown if isinstance(a, DeletePod)]
+    elif rolled_to is None and approval.gated(spec, live, target.bundle):
+        # upgradePolicy: ApproveEscalations: an upgrade granting more waits for an approval
+        shown = _plan_preview(bd_run, observed, target, settings, upgrade=True)
+        if not approval.reviewed(bd_run, target.bundle):
+            return actions + shown
+        digests = approval.digests_of(target.resolved)
+        rules = approval.new_rules_of((bd_run.get("status") or {}).get("preview"))
+        approved = approval.verdict(
+            bd_run, target.bundle, digests, model.name_of(bd), new_rules=rules
+        )
         if approved[0] != "True":
             return actions + shown
         actions += [a for a in shown if isinstance(a, DeletePod)]
@@ -353,7 +366,12 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
 
 
 def _plan_preview(
-    bd: Obj, observed: plan.Observed, target: runs.Target, settings: Settings
+    bd: Obj,
+    observed: plan.Observed,
+    target: runs.Target,
+    settings: Settings,
+    *,
+    upgrade: bool = False,
 ) -> list[Action]:
     """A paused BD: a preview run of ``target`` (``instance --preview``) whose summary goes to
     ``status.preview`` with the digests it reviewed, and ``Approved`` saying how to approve
@@ -361,10 +379,19 @@ def _plan_preview(
     want = generate.instance_run_pod(bd, target.bundle, target.resolved, settings, 0, preview=True)
     want_name = model.name_of(want)
     shown = (bd.get("status") or {}).get("preview")
-    done = isinstance(shown, dict) and shown.get("pod") == want_name
+    done = (
+        isinstance(shown, dict)
+        and shown.get("pod") == want_name
+        and shown.get("specHash") == approval.spec_hash(bd.get("spec") or {})
+    )  # (a change of the spec the pod does not show is recorded again, from the same run)
     digests = approval.digests_of(target.resolved)
     conditions = plan.conditions_of(bd)
-    conditions[approval.APPROVED] = approval.verdict(bd, target.bundle, digests, model.name_of(bd))
+
+    def judged(preview: object) -> dict[str, plan.Verdict]:
+        rules = approval.new_rules_of(preview) if upgrade else None
+        verdict = approval.verdict(bd, target.bundle, digests, model.name_of(bd), new_rules=rules)
+        return {**conditions, approval.APPROVED: verdict}
+
     out: list[Action] = []
     found: Obj | None = None
     for pod in observed.pods:
@@ -377,7 +404,7 @@ def _plan_preview(
     if done:
         if isinstance(shown, dict) and shown.get("error"):
             return out
-        return [*out, *plan.status_actions(bd, "", conditions, observed.now)]
+        return [*out, *plan.status_actions(bd, "", judged(shown), observed.now)]
     if found is None:
         if observed.other_runs >= settings.max_concurrent_runs:
             return [*out, Requeue(runs.RUN_SLOT_WAIT, "waiting for a free run slot")]
@@ -412,11 +439,10 @@ def _plan_preview(
             f"approve {', '.join(digests) or target.bundle} with rukpak approve, or set "
             "spec.paused to false",
         )
-    if phase == "Failed":
-        conditions.pop(approval.APPROVED, None)
+    verdicts = conditions if phase == "Failed" else judged(result)
     return [
         *out,
-        *plan.status_actions(bd, "", conditions, observed.now, {"preview": result}),
+        *plan.status_actions(bd, "", verdicts, observed.now, {"preview": result}),
         event,
     ]
 
