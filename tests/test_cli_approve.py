@@ -239,3 +239,14 @@ def test_an_upgrade_held_for_its_new_permissions_is_approved_unpaused() -> None:
         {"type": "Approved", "status": "False", "reason": "EscalationNeedsApproval"}
     ]
     assert approve.check(held, D1) == D1
+
+
+def test_a_preview_the_manager_binds_is_approved_by_its_digests_whatever_the_generation() -> None:
+    bound = {"revision": "app-1", "generation": 1, "digests": [D1], "specHash": "0" * 16}
+    assert approve.check(paused(generation=3, pinned_for=1, preview=bound), D1) == D1
+    moved = paused(preview={**bound, "digests": [D2]})  # the pin in the status is D1
+    with pytest.raises(errors.FailedPrecondition) as caught:
+        approve.check(moved, D2)
+    assert f"the preview is of {D2}, the source now pins {D1}: wait for its preview" in (
+        caught.value.message
+    )

@@ -135,7 +135,8 @@ def check(bd: Obj, digest: str | None) -> str | None:
         raise errors.FailedPrecondition(f"{name} has no preview yet: wait for it ({see})")
     if shown.get("error"):
         raise errors.FailedPrecondition(f"{name}: the preview failed: {shown['error']}")
-    if shown.get("generation") != generation:
+    bound = "specHash" in shown  # the manager binds the approval to this preview itself
+    if not bound and shown.get("generation") != generation:
         raise errors.FailedPrecondition(
             f"{name}: the preview is of generation {shown.get('generation')}, the spec is at "
             f"generation {generation}: wait for the new preview ({see})"
@@ -144,13 +145,20 @@ def check(bd: Obj, digest: str | None) -> str | None:
         pinned_for = json.loads(str((meta.get("annotations") or {}).get(PIN_ANNOTATION)))
     except ValueError:
         pinned_for = None
-    if not isinstance(pinned_for, dict) or pinned_for.get("generation") != generation:
+    if not bound and (
+        not isinstance(pinned_for, dict) or pinned_for.get("generation") != generation
+    ):
         raise errors.FailedPrecondition(
             f"{name}: the source of generation {generation} is not pinned yet: wait for the "
             f"new preview ({see})"
         )
     reviewed = shown.get("digests")
     pinned = [str(d) for d in reviewed] if isinstance(reviewed, list) else digests_of(status)
+    if bound and sorted(digests_of(status)) != sorted(pinned):
+        raise errors.FailedPrecondition(
+            f"{name}: the preview is of {', '.join(pinned) or 'no digest'}, the source now "
+            f"pins {', '.join(digests_of(status)) or 'no digest'}: wait for its preview ({see})"
+        )
     if digest is None:
         return ",".join(pinned) or str(shown.get("revision") or "")
     if digest not in pinned:

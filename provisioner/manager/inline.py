@@ -215,7 +215,8 @@ def _pin_current(
     kept = approval.reviewed(bd, revision)
     if pin[0] != generation and not kept:
         return False, None
-    if kept and not spec.get("paused") and installed != revision:
+    held = spec.get("upgradePolicy") == approval.APPROVE_ESCALATIONS  # polled on: may move to a fix
+    if kept and not spec.get("paused") and installed != revision and not held:
         return True, None
     interval = seconds_of(spec.get("pollInterval"))
     if interval is None:
