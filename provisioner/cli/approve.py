@@ -59,8 +59,10 @@ def register(subparsers: Any) -> None:
         "reviewed), with the object's resourceVersion as a precondition (a change meanwhile "
         "is refused). The manager installs that content only: if the source moved since, it "
         "stays paused with a new preview. spec.paused stays true, so later changes are "
-        "previewed and wait for approval again. With --preview-digest, first check that the "
-        "preview recorded in the status is of that content and of the current spec.",
+        "previewed and wait for approval again. An upgrade that upgradePolicy: "
+        "ApproveEscalations holds is approved the same way. With --preview-digest, first "
+        "check that the preview recorded in the status is of that content and of the current "
+        "spec.",
         epilog="examples:\n  rukpak preview my-operator\n"
         "  rukpak approve my-operator --preview-digest sha256:5b1f...\n\n"
         "exit status: 0 approved (or not paused); 1 an error, no preview yet, or the "
