@@ -248,3 +248,21 @@ def test_a_spec_change_the_preview_pod_does_not_show_is_recorded_again() -> None
     actions = inline.plan_inline(shown, plan.Observed(pods=(done,), now=NOW), settings=SETTINGS)
     status = next(a.status for a in actions if isinstance(a, plan.WriteStatus))
     assert status["preview"]["specHash"] == approval.spec_hash(shown["spec"])
+
+
+def test_a_held_upgrade_is_polled_on_for_a_tag_that_moves_to_a_fix() -> None:
+    first = bd_v2(pin=(1, NOW), digest=DIGEST, upgradePolicy="ApproveEscalations")
+    first["spec"]["pollInterval"] = "1m"
+    pod = next(
+        a.pod
+        for a in inline.plan_inline(first, plan.Observed(record=OLD, now=NOW), settings=SETTINGS)
+        if isinstance(a, plan.CreatePod)
+    )
+    done = finished(pod, "Succeeded", json.dumps({"objects": 3, "newRules": ["cluster: * on *"]}))
+    observed = plan.Observed(pods=(done,), record=OLD, now=NOW)
+    actions = inline.plan_inline(first, observed, settings=SETTINGS)
+    status = next(a.status for a in actions if isinstance(a, plan.WriteStatus))
+    held = bd_v2(pin=(1, NOW), digest=DIGEST, status=status, upgradePolicy="ApproveEscalations")
+    held["spec"]["pollInterval"] = "1m"
+    later = plan.Observed(record=OLD, now="2026-11-25T13:00:00Z")
+    assert kinds(inline.plan_inline(held, later, settings=SETTINGS)) == ["ResolveSource"]
