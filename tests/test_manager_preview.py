@@ -67,7 +67,10 @@ def test_a_shown_preview_is_not_run_again_and_its_pod_goes() -> None:
     first = paused_bd()
     pod = preview_pod(first)
     spec_hash = approval.spec_hash(first["spec"])
-    shown = paused_bd(preview={"pod": model.name_of(pod), "objects": 1, "specHash": spec_hash})
+    revision = pod["metadata"]["annotations"][model.BUNDLE_ANNOTATION]
+    shown = paused_bd(
+        preview={"pod": model.name_of(pod), "revision": revision, "specHash": spec_hash}
+    )
     done = finished(pod, "Succeeded", "{}")
     actions = inline.plan_inline(shown, plan.Observed(pods=(done,), now=NOW), settings=SETTINGS)
     assert kinds(actions) == ["DeletePod", "WriteStatus"]  # and Approved: AwaitingApproval
@@ -88,6 +91,7 @@ def test_a_failed_or_silent_preview_says_so() -> None:
         )
         status = next(a.status for a in actions if isinstance(a, plan.WriteStatus))
         assert words in status["preview"]["error"]
+        assert "Approved" not in [c["type"] for c in status["conditions"]]  # nothing to approve
 
 
 def test_a_configuration_change_while_paused_is_a_new_preview() -> None:

@@ -292,26 +292,13 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
         target = runs.Target(revision_name(bd, resolved, bundle_format), resolved)
         bd_run = bd
     approved: plan.Verdict | None = None
-    if spec.get("paused"):  # nothing applied but what was previewed and approved
-        shown = _plan_preview(bd_run, observed, target, settings)
-        if not approval.reviewed(bd_run, target.bundle):
-            return actions + shown
-        digests = approval.digests_of(target.resolved)
-        approved = approval.verdict(bd_run, target.bundle, digests, model.name_of(bd))
-        if approved[0] != "True":
-            return actions + shown
-        actions += [a for a in shown if isinstance(a, DeletePod)]
-    elif rolled_to is None and approval.gated(spec, live, target.bundle):
-        # upgradePolicy: ApproveEscalations: an upgrade granting more waits for an approval
-        shown = _plan_preview(bd_run, observed, target, settings, upgrade=True)
-        if not approval.reviewed(bd_run, target.bundle):
-            return actions + shown
-        digests = approval.digests_of(target.resolved)
-        rules = approval.new_rules_of((bd_run.get("status") or {}).get("preview"))
-        approved = approval.verdict(
-            bd_run, target.bundle, digests, model.name_of(bd), new_rules=rules
-        )
-        if approved[0] != "True":
+    # paused: nothing applied but what was previewed and approved; upgradePolicy:
+    # ApproveEscalations: an upgrade granting more waits for an approval
+    upgrade = rolled_to is None and approval.gated(spec, live, target.bundle)
+    if spec.get("paused") or upgrade:
+        shown = _plan_preview(bd_run, observed, target, settings, upgrade=bool(upgrade))
+        approved = _approved(bd_run, target, upgrade=bool(upgrade))
+        if approved is None or approved[0] != "True":
             return actions + shown
         actions += [a for a in shown if isinstance(a, DeletePod)]
     more, decision = plan.run_install(bd_run, target, observed, settings)
@@ -366,6 +353,17 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
     return actions
 
 
+def _approved(bd: Obj, target: runs.Target, *, upgrade: bool) -> plan.Verdict | None:
+    """``Approved`` once ``status.preview`` reviewed ``target`` (None before): True when it
+    may be installed (``approval.verdict``)."""
+    if not approval.reviewed(bd, target.bundle):
+        return None
+    shown = (bd.get("status") or {}).get("preview")
+    rules = approval.new_rules_of(shown) if upgrade else None
+    digests = approval.digests_of(target.resolved)
+    return approval.verdict(bd, target.bundle, digests, model.name_of(bd), new_rules=rules)
+
+
 def _plan_preview(
     bd: Obj,
     observed: plan.Observed,
@@ -388,10 +386,12 @@ def _plan_preview(
     digests = approval.digests_of(target.resolved)
     conditions = plan.conditions_of(bd)
 
-    def judged(preview: object) -> dict[str, plan.Verdict]:
-        rules = approval.new_rules_of(preview) if upgrade else None
-        verdict = approval.verdict(bd, target.bundle, digests, model.name_of(bd), new_rules=rules)
-        return {**conditions, approval.APPROVED: verdict}
+    def judged(preview: Obj) -> dict[str, plan.Verdict]:
+        if preview.get("error"):
+            return conditions
+        seen = {**bd, "status": {**(bd.get("status") or {}), "preview": preview}}
+        verdict = _approved(seen, target, upgrade=upgrade)
+        return conditions if verdict is None else {**conditions, approval.APPROVED: verdict}
 
     out: list[Action] = []
     found: Obj | None = None
@@ -403,8 +403,7 @@ def _plan_preview(
         elif not runs.deleting(pod):
             out.append(DeletePod(settings.system_namespace, model.name_of(pod)))
     if done:
-        if isinstance(shown, dict) and shown.get("error"):
-            return out
+        assert isinstance(shown, dict)
         return [*out, *plan.status_actions(bd, "", judged(shown), observed.now)]
     if found is None:
         if observed.other_runs >= settings.max_concurrent_runs:
@@ -440,10 +439,9 @@ def _plan_preview(
             f"approve {', '.join(digests) or target.bundle} with rukpak approve, or set "
             "spec.paused to false",
         )
-    verdicts = conditions if phase == "Failed" else judged(result)
     return [
         *out,
-        *plan.status_actions(bd, "", verdicts, observed.now, {"preview": result}),
+        *plan.status_actions(bd, "", judged(result), observed.now, {"preview": result}),
         event,
     ]
 
