@@ -54,14 +54,17 @@ def paused(
 
 
 def test_the_preview_of_the_digest_asked_for_is_approved() -> None:
-    assert approve.check(paused(), D1) is True
-    assert approve.check(paused(), None) is True  # no digest: no check
+    assert approve.check(paused(), D1) == D1
+    assert approve.check(paused(), None) == D1  # no digest: what the preview is of
+    recorded = paused(preview={"revision": "app-1", "generation": 2, "digests": [D1, COMMIT]})
+    assert approve.check(recorded, None) == f"{D1},{COMMIT}"  # the preview's own record
+    assert approve.check(recorded, COMMIT) == f"{D1},{COMMIT}"  # several sources: all of them
 
 
 def test_what_is_not_paused_has_nothing_to_approve() -> None:
     bd = paused()
     bd["spec"]["paused"] = False
-    assert approve.check(bd, D2) is False
+    assert approve.check(bd, D2) is None
 
 
 @pytest.mark.parametrize(
@@ -99,7 +102,7 @@ def test_each_kind_of_pin_names_its_digest() -> None:
     several = {"resolvedSources": [{**git, "destination": "a"}, {**http, "destination": "b"}]}
     assert approve.digests_of({"resolvedSource": git}) == [COMMIT]
     assert approve.digests_of(several) == [COMMIT, "sha256:" + "3" * 64]
-    assert approve.check(paused(resolved=git), COMMIT) is True
+    assert approve.check(paused(resolved=git), COMMIT) == COMMIT
 
 
 # -- against the API server ------------------------------------------------------------------
@@ -112,7 +115,7 @@ def rukpak(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, st
 
 
 @pytest.mark.cluster
-def test_approve_unpauses_only_the_preview_it_was_told_of(
+def test_approve_annotates_only_the_preview_it_was_told_of(
     kube: Kube, kube_apiserver: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     install_crds(kube)
@@ -145,12 +148,18 @@ def test_approve_unpauses_only_the_preview_it_was_told_of(
 
     code, _, err = rukpak(capsys, "approve", name, "--preview-digest", D2, *kc)
     assert code == 1 and f"the preview is of {D1}, not {D2}" in err
-    assert kube.get(deployments.ref(name))["spec"]["paused"] is True  # type: ignore[index]
+    annotations = kube.get(deployments.ref(name))["metadata"].get("annotations")  # type: ignore[index]
+    assert approve.APPROVED_ANNOTATION not in annotations
 
     code, out, err = rukpak(capsys, "approve", name, "--preview-digest", D1, *kc)
-    assert (code, out) == (0, f"bundledeployment.core.rukpak.io/{name} approved\n"), err
-    assert kube.get(deployments.ref(name))["spec"]["paused"] is False  # type: ignore[index]
-    code, out, _ = rukpak(capsys, "approve", name, *kc)  # twice is fine: nothing to do
+    assert (code, out) == (0, f"bundledeployment.core.rukpak.io/{name} approved: {D1}\n"), err
+    approved = kube.get(deployments.ref(name))
+    assert approved["spec"]["paused"] is True  # type: ignore[index]
+    assert approved["metadata"]["annotations"][approve.APPROVED_ANNOTATION] == D1  # type: ignore[index]
+    code, out, _ = rukpak(capsys, "approve", name, *kc)  # twice is fine: the same approval
+    assert (code, out) == (0, f"bundledeployment.core.rukpak.io/{name} approved: {D1}\n")
+    kube.merge_patch(deployments.ref(name), {"spec": {"paused": False}})
+    code, out, _ = rukpak(capsys, "approve", name, *kc)
     assert code == 0 and "is not paused: nothing to approve" in out
 
 
@@ -163,13 +172,21 @@ def test_approve_refuses_a_spec_that_changed_after_it_was_read(
     name = f"approve-{uuid.uuid4().hex[:6]}"
     kube.create(bd_v2(name, "registry.example/app:v1", paused=True))
     stale = kube.get(deployments.ref(name))
+    assert stale is not None
+    stale["status"] = {
+        "preview": {"generation": stale["metadata"]["generation"]},
+        "resolvedSource": {"type": "image", "image": {"ref": IMAGE}},
+    }
+    stale["metadata"].setdefault("annotations", {})[approve.PIN_ANNOTATION] = json.dumps(
+        {"generation": stale["metadata"]["generation"]})  # fmt: skip
     kube.merge_patch(
         deployments.ref(name), {"spec": {"source": {"image": {"ref": "registry.example/app:v2"}}}}
     )
     monkeypatch.setattr(deployments, "get", lambda _kube, _name: stale)
     code, _, err = rukpak(capsys, "approve", name, "--kubeconfig", str(kube_apiserver.kubeconfig))
     assert code == 1 and f"bundledeployment.core.rukpak.io/{name} changed while it was" in err
-    assert kube.get(deployments.ref(name))["spec"]["paused"] is True  # type: ignore[index]
+    live = kube.get(deployments.ref(name))
+    assert approve.APPROVED_ANNOTATION not in (live["metadata"].get("annotations") or {})  # type: ignore[index]
 
 
 @pytest.mark.cluster
@@ -212,3 +229,24 @@ def test_version_reads_the_managers_deployment(
         "Manager Version: 0.3.1-rc.1 (image registry.example/rukpak:v0.3.1)"
     )
     kube.delete(ObjectRef("", "v1", "Namespace", "", ns))
+
+
+def test_an_upgrade_held_for_its_new_permissions_is_approved_unpaused() -> None:
+    held = paused(preview={"revision": "app-2", "generation": 2, "digests": [D1]})
+    held["spec"]["paused"] = False
+    assert approve.check(held, D1) is None  # nothing held: nothing to approve
+    held["status"]["conditions"] = [
+        {"type": "Approved", "status": "False", "reason": "EscalationNeedsApproval"}
+    ]
+    assert approve.check(held, D1) == D1
+
+
+def test_a_preview_the_manager_binds_is_approved_by_its_digests_whatever_the_generation() -> None:
+    bound = {"revision": "app-1", "generation": 1, "digests": [D1], "specHash": "0" * 16}
+    assert approve.check(paused(generation=3, pinned_for=1, preview=bound), D1) == D1
+    moved = paused(preview={**bound, "digests": [D2]})  # the pin in the status is D1
+    with pytest.raises(errors.FailedPrecondition) as caught:
+        approve.check(moved, D2)
+    assert f"the preview is of {D2}, the source now pins {D1}: wait for its preview" in (
+        caught.value.message
+    )

@@ -451,7 +451,9 @@ def test_a_paused_bundle_granting_secrets_is_previewed_then_approved(
     )
     assert "PreviewReady" in events
 
-    # approval (rukpak approve: unpause), only of the digest the preview is of
+    # the tag moves after the preview: the approval installs what was reviewed, not v2
+    e2e.push_bundle(tmp_path / "v2", refs[0])
+    # approval (rukpak approve), only of the digest the preview is of
     pinned = str(status(system, name)["resolvedSource"]["image"]["ref"]).split("@")[1]
     wrong = "sha256:" + "0" * 64
     refused = subprocess.run(
@@ -462,7 +464,10 @@ def test_a_paused_bundle_granting_secrets_is_previewed_then_approved(
     assert refused.returncode == 1 and f"the preview is of {pinned}, not {wrong}" in refused.stderr
     assert "approved" in rukpak(system, "approve", name, "--preview-digest", pinned)
     eventually(lambda: ready(system, name, 1), timeout=180, what="installed once approved")
-    assert system.kube.get(role) is not None
+    assert (system.kube.get(role) or {}).get("rules") == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["*"]}
+    ]  # what the preview showed, not the content the tag moved to
+    assert cond(system, name, "Approved")[:2] == ("True", "Approved")
 
     # a paused upgrade shows what approving it would add
     set_ref(system, name, refs[1], paused=True)
@@ -482,4 +487,28 @@ def test_a_paused_bundle_granting_secrets_is_previewed_then_approved(
     assert (system.kube.get(role) or {}).get("rules") == [
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["*"]}
     ]  # still what was approved
+    approved = cond(system, name, "Approved")
+    assert approved[:2] == ("False", "PreviewChanged"), approved
+    assert approved[2].startswith(f"approved {pinned}, but the source now pins sha256:"), approved
+    new_rules = status(system, name)["preview"]["newRules"]
+    assert any("pods/exec" in r for r in new_rules), new_rules
+
+    # unpaused under upgradePolicy ApproveEscalations: the upgrade adding exec waits for
+    # an approval naming the new rule, then installs
+    system.kube.merge_patch(
+        actuate.bd_ref(name, model.API_VERSION_V2),
+        {"spec": {"paused": False, "upgradePolicy": "ApproveEscalations"}},
+    )
+
+    def held() -> tuple[str, str, str] | None:
+        found = cond(system, name, "Approved")
+        return found if found[1] == "EscalationNeedsApproval" else None
+
+    holding = eventually(held, timeout=180, what="the upgrade held for approval")
+    assert "pods/exec" in holding[2], holding
+    assert len((system.kube.get(role) or {}).get("rules") or []) == 1  # not installed
+    upgrade = str(status(system, name)["resolvedSource"]["image"]["ref"]).split("@")[1]
+    assert "approved" in rukpak(system, "approve", name, "--preview-digest", upgrade)
+    eventually(lambda: ready(system, name, 2), timeout=180, what="the approved upgrade")
+    assert len((system.kube.get(role) or {}).get("rules") or []) == 2
     delete(system, name)

@@ -12,7 +12,8 @@ users install them:
 - a bundle signed by ``cosign`` (built from its Go module) mounts and is read;
 - a v1alpha2 BundleDeployment of an unsigned image reports ``Unpacked=False`` with reason
   SignatureVerificationFailed and installs nothing, and once the image is signed (``rukpak
-  bundle sign``) it installs; a v1alpha1 one reports ``HasValidBundle=False`` with that
+  bundle sign``) it installs; ``Verified`` says first which policy refused it, then which
+  policy and key verified it; a v1alpha1 one reports ``HasValidBundle=False`` with that
   reason.
 """
 
@@ -33,6 +34,7 @@ from provisioner.engine.objects import ObjectRef
 from provisioner.manager import model
 from rukpak.oci.client import RegistryClient
 from rukpak.oci.reference import Reference
+from rukpak.signing import keys
 from rukpak.signing import policy as signing
 from rukpak.signing import sign as signer
 from tests import bundles
@@ -281,12 +283,20 @@ def test_a_bundledeployment_of_an_unsigned_image_fails_to_unpack_until_it_is_sig
         "get", "events", "-A", "--field-selector", f"involvedObject.name={name}"
     )
     assert "SignatureVerificationFailed" in events
+    refused = inst.cond_v2(system, name, "Verified")
+    assert refused[:2] == ("False", "SignatureVerificationFailed"), refused
+    assert f"refused by ClusterBundlePolicy '{POLICY}'" in refused[2]
     signed.sign(ref)
     eventually(
         lambda: inst.cond_v2(system, name, "Installed")[0] == "True",
         timeout=180,
         what="Installed once the image is signed",
     )
+    verified = inst.cond_v2(system, name, "Verified")
+    assert verified[:2] == ("True", "Verified"), verified
+    by = f"(key {keys.fingerprint(signed.key.public_key())})"
+    assert f"ClusterBundlePolicy '{POLICY}': signed for authority" in verified[2], verified
+    assert by in verified[2], verified
     inst.delete_v2(system, name)
 
 

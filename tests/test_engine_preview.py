@@ -482,3 +482,19 @@ def test_broken_objects_are_skipped_without_raising(broken: Any) -> None:
 def test_a_binding_without_usable_subjects_binds_nobody() -> None:
     broken = obj(RBAC, "ClusterRoleBinding", "b", roleRef=None, subjects=[{"kind": "User"}])
     assert preview.preview([broken]).bindings == ("ClusterRoleBinding/b -> ?/? to nobody",)
+
+
+def test_added_rules_are_the_permissions_the_installed_bundle_lacks() -> None:
+    before = preview.preview([cluster_role("r", rule([""], ["secrets"], ["get"]))])
+    after = preview.preview(
+        [
+            cluster_role(
+                "r", rule([""], ["secrets"], ["get", "list"]), rule([""], ["pods/exec"], ["create"])
+            )
+        ]
+    )
+    added = preview.added_rules(after, before)
+    assert len(added) == 2
+    assert any("list" in r and "secrets" in r and "get" not in r for r in added), added
+    assert any("create" in r and "pods/exec" in r for r in added), added
+    assert preview.added_rules(before, after) == []  # fewer permissions: nothing added

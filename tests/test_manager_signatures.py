@@ -13,6 +13,7 @@ from provisioner.manager import signatures
 from rukpak.common import errors
 from rukpak.signing import keys
 from rukpak.signing import policy as signing
+from rukpak.signing.gate import SignatureDenied, Verdict
 
 NOW = "2026-11-26T00:00:00Z"
 PEM = keys.public_pem(ec.generate_private_key(ec.SECP256R1()))
@@ -97,3 +98,75 @@ def test_a_key_secret_gives_cosign_pub_or_its_only_entry(
 def test_a_key_secret_without_one_clear_key_is_refused(data: dict[str, str]) -> None:
     with pytest.raises(errors.InvalidArgument, match="Secret ns/s"):
         signing.key_from_secret(data, "ns/s")
+
+
+# -- Verified: which policy and key verified a BundleDeployment's images ----------------------
+
+PINNED = "r.example/app@sha256:" + "1" * 64
+
+
+class Checker:
+    """The gate's answer for each digest (pure: no registry), as ``Gate.check`` gives it."""
+
+    def __init__(self, verdict: Verdict | None = None, refusal: SignatureDenied | None = None):
+        self.verdict, self.refusal = verdict, refusal
+
+    def check(self, image: str, credentials: object = None) -> Verdict | None:
+        if self.refusal is not None:
+            raise self.refusal
+        return self.verdict
+
+
+def resolver(checker: Checker) -> signatures.SignedResolver:
+    return signatures.SignedResolver(lambda ref, credentials=None: PINNED, checker)  # type: ignore[arg-type]
+
+
+def test_verified_names_the_policy_and_the_key_that_verified_the_image() -> None:
+    by = "ClusterBundlePolicy 'p': signed for authority 'release' (key 0123456789ab)"
+    resolve = resolver(Checker(Verdict("sha256:" + "1" * 64, PINNED, ("p",), verified=(by,))))
+    assert resolve("r.example/app:v1") == PINNED
+    assert signatures.verified(resolve, [PINNED]) == ("True", "Verified", f"{PINNED}: {by}")
+
+
+def test_verified_is_absent_when_no_policy_selects_the_image() -> None:
+    resolve = resolver(Checker(None))
+    resolve("r.example/app:v1")
+    assert signatures.verified(resolve, [PINNED]) is None
+    assert signatures.verified(lambda ref: ref, [PINNED]) is None  # no policies at all
+
+
+def test_a_warn_mode_policy_not_satisfied_is_verified_false() -> None:
+    warning = "ClusterBundlePolicy 'w' (warn): no signature found"
+    resolve = resolver(Checker(Verdict("d", PINNED, ("w",), warnings=(warning,))))
+    resolve("r.example/app:v1")
+    assert signatures.verified(resolve, [PINNED]) == (
+        "False",
+        "NotVerified",
+        f"{PINNED}: {warning}",
+    )
+
+
+def test_a_refusal_is_verified_false_with_the_policy_and_the_reason() -> None:
+    denied = SignatureDenied("r.example/app:v1", "p", "no signature found")
+    resolve = resolver(Checker(refusal=denied))
+    with pytest.raises(SignatureDenied):
+        resolve("r.example/app:v1")
+    status, reason, message = signatures.refused(denied)
+    assert (status, reason) == ("False", "SignatureVerificationFailed")
+    assert "refused by ClusterBundlePolicy 'p': no signature found" in message
+
+
+def test_verified_replaces_the_old_condition_and_keeps_its_time_while_it_holds() -> None:
+    old = {"type": "Verified", "status": "True", "reason": "Verified", "message": "old",
+           "lastTransitionTime": "2026-11-01T00:00:00Z"}  # fmt: skip
+    unpacked = {"type": "Unpacked", "status": "True"}
+    status = {"conditions": [unpacked, old]}
+    same = signatures.with_verified(status, ("True", "Verified", "new"), now=NOW, generation=2)
+    assert same["conditions"][0] == unpacked
+    assert same["conditions"][1]["message"] == "new"
+    assert same["conditions"][1]["lastTransitionTime"] == "2026-11-01T00:00:00Z"
+    failed = signatures.with_verified(status, ("False", "NotVerified", "x"), now=NOW, generation=2)
+    assert failed["conditions"][1]["lastTransitionTime"] == NOW
+    assert signatures.with_verified(status, None, now=NOW, generation=2) == {
+        "conditions": [unpacked]
+    }

@@ -1070,7 +1070,8 @@ def test_a_signature_by_the_authoritys_key_satisfies_the_policy() -> None:
     outcome = verify.check(
         key_policy(authority), Found([signed(key)]), DIGEST, read_secret=no_secrets
     )
-    assert outcome == verify.Outcome("bundles", True, "signed for authority 'release'")
+    named = f"signed for authority 'release' (key {keys.fingerprint(key.public_key())})"
+    assert outcome == verify.Outcome("bundles", True, named)
 
 
 @pytest.mark.parametrize("kind", KEY_KINDS)
@@ -1212,7 +1213,8 @@ def test_when_only_the_second_authority_is_satisfied_the_policy_is() -> None:
     outcome = verify.check(
         key_policy(first, second), Found([signed(signer)]), DIGEST, read_secret=no_secrets
     )
-    assert outcome == verify.Outcome("bundles", True, "signed for authority 'second'")
+    named = f"signed for authority 'second' (key {keys.fingerprint(signer.public_key())})"
+    assert outcome == verify.Outcome("bundles", True, named)
 
 
 def test_a_failing_first_authority_does_not_stop_the_second() -> None:
@@ -1226,7 +1228,8 @@ def test_a_failing_first_authority_does_not_stop_the_second() -> None:
     outcome = verify.check(
         key_policy(first, second), Found([signed(signer)]), DIGEST, read_secret=missing
     )
-    assert outcome == verify.Outcome("bundles", True, "signed for authority 'second'")
+    named = f"signed for authority 'second' (key {keys.fingerprint(signer.public_key())})"
+    assert outcome == verify.Outcome("bundles", True, named)
 
 
 def test_a_keyless_authority_refuses_a_signature_without_a_certificate() -> None:

@@ -397,6 +397,12 @@ def _size(value: Any) -> int:
     return len(json.dumps(value).encode())
 
 
+def cut(text: str) -> str:
+    """``text`` as one item of the summary: control characters out, at most
+    ``SUMMARY_ITEM`` characters."""
+    return _cut(text)
+
+
 def _cut(text: str) -> str:
     text = _clean(text)
     return text if len(text) <= SUMMARY_ITEM else text[: SUMMARY_ITEM - 1] + "…"
@@ -447,9 +453,7 @@ def diff(new: Preview, installed: Preview) -> str:
     """What approving ``new`` over ``installed`` adds (``+``) and removes (``-``): objects,
     permissions (only the verbs, resources... that change), bindings, escalations; ""
     when nothing does."""
-    new_rules, old_rules = _atoms(new.rules), _atoms(installed.rules)
-    if new_rules is None or old_rules is None:
-        new_rules, old_rules = set(new.rules), set(installed.rules)
+    new_rules, old_rules = _rule_sets(new, installed)
     lines = _changes(
         "object", [_object(o) for o in new.objects], [_object(o) for o in installed.objects]
     )
@@ -462,6 +466,20 @@ def diff(new: Preview, installed: Preview) -> str:
         [f"{e.role}: {e.what}" for e in installed.escalations],
     )
     return "".join(_clean(line) + "\n" for line in lines)
+
+
+def added_rules(new: Preview, installed: Preview) -> list[str]:
+    """The permissions ``new`` grants that ``installed`` does not (new rules, verbs,
+    resources, groups, names), aggregated, as ``diff`` words them without the ``+ rule``."""
+    new_rules, old_rules = _rule_sets(new, installed)
+    return [_clean(_rule_text(r)) for r in aggregate(new_rules - old_rules)]
+
+
+def _rule_sets(new: Preview, installed: Preview) -> tuple[set[Rule], set[Rule]]:
+    new_rules, old_rules = _atoms(new.rules), _atoms(installed.rules)
+    if new_rules is None or old_rules is None:
+        return set(new.rules), set(installed.rules)
+    return new_rules, old_rules
 
 
 def _changes(word: str, now: list[str], before: list[str]) -> list[str]:
@@ -565,6 +583,8 @@ RENDER_KEY = "preview.txt"
 DIFF_KEY = "diff.txt"
 REVISION_KEY = "revision"
 STATUS_LIMIT = 3072
+NEW_RULES_LIMIT = 6
+"""Permissions an upgrade adds listed in the summary (``newRules``); the rest are counted."""
 """Bytes of ``summary`` in ``status.preview`` (and the preview pod's termination message)."""
 TEXT_LIMIT = 400 * 1024
 """Bytes of the rendered preview and of its diff kept on the ConfigMap each."""

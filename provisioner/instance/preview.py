@@ -70,9 +70,15 @@ def run(kube: Kube, bundle: formats.Bundle, options: apply.Options, *, revision:
     new = preview.preview(prepared)
     before = preview.preview(installed(kube, name, system_namespace=system_namespace))
     changes = preview.diff(new, before)
-    summary = preview.summary(new, limit=preview.STATUS_LIMIT - 200)
+    added = preview.added_rules(new, before)  # what upgradePolicy: ApproveEscalations stops on
+    new_rules = [preview.cut(r) for r in added[: preview.NEW_RULES_LIMIT]]
+    if len(added) > preview.NEW_RULES_LIMIT:
+        new_rules.append(f"... and {len(added) - preview.NEW_RULES_LIMIT} more")
+    room = preview.STATUS_LIMIT - 200 - len(json.dumps(new_rules))
+    summary = preview.summary(new, limit=room)
     summary["revision"] = revision
     summary["changes"] = sum(1 for line in changes.splitlines() if line[:2] in ("+ ", "- "))
+    summary["newRules"] = new_rules
     body: Obj = {
         "apiVersion": "v1",
         "kind": "ConfigMap",

@@ -198,7 +198,12 @@ def resolve_source(kube: Kube, bd: Obj, action: plan.ResolveSource, resolve: Res
                 message = words.unresolved(source.get("type"), ref, err.message, where)
                 verdict = ("False", bundleplan.REASON_PENDING, message)
             if inline.unpacked_condition_message(bd) != verdict[2]:
-                write_status(kube, name, inline.unpacked_status(bd, verdict, now), api_version)
+                status = inline.unpacked_status(bd, verdict, now)
+                if isinstance(err, SignatureDenied):  # Verified says which policy refused it
+                    status = signatures.with_verified(
+                        status, signatures.refused(err), now=now, generation=action.generation
+                    )
+                write_status(kube, name, status, api_version)
                 event = plan.RecordEvent("Warning", verdict[1], verdict[2])
                 record_event(kube, bd, event, now=now)
             raise errors.Unavailable(verdict[2]) from None
@@ -212,7 +217,11 @@ def resolve_source(kube: Kube, bd: Obj, action: plan.ResolveSource, resolve: Res
         bundleplan.REASON_UNPACKING,
         f"pinned {described}; waiting for the instance",
     )
-    write_status(kube, name, inline.unpacked_status(bd, verdict, now, resolved=whole), api_version)
+    status = inline.unpacked_status(bd, verdict, now, resolved=whole)
+    images = [str(p["image"].get("ref")) for _, p in pins if p.get("type") == "image"]
+    checked = signatures.verified(resolve, images)  # Verified: which policy, key, identity
+    status = signatures.with_verified(status, checked, now=now, generation=action.generation)
+    write_status(kube, name, status, api_version)
     annotations[inline.PIN_ANNOTATION] = inline.pin_annotation(action.generation, now)
     kube.merge_patch(bd_ref(name, api_version), {"metadata": {"annotations": annotations}})
     record_event(kube, bd, plan.RecordEvent("Normal", "Resolved", f"pinned {described}"), now=now)

@@ -49,6 +49,7 @@ V1ALPHA2_ONLY = (
     "rollbackOnFailure",
     "dependsOn",
     "healthChecks",
+    "upgradePolicy",
 )
 COMMON = (
     "provisionerClassName",

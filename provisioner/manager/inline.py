@@ -5,8 +5,7 @@ under the controller, which picks the planner by ``conversion.origin``; both han
 actions to ``actuate``. Pure: it never talks to the API nor reads the clock
 (``Observed.now``). The flow for a live BD:
 
-1. add the uninstall finalizer; ``spec.paused`` plans nothing more (deletion still
-   runs, as ``plan`` runs it);
+1. add the uninstall finalizer (deletion runs, paused or not, as ``plan`` runs it);
 2. refuse what cannot be installed, in upstream's words where upstream has them: a
    source type we do not fetch, and under ``spec.requireImmutableRefs`` an image tag, a
    git branch or tag, an http URL without a content digest;
@@ -14,7 +13,9 @@ actions to ``actuate``. Pure: it never talks to the API nor reads the clock
    ``PIN_ANNOTATION`` (the generation it was pinned for, and when). A pin holds until the
    generation changes or, with ``spec.pollInterval``, until that interval passed; never
    on a resync, so nothing pivots silently;
-4. install the pinned content with run-to-completion instance pods (``runs``), the
+4. under ``spec.paused``, preview the pin instead (``_plan_preview``) and install it only
+   once approved; a reviewed pin holds when only ``paused`` changed (``approval``);
+   otherwise install the pinned content with run-to-completion instance pods (``runs``), the
    revision named ``<bd>-<hash of the pin and format>``; the instance pod mounts the pin
    as its CSI volume, nothing is copied through the API server;
 5. undo drift and damp fights exactly as ``plan`` does;
@@ -34,7 +35,17 @@ from typing import Any
 
 from provisioner.engine import words
 from provisioner.engine.objects import Obj, condition, json_annotation, meta_of
-from provisioner.manager import conversion, generate, model, plan, revisions, runs, sources
+from provisioner.manager import (
+    approval,
+    conversion,
+    generate,
+    model,
+    plan,
+    revisions,
+    runs,
+    signatures,
+    sources,
+)
 from provisioner.manager.actions import (
     Action,
     AddFinalizer,
@@ -47,6 +58,8 @@ from provisioner.manager.actions import (
 from provisioner.manager.model import Settings
 
 UNPACKED = "Unpacked"
+VERIFIED = signatures.VERIFIED
+"""Written with the pin by ``actuate.resolve_source`` (``signatures``), carried over here."""
 PIN_ANNOTATION = "core.rukpak.io/pinned"
 """``{"generation": G, "at": RFC 3339}``: which generation ``status.resolvedSource`` pins."""
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
@@ -187,12 +200,24 @@ def pinned_sources(bd: Obj, entries: Entries) -> Obj | None:
     return sources.several(out)
 
 
-def _pin_current(bd: Obj, spec: Obj, now: str) -> tuple[bool, float | None]:
-    """(whether the recorded pin holds, seconds until ``pollInterval`` re-pins)."""
+def _pin_current(
+    bd: Obj, spec: Obj, now: str, *, bundle_format: str, installed: str | None
+) -> tuple[bool, float | None]:
+    """(whether the recorded pin holds, seconds until ``pollInterval`` re-pins). A pin its
+    preview reviewed holds across a change of ``paused`` alone, and is installed before
+    ``pollInterval`` moves it (``approval``)."""
     pin = pin_of(bd)
     generation = int(meta_of(bd).get("generation") or 0)
-    if pin is None or pin[0] != generation or pinned_sources(bd, entries_of(spec)) is None:
+    resolved = pinned_sources(bd, entries_of(spec))
+    if pin is None or resolved is None:
         return False, None
+    revision = revision_name(bd, resolved, bundle_format)
+    kept = approval.reviewed(bd, revision)
+    if pin[0] != generation and not kept:
+        return False, None
+    held = spec.get("upgradePolicy") == approval.APPROVE_ESCALATIONS  # polled on: may move to a fix
+    if kept and not spec.get("paused") and installed != revision and not held:
+        return True, None
     interval = seconds_of(spec.get("pollInterval"))
     if interval is None:
         return True, None
@@ -241,6 +266,8 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
         ).installed
         verdicts[plan.INSTALLED] = installed
         verdicts[plan.HEALTHY] = plan.healthy(observed, installed)
+        if (checked := plan.conditions_of(bd).get(VERIFIED)) is not None:
+            verdicts[VERIFIED] = checked
         return actions + plan.status_actions(bd, "", verdicts, observed.now)
     assert bundle_format is not None
     kept = revisions.of_status(bd)
@@ -248,21 +275,32 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
     rolled_to = revisions.find(kept, rollback.revision) if rollback is not None else None
     rolled_pin = revisions.decode_pin(rolled_to.source) if rolled_to is not None else None
     poll: float | None = None
+    live = observed.record.bundle if observed.record is not None else None
     if rollback is not None and rolled_to is not None and rolled_pin is not None:
         # the kept pin, as it was: nothing is resolved, no server is asked
         target = runs.Target(rolled_to.name, rolled_pin, prefer_nodes=rolled_to.nodes)
         bd_run = revisions.with_config(bd, rolled_to.config)
     else:
         rollback = rolled_to = None
-        current, poll = _pin_current(bd, spec, observed.now)
+        current, poll = _pin_current(
+            bd, spec, observed.now, bundle_format=bundle_format, installed=live
+        )
         if not current:
             return [*actions, ResolveSource(entries, settings.system_namespace, generation)]
         resolved = pinned_sources(bd, entries)
         assert resolved is not None
         target = runs.Target(revision_name(bd, resolved, bundle_format), resolved)
         bd_run = bd
-    if spec.get("paused"):  # nothing applied: what the install would do, for approval
-        return actions + _plan_preview(bd_run, observed, target, settings)
+    approved: plan.Verdict | None = None
+    # paused: nothing applied but what was previewed and approved; upgradePolicy:
+    # ApproveEscalations: an upgrade granting more waits for an approval
+    upgrade = rolled_to is None and approval.gated(spec, live, target.bundle)
+    if spec.get("paused") or upgrade:
+        shown = _plan_preview(bd_run, observed, target, settings, upgrade=bool(upgrade))
+        approved = _approved(bd_run, target, upgrade=bool(upgrade))
+        if approved is None or approved[0] != "True":
+            return actions + shown
+        actions += [a for a in shown if isinstance(a, DeletePod)]
     more, decision = plan.run_install(bd_run, target, observed, settings)
     actions += more
     record = observed.record
@@ -300,6 +338,10 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
     conflict = plan.field_conflict(bd, observed)
     if conflict is not None:
         verdicts[plan.FIELD_CONFLICT] = conflict
+    if approved is not None:
+        verdicts[approval.APPROVED] = approved
+    if (checked := plan.conditions_of(bd).get(VERIFIED)) is not None:
+        verdicts[VERIFIED] = checked  # written with the pin (``signatures.verified``)
     address = model.content_url(settings.content_base_url, model.name_of(bd))
     extra: Obj = {"contentURL": address} if address else {}
     extra.update(history)
@@ -311,15 +353,46 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
     return actions
 
 
+def _approved(bd: Obj, target: runs.Target, *, upgrade: bool) -> plan.Verdict | None:
+    """``Approved`` once ``status.preview`` reviewed ``target`` (None before): True when it
+    may be installed (``approval.verdict``)."""
+    if not approval.reviewed(bd, target.bundle):
+        return None
+    shown = (bd.get("status") or {}).get("preview")
+    rules = approval.new_rules_of(shown) if upgrade else None
+    digests = approval.digests_of(target.resolved)
+    return approval.verdict(bd, target.bundle, digests, model.name_of(bd), new_rules=rules)
+
+
 def _plan_preview(
-    bd: Obj, observed: plan.Observed, target: runs.Target, settings: Settings
+    bd: Obj,
+    observed: plan.Observed,
+    target: runs.Target,
+    settings: Settings,
+    *,
+    upgrade: bool = False,
 ) -> list[Action]:
     """A paused BD: a preview run of ``target`` (``instance --preview``) whose summary goes to
-    ``status.preview``; unpausing is the approval."""
+    ``status.preview`` with the digests it reviewed, and ``Approved`` saying how to approve
+    it (``approval``)."""
     want = generate.instance_run_pod(bd, target.bundle, target.resolved, settings, 0, preview=True)
     want_name = model.name_of(want)
     shown = (bd.get("status") or {}).get("preview")
-    done = isinstance(shown, dict) and shown.get("pod") == want_name
+    done = (
+        isinstance(shown, dict)
+        and shown.get("pod") == want_name
+        and shown.get("specHash") == approval.spec_hash(bd.get("spec") or {})
+    )  # (a change of the spec the pod does not show is recorded again, from the same run)
+    digests = approval.digests_of(target.resolved)
+    conditions = plan.conditions_of(bd)
+
+    def judged(preview: Obj) -> dict[str, plan.Verdict]:
+        if preview.get("error"):
+            return conditions
+        seen = {**bd, "status": {**(bd.get("status") or {}), "preview": preview}}
+        verdict = _approved(seen, target, upgrade=upgrade)
+        return conditions if verdict is None else {**conditions, approval.APPROVED: verdict}
+
     out: list[Action] = []
     found: Obj | None = None
     for pod in observed.pods:
@@ -330,7 +403,8 @@ def _plan_preview(
         elif not runs.deleting(pod):
             out.append(DeletePod(settings.system_namespace, model.name_of(pod)))
     if done:
-        return out
+        assert isinstance(shown, dict)
+        return [*out, *plan.status_actions(bd, "", judged(shown), observed.now)]
     if found is None:
         if observed.other_runs >= settings.max_concurrent_runs:
             return [*out, Requeue(runs.RUN_SLOT_WAIT, runs.SLOT_WAIT_WHY)]
@@ -342,6 +416,7 @@ def _plan_preview(
         "revision": target.bundle,
         "pod": want_name,
         "generation": meta_of(bd).get("generation"),
+        **approval.preview_fields(bd, target.resolved),
     }
     event: plan.RecordEvent
     if phase == "Failed":
@@ -354,18 +429,19 @@ def _plan_preview(
             summary = None
         if not isinstance(summary, dict):
             summary = {"error": "the preview run left no summary"}
-        result.update({k: v for k, v in summary.items() if k not in ("pod", "revision")})
+        result.update({k: v for k, v in summary.items() if k not in result})
         escalations = summary.get("escalations") or []
         event = plan.RecordEvent(
             "Warning" if escalations else "Normal",
             "PreviewReady",
             f"preview of {sources.describe(target.resolved)}: {summary.get('objects', 0)} "
-            f"objects, {len(escalations)} escalation(s) to review; approve by setting "
-            "spec.paused to false (rukpak preview shows all)",
+            f"objects, {len(escalations)} escalation(s) to review (rukpak preview shows all); "
+            f"approve {', '.join(digests) or target.bundle} with rukpak approve, or set "
+            "spec.paused to false",
         )
     return [
         *out,
-        *plan.status_actions(bd, "", plan.conditions_of(bd), observed.now, {"preview": result}),
+        *plan.status_actions(bd, "", judged(result), observed.now, {"preview": result}),
         event,
     ]
 

@@ -12,6 +12,13 @@ instead of a pod stuck in ContainerCreating. The node plugin checks again at pub
 (``csi.node.publish``): the manager's answer is a fast, early report, the plugin's is the
 enforcement.
 
+The pin of a v1alpha2 BundleDeployment (``actuate.resolve_source``) also writes its
+``Verified`` condition (:func:`verified`, :func:`with_verified`): True naming each policy
+and the key or keyless identity that verified the image; False with what failed (an
+enforcing policy's refusal, reason :data:`REASON`; a warn-mode policy's, reason
+:data:`REASON_WARNED`); absent when no policy selects its images. The planner carries it
+over until the next pin.
+
 :func:`policy_status` is the status of one policy: ``Valid`` True, or False with what to
 fix (a broken spec, a key Secret that is missing or holds no public key).
 """
@@ -19,6 +26,8 @@ fix (a broken spec, a key Secret that is missing or holds no public key).
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 
 from provisioner.engine.kube import Kube
@@ -29,7 +38,7 @@ from rukpak.common import errors
 from rukpak.oci.auth import Credentials
 from rukpak.signing import keys
 from rukpak.signing import policy as signing
-from rukpak.signing.gate import ClientFactory, Gate
+from rukpak.signing.gate import ClientFactory, Gate, SignatureDenied, Verdict
 from rukpak.signing.policy import KeyAuthority
 
 log = logging.getLogger("rukpak.manager")
@@ -38,6 +47,11 @@ REASON = bundleplan.REASON_SIGNATURE
 """The reason of ``Unpacked`` (and of ``HasValidBundle``) when a policy refused the image."""
 API_VERSION = f"{signing.GROUP}/{signing.VERSION}"
 VALID = "Valid"
+VERIFIED = "Verified"
+"""A v1alpha2 BundleDeployment's condition: did the policies selecting its images verify them."""
+REASON_VERIFIED = "Verified"
+REASON_WARNED = "NotVerified"
+"""A warn-mode policy was not satisfied: installed anyway, and said so."""
 
 
 def read_secret(kube: Kube, namespace: str, name: str) -> bytes:
@@ -63,11 +77,16 @@ def gate(
 
 
 class SignedResolver:
-    """A tag resolver whose pinned digest must satisfy every policy selecting it."""
+    """A tag resolver whose pinned digest must satisfy every policy selecting it; it keeps
+    the verdict of each digest it pinned (the last ``MEMO`` of them) for :func:`verified`."""
+
+    MEMO = 1024
 
     def __init__(self, resolve: ImageResolver, checker: Gate) -> None:
         self._resolve = resolve
         self._gate = checker
+        self._lock = threading.Lock()
+        self._verdicts: OrderedDict[str, Verdict | None] = OrderedDict()
 
     def __call__(self, ref: str, /, *, credentials: Credentials | None = None) -> str:
         pinned = self._resolve(ref, credentials=credentials)
@@ -75,7 +94,64 @@ class SignedResolver:
         if verdict is not None:
             for warning in verdict.warnings:
                 log.warning("msg=%r image=%s %s", "signature policy warning", ref, warning)
+        with self._lock:
+            self._verdicts[pinned] = verdict
+            self._verdicts.move_to_end(pinned)
+            while len(self._verdicts) > self.MEMO:
+                self._verdicts.popitem(last=False)
         return pinned
+
+    def verdict(self, pinned: str) -> Verdict | None:
+        """The verdict of ``pinned`` (``repository@digest``) when this resolver pinned it:
+        None when no policy selected it or it was not pinned here."""
+        with self._lock:
+            return self._verdicts.get(pinned)
+
+
+def verified(resolve: object, pinned_images: list[str]) -> tuple[str, str, str] | None:
+    """The ``Verified`` condition (status, reason, message) of content whose images are
+    ``pinned_images`` (``repository@digest``, as pinned by ``resolve``): True naming each
+    policy and the key or identity that verified it; False, :data:`REASON_WARNED`, when a
+    warn-mode policy was not satisfied; None when no policy selects any of them."""
+    if not isinstance(resolve, SignedResolver):
+        return None
+    found = [(image, v) for image in pinned_images if (v := resolve.verdict(image)) is not None]
+    if not found:
+        return None
+    warnings = [f"{image}: {w}" for image, v in found for w in v.warnings]
+    if warnings:
+        return "False", REASON_WARNED, "; ".join(warnings)[:1024]
+    said = [f"{image}: {'; '.join(v.verified)}" for image, v in found]
+    return "True", REASON_VERIFIED, "; ".join(said)[:1024]
+
+
+def refused(err: SignatureDenied) -> tuple[str, str, str]:
+    """The ``Verified`` condition of an image a policy refused."""
+    return "False", REASON, err.message[:1024]
+
+
+def with_verified(
+    status: Obj, condition: tuple[str, str, str] | None, *, now: str, generation: int
+) -> Obj:
+    """``status`` (a status patch holding every condition) with ``Verified`` set to
+    ``condition``, or left out when it is None (no policy selects the content)."""
+    old: Obj = next((c for c in status.get("conditions") or [] if c.get("type") == VERIFIED), {})
+    conditions = [c for c in status.get("conditions") or [] if c.get("type") != VERIFIED]
+    if condition is not None:
+        kept, reason, message = condition
+        if old.get("status") == kept:
+            now = str(old.get("lastTransitionTime") or now)
+        conditions.append(
+            {
+                "type": VERIFIED,
+                "status": kept,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": now,
+                "observedGeneration": generation,
+            }
+        )
+    return {**status, "conditions": conditions}
 
 
 def policy_status(obj: Obj, *, read: Callable[[str], bytes], now: str) -> Obj:

@@ -27,7 +27,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rukpak.common import errors
 from rukpak.oci.auth import Credentials
@@ -64,6 +64,8 @@ class Verdict:
     policies: tuple[str, ...]
     warnings: tuple[str, ...] = ()
     remembered: bool = False
+    verified: tuple[str, ...] = ()
+    """Per satisfied policy, what satisfied it ("ClusterBundlePolicy 'p': signed for ...")."""
 
 
 class Gate:
@@ -106,16 +108,16 @@ class Gate:
                 self._memo.move_to_end(key)
                 verdict = hit[0]
                 self._observe("remembered")
-                return Verdict(
-                    verdict.digest, verdict.pinned, verdict.policies, verdict.warnings, True
-                )
+                return replace(verdict, remembered=True)
         with self._client(credentials) as client:
             digest = ref.digest or client.resolve(ref).digest
             found = discover.signatures(client, ref, digest)
         warnings: list[str] = []
+        verified: list[str] = []
         for policy in selecting:
             outcome = verify.check(policy, found, digest, read_secret=self._read_secret)
             if outcome.ok:
+                verified.append(f"ClusterBundlePolicy {policy.name!r}: {outcome.reason}")
                 continue
             if policy.mode == "enforce":
                 log.warning(
@@ -135,6 +137,7 @@ class Gate:
             pinned=str(ref.with_digest(digest)),
             policies=tuple(p.name for p in selecting),
             warnings=tuple(warnings),
+            verified=tuple(verified),
         )
         log.info(
             "msg=%r image=%s digest=%s policies=%s warnings=%d",

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cryptography import x509
+
 from rukpak.common import errors
 from rukpak.signing import cosign, keyless, keys
 from rukpak.signing.discover import Found
@@ -61,8 +63,8 @@ def check(policy: Policy, found: Found, digest: str, *, read_secret: SecretReade
         own.append(sig)
     for authority in policy.authorities:
         try:
-            if _satisfies(authority, own, read_secret, reasons):
-                return Outcome(policy.name, True, f"signed for authority {authority.name!r}")
+            if (by := _satisfies(authority, own, read_secret, reasons)) is not None:
+                return Outcome(policy.name, True, f"signed for authority {authority.name!r} ({by})")
         except errors.RukpakError as exc:
             reasons.append(f"authority {authority.name!r}: {exc.message}")
     detail = "; ".join(dict.fromkeys(reasons)) or "no authority accepted a signature"
@@ -80,18 +82,21 @@ def _satisfies(
     signatures: list[cosign.Signature],
     read_secret: SecretReader,
     reasons: list[str],
-) -> bool:
+) -> str | None:
+    """What verified a signature for ``authority`` (its key, or the certificate's identity);
+    None when nothing did (``reasons`` says why)."""
     if isinstance(authority, KeyAuthority):
         pem = authority.pem or read_secret(authority.secret)
         what = f"authority {authority.name!r}"
         public = keys.load_public_keys(pem, what=f"{what} key")
         for sig in signatures:
-            if any(keys.verifies(key, sig.signature, sig.payload) for key in public):
-                return True
+            for key in public:
+                if keys.verifies(key, sig.signature, sig.payload):
+                    return f"key {keys.fingerprint(key)}"
         names = ", ".join(keys.fingerprint(k) for k in public)
         if signatures:
             reasons.append(f"{what}: no signature verifies with key {names}")
-        return False
+        return None
     for sig in signatures:
         if sig.certificate is None:
             reasons.append(f"authority {authority.name!r}: {sig.where} has no certificate")
@@ -109,5 +114,11 @@ def _satisfies(
         except errors.RukpakError as exc:
             reasons.append(f"authority {authority.name!r}: {exc.message}")
             continue
-        return True
-    return False
+        try:
+            issuer, subject = keyless.certificate_identity(
+                x509.load_pem_x509_certificate(sig.certificate)
+            )
+        except (ValueError, errors.RukpakError):
+            return "keyless"
+        return f"keyless: identity {subject or '?'} issued by {issuer or '?'}"
+    return None
