@@ -21,6 +21,7 @@ pushed since).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -64,6 +65,9 @@ class Verdict:
     policies: tuple[str, ...]
     warnings: tuple[str, ...] = ()
     remembered: bool = False
+    satisfied: tuple[str, ...] = ()
+    """What satisfied each enforcing policy ("ClusterBundlePolicy 'p': signed for authority
+    'release'"), for the pod's event (``csi.node.publish``) and logs."""
 
 
 class Gate:
@@ -106,16 +110,16 @@ class Gate:
                 self._memo.move_to_end(key)
                 verdict = hit[0]
                 self._observe("remembered")
-                return Verdict(
-                    verdict.digest, verdict.pinned, verdict.policies, verdict.warnings, True
-                )
+                return dataclasses.replace(verdict, remembered=True)
         with self._client(credentials) as client:
             digest = ref.digest or client.resolve(ref).digest
             found = discover.signatures(client, ref, digest)
         warnings: list[str] = []
+        satisfied: list[str] = []
         for policy in selecting:
             outcome = verify.check(policy, found, digest, read_secret=self._read_secret)
             if outcome.ok:
+                satisfied.append(f"ClusterBundlePolicy {policy.name!r}: {outcome.reason}")
                 continue
             if policy.mode == "enforce":
                 log.warning(
@@ -135,6 +139,7 @@ class Gate:
             pinned=str(ref.with_digest(digest)),
             policies=tuple(p.name for p in selecting),
             warnings=tuple(warnings),
+            satisfied=tuple(satisfied),
         )
         log.info(
             "msg=%r image=%s digest=%s policies=%s warnings=%d",
