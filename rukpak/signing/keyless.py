@@ -385,8 +385,13 @@ def verify(
     payload: bytes,
     root: TrustRoot,
     identities: Sequence[Identity],
+    timestamp_at: datetime | None = None,
 ) -> None:
-    """The whole keyless check. With Rekor keys in ``root`` a bundle is required and the
+    """The whole keyless check. ``timestamp_at``: when an RFC 3161 timestamp the caller
+    verified (``rukpak.signing.timestamps``) says the signature existed; the certificate
+    path must be valid then (unless a Rekor key gives the log's time, which wins).
+
+    With Rekor keys in ``root`` a bundle is required and the
     certificate path must be valid at its integrated time. Without them a bundle is
     ignored and NO validity period is checked (no trusted time; Fulcio certificates live
     ten minutes): only the chain, the identity and the signature. Then the signature
@@ -399,6 +404,8 @@ def verify(
         at = verify_rekor_bundle(
             bundle_json, root, signature_b64=signature_b64, payload=payload, cert_pem=cert_pem
         )
+    if at is None:
+        at = timestamp_at
     key = _verify_chain(cert_pem, chain_pem, root, identities, at)
     if not _verifies(key, _b64(signature_b64, "signature"), payload, by_curve=True):
         raise KeylessError("signature does not verify over the payload with the certificate key")

@@ -19,7 +19,8 @@ The facts, as cosign 3.1 writes them for ``cosign sign --key`` (checked against 
 - ``verificationMaterial`` holds a key hint (``publicKey``), a leaf certificate
   (``certificate``, v0.3) or a chain (``x509CertificateChain``, v0.1 and v0.2), and the
   transparency log entries (``tlogEntries``), each with its signed entry timestamp
-  (``inclusionPromise``) when the log gave one.
+  (``inclusionPromise``) when the log gave one, and RFC 3161 timestamps
+  (``timestampVerificationData``, read by ``rukpak.signing.timestamps``) when a TSA did.
 
 A bundle that signs a message by digest (``messageSignature``) names no image: it is
 skipped with that reason, as cosign does for image verification.
@@ -35,7 +36,7 @@ from typing import Any, Final
 
 from rukpak.common import errors
 from rukpak.oci import digest as digests
-from rukpak.signing import cosign
+from rukpak.signing import cosign, timestamps
 
 BUNDLE_V03: Final[str] = "application/vnd.dev.sigstore.bundle.v0.3+json"
 BUNDLE_TYPES: Final[frozenset[str]] = frozenset(
@@ -130,6 +131,7 @@ def signature(body: bytes, *, where: str) -> cosign.Signature:
         chain=chain,
         bundle=_rekor_bundle(material, where),
         subject_digest=subject_digest(payload, where=where),
+        timestamps=timestamps.from_bundle(material),
     )
 
 

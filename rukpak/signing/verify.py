@@ -10,7 +10,10 @@ A signature counts for an authority when its payload names the digest and
 - ``key``: it verifies with one of the authority's public keys;
 - ``keyless``: its certificate chains to the authority's Fulcio root, names one of its
   identities and holds the signing key, and (with a Rekor key) its Rekor bundle is signed
-  by that log and records this very signature (``rukpak.signing.keyless``).
+  by that log and records this very signature (``rukpak.signing.keyless``);
+- and, when the authority names a TSA (``rfc3161timestamp``), one of its RFC 3161
+  timestamps verifies under that TSA's chain over the signature
+  (``rukpak.signing.timestamps``); a keyless certificate must then be valid at that time.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rukpak.common import errors
-from rukpak.signing import cosign, keyless, keys
+from rukpak.signing import cosign, keyless, keys, timestamps
 from rukpak.signing.discover import Found
 from rukpak.signing.policy import Authority, KeyAuthority, Policy
 
@@ -85,11 +88,21 @@ def _satisfies(
         pem = authority.pem or read_secret(authority.secret)
         what = f"authority {authority.name!r}"
         public = keys.load_public_keys(pem, what=f"{what} key")
+        verified = False
         for sig in signatures:
-            if any(keys.verifies(key, sig.signature, sig.payload) for key in public):
+            if not any(keys.verifies(key, sig.signature, sig.payload) for key in public):
+                continue
+            verified = True
+            if not authority.tsa:
                 return True
+            try:
+                timestamps.verify(sig.timestamps, sig.signature, authority.tsa)
+            except errors.InvalidArgument as exc:
+                reasons.append(f"{what}: {sig.where}: {exc.message}")
+                continue
+            return True
         names = ", ".join(keys.fingerprint(k) for k in public)
-        if signatures:
+        if signatures and not verified:
             reasons.append(f"{what}: no signature verifies with key {names}")
         return False
     for sig in signatures:
@@ -97,7 +110,13 @@ def _satisfies(
             reasons.append(f"authority {authority.name!r}: {sig.where} has no certificate")
             continue
         try:
+            stamped = (
+                timestamps.verify(sig.timestamps, sig.signature, authority.tsa)
+                if authority.tsa
+                else None
+            )
             keyless.verify(
+                timestamp_at=stamped,
                 cert_pem=sig.certificate,
                 chain_pem=sig.chain,
                 bundle_json=sig.bundle,

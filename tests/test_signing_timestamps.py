@@ -1,0 +1,211 @@
+"""RFC 3161 timestamps on signatures, against real components: sigstore's timestamp
+authority (``timestamp-server``, built from its Go module by ``hack/gotool.sh tsa``, with
+its in-memory signer and its own test chain) on loopback, the test registry, and cosign
+2.6.5 and 3.1.3 signing with it (cosign 2: ``--timestamp-server-url``, the timestamp in a
+layer annotation; cosign 3: a signing config naming the TSA, the timestamp in the
+Sigstore bundle).
+
+A ClusterBundlePolicy authority with ``rfc3161timestamp.certificateChain`` accepts a
+signature only when one of its timestamps verifies under that chain over the signature:
+the TSA's own chain is accepted, another chain is refused, and so is a signature without
+a timestamp.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from rukpak.common import errors
+from rukpak.oci.client import RegistryClient
+from rukpak.oci.reference import Reference
+from rukpak.signing import discover, timestamps
+from rukpak.signing import policy as signing
+from rukpak.signing.gate import SignatureDenied
+from tests import tls_helpers
+from tests.csi_helpers import PushedImage, simple_image
+from tests.registry import RegistryServer, _die_with_parent, free_port
+from tests.signing_helpers import GOTOOL, Cosign, cosign, cosign3
+from tests.test_signing import gate_of, key_authority
+
+pytestmark = pytest.mark.registry
+__all__ = ["cosign", "cosign3"]  # the session fixtures, used by name
+START_TIMEOUT = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TSA:
+    url: str  # the timestamp API cosign is given
+    chain: str  # the TSA's certificate chain (PEM: leaf, intermediate, root)
+
+
+def _tsa_binary() -> Path:
+    done = subprocess.run(
+        ["bash", str(GOTOOL), "tsa", "--quiet"], capture_output=True, text=True, timeout=900
+    )
+    if done.returncode != 0:
+        pytest.fail(f"hack/gotool.sh tsa failed (it needs go):\n{done.stderr}")
+    found = subprocess.run(
+        ["bash", str(GOTOOL), "tsa", "--print-path"], capture_output=True, text=True, check=True
+    )
+    return Path(found.stdout.strip())
+
+
+@pytest.fixture(scope="module")
+def tsa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TSA]:
+    binary = _tsa_binary()
+    port = free_port()
+    log = tmp_path_factory.mktemp("tsa") / "tsa.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [str(binary), "serve", "--host", "127.0.0.1", "--port", str(port),
+             "--timestamp-signer", "memory"],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+        )  # fmt: skip
+    base = f"http://127.0.0.1:{port}/api/v1/timestamp"
+    try:
+        chain = ""
+        deadline = time.monotonic() + START_TIMEOUT
+        while not chain and time.monotonic() < deadline and process.poll() is None:
+            with contextlib.suppress(requests.RequestException):
+                answer = requests.get(f"{base}/certchain", timeout=2)
+                if answer.status_code == 200:
+                    chain = answer.text
+                    break
+            time.sleep(0.1)  # the server is starting: no event to wait on but its port
+        if not chain:
+            pytest.fail(f"timestamp-server did not start:\n{log.read_text()[-2000:]}")
+        yield TSA(url=base, chain=chain)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def pinned(pushed: PushedImage) -> str:
+    return f"{Reference.parse(pushed.ref).name}@{pushed.manifest_digest}"
+
+
+def policy_for(glob: str, public: bytes, chain: str | None, *, name: str = "stamped") -> Any:
+    authority: dict[str, Any] = key_authority(public)
+    if chain is not None:
+        authority["rfc3161timestamp"] = {"certificateChain": chain}
+    return signing.parse(
+        {
+            "metadata": {"name": name, "uid": f"uid-{name}", "generation": 1},
+            "spec": {"images": [{"glob": glob}], "authorities": [authority]},
+        }
+    )
+
+
+def sign2(c: Cosign, pushed: PushedImage, key: Path, tsa: TSA | None) -> None:
+    extra = ["--timestamp-server-url", tsa.url] if tsa else []
+    c.sign(pinned(pushed), key, *extra)
+
+
+def sign3(c: Cosign, pushed: PushedImage, key: Path, tsa: TSA | None) -> None:
+    config = c.home / ("sc-tsa.json" if tsa else "sc.json")
+    if not config.exists():
+        spec = [
+            "--tsa", f"url={tsa.url},api-version=1,start-time=2024-01-01T00:00:00Z,operator=local",
+            "--tsa-config", "ANY",
+        ] if tsa else []  # fmt: skip
+        c.run("signing-config", "create", *spec, "--out", str(config))
+    c.run(
+        "sign", "--yes", "--key", str(key), "--signing-config", str(config),
+        "--allow-http-registry", "--allow-insecure-registry", pinned(pushed),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("version", ["cosign2", "cosign3"])
+def test_a_signature_timestamped_by_the_tsa_satisfies_an_authority_naming_its_chain(
+    version: str, tsa: TSA, registry: RegistryServer, request: pytest.FixtureRequest
+) -> None:
+    c: Cosign = request.getfixturevalue("cosign" if version == "cosign2" else "cosign3")
+    sign = sign2 if version == "cosign2" else sign3
+    key, public = c.key_pair(f"tsa-{version}")
+    glob = f"{registry.host}/stamped-{version}/*"
+    stamped = simple_image(registry.host, f"stamped-{version}/yes", text="stamped")
+    sign(c, stamped, key, tsa)
+    with RegistryClient(timeout=10) as client:
+        found = discover.signatures(client, Reference.parse(stamped.ref), stamped.manifest_digest)
+    assert [len(s.timestamps) for s in found.signatures] == [1], found.skipped
+    verdict = gate_of(policy_for(glob, public.read_bytes(), tsa.chain)).check(stamped.ref)
+    assert verdict is not None and verdict.digest == stamped.manifest_digest
+    # another TSA's chain: the same signature is refused, saying why
+    other = tls_helpers.make_ca("another-tsa").pem
+    with pytest.raises(SignatureDenied, match="no RFC 3161 timestamp verifies"):
+        gate_of(policy_for(glob, public.read_bytes(), other, name="other")).check(stamped.ref)
+    # a signature without a timestamp: accepted without a TSA, refused with one
+    plain = simple_image(registry.host, f"stamped-{version}/no", text="plain")
+    sign(c, plain, key, None)
+    assert gate_of(policy_for(glob, public.read_bytes(), None, name="any")).check(plain.ref)
+    with pytest.raises(SignatureDenied, match="carries no RFC 3161 timestamp"):
+        gate_of(policy_for(glob, public.read_bytes(), tsa.chain, name="p2")).check(plain.ref)
+
+
+def test_a_timestamp_over_another_signature_does_not_verify(tsa: TSA) -> None:
+    """The TSA's token for one signature is not one for another (pure check of the
+    verifier on a real token)."""
+    token = requests.post(
+        tsa.url,
+        data=_request_for(b"the signature"),
+        headers={"Content-Type": "application/timestamp-query"},
+        timeout=10,
+    ).content
+    chain = timestamps.load_chain(tsa.chain.encode(), what="chain")
+    assert timestamps.verify([token], b"the signature", chain).year >= 2026
+    with pytest.raises(timestamps.TimestampError, match="timestamp 0"):
+        timestamps.verify([token], b"another signature", chain)
+    with pytest.raises(timestamps.TimestampError, match="not a TimeStampResp"):
+        timestamps.verify([b"garbage"], b"the signature", chain)
+
+
+def _request_for(message: bytes) -> bytes:
+    from rfc3161_client import TimestampRequestBuilder
+
+    built = TimestampRequestBuilder().data(message).cert_request(cert_request=True).build()
+    return bytes(built.as_bytes())
+
+
+@pytest.mark.parametrize(
+    ("chain", "words"),
+    [
+        ("not PEM", "rfc3161timestamp.certificateChain is not PEM certificates"),
+        ("LEAF", "rfc3161timestamp.certificateChain has no root (self-signed) certificate"),
+    ],
+)
+def test_a_policy_whose_tsa_chain_is_not_a_whole_chain_is_invalid(
+    chain: str, words: str, tmp_path: Path
+) -> None:
+    if chain == "LEAF":  # a certificate its CA signed, without the CA
+        chain = tls_helpers.pem_of(tls_helpers.issue(tls_helpers.make_ca(), tmp_path, "leaf"))
+    obj = {
+        "metadata": {"name": "p"},
+        "spec": {
+            "images": [{"glob": "r/*"}],
+            "authorities": [
+                {
+                    "name": "a",
+                    "key": {"secretRef": {"name": "k"}},
+                    "rfc3161timestamp": {"certificateChain": chain},
+                }
+            ],
+        },
+    }
+    with pytest.raises(errors.InvalidArgument, match=re.escape(words)):
+        signing.parse(obj)
+    assert "rfc3161timestamp" in signing.parse(obj, strict=False).problem
