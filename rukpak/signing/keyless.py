@@ -391,8 +391,8 @@ def verify(
     verified (``rukpak.signing.timestamps``) says the signature existed; the certificate
     path must be valid then (unless a Rekor key gives the log's time, which wins).
 
-    With Rekor keys in ``root`` a bundle is required and the
-    certificate path must be valid at its integrated time. Without them a bundle is
+    With Rekor keys in ``root`` a bundle is required and the certificate path must be
+    valid at its integrated time. Without them (and without ``timestamp_at``) a bundle is
     ignored and NO validity period is checked (no trusted time; Fulcio certificates live
     ten minutes): only the chain, the identity and the signature. Then the signature
     over ``payload`` must verify with the leaf key (ECDSA with SHA-256, or SHA-384 on
