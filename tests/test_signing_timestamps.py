@@ -13,25 +13,30 @@ a timestamp.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
+import json
 import re
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
+from cryptography.hazmat.primitives import serialization
 
 from rukpak.common import errors
 from rukpak.oci.client import RegistryClient
 from rukpak.oci.reference import Reference
-from rukpak.signing import discover, timestamps
+from rukpak.signing import discover, keys, sigstore, timestamps, verify
 from rukpak.signing import policy as signing
+from rukpak.signing.discover import Found
 from rukpak.signing.gate import SignatureDenied
-from tests import tls_helpers
+from tests import signing_helpers, tls_helpers
 from tests.csi_helpers import PushedImage, simple_image
 from tests.registry import RegistryServer, _die_with_parent, free_port
 from tests.signing_helpers import GOTOOL, Cosign, cosign, cosign3
@@ -40,6 +45,8 @@ from tests.test_signing import gate_of, key_authority
 pytestmark = pytest.mark.registry
 __all__ = ["cosign", "cosign3"]  # the session fixtures, used by name
 START_TIMEOUT = 60.0
+NAME = "registry.example.com/bundles/app"
+DIGEST = "sha256:" + "a" * 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,3 +216,66 @@ def test_a_policy_whose_tsa_chain_is_not_a_whole_chain_is_invalid(
     with pytest.raises(errors.InvalidArgument, match=re.escape(words)):
         signing.parse(obj)
     assert "rfc3161timestamp" in signing.parse(obj, strict=False).problem
+
+
+def keyless_bundle(tsa: TSA, leaf_key: Any, leaf: Any, *, stamped: bool = True) -> bytes:
+    """A v0.3 bundle signed with ``leaf`` as cosign 3 writes it keyless, with the TSA's
+    token over its signature when ``stamped``."""
+    payload = sigstore.statement(NAME, DIGEST)
+    signature = keys.sign(leaf_key, sigstore.pae(sigstore.IN_TOTO, payload))
+    doc = json.loads(sigstore.dsse_bundle(payload, signature, key_hint="unused"))
+    raw_cert = base64.b64encode(leaf.public_bytes(serialization.Encoding.DER)).decode()
+    material: dict[str, Any] = {"certificate": {"rawBytes": raw_cert}}
+    if stamped:
+        token = requests.post(
+            tsa.url,
+            data=_request_for(signature),
+            headers={"Content-Type": "application/timestamp-query"},
+            timeout=10,
+        ).content
+        material["timestampVerificationData"] = {
+            "rfc3161Timestamps": [{"signedTimestamp": base64.b64encode(token).decode()}]
+        }
+    doc["verificationMaterial"] = material
+    return json.dumps(doc).encode()
+
+
+def keyless_check(root: Any, body: bytes, chain: str | None) -> Any:
+    authority: dict[str, Any] = {
+        "name": "ci",
+        "keyless": {
+            "identities": [{"issuer": signing_helpers.OIDC, "subject": signing_helpers.EMAIL}],
+            "trustRoot": {"fulcioCertificates": signing_helpers.pem(root.cert).decode()},
+        },
+    }
+    if chain is not None:
+        authority["rfc3161timestamp"] = {"certificateChain": chain}
+    policy = signing.parse(
+        {
+            "metadata": {"name": "keyless", "uid": "u", "generation": 1},
+            "spec": {"images": [{"glob": "*"}], "authorities": [authority]},
+        }
+    )
+    found = Found(signatures=[sigstore.signature(body, where=f"{NAME}@{DIGEST}")])
+    return verify.check(policy, found, DIGEST, read_secret=lambda name: b"")
+
+
+def test_a_keyless_certificate_must_be_valid_when_the_tsa_says_the_signature_was_made(
+    tsa: TSA,
+) -> None:
+    root = signing_helpers.make_ca("fulcio-root")
+    fresh_key, fresh = signing_helpers.make_leaf(root, not_before=datetime.now(UTC))
+    outcome = keyless_check(root, keyless_bundle(tsa, fresh_key, fresh), tsa.chain)
+    assert outcome.ok, outcome.reason
+    # a certificate that had expired when the TSA stamped the signature
+    old_key, old = signing_helpers.make_leaf(
+        root, not_before=datetime.now(UTC) - timedelta(hours=1)
+    )
+    late = keyless_bundle(tsa, old_key, old)
+    refused = keyless_check(root, late, tsa.chain)
+    assert not refused.ok and "certificate expired at" in refused.reason, refused.reason
+    # without a TSA (nor a Rekor key) no time is checked: the same bundle passes
+    assert keyless_check(root, late, None).ok
+    # and with one, an unstamped signature is refused
+    unstamped = keyless_check(root, keyless_bundle(tsa, fresh_key, fresh, stamped=False), tsa.chain)
+    assert not unstamped.ok and "carries no RFC 3161 timestamp" in unstamped.reason
