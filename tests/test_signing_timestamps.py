@@ -19,6 +19,7 @@ import dataclasses
 import json
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -27,7 +28,9 @@ from typing import Any
 
 import pytest
 import requests
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from rukpak.common import errors
 from rukpak.oci.client import RegistryClient
@@ -47,6 +50,7 @@ __all__ = ["cosign", "cosign3"]  # the session fixtures, used by name
 START_TIMEOUT = 60.0
 NAME = "registry.example.com/bundles/app"
 DIGEST = "sha256:" + "a" * 64
+DER = serialization.Encoding.DER
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,3 +283,82 @@ def test_a_keyless_certificate_must_be_valid_when_the_tsa_says_the_signature_was
     # and with one, an unstamped signature is refused
     unstamped = keyless_check(root, keyless_bundle(tsa, fresh_key, fresh, stamped=False), tsa.chain)
     assert not unstamped.ok and "carries no RFC 3161 timestamp" in unstamped.reason
+
+
+def trusted_root(tsa_url: str, chain: str, path: Path) -> Path:
+    """A Sigstore trusted root naming only a TSA (no log, no CA) with ``chain``: what
+    ``cosign verify --trusted-root`` checks a timestamp against, offline."""
+    certs = x509.load_pem_x509_certificates(chain.encode())
+    path.write_text(
+        json.dumps(
+            {
+                "mediaType": "application/vnd.dev.sigstore.trustedroot+json;version=0.1",
+                "tlogs": [],
+                "certificateAuthorities": [],
+                "ctlogs": [],
+                "timestampAuthorities": [
+                    {
+                        "subject": {"organization": "local", "commonName": "Test TSA"},
+                        "uri": tsa_url,
+                        "certChain": {
+                            "certificates": [
+                                {"rawBytes": base64.b64encode(c.public_bytes(DER)).decode()}
+                                for c in certs
+                            ]
+                        },
+                        "validFor": {"start": "2024-01-01T00:00:00Z"},
+                    }
+                ],
+            }
+        )
+    )
+    return path
+
+
+def cosign_verify_args(
+    fmt: str, cosign: Cosign, cosign3: Cosign, public: Path, tsa_url: str, chain: str, at: Path
+) -> tuple[list[str], Path]:
+    """``cosign verify`` of a key signature whose timestamp must verify under ``chain``:
+    cosign 3 with a trusted root (bundles), cosign 2 with the chain as a file."""
+    if fmt == "bundle":
+        root = trusted_root(tsa_url, chain, at / "trusted_root.json")
+        return [str(cosign3.binary), "verify", "--key", str(public), "--trusted-root",
+                str(root), "--use-signed-timestamps", "--insecure-ignore-tlog",
+                "--allow-http-registry", "--allow-insecure-registry"], cosign3.home  # fmt: skip
+    (at / "tsa-chain.pem").write_text(chain)
+    return [str(cosign.binary), "verify", "--key", str(public), "--timestamp-certificate-chain",
+            str(at / "tsa-chain.pem"), "--use-signed-timestamps", "--insecure-ignore-tlog",
+            "--allow-http-registry"], cosign.home  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt", ["bundle", "simple-signing"])
+def test_what_rukpak_signs_with_a_tsa_cosign_verifies_with_the_timestamp_offline(
+    fmt: str, tsa: TSA, registry: RegistryServer, cosign: Cosign, cosign3: Cosign, tmp_path: Path
+) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    (tmp_path / "key.pem").write_bytes(signing_helpers.private_pem(key))
+    public = tmp_path / "key.pub"
+    public.write_bytes(signing_helpers.public_pem(key))
+    pushed = simple_image(registry.host, f"stamped-by-rukpak/{fmt}", text=fmt)
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "rukpak"), "bundle", "sign", "--insecure",
+         "--key", str(tmp_path / "key.pem"), "--format", fmt,
+         "--timestamp-server-url", tsa.url, pinned(pushed)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    glob = f"{registry.host}/stamped-by-rukpak/*"
+    verdict = gate_of(policy_for(glob, public.read_bytes(), tsa.chain)).check(pushed.ref)
+    assert verdict is not None and verdict.digest == pushed.manifest_digest
+    for chain, accepted in ((tsa.chain, True), (tls_helpers.make_ca("other-tsa").pem, False)):
+        work = tmp_path / ("tsa" if accepted else "other")
+        work.mkdir()
+        args, home = cosign_verify_args(fmt, cosign, cosign3, public, tsa.url, chain, work)
+        checked = subprocess.run(
+            [*args, pinned(pushed)], capture_output=True, text=True, timeout=120, check=False,
+            env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+        # accepted under the TSA's chain; refused under another: cosign read our timestamp
+        assert (checked.returncode == 0) is accepted, checked.stderr
+        if accepted:
+            assert pushed.manifest_digest in checked.stdout

@@ -80,12 +80,18 @@ def statement(name: str, digest: str) -> bytes:
     return json.dumps(document, separators=(",", ":")).encode()
 
 
-def dsse_bundle(payload: bytes, signature: bytes, *, key_hint: str) -> bytes:
+def dsse_bundle(
+    payload: bytes, signature: bytes, *, key_hint: str, timestamps_der: tuple[bytes, ...] = ()
+) -> bytes:
     """A v0.3 bundle of a DSSE envelope signed by a key (no log entries), as cosign writes
-    it with ``--key`` and a signing config that names no log."""
+    it with ``--key`` and a signing config that names no log (with ``timestamps_der``, RFC
+    3161 timestamps over the signature, one that names a TSA)."""
+    material: dict[str, Any] = {"publicKey": {"hint": key_hint}}
+    if timestamps_der:
+        material["timestampVerificationData"] = timestamps.bundle_material(timestamps_der)
     document = {
         "mediaType": BUNDLE_V03,
-        "verificationMaterial": {"publicKey": {"hint": key_hint}},
+        "verificationMaterial": material,
         "dsseEnvelope": {
             "payload": base64.b64encode(payload).decode(),
             "payloadType": IN_TOTO,

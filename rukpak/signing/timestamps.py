@@ -17,6 +17,10 @@ chain they must verify under, and the messages. Protocol facts (cosign 2.6 and 3
 - Sigstore bundles: ``verificationMaterial.timestampVerificationData.rfc3161Timestamps[]``
   ``.signedTimestamp`` (base64 of the DER TimeStampResp);
 - in both the timestamped message is the signature's raw bytes.
+
+:func:`request` asks a TSA for a timestamp over a signature (``rukpak bundle sign
+--timestamp-server-url``, as ``cosign sign`` does): an HTTP POST of a TimeStampReq
+(``application/timestamp-query``) with a nonce, asking for the TSA's certificate.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ ANNOTATION_KEY: Final[str] = "SignedRFC3161Timestamp"
 MAX_TIMESTAMPS: Final[int] = 8
 """Timestamps read per signature at most (cosign writes one)."""
 MAX_TOKEN: Final[int] = 64 << 10
+REQUEST_TIMEOUT: Final[float] = 30.0
 
 
 class TimestampError(errors.InvalidArgument):
@@ -76,6 +81,64 @@ def from_bundle(material: dict[str, Any]) -> tuple[bytes, ...]:
         if 0 < len(token) <= MAX_TOKEN:
             out.append(token)
     return tuple(out)
+
+
+def request(url: str, signature: bytes, *, timeout: float = REQUEST_TIMEOUT) -> bytes:
+    """A TSA's timestamp over ``signature`` (the DER TimeStampResp), from the timestamp
+    API at ``url`` (e.g. ``https://tsa.example.com/api/v1/timestamp``). Unavailable when
+    the TSA cannot be reached, FailedPrecondition when it refuses or answers otherwise."""
+    import requests
+    from rfc3161_client import (
+        HashAlgorithm,
+        PKIStatus,
+        TimestampRequestBuilder,
+        decode_timestamp_response,
+    )
+
+    query = (
+        TimestampRequestBuilder()
+        .data(signature)
+        .hash_algorithm(HashAlgorithm.SHA256)
+        .nonce(nonce=True)
+        .cert_request(cert_request=True)
+        .build()
+    )
+    try:
+        answer = requests.post(
+            url,
+            data=query.as_bytes(),
+            headers={"Content-Type": "application/timestamp-query"},
+            timeout=timeout,
+        )
+    except requests.RequestException as exc:
+        raise errors.Unavailable(f"timestamp authority {url}: {str(exc)[:300]}") from None
+    if answer.status_code != 200:
+        raise errors.FailedPrecondition(
+            f"timestamp authority {url}: unexpected status {answer.status_code}"
+        )
+    try:
+        response = decode_timestamp_response(answer.content)
+    except ValueError as exc:
+        raise errors.FailedPrecondition(
+            f"timestamp authority {url} answered no TimeStampResp: {str(exc)[:200]}"
+        ) from None
+    if response.status != PKIStatus.GRANTED or response.tst_info.nonce != query.nonce:
+        raise errors.FailedPrecondition(
+            f"timestamp authority {url} did not grant the request (status {response.status})"
+        )
+    return bytes(answer.content)
+
+
+def annotation(token: bytes) -> str:
+    """The :data:`ANNOTATION` value cosign 2 writes for ``token``."""
+    return json.dumps({ANNOTATION_KEY: base64.b64encode(token).decode()})
+
+
+def bundle_material(tokens: Sequence[bytes]) -> dict[str, Any]:
+    """A bundle's ``timestampVerificationData`` holding ``tokens``."""
+    return {
+        "rfc3161Timestamps": [{"signedTimestamp": base64.b64encode(t).decode()} for t in tokens]
+    }
 
 
 def load_chain(pem: bytes, *, what: str) -> tuple[x509.Certificate, ...]:
