@@ -18,7 +18,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from rukpak.signing import keyless, keys, sigstore, verify
+from rukpak.signing import inclusion, keyless, keys, sigstore, verify
 from rukpak.signing.discover import Found
 from rukpak.signing.policy import Policy
 from rukpak.signing.policy import parse as parse_policy
@@ -187,7 +187,7 @@ def test_a_log_entry_with_a_promise_becomes_a_rekor_bundle_in_cosign_2s_shape() 
 
 
 def logged_keyless_bundle(
-    rekor: ec.EllipticCurvePrivateKey, *, change: Any = None
+    rekor: ec.EllipticCurvePrivateKey, *, change: Any = None, proof: Any = None
 ) -> tuple[bytes, x509.Certificate]:
     """A v0.3 keyless bundle with a tlog entry as Rekor logs cosign 3's: a ``dsse`` 0.0.1
     body with a signed entry timestamp by ``rekor``; ``change(body)`` edits the body
@@ -236,6 +236,10 @@ def logged_keyless_bundle(
             }
         ],
     }
+    if proof is not None:
+        doc["verificationMaterial"]["tlogEntries"][0]["inclusionProof"] = proof(
+            base64.b64decode(body_b64)
+        )
     return raw(doc), root.cert
 
 
@@ -288,6 +292,83 @@ def test_the_dsse_payload_is_read_out_of_the_pre_authentication_encoding() -> No
     for bad in (b"DSSEv1 99 x 1 a", b"DSSEv2 1 x 1 a", b"DSSEv1 1 x 2 a", b"DSSEv1 x"):
         with pytest.raises(keyless.KeylessError, match="not a DSSE pre-authentication"):
             keyless.dsse_payload(bad)
+
+
+# RFC 6962's definitions, recursive (the verifier under test is iterative, RFC 9162's)
+def _mth(leaves: list[bytes]) -> bytes:
+    if len(leaves) == 1:
+        return hashlib.sha256(b"\x00" + leaves[0]).digest()
+    k = 1 << ((len(leaves) - 1).bit_length() - 1)
+    return hashlib.sha256(b"\x01" + _mth(leaves[:k]) + _mth(leaves[k:])).digest()
+
+
+def _path(m: int, leaves: list[bytes]) -> list[bytes]:
+    if len(leaves) == 1:
+        return []
+    k = 1 << ((len(leaves) - 1).bit_length() - 1)
+    if m < k:
+        return [*_path(m, leaves[:k]), _mth(leaves[k:])]
+    return [*_path(m - k, leaves[k:]), _mth(leaves[:k])]
+
+
+def checkpoint(key: ec.EllipticCurvePrivateKey, size: int, root: bytes) -> str:
+    text = f"rekor.test - 42\n{size}\n{base64.b64encode(root).decode()}\n"
+    signature = key.sign(text.encode(), ec.ECDSA(hashes.SHA256()))
+    blob = inclusion.key_hint(key.public_key()) + signature
+    return f"{text}\n\u2014 rekor.test {base64.b64encode(blob).decode()}\n"
+
+
+def proof_of(
+    index: int, size: int, *, signer: ec.EllipticCurvePrivateKey = REKOR, lie: str = ""
+) -> Any:
+    """An inclusion proof maker for the entry body at ``index`` of ``size`` leaves."""
+
+    def make(body: bytes) -> dict[str, Any]:
+        leaves = [f"entry {i}".encode() for i in range(size)]
+        leaves[index] = body
+        root = _mth(leaves)
+        hashes_ = _path(index, leaves)
+        if lie == "hash":
+            hashes_[0] = hashlib.sha256(b"other").digest()
+        stated = _mth([b"another tree"]) if lie == "checkpoint" else root
+        return {
+            "logIndex": str(index),
+            "rootHash": base64.b64encode(root).decode(),
+            "treeSize": str(size),
+            "hashes": [base64.b64encode(h).decode() for h in hashes_],
+            "checkpoint": {"envelope": checkpoint(signer, size, stated)},
+        }
+
+    return make
+
+
+@pytest.mark.parametrize(("index", "size"), [(0, 1), (0, 2), (5, 6), (6, 7), (12, 13), (3, 16)])
+def test_an_inclusion_proof_to_a_checkpoint_the_rekor_key_signed_is_accepted(
+    index: int, size: int
+) -> None:
+    body, root = logged_keyless_bundle(REKOR, proof=proof_of(index, size))
+    assert sigstore.signature(body, where=WHERE).proof is not None
+    outcome = check(keyless_policy(root, REKOR_PEM), body)
+    assert outcome.ok, outcome.reason
+
+
+@pytest.mark.parametrize(
+    ("proof", "says"),
+    [
+        (proof_of(3, 7, lie="hash"), "does not lead to its root hash"),
+        (proof_of(3, 7, lie="checkpoint"), "checkpoint states another tree"),
+        (
+            proof_of(3, 7, signer=ec.generate_private_key(ec.SECP256R1())),
+            "no signature of the checkpoint verifies",
+        ),
+    ],
+)
+def test_an_inclusion_proof_that_does_not_hold_is_refused(proof: Any, says: str) -> None:
+    body, root = logged_keyless_bundle(REKOR, proof=proof)
+    outcome = check(keyless_policy(root, REKOR_PEM), body)
+    assert not outcome.ok and says in outcome.reason, outcome.reason
+    # without a Rekor key nothing about the log is checked
+    assert check(keyless_policy(root), body).ok
 
 
 # -- hostile and broken bundles --------------------------------------------------------

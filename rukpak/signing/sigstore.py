@@ -36,7 +36,7 @@ from typing import Any, Final
 
 from rukpak.common import errors
 from rukpak.oci import digest as digests
-from rukpak.signing import cosign, timestamps
+from rukpak.signing import cosign, inclusion, timestamps
 
 BUNDLE_V03: Final[str] = "application/vnd.dev.sigstore.bundle.v0.3+json"
 BUNDLE_TYPES: Final[frozenset[str]] = frozenset(
@@ -129,13 +129,15 @@ def signature(body: bytes, *, where: str) -> cosign.Signature:
     raw = _b64(sigs[0].get("sig"), f"{where}: dsseEnvelope.signatures[0].sig")
     material = _dict(doc.get("verificationMaterial"), f"{where}: verificationMaterial")
     certificate, chain = _certificates(material, where)
+    rekor, proof = _rekor_bundle(material, where)
     return cosign.Signature(
         payload=pae(IN_TOTO, payload),
         signature=raw,
         where=where,
         certificate=certificate,
         chain=chain,
-        bundle=_rekor_bundle(material, where),
+        bundle=rekor,
+        proof=proof,
         subject_digest=subject_digest(payload, where=where),
         timestamps=timestamps.from_bundle(material),
     )
@@ -178,9 +180,12 @@ def _certificates(material: dict[str, Any], where: str) -> tuple[bytes | None, b
     return None, None
 
 
-def _rekor_bundle(material: dict[str, Any], where: str) -> str | None:
+def _rekor_bundle(
+    material: dict[str, Any], where: str
+) -> tuple[str | None, inclusion.Proof | None]:
     """The first log entry with a signed entry timestamp, in cosign 2's Rekor bundle
-    shape (the annotation ``cosign.BUNDLE``), which ``keyless`` verifies; None without."""
+    shape (the annotation ``cosign.BUNDLE``), which ``keyless`` verifies, and that entry's
+    inclusion proof (``rukpak.signing.inclusion``) when it has one; (None, None) without."""
     entries = material.get("tlogEntries") or []
     if not isinstance(entries, list):
         raise BundleError(f"{where}: tlogEntries is not a list")
@@ -201,8 +206,8 @@ def _rekor_bundle(material: dict[str, Any], where: str) -> str | None:
             "logID": _b64(log_id.get("keyId"), f"{where}: tlog logId.keyId").hex(),
         }
         rekor = {"SignedEntryTimestamp": promise.get("signedEntryTimestamp"), "Payload": payload}
-        return json.dumps(rekor)
-    return None
+        return json.dumps(rekor), inclusion.Proof.from_entry(entry, where=where)
+    return None, None
 
 
 def _pem(der: bytes) -> bytes:

@@ -10,7 +10,9 @@ A signature counts for an authority when its payload names the digest and
 - ``key``: it verifies with one of the authority's public keys;
 - ``keyless``: its certificate chains to the authority's Fulcio root, names one of its
   identities and holds the signing key, and (with a Rekor key) its Rekor bundle is signed
-  by that log and records this very signature (``rukpak.signing.keyless``);
+  by that log and records this very signature (``rukpak.signing.keyless``), and the
+  entry's inclusion proof, when the bundle has one, leads to a checkpoint that log signed
+  (``rukpak.signing.inclusion``);
 - and, when the authority names a TSA (``rfc3161timestamp``), one of its RFC 3161
   timestamps verifies under that TSA's chain over the signature
   (``rukpak.signing.timestamps``); a keyless certificate must then be valid at that time.
@@ -22,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rukpak.common import errors
-from rukpak.signing import cosign, keyless, keys, timestamps
+from rukpak.signing import cosign, inclusion, keyless, keys, timestamps
 from rukpak.signing.discover import Found
 from rukpak.signing.policy import Authority, KeyAuthority, Policy
 
@@ -125,6 +127,8 @@ def _satisfies(
                 root=authority.root,
                 identities=authority.identities,
             )
+            if authority.root.rekor_keys and sig.proof is not None:
+                inclusion.verify(sig.proof, authority.root.rekor_keys)
         except errors.RukpakError as exc:
             reasons.append(f"authority {authority.name!r}: {exc.message}")
             continue
