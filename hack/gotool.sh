@@ -12,6 +12,9 @@
 #             Kubernetes; cold: about a minute
 #   promtool  checks and unit-tests the monitoring rules (make promtool, tests/test_monitoring_rules.py);
 #             cold: minutes (Prometheus is a large module)
+#   tsa     sigstore's RFC 3161 timestamp authority (timestamp-server), for the signature
+#           timestamp tests (tests/test_signing_timestamps.py); cold: about a minute. v2.0.6:
+#           v2.1.x needs a newer Go than this machine's
 #
 #   hack/gotool.sh NAME [--print-path] [--quiet]
 set -euo pipefail
@@ -66,7 +69,15 @@ promtool)
     CHECK=(--version)
     COLD="several minutes"
     ;;
-*) echo "usage: hack/gotool.sh helm|cosign|cosign3|kind|kustomize|promtool [--print-path] [--quiet]" >&2; exit 2 ;;
+tsa)
+    VERSION="${TSA_VERSION:-v2.0.6}"
+    PACKAGE="github.com/sigstore/timestamp-authority/v2/cmd/timestamp-server"
+    LDFLAGS="-s -w"
+    CHECK=(--help)
+    COLD="about a minute"
+    BIN=timestamp-server
+    ;;
+*) echo "usage: hack/gotool.sh helm|cosign|cosign3|kind|kustomize|promtool|tsa [--print-path] [--quiet]" >&2; exit 2 ;;
 esac
 BIN="${BIN:-$name}" # the file go install writes
 CACHE="${RUKPAK_CACHE:-$HOME/.cache/rukpak}"

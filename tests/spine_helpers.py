@@ -82,6 +82,9 @@ class _NoMount:
     def tree_dir(self, name: str) -> Path:
         raise AssertionError("git and http volumes are never served from the FUSE mount")
 
+    def tree_index(self, name: str) -> None:
+        return None  # nothing fetched here: no overlay to present
+
 
 class Node:
     """One node's caches in one publish mode."""

@@ -590,6 +590,9 @@ class FakeMount:
     def tree_dir(self, name: str) -> Path:
         return Path("/nonexistent") / name
 
+    def tree_index(self, name: str) -> None:
+        return None
+
 
 def test_the_same_trees_named_again_move_the_time_at_most_once_a_minute() -> None:
     """Every publish names an owner's trees again; only one write a minute follows."""

@@ -384,7 +384,7 @@ def test_an_https_source_refuses_a_self_signed_certificate_naming_the_server(
         message = refused.value.message
         assert f"server 127.0.0.1:{server.port}" in message
         assert "unknown authority (self-signed certificate)" in message
-        assert "insecureSkipTLSVerify" in message
+        assert "auth.insecureSkipVerify" in message
         # the pin still decides: skipping verification fetches the same digest
         assert http.fetch(url, insecure=True) == f"sha256:{hashlib.sha256(data).hexdigest()}"
         with pytest.raises(errors.FailedPrecondition, match="changed since"):

@@ -12,19 +12,26 @@ Until the first list has answered, :meth:`PolicyWatch.policies` waits (up to
 unchecked because the plugin has not heard from the API server yet. A cluster without the
 CRD has no policies. A broken watch is re-listed after a pause; the last known set stays
 in force meanwhile.
+
+:meth:`PolicyWatch.post_event` posts an event on a pod whose volume's signatures were
+checked (``csi.node.publish``): queued (at most ``EVENT_QUEUE``; more are dropped with a
+log line) and sent by a thread of its own, so a publish never waits for the API server.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
+from csi.volume.request import PodRef
 from rukpak.common import errors
 from rukpak.signing import policy as signing
 
@@ -36,12 +43,19 @@ WATCH_SECONDS = 300
 RETRY_SECONDS = 5.0
 NO_CRD_RETRY_SECONDS = 30.0
 REQUEST_TIMEOUT = 10.0
+EVENT_QUEUE = 256
+"""Events waiting to be sent at most; more are dropped (a log line says so)."""
+EVENT_SOURCE = "csi.rukpak.io"
+EVENT_MESSAGE_MAX = 1024
 
 
 class PolicyWatch:
     """The current ClusterBundlePolicy set, followed from the API server."""
 
-    def __init__(self, api: client.ApiClient, *, namespace: str) -> None:
+    def __init__(self, api: client.ApiClient, *, namespace: str, node: str = "") -> None:
+        self.node = node  # the events' source host
+        self._events: queue.Queue[tuple[PodRef, str, str, str]] = queue.Queue(EVENT_QUEUE)
+        self._sender: threading.Thread | None = None
         self._custom = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
         self.namespace = namespace
@@ -53,7 +67,7 @@ class PolicyWatch:
         self._thread = threading.Thread(target=self._run, name="policy-watch", daemon=True)
 
     @classmethod
-    def from_environment(cls, *, namespace: str) -> PolicyWatch:
+    def from_environment(cls, *, namespace: str, node: str = "") -> PolicyWatch:
         """A watch with the pod's in-cluster credentials, or $KUBECONFIG's when set."""
         cfg = client.Configuration()
         loader: Callable[..., None] = (
@@ -67,7 +81,7 @@ class PolicyWatch:
             raise errors.FailedPrecondition(
                 f"--signature-policies=cluster needs in-cluster credentials or $KUBECONFIG: {exc}"
             ) from None
-        return cls(client.ApiClient(cfg), namespace=namespace)
+        return cls(client.ApiClient(cfg), namespace=namespace, node=node)
 
     def start(self) -> PolicyWatch:
         self._thread.start()
@@ -75,6 +89,56 @@ class PolicyWatch:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def post_event(self, pod: PodRef, kind: str, reason: str, message: str) -> None:
+        """Queue an event (``kind`` Normal or Warning) on ``pod``; see the module docstring."""
+        try:
+            self._events.put_nowait((pod, kind, reason, message))
+        except queue.Full:
+            log.warning("msg=%r pod=%s reason=%s", "event dropped: too many waiting", pod, reason)
+            return
+        with self._lock:
+            if self._sender is None:
+                self._sender = threading.Thread(
+                    target=self._send_events, name="pod-events", daemon=True
+                )
+                self._sender.start()
+
+    def _send_events(self) -> None:
+        while not self._stop.is_set():
+            try:
+                pod, kind, reason, message = self._events.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            try:
+                self._send(pod, kind, reason, message)
+            except Exception as exc:  # an event is a courtesy: log and go on
+                log.warning(
+                    "msg=%r pod=%s reason=%s error=%r", "cannot post event", pod, reason, str(exc)
+                )
+
+    def _send(self, pod: PodRef, kind: str, reason: str, message: str) -> None:
+        now = datetime.now(UTC)
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{pod.name}.", namespace=pod.namespace),
+            involved_object=client.V1ObjectReference(
+                api_version="v1",
+                kind="Pod",
+                namespace=pod.namespace,
+                name=pod.name,
+                uid=pod.uid or None,
+            ),
+            type=kind,
+            reason=reason,
+            message=message[:EVENT_MESSAGE_MAX],
+            source=client.V1EventSource(component=EVENT_SOURCE, host=self.node or None),
+            reporting_component=EVENT_SOURCE,
+            reporting_instance=self.node or EVENT_SOURCE,
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        self._core.create_namespaced_event(pod.namespace, body, _request_timeout=REQUEST_TIMEOUT)
 
     @property
     def synced(self) -> bool:

@@ -32,6 +32,13 @@ FUSE publisher create, which derive their timeouts and backoff from what remains
 it. When it passes, the publish answers DEADLINE_EXCEEDED naming the server: kubelet
 (which gives up on its own after 2 minutes) shows that message in the pod's events,
 treats the volume as possibly in progress and calls again later.
+
+Signature events: when signature policies select a volume's image, the pod it is
+published for (``PublishRequest.pod``) gets an event through ``events`` (the node
+plugin's :meth:`csi.node.policies.PolicyWatch.post_event`): Normal ``SignatureVerified``
+naming the digest, the policies and what satisfied each (the signer's authority), or
+Warning ``SignatureRefused`` with the policy's reason. Posting never blocks nor fails the
+publish.
 """
 
 from __future__ import annotations
@@ -42,19 +49,19 @@ import errno
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from csi import mounter as mounts
-from csi.volume.request import PublishRequest
+from csi.volume.request import PodRef, PublishRequest
 from rukpak.common import backoff, errors
 from rukpak.common.backoff import Deadline
 from rukpak.image.cache import ImageCache
 from rukpak.image.cachestate import Holder
 from rukpak.image.locks import KeyedLocks
 from rukpak.oci.manifest import Platform
-from rukpak.signing.gate import Gate
+from rukpak.signing.gate import Gate, SignatureDenied
 from rukpak.sources import volume
 from rukpak.sources.cache import SourceCache
 from rukpak.sources.volume import VolumeSource
@@ -63,6 +70,12 @@ if TYPE_CHECKING:
     from csi.fuse.publisher import FusePublisher
 
 log = logging.getLogger(__name__)
+
+EventSink = Callable[[PodRef, str, str, str], None]
+"""Posts an event on a pod: (pod, type Normal|Warning, reason, message)."""
+NORMAL, WARNING = "Normal", "Warning"
+VERIFIED = "SignatureVerified"
+REFUSED = "SignatureRefused"
 
 PUBLISH_DEADLINE = 90.0
 """Seconds a publish may take by default, retries included (kubelet waits 2 minutes)."""
@@ -89,6 +102,7 @@ class Publisher:
         deadline: float = PUBLISH_DEADLINE,
         slots: int = PUBLISH_SLOTS,
         gate: Gate | None = None,
+        events: EventSink | None = None,
     ) -> None:
         self.images = images
         self.sources = sources or SourceCache(images)  # git and http volumes
@@ -102,6 +116,7 @@ class Publisher:
         self._slots = threading.BoundedSemaphore(slots)
         self._locks = KeyedLocks()
         self.gate = gate  # signature policies (rukpak.signing.gate); None: none checked
+        self.events = events  # the pod's signature events; None: none posted
 
     def deadline(self, client_seconds: float | None = None) -> Deadline:
         """A new publish's deadline: ``--publish-deadline`` from now, or sooner when the
@@ -263,14 +278,31 @@ class Publisher:
         policy selects it. PermissionDenied naming the policy when one refuses it: nothing
         is fetched or cached then."""
         assert self.gate is not None
-        verdict = self.gate.check(req.source.image, req.credentials)
+        try:
+            verdict = self.gate.check(req.source.image, req.credentials)
+        except SignatureDenied as exc:
+            self._event(req, WARNING, REFUSED, exc.message)
+            raise
         if verdict is None:
             return req
         for warning in verdict.warnings:
             log.warning("msg=%r image=%s %s", "signature policy warning", req.source.image, warning)
+        passed = "; ".join((*verdict.verified, *verdict.warnings)) or ", ".join(verdict.policies)
+        self._event(req, NORMAL, VERIFIED, f"image {req.source.image} ({verdict.digest}): {passed}")
         return dataclasses.replace(
             req, source=dataclasses.replace(req.source, pinned=verdict.pinned)
         )
+
+    def _event(self, req: PublishRequest, kind: str, reason: str, message: str) -> None:
+        """Tell the volume's pod about its signature check; never raises."""
+        if self.events is None or req.pod is None:
+            return
+        try:
+            self.events(req.pod, kind, reason, message)
+        except Exception as exc:  # an event is a courtesy: the publish goes on
+            log.warning(
+                "msg=%r pod=%s reason=%s error=%r", "cannot post event", req.pod, reason, str(exc)
+            )
 
     def _retain(self, source: VolumeSource) -> None:
         """Record what ``source``'s owner retains (see the module docstring); never raises."""

@@ -28,7 +28,7 @@ from csi.node.storevolume import PodInfo, StoreVolumes
 from csi.proto import csi_pb2, csi_pb2_grpc
 from csi.rpc.errors import RpcObserver, rpc
 from csi.volume import access
-from csi.volume.request import PublishRequest
+from csi.volume.request import PodRef, PublishRequest
 from rukpak.common import errors
 from rukpak.oci import tls as source_tls
 from rukpak.sources import volume
@@ -85,6 +85,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                         target_path=request.target_path,
                         source=source,
                         credentials=credentials_from_secrets(secrets, source),
+                        pod=PodRef.from_attributes(attributes),
                     ),
                     deadline=deadline,
                 )

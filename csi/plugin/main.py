@@ -41,7 +41,7 @@ from csi.controller.server import ControllerServicer
 from csi.controller.volumes import VolumeRegistry
 from csi.mounter import Mounter
 from csi.node.identity import IdentityServicer
-from csi.node.publish import PUBLISH_DEADLINE, Publisher
+from csi.node.publish import PUBLISH_DEADLINE, EventSink, Publisher
 from csi.node.registration import RegistrationServicer
 from csi.node.server import NodeServicer
 from csi.node.storevolume import AllowList, StoreVolumes
@@ -211,15 +211,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def signature_gate(
-    args: argparse.Namespace, client: ClientFactory, m: metrics.Metrics
+    args: argparse.Namespace,
+    client: ClientFactory,
+    m: metrics.Metrics,
+    events: list[EventSink] | None = None,
 ) -> Gate | None:
     """The publish spine's signature gate, following the cluster's policies; None when
-    ``--signature-policies=off``."""
+    ``--signature-policies=off``. Appends to ``events`` where pods' events are posted."""
+    events = [] if events is None else events
     if args.signature_policies == "off":
         return None
     from csi.node.policies import PolicyWatch  # the kubernetes client only when it is on
 
-    watch = PolicyWatch.from_environment(namespace=args.system_namespace).start()
+    watch = PolicyWatch.from_environment(namespace=args.system_namespace, node=args.node_id)
+    watch.start()
+    events.append(watch.post_event)  # the pods' SignatureVerified/SignatureRefused events
     return Gate(
         policies=watch.policies,
         read_secret=watch.read_secret,
@@ -314,13 +320,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shared_grants=images.grants,  # one credential re-check for both modes
             )
             fuse.start()
+        event_sinks: list[EventSink] = []
         gate = signature_gate(
             args,
             lambda creds: RegistryClient(credentials=creds, insecure=insecure, timeout=timeout),
             m,
+            event_sinks,
         )
         publisher = Publisher(
             gate=gate,
+            events=event_sinks[0] if event_sinks else None,
             images=images,
             mounter=Mounter(),
             kubelet_dir=args.kubelet_dir,

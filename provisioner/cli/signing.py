@@ -50,6 +50,13 @@ def register(commands: Any) -> None:
         default="bundle",
         help="signature format (default: bundle, what cosign 3 writes)",
     )
+    sign.add_argument(
+        "--timestamp-server-url",
+        default="",
+        metavar="URL",
+        help="an RFC 3161 timestamp authority's API (as cosign's flag): the signature gets its "
+        "timestamp, which a policy's rfc3161timestamp authority requires",
+    )
     flags.add_registry_command(sign)
     sign.set_defaults(func=run_sign)
 
@@ -96,10 +103,11 @@ def run_sign(args: argparse.Namespace) -> int:
         _read(args.key, "key"), password.encode() if password is not None else None
     )
     with flags.registry_client(args, ref) as client:
+        tsa = args.timestamp_server_url
         if args.format == "bundle":
-            signed = signer.sign_bundle(client, args.reference, key)
+            signed = signer.sign_bundle(client, args.reference, key, tsa_url=tsa)
         else:
-            signed = signer.sign(client, args.reference, key)
+            signed = signer.sign(client, args.reference, key, tsa_url=tsa)
     state = "signed" if signed.added else "already signed with this key"
     print(f"{state}: {ref.name}@{signed.digest} (signature in {signed.signature_ref})")
     return 0

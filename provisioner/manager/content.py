@@ -5,7 +5,8 @@ at ``/bundles/<name>.tgz``). ``name`` is a v1alpha2 BundleDeployment or a Bundle
 pinned source (``status.resolvedSource``, ``resolvedSources``) is fetched by this process
 through the shared core (``rukpak.image.cache`` for images, ``rukpak.sources.cache`` for
 git and http, the API for ConfigMaps) into a temporary directory, packed, sent and
-removed: the content is never stored in etcd, nor kept here.
+removed: the content is never stored in etcd, nor kept here. A source's TLS
+(``certificateData``, skipping verification) applies to its own fetch only, as on nodes.
 
 Who may read it is the API server's decision, as upstream made it: the caller's bearer
 token is checked with a TokenReview, then a SubjectAccessReview for the non-resource URL
@@ -17,6 +18,7 @@ is 404.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import logging
 import re
@@ -33,11 +35,12 @@ from provisioner.manager import inline, model, sources
 from rukpak.common import errors
 from rukpak.image import cache as images
 from rukpak.oci import client as oci_client
+from rukpak.oci import tls as source_tls
 from rukpak.oci.auth import Credentials
 from rukpak.oci.manifest import Platform
 from rukpak.sources import cache as trees
 from rukpak.sources.auth import SourceAuth
-from rukpak.sources.volume import FetchSource
+from rukpak.sources.volume import FetchSource, VolumeSource
 
 log = logging.getLogger("rukpak.content")
 
@@ -174,22 +177,23 @@ class Content:
             if pull_secret:
                 data = (self._secret(pull_secret).get("data") or {}).get(".dockerconfigjson", "")
                 credentials = Credentials.from_dockerconfigjson(base64.b64decode(str(data)))
-            unpacked = cache.ensure(
-                attributes["image"],
-                platform=Platform.current(),
-                pull_policy=images.PullPolicy.IF_NOT_PRESENT,
-                credentials=credentials,
-            )
+            tls = VolumeSource.from_attributes(attributes).tls
+            with source_tls.using(tls):  # the registry's trust, for this pull only
+                unpacked = cache.ensure(
+                    attributes["image"],
+                    platform=Platform.current(),
+                    pull_policy=images.PullPolicy.IF_NOT_PRESENT,
+                    credentials=credentials,
+                )
         else:
             fetch = FetchSource.from_attributes(attributes)
             if secret_name:
                 auth = SourceAuth.from_secret(
                     self._secret(secret_name), name=f"{self.system_namespace}/{secret_name}"
                 )
-                fetch = FetchSource(
-                    fetch.kind, fetch.location, fetch.pin, fetch.directory, fetch.insecure, auth
-                )
-            unpacked = trees.SourceCache(cache).ensure(fetch)
+                fetch = dataclasses.replace(fetch, auth=auth)
+            with source_tls.using(fetch.tls):  # the server's trust, for this fetch only
+                unpacked = trees.SourceCache(cache).ensure(fetch)
         shutil.copytree(unpacked.path, target, symlinks=True, dirs_exist_ok=True)
 
     def _configmaps(self, resolved: Obj, target: Path) -> None:

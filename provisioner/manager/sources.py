@@ -15,10 +15,11 @@ Pins, in upstream RukPak's ``resolvedSource`` shapes:
   ``pullSecret``, ``certificateData`` and ``insecureSkipTLSVerify`` (the volume presents
   them to the node plugin: the registry's TLS trust travels with that volume only);
 - git: ``{type: git, git: {repository, directory, ref: {commit}, auth}}``, the
-  branch or tag resolved to its commit once;
-- http: ``{type: http, http: {url, auth}}`` where the URL carries the digest of
-  the content fetched when pinning in its fragment (``#sha256=<hex>``, see
-  ``rukpak.sources.http``); the node plugin refuses other content;
+  branch or tag resolved to its commit once (keeping ``certificateData``, the server's CA,
+  which the volume presents as an attribute of the same name);
+- http: ``{type: http, http: {url, auth}}`` (and ``certificateData``, as for git) where
+  the URL carries the digest of the content fetched when pinning in its fragment
+  (``#sha256=<hex>``, see ``rukpak.sources.http``); the node plugin refuses other content;
 - configMaps: the list as given (the ConfigMaps are immutable, as upstream
   requires). Their keys, which the projected volume must list to place them
   under each ``path``, are recorded once in the Bundle's annotation
@@ -143,6 +144,8 @@ def pinned_git(git: Obj, commit: str) -> Obj:
         out["directory"] = git["directory"]
     if git.get("auth"):
         out["auth"] = git["auth"]
+    if git.get("certificateData"):
+        out["certificateData"] = git["certificateData"]
     return {"type": "git", "git": out}
 
 
@@ -151,6 +154,8 @@ def pinned_http(spec: Obj, digest: str) -> Obj:
     out: Obj = {"url": httpsource.pin_url(str(spec.get("url") or ""), digest)}
     if spec.get("auth"):
         out["auth"] = spec["auth"]
+    if spec.get("certificateData"):
+        out["certificateData"] = spec["certificateData"]
     return {"type": "http", "http": out}
 
 
@@ -206,13 +211,16 @@ def describe(resolved: Obj) -> str:
     return str(kind or "")
 
 
-def _csi(attributes: dict[str, str], auth: Obj, name: str) -> Obj:
+def _csi(attributes: dict[str, str], spec: Obj, name: str) -> Obj:
+    auth = _section(spec, "auth")
     csi: Obj = {"driver": CSI_DRIVER, "readOnly": True, "volumeAttributes": attributes}
     secret = _section(auth, "secret").get("name")
     if secret:
         csi["nodePublishSecretRef"] = {"name": str(secret)}
     if auth.get("insecureSkipVerify"):
         attributes["insecureSkipVerify"] = "true"
+    if spec.get("certificateData"):  # the server's CA, trusted for this volume only
+        attributes["certificateData"] = str(spec["certificateData"])
     return {"name": name, "csi": csi}
 
 
@@ -244,11 +252,11 @@ def volume(resolved: Obj, name: str = VOLUME_NAME) -> Obj:
         }
         if git.get("directory"):
             attributes["directory"] = str(git["directory"])
-        return _csi(attributes, _section(git, "auth"), name)
+        return _csi(attributes, git, name)
     if kind == "http":
         spec = _section(resolved, "http")
         url, digest = httpsource.split_pinned(str(spec.get("url") or ""))
-        return _csi({"url": url, "digest": digest or ""}, _section(spec, "auth"), name)
+        return _csi({"url": url, "digest": digest or ""}, spec, name)
     if kind == "configMaps" and isinstance(resolved.get(ITEMS_KEY), list):
         by_map: dict[str, list[Obj]] = {}
         for configmap, key, path in resolved[ITEMS_KEY]:

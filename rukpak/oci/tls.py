@@ -4,7 +4,10 @@
 Where it sits: a :class:`SourceTLS` is built from a source's fields by the manager
 (``provisioner.manager.resolution``) and from a volume's attributes by the node plugin
 (``rukpak.sources.volume``); :class:`rukpak.oci.transport.Transport` and the http and
-git fetchers (``rukpak.sources``) turn it into the ``verify`` of their requests.
+git fetchers (``rukpak.sources``) turn it into the ``verify`` of their requests. Image
+sources name it ``certificateData`` and ``insecureSkipTLSVerify`` (upstream v0.24); git
+and http sources ``certificateData`` (ours, the same name) and ``auth.insecureSkipVerify``
+(upstream's).
 
 Scope: a SourceTLS applies to the clients made for that one source, never to a shared
 one. The CA is *added* to the system trust store for those clients (a registry may
@@ -40,6 +43,10 @@ from rukpak.common import errors
 MAX_PEM_BYTES: Final[int] = 256 * 1024
 """A CA bundle larger than this is refused (a volume attribute travels in the pod spec)."""
 MAX_CERTS: Final[int] = 64
+SKIP_FIELD_IMAGE: Final[str] = "insecureSkipTLSVerify"
+"""An image source's field that skips verification (upstream v0.24's name)."""
+SKIP_FIELD_FETCH: Final[str] = "auth.insecureSkipVerify"
+"""A git or http source's field that skips verification (upstream v0.24's name)."""
 
 _current: contextvars.ContextVar[SourceTLS | None] = contextvars.ContextVar(
     "rukpak_source_tls", default=None
@@ -72,24 +79,25 @@ class SourceTLS:
 
     @classmethod
     def from_fields(
-        cls, certificate_data: object, skip_verify: object, *, where: str
+        cls, certificate_data: object, skip_verify: object, *, where: str, server: str = "registry"
     ) -> SourceTLS | None:
-        """From a source's ``certificateData`` and ``insecureSkipTLSVerify`` (named
-        ``where`` in errors); None when neither is set. InvalidArgument when the data is
-        not PEM certificates."""
+        """From a source's ``certificateData`` and ``insecureSkipTLSVerify`` (a git or http
+        source's ``auth.insecureSkipVerify``), the former named ``where`` in errors; None
+        when neither is set. InvalidArgument when the data is not PEM certificates (of the
+        ``server``'s CA)."""
         text = certificate_data if isinstance(certificate_data, str) else ""
         skip = skip_verify is True or str(skip_verify).strip().lower() == "true"
         if not text.strip() and not skip:
             return None
-        pem = check_pem(text, where=where) if text.strip() else ""
+        pem = check_pem(text, where=where, server=server) if text.strip() else ""
         return cls(ca_pem=pem, skip_verify=skip)
 
 
-def check_pem(text: str, *, where: str) -> str:
+def check_pem(text: str, *, where: str, server: str = "registry") -> str:
     """``text`` when it is a bundle of PEM certificates (at most MAX_CERTS, MAX_PEM_BYTES);
-    InvalidArgument naming ``where`` and what to put there otherwise."""
+    InvalidArgument naming ``where`` and what to put there (the ``server``'s CA) otherwise."""
     hint = (
-        f"{where} must hold the registry's CA certificate(s) in PEM "
+        f"{where} must hold the {server}'s CA certificate(s) in PEM "
         "('-----BEGIN CERTIFICATE-----' ...)"
     )
     if len(text.encode()) > MAX_PEM_BYTES:
@@ -208,27 +216,42 @@ def reason(exc: BaseException) -> str | None:
     return f"certificate verify failed ({detail})" if detail else "certificate verify failed"
 
 
-def advice(why: str) -> str:
-    """What to do about a refusal ``why`` (from :func:`reason`)."""
+def advice(why: str, *, skip_field: str = SKIP_FIELD_IMAGE) -> str:
+    """What to do about a refusal ``why`` (from :func:`reason`); ``skip_field`` is the
+    source's field that skips verification (an image's ``insecureSkipTLSVerify``, a git or
+    http source's ``auth.insecureSkipVerify``)."""
     if why.startswith("unknown authority"):
+        pinned = "digest" if skip_field == SKIP_FIELD_IMAGE else "its pin"
         return (
             "give the CA that signed the server's certificate in the source's certificateData "
-            "(PEM), or set insecureSkipTLSVerify (content is still verified by digest)"
+            f"(PEM), or set {skip_field} (content is still verified by {pinned})"
         )
     if "expired" in why or "not yet valid" in why:
         return (
             "the server's certificate is outside its validity period (check its dates "
-            "and this machine's clock); renew it, or set insecureSkipTLSVerify"
+            f"and this machine's clock); renew it, or set {skip_field}"
         )
     if "mismatch" in why:
         return "name the server by a host name or address its certificate lists"
-    return "check the server's certificate, or set insecureSkipTLSVerify"
+    return f"check the server's certificate, or set {skip_field}"
 
 
-def refusal(exc: BaseException, *, what: str) -> str | None:
+def refusal(exc: BaseException, *, what: str, skip_field: str = SKIP_FIELD_IMAGE) -> str | None:
     """A message for a refused certificate of ``what`` (e.g. "registry host:5000"), or
     None when ``exc`` is no certificate verification failure."""
     why = reason(exc)
     if why is None:
         return None
-    return f"TLS certificate of {what} refused: {why}: {advice(why)}"
+    return f"TLS certificate of {what} refused: {why}: {advice(why, skip_field=skip_field)}"
+
+
+def for_url(url: str, tls: SourceTLS | None, *, where: str) -> SourceTLS | None:
+    """``tls`` for a git or http source at ``url``: InvalidArgument naming ``where`` when it
+    carries a CA (``certificateData``) for a URL that is not ``https://`` (plain HTTP,
+    ``git://`` and SSH remotes present no certificate to check it against)."""
+    if tls is not None and tls.ca_pem and not url.strip().lower().startswith("https://"):
+        raise errors.InvalidArgument(
+            f"{where} is for https:// URLs only; {url[:300]!r} presents no TLS certificate "
+            "(remove certificateData, or use the server's https:// URL)"
+        )
+    return tls

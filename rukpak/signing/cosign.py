@@ -25,6 +25,7 @@ from typing import Any, Final
 
 from rukpak.common import errors
 from rukpak.oci import digest as digests
+from rukpak.signing import inclusion, timestamps
 
 SIMPLE_SIGNING: Final[str] = "application/vnd.dev.cosign.simplesigning.v1+json"
 ARTIFACT_TYPE: Final[str] = "application/vnd.dev.cosign.artifact.sig.v1+json"
@@ -99,6 +100,12 @@ class Signature:
     subject_digest: str | None = None
     """The digest a Sigstore bundle's statement names (``rukpak.signing.sigstore``); None
     for cosign 2's format, whose payload names it (:func:`signed_digest`)."""
+    proof: inclusion.Proof | None = field(default=None, repr=False)
+    """The inclusion proof of the log entry ``bundle`` comes from (Sigstore bundles), when
+    the log gave one (``rukpak.signing.inclusion``)."""
+    timestamps: tuple[bytes, ...] = field(default=(), repr=False)
+    """RFC 3161 timestamps over the signature (DER TimeStampResp), when a TSA gave them
+    (``rukpak.signing.timestamps``)."""
 
     @classmethod
     def from_layer(cls, payload: bytes, annotations: dict[str, str], *, where: str) -> Signature:
@@ -119,6 +126,7 @@ class Signature:
             certificate=cert.encode() if cert else None,
             chain=chain.encode() if chain else None,
             bundle=annotations.get(BUNDLE) or None,
+            timestamps=timestamps.from_annotation(annotations.get(timestamps.ANNOTATION)),
         )
 
     @property

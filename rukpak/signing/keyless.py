@@ -327,8 +327,10 @@ def _sha256(data: bytes) -> str:
 def verify_rekor_bundle(
     bundle_json: str, root: TrustRoot, *, signature_b64: str, payload: bytes, cert_pem: bytes
 ) -> datetime:
-    """Verify the bundle's SET with a trusted Rekor key and its hashedrekord body against
-    this payload, signature and certificate; return integratedTime (aware, UTC)."""
+    """Verify the bundle's SET with a trusted Rekor key and its body against this payload,
+    signature and certificate: a ``hashedrekord`` entry (cosign 2) or a ``dsse`` entry
+    (cosign 3's bundles, whose ``payload`` is DSSE's pre-authentication encoding); return
+    integratedTime (aware, UTC)."""
     if len(bundle_json) > MAX_BUNDLE_BYTES or len(bundle_json.encode()) > MAX_BUNDLE_BYTES:
         raise KeylessError(f"rekor bundle is larger than {MAX_BUNDLE_BYTES} bytes")
     bundle = _json(bundle_json, "rekor bundle")
@@ -352,8 +354,11 @@ def verify_rekor_bundle(
         raise KeylessError("rekor bundle SignedEntryTimestamp does not verify with the Rekor key")
 
     body = _json(_b64(body_b64, "rekor bundle body"), "rekor bundle body")
+    if _field(body, "kind") == "dsse" and _field(body, "apiVersion") == "0.0.1":
+        _check_dsse_entry(body, signature_b64=signature_b64, pae=payload, cert_pem=cert_pem)
+        return _integrated(integrated)
     if _field(body, "kind") != "hashedrekord" or _field(body, "apiVersion") != "0.0.1":
-        raise KeylessError("rekor entry is not a hashedrekord 0.0.1 entry")
+        raise KeylessError("rekor entry is not a hashedrekord or dsse 0.0.1 entry")
     algorithm = _field(body, "spec", "data", "hash", "algorithm")
     digest = _field(body, "spec", "data", "hash", "value")
     if algorithm != "sha256" or not isinstance(digest, str):
@@ -364,16 +369,69 @@ def verify_rekor_bundle(
     if logged_sig != _b64(signature_b64, "signature"):
         raise KeylessError("rekor entry signature does not match the image signature")
     logged = _b64(_field(body, "spec", "signature", "publicKey", "content"), "rekor entry key")
-    try:
-        same = x509.load_pem_x509_certificate(logged) == x509.load_pem_x509_certificate(cert_pem)
-    except ValueError:
-        same = False
-    if not same:
+    if not _same_certificate(logged, cert_pem):
         raise KeylessError("rekor entry certificate does not match the signing certificate")
+    return _integrated(integrated)
+
+
+def _integrated(integrated: int) -> datetime:
     try:
         return datetime.fromtimestamp(integrated, tz=UTC)
     except (OverflowError, OSError, ValueError) as e:
         raise KeylessError("rekor bundle integratedTime is out of range") from e
+
+
+def _same_certificate(logged: bytes, cert_pem: bytes) -> bool:
+    try:
+        return x509.load_pem_x509_certificate(logged) == x509.load_pem_x509_certificate(cert_pem)
+    except ValueError:
+        return False
+
+
+def dsse_payload(pae: bytes) -> bytes:
+    """The payload inside DSSE's pre-authentication encoding ``DSSEv1 <len> <type> <len>
+    <payload>`` (what a Sigstore bundle's signature covers); KeylessError when malformed."""
+    bad = KeylessError("the signed bytes are not a DSSE pre-authentication encoding")
+    prefix = b"DSSEv1 "
+    if not pae.startswith(prefix):
+        raise bad
+    rest = pae[len(prefix) :]
+    type_len, _, rest = rest.partition(b" ")
+    if not type_len.isdigit() or len(rest) < int(type_len) + 1 or rest[int(type_len)] != 0x20:
+        raise bad
+    rest = rest[int(type_len) + 1 :]
+    body_len, _, body = rest.partition(b" ")
+    if not body_len.isdigit() or int(body_len) != len(body):
+        raise bad
+    return body
+
+
+def _check_dsse_entry(body: Any, *, signature_b64: str, pae: bytes, cert_pem: bytes) -> None:
+    """A ``dsse`` 0.0.1 entry (what Rekor logs for cosign 3's bundles) records this
+    signature: its ``payloadHash`` is the DSSE payload's sha256 and one of its
+    ``signatures`` is this signature with this certificate as ``verifier``. (Its
+    ``envelopeHash`` covers Rekor's own serialisation of the envelope, which is not
+    reproduced here; the payload hash and the signature bind the entry to it.)"""
+    algorithm = _field(body, "spec", "payloadHash", "algorithm")
+    digest = _field(body, "spec", "payloadHash", "value")
+    if algorithm != "sha256" or not isinstance(digest, str):
+        raise KeylessError("rekor dsse entry payloadHash is not a sha256 hash")
+    if digest.lower() != _sha256(dsse_payload(pae)):
+        raise KeylessError("rekor dsse entry payloadHash does not match the signed payload")
+    signatures = _field(body, "spec", "signatures")
+    if not isinstance(signatures, list) or not signatures:
+        raise KeylessError("rekor dsse entry lists no signatures")
+    wanted = _b64(signature_b64, "signature")
+    for i, entry in enumerate(signatures[:16]):
+        if not isinstance(entry, dict):
+            continue
+        if _b64(entry.get("signature"), f"rekor dsse entry signatures[{i}].signature") != wanted:
+            continue
+        verifier = _b64(entry.get("verifier"), f"rekor dsse entry signatures[{i}].verifier")
+        if _same_certificate(verifier, cert_pem):
+            return
+        raise KeylessError("rekor entry certificate does not match the signing certificate")
+    raise KeylessError("rekor entry signature does not match the image signature")
 
 
 def verify(
@@ -385,9 +443,14 @@ def verify(
     payload: bytes,
     root: TrustRoot,
     identities: Sequence[Identity],
+    timestamp_at: datetime | None = None,
 ) -> None:
-    """The whole keyless check. With Rekor keys in ``root`` a bundle is required and the
-    certificate path must be valid at its integrated time. Without them a bundle is
+    """The whole keyless check. ``timestamp_at``: when an RFC 3161 timestamp the caller
+    verified (``rukpak.signing.timestamps``) says the signature existed; the certificate
+    path must be valid then (unless a Rekor key gives the log's time, which wins).
+
+    With Rekor keys in ``root`` a bundle is required and the certificate path must be
+    valid at its integrated time. Without them (and without ``timestamp_at``) a bundle is
     ignored and NO validity period is checked (no trusted time; Fulcio certificates live
     ten minutes): only the chain, the identity and the signature. Then the signature
     over ``payload`` must verify with the leaf key (ECDSA with SHA-256, or SHA-384 on
@@ -399,6 +462,8 @@ def verify(
         at = verify_rekor_bundle(
             bundle_json, root, signature_b64=signature_b64, payload=payload, cert_pem=cert_pem
         )
+    if at is None:
+        at = timestamp_at
     key = _verify_chain(cert_pem, chain_pem, root, identities, at)
     if not _verifies(key, _b64(signature_b64, "signature"), payload, by_curve=True):
         raise KeylessError("signature does not verify over the payload with the certificate key")

@@ -17,6 +17,8 @@ The spec::
         keyless:
           identities: [{issuer|issuerRegExp, subject|subjectRegExp}]
           trustRoot: {fulcioCertificates: "<PEM>", rekorPublicKey: "<PEM>"}
+        rfc3161timestamp: {certificateChain: "<PEM>"}   # optional, on either kind: a
+                                                        # TSA's timestamp is then required
     mode: enforce | warn                                              # default enforce
 
 A glob is matched against the image's repository with its registry
@@ -34,9 +36,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Final, Literal
 
+from cryptography import x509
+
 from rukpak.common import errors
 from rukpak.oci.reference import DOCKER_HUB, DOCKER_HUB_ALIASES, Reference
-from rukpak.signing import keyless, keys
+from rukpak.signing import keyless, keys, timestamps
 
 GROUP: Final[str] = "core.rukpak.io"
 VERSION: Final[str] = "v1alpha1"
@@ -55,6 +59,9 @@ class KeyAuthority:
     pem: bytes = b""
     secret: str = ""
     """A Secret in the system namespace holding the PEM (``cosign.pub``, or its one entry)."""
+    tsa: tuple[x509.Certificate, ...] = field(default=(), repr=False)
+    """``rfc3161timestamp.certificateChain``: when set, a signature must carry an RFC 3161
+    timestamp that verifies under it (``rukpak.signing.timestamps``)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,9 @@ class KeylessAuthority:
     name: str
     identities: tuple[keyless.Identity, ...]
     root: keyless.TrustRoot = field(repr=False)
+    tsa: tuple[x509.Certificate, ...] = field(default=(), repr=False)
+    """As :attr:`KeyAuthority.tsa`; its time is then when the certificate must be valid
+    (unless a Rekor key gives the log's)."""
 
 
 Authority = KeyAuthority | KeylessAuthority
@@ -171,6 +181,9 @@ def _authority(raw: Any, path: str, problems: list[str]) -> Authority | None:
         problems.append(f"{path} must be an object")
         return None
     name = _text(raw.get("name"), f"{path}.name", problems) or path
+    tsa = _tsa(raw.get("rfc3161timestamp"), f"{path}.rfc3161timestamp", problems)
+    if tsa is None:
+        return None
     key, free = raw.get("key"), raw.get("keyless")
     if key is not None and not isinstance(key, dict):
         problems.append(f"{path}.key must be an object")
@@ -191,7 +204,7 @@ def _authority(raw: Any, path: str, problems: list[str]) -> Authority | None:
             except errors.InvalidArgument as exc:
                 problems.append(exc.message)
                 return None
-        return KeyAuthority(name=name, pem=data.encode(), secret=secret)
+        return KeyAuthority(name=name, pem=data.encode(), secret=secret, tsa=tsa)
     if not isinstance(free, dict):
         problems.append(f"{path}.keyless must be an object")
         return None
@@ -212,7 +225,25 @@ def _authority(raw: Any, path: str, problems: list[str]) -> Authority | None:
     except errors.RukpakError as exc:
         problems.append(f"{path}.keyless.trustRoot: {exc.message}")
         return None
-    return KeylessAuthority(name=name, identities=identities, root=root)
+    return KeylessAuthority(name=name, identities=identities, root=root, tsa=tsa)
+
+
+def _tsa(raw: Any, path: str, problems: list[str]) -> tuple[x509.Certificate, ...] | None:
+    """An authority's ``rfc3161timestamp`` (``{certificateChain: PEM}``): the TSA's chain,
+    () when absent; None (a problem listed) when it is wrong."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        problems.append(f"{path} must be an object")
+        return None
+    pem = _text(raw.get("certificateChain"), f"{path}.certificateChain", problems, required=True)
+    if not pem:
+        return None
+    try:
+        return timestamps.load_chain(pem.encode(), what=f"{path}.certificateChain")
+    except errors.InvalidArgument as exc:
+        problems.append(exc.message)
+        return None
 
 
 def parse(obj: dict[str, Any], *, strict: bool = True) -> Policy:

@@ -30,7 +30,7 @@ from rukpak.oci import mediatypes
 from rukpak.oci.client import RegistryClient
 from rukpak.oci.manifest import Descriptor, Index, Manifest
 from rukpak.oci.reference import Reference
-from rukpak.signing import cosign, keys, sigstore
+from rukpak.signing import cosign, keys, sigstore, timestamps
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,10 @@ def sign(
     key: keys.PrivateKey,
     *,
     annotations: dict[str, str] | None = None,
+    tsa_url: str = "",
 ) -> Signed:
-    """Sign what ``image`` names now and push the signature; see the module docstring."""
+    """Sign what ``image`` names now and push the signature; see the module docstring.
+    With ``tsa_url`` the signature gets that TSA's RFC 3161 timestamp."""
     ref = Reference.parse(image)
     digest = ref.digest or client.resolve(ref).digest
     body = cosign.payload(ref.name, digest)
@@ -71,6 +73,9 @@ def sign(
                 return Signed(digest, str(sig_ref), added=False)
     layer = client.push_blob(ref, body, media_type=cosign.SIMPLE_SIGNING)
     layer.annotations = {cosign.SIGNATURE: signature, **(annotations or {})}
+    if tsa_url:
+        token = timestamps.request(tsa_url, base64.b64decode(signature))
+        layer.annotations[timestamps.ANNOTATION] = timestamps.annotation(token)
     layers.append(layer)
     config = json.dumps(
         {
@@ -87,9 +92,12 @@ def sign(
     return Signed(digest, str(sig_ref), added=True)
 
 
-def sign_bundle(client: RegistryClient, image: str, key: keys.PrivateKey) -> Signed:
+def sign_bundle(
+    client: RegistryClient, image: str, key: keys.PrivateKey, *, tsa_url: str = ""
+) -> Signed:
     """Sign what ``image`` names now as cosign 3 does; see the module docstring. Each call
-    adds a bundle (a DSSE signature differs every time), as each ``cosign sign`` does."""
+    adds a bundle (a DSSE signature differs every time), as each ``cosign sign`` does.
+    With ``tsa_url`` the bundle holds that TSA's RFC 3161 timestamp over the signature."""
     ref = Reference.parse(image)
     subject = client.resolve(ref.with_digest(ref.digest) if ref.digest else ref)
     digest = subject.digest
@@ -98,7 +106,10 @@ def sign_bundle(client: RegistryClient, image: str, key: keys.PrivateKey) -> Sig
     der = key.public_key().public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     )
-    bundle = sigstore.dsse_bundle(payload, raw, key_hint=sigstore.key_hint(der))
+    stamps = (timestamps.request(tsa_url, raw),) if tsa_url else ()
+    bundle = sigstore.dsse_bundle(
+        payload, raw, key_hint=sigstore.key_hint(der), timestamps_der=stamps
+    )
     layer = client.push_blob(ref, bundle, media_type=sigstore.BUNDLE_V03)
     config = client.push_blob(ref, b"{}", media_type=mediatypes.OCI_EMPTY)
     annotations = {

@@ -19,7 +19,8 @@ The facts, as cosign 3.1 writes them for ``cosign sign --key`` (checked against 
 - ``verificationMaterial`` holds a key hint (``publicKey``), a leaf certificate
   (``certificate``, v0.3) or a chain (``x509CertificateChain``, v0.1 and v0.2), and the
   transparency log entries (``tlogEntries``), each with its signed entry timestamp
-  (``inclusionPromise``) when the log gave one.
+  (``inclusionPromise``) when the log gave one, and RFC 3161 timestamps
+  (``timestampVerificationData``, read by ``rukpak.signing.timestamps``) when a TSA did.
 
 A bundle that signs a message by digest (``messageSignature``) names no image: it is
 skipped with that reason, as cosign does for image verification.
@@ -35,7 +36,7 @@ from typing import Any, Final
 
 from rukpak.common import errors
 from rukpak.oci import digest as digests
-from rukpak.signing import cosign
+from rukpak.signing import cosign, inclusion, timestamps
 
 BUNDLE_V03: Final[str] = "application/vnd.dev.sigstore.bundle.v0.3+json"
 BUNDLE_TYPES: Final[frozenset[str]] = frozenset(
@@ -79,12 +80,18 @@ def statement(name: str, digest: str) -> bytes:
     return json.dumps(document, separators=(",", ":")).encode()
 
 
-def dsse_bundle(payload: bytes, signature: bytes, *, key_hint: str) -> bytes:
+def dsse_bundle(
+    payload: bytes, signature: bytes, *, key_hint: str, timestamps_der: tuple[bytes, ...] = ()
+) -> bytes:
     """A v0.3 bundle of a DSSE envelope signed by a key (no log entries), as cosign writes
-    it with ``--key`` and a signing config that names no log."""
+    it with ``--key`` and a signing config that names no log (with ``timestamps_der``, RFC
+    3161 timestamps over the signature, one that names a TSA)."""
+    material: dict[str, Any] = {"publicKey": {"hint": key_hint}}
+    if timestamps_der:
+        material["timestampVerificationData"] = timestamps.bundle_material(timestamps_der)
     document = {
         "mediaType": BUNDLE_V03,
-        "verificationMaterial": {"publicKey": {"hint": key_hint}},
+        "verificationMaterial": material,
         "dsseEnvelope": {
             "payload": base64.b64encode(payload).decode(),
             "payloadType": IN_TOTO,
@@ -122,14 +129,17 @@ def signature(body: bytes, *, where: str) -> cosign.Signature:
     raw = _b64(sigs[0].get("sig"), f"{where}: dsseEnvelope.signatures[0].sig")
     material = _dict(doc.get("verificationMaterial"), f"{where}: verificationMaterial")
     certificate, chain = _certificates(material, where)
+    rekor, proof = _rekor_bundle(material, where)
     return cosign.Signature(
         payload=pae(IN_TOTO, payload),
         signature=raw,
         where=where,
         certificate=certificate,
         chain=chain,
-        bundle=_rekor_bundle(material, where),
+        bundle=rekor,
+        proof=proof,
         subject_digest=subject_digest(payload, where=where),
+        timestamps=timestamps.from_bundle(material),
     )
 
 
@@ -170,9 +180,12 @@ def _certificates(material: dict[str, Any], where: str) -> tuple[bytes | None, b
     return None, None
 
 
-def _rekor_bundle(material: dict[str, Any], where: str) -> str | None:
+def _rekor_bundle(
+    material: dict[str, Any], where: str
+) -> tuple[str | None, inclusion.Proof | None]:
     """The first log entry with a signed entry timestamp, in cosign 2's Rekor bundle
-    shape (the annotation ``cosign.BUNDLE``), which ``keyless`` verifies; None without."""
+    shape (the annotation ``cosign.BUNDLE``), which ``keyless`` verifies, and that entry's
+    inclusion proof (``rukpak.signing.inclusion``) when it has one; (None, None) without."""
     entries = material.get("tlogEntries") or []
     if not isinstance(entries, list):
         raise BundleError(f"{where}: tlogEntries is not a list")
@@ -193,8 +206,8 @@ def _rekor_bundle(material: dict[str, Any], where: str) -> str | None:
             "logID": _b64(log_id.get("keyId"), f"{where}: tlog logId.keyId").hex(),
         }
         rekor = {"SignedEntryTimestamp": promise.get("signedEntryTimestamp"), "Payload": payload}
-        return json.dumps(rekor)
-    return None
+        return json.dumps(rekor), inclusion.Proof.from_entry(entry, where=where)
+    return None, None
 
 
 def _pem(der: bytes) -> bytes:

@@ -10,7 +10,12 @@ A signature counts for an authority when its payload names the digest and
 - ``key``: it verifies with one of the authority's public keys;
 - ``keyless``: its certificate chains to the authority's Fulcio root, names one of its
   identities and holds the signing key, and (with a Rekor key) its Rekor bundle is signed
-  by that log and records this very signature (``rukpak.signing.keyless``).
+  by that log and records this very signature (``rukpak.signing.keyless``), and the
+  entry's inclusion proof, when the bundle has one, leads to a checkpoint that log signed
+  (``rukpak.signing.inclusion``);
+- and, when the authority names a TSA (``rfc3161timestamp``), one of its RFC 3161
+  timestamps verifies under that TSA's chain over the signature
+  (``rukpak.signing.timestamps``); a keyless certificate must then be valid at that time.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from dataclasses import dataclass
 from cryptography import x509
 
 from rukpak.common import errors
-from rukpak.signing import cosign, keyless, keys
+from rukpak.signing import cosign, inclusion, keyless, keys, timestamps
 from rukpak.signing.discover import Found
 from rukpak.signing.policy import Authority, KeyAuthority, Policy
 
@@ -89,12 +94,21 @@ def _satisfies(
         pem = authority.pem or read_secret(authority.secret)
         what = f"authority {authority.name!r}"
         public = keys.load_public_keys(pem, what=f"{what} key")
+        verified = False
         for sig in signatures:
-            for key in public:
-                if keys.verifies(key, sig.signature, sig.payload):
-                    return f"key {keys.fingerprint(key)}"
+            key = next((k for k in public if keys.verifies(k, sig.signature, sig.payload)), None)
+            if key is None:
+                continue
+            verified = True
+            if authority.tsa:
+                try:
+                    timestamps.verify(sig.timestamps, sig.signature, authority.tsa)
+                except errors.InvalidArgument as exc:
+                    reasons.append(f"{what}: {sig.where}: {exc.message}")
+                    continue
+            return f"key {keys.fingerprint(key)}"
         names = ", ".join(keys.fingerprint(k) for k in public)
-        if signatures:
+        if signatures and not verified:
             reasons.append(f"{what}: no signature verifies with key {names}")
         return None
     for sig in signatures:
@@ -102,7 +116,13 @@ def _satisfies(
             reasons.append(f"authority {authority.name!r}: {sig.where} has no certificate")
             continue
         try:
+            stamped = (
+                timestamps.verify(sig.timestamps, sig.signature, authority.tsa)
+                if authority.tsa
+                else None
+            )
             keyless.verify(
+                timestamp_at=stamped,
                 cert_pem=sig.certificate,
                 chain_pem=sig.chain,
                 bundle_json=sig.bundle,
@@ -111,6 +131,8 @@ def _satisfies(
                 root=authority.root,
                 identities=authority.identities,
             )
+            if authority.root.rekor_keys and sig.proof is not None:
+                inclusion.verify(sig.proof, authority.root.rekor_keys)
         except errors.RukpakError as exc:
             reasons.append(f"authority {authority.name!r}: {exc.message}")
             continue

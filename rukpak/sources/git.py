@@ -17,6 +17,12 @@ not asked a second time; the directory must stay inside
 the repository (upstream's message); blobs count against the byte budget while
 the tar is written; submodules are skipped (reported). SSH repositories go through
 ``rukpak.sources.ssh`` (the Secret's key and known hosts, paramiko).
+
+TLS (https:// remotes): ``tls`` (the source's ``certificateData`` and
+``auth.insecureSkipVerify``, see ``rukpak.oci.tls``), else the SourceTLS in force on this
+thread (the node plugin publishes a volume under its own), else the system trust store;
+for this client's connection pool only. A refused certificate is FailedPrecondition
+naming the server and why; the tree is still the one its commit hash names.
 """
 
 from __future__ import annotations
@@ -211,16 +217,20 @@ def _client(
     insecure: bool,
     read_timeout: float,
     deadline: Deadline | None = None,
+    tls: source_tls.SourceTLS | None = None,
 ) -> tuple[gitclient.GitClient, str]:
     parts = urlsplit(repository)
     if parts.scheme in ("http", "https"):
+        trust = tls if tls is not None else source_tls.current()
+        verify = False if insecure else (trust.verify() if trust is not None else True)
         pool = _SameOriginPool(
             deadline=deadline,
             read_timeout=read_timeout,
             retries=urllib3.Retry(
                 total=CONNECT_RETRIES, connect=CONNECT_RETRIES, read=0, redirect=0, status=0
             ),
-            cert_reqs="CERT_NONE" if insecure else "CERT_REQUIRED",
+            cert_reqs="CERT_REQUIRED" if verify else "CERT_NONE",
+            **({"ca_certs": verify} if isinstance(verify, str) else {}),
         )
         username = auth.username if auth is not None and auth.username else None
         password = auth.password if auth is not None and auth.username else None
@@ -278,7 +288,11 @@ def _call(
     except NotGitRepository:
         raise errors.NotFound(f"{what} {repository}: repository not found") from None
     except (GitProtocolError, HangupException, OSError, urllib3.exceptions.HTTPError) as exc:
-        refused = source_tls.refusal(exc, what=f"git server {urlsplit(repository).netloc}")
+        refused = source_tls.refusal(
+            exc,
+            what=f"git server {urlsplit(repository).netloc}",
+            skip_field=source_tls.SKIP_FIELD_FETCH,
+        )
         if refused is not None:  # the same certificate again: retrying cannot help
             raise errors.FailedPrecondition(f"{what} {display(repository)}: {refused}") from None
         raise _unanswered(repository, what, exc, deadline) from None
@@ -308,6 +322,7 @@ def resolve(
     *,
     auth: SourceAuth | None = None,
     insecure: bool = False,
+    tls: source_tls.SourceTLS | None = None,
     read_timeout: float = READ_TIMEOUT,
     deadline: Deadline | None = None,
 ) -> str:
@@ -326,7 +341,7 @@ def resolve(
     else:
         raise errors.InvalidArgument("git ref must set one of branch, tag or commit")
     client, path = _client(
-        repository, auth, insecure=insecure, read_timeout=read_timeout, deadline=deadline
+        repository, auth, insecure=insecure, read_timeout=read_timeout, deadline=deadline, tls=tls
     )
     result = _call(repository, "list refs of", client.get_refs, path, deadline=deadline)
     refs: dict[bytes, bytes] = dict(getattr(result, "refs", result) or {})
@@ -343,6 +358,7 @@ def fetch_commit(
     *,
     auth: SourceAuth | None = None,
     insecure: bool = False,
+    tls: source_tls.SourceTLS | None = None,
     read_timeout: float = READ_TIMEOUT,
     deadline: Deadline | None = None,
 ) -> Repo:
@@ -356,7 +372,7 @@ def fetch_commit(
         raise errors.InvalidArgument(f"{commit[:80]!r} is not a full commit hash")
     repo = Repo.init_bare(str(workdir), mkdir=True)
     client, path = _client(
-        repository, auth, insecure=insecure, read_timeout=read_timeout, deadline=deadline
+        repository, auth, insecure=insecure, read_timeout=read_timeout, deadline=deadline, tls=tls
     )
     want = commit.encode()
 

@@ -8,6 +8,12 @@ only when its digest matches. The pin travels in the URL's fragment
 the server, so the URL still names the same resource, and upstream's
 ``resolvedSource`` shape (``{type: http, http: {url}}``) is kept.
 
+TLS: ``tls`` (the source's ``certificateData`` and ``auth.insecureSkipVerify``, see
+``rukpak.oci.tls``), else the SourceTLS in force on this thread (the node plugin
+publishes a volume under its own), else the system trust store. It applies to this
+fetch's session only. A refused certificate is FailedPrecondition naming the server and
+why; skipping verification still checks the content against its pin.
+
 Hostile servers: redirects are followed only on the same scheme, host and port
 (another host is refused with a message); every read has a timeout and the whole
 download a deadline (the caller's ``rukpak.common.backoff.Deadline``, one per
@@ -90,6 +96,7 @@ def fetch(
     *,
     auth: SourceAuth | None = None,
     insecure: bool = False,
+    tls: source_tls.SourceTLS | None = None,
     expect: str | None = None,
     max_bytes: int = MAX_BYTES,
     read_timeout: float = READ_TIMEOUT,
@@ -111,12 +118,11 @@ def fetch(
     )
     session = requests.Session()
     session.trust_env = False  # no proxies or .netrc from the environment
+    session.verify = verify_of(tls, insecure=insecure)
     current = url
     try:
         for _ in range(MAX_REDIRECTS + 1):
-            response = _get(
-                session, current, auth=auth, insecure=insecure, timeout=read_timeout, until=until
-            )
+            response = _get(session, current, auth=auth, timeout=read_timeout, until=until)
             if response.is_redirect:
                 target = urljoin(current, response.headers.get("location", ""))
                 response.close()
@@ -142,12 +148,21 @@ def fetch(
         session.close()
 
 
+def verify_of(tls: source_tls.SourceTLS | None, *, insecure: bool = False) -> str | bool:
+    """The ``verify`` of a fetch: False when ``insecure`` or ``tls`` skips verification,
+    a CA bundle file when ``tls`` (else the thread's, :func:`rukpak.oci.tls.current`) adds
+    a CA, True (the system trust store) otherwise."""
+    if insecure:
+        return False
+    trust = tls if tls is not None else source_tls.current()
+    return trust.verify() if trust is not None else True
+
+
 def _get(
     session: requests.Session,
     url: str,
     *,
     auth: SourceAuth | None,
-    insecure: bool,
     timeout: float,
     until: Deadline,
 ) -> requests.Response:
@@ -161,13 +176,14 @@ def _get(
             stream=True,
             allow_redirects=False,
             timeout=(until.timeout(CONNECT_TIMEOUT), until.timeout(timeout)),
-            verify=not insecure,
             headers={"Accept-Encoding": "identity"},
         )
     except requests.RequestException as exc:
         if until.expired():
             raise until.exceeded(doing, detail=type(exc).__name__) from None
-        refused = source_tls.refusal(exc, what=f"server {urlsplit(url).netloc}")
+        refused = source_tls.refusal(
+            exc, what=f"server {urlsplit(url).netloc}", skip_field=source_tls.SKIP_FIELD_FETCH
+        )
         if refused is not None:  # the same certificate again: retrying cannot help
             raise errors.FailedPrecondition(f"GET {display(url)}: {refused}") from None
         if not isinstance(exc, requests.Timeout):

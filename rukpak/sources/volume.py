@@ -12,7 +12,9 @@ An image volume may carry its registry's TLS trust, for that volume only
 trust store) and ``insecureSkipTLSVerify`` (``"true"``), upstream's field names. Either
 needs an image pinned by digest: what is fetched is then verified by digest whatever
 the TLS, so a tree in the node cache is the content of its digest however it came; a
-tag's digest learnt with one volume's trust is never handed to another volume.
+tag's digest learnt with one volume's trust is never handed to another volume. A git or
+http volume takes ``certificateData`` too (its https server's CA; an https:// location
+only), and ``insecureSkipVerify`` as before: it is pinned by commit or content digest.
 
 A volume may also name what the node caches must keep for its owner (``retainFor``,
 e.g. ``bundledeployment/hello/<uid>``, and ``retain``, the owner's kept revisions,
@@ -39,6 +41,7 @@ from dataclasses import dataclass, field, replace
 
 from rukpak.common import errors
 from rukpak.image.seams import PullPolicy
+from rukpak.oci import tls as source_tls
 from rukpak.oci.auth import Credentials
 from rukpak.oci.manifest import Platform
 from rukpak.oci.reference import Reference
@@ -66,6 +69,7 @@ KIND_BUNDLE = "bundle"
 KIND_STORE = "store"
 KINDS = (KIND_BUNDLE, KIND_STORE)
 FETCH_ATTRIBUTES = (ATTR_GIT, ATTR_COMMIT, ATTR_DIRECTORY, ATTR_URL, ATTR_DIGEST, ATTR_INSECURE)
+"""A git or http volume's attributes; it also takes ``certificateData`` (its server's CA)."""
 RETAIN_ATTRIBUTES = (ATTR_RETAIN_FOR, ATTR_RETAIN)
 KNOWN_ATTRIBUTES = (
     ATTR_KIND,
@@ -99,6 +103,16 @@ class FetchSource:
     directory: str = ""
     insecure: bool = False
     auth: SourceAuth | None = field(default=None, repr=False, compare=False)
+    ca_pem: str = field(default="", repr=False)
+    """The server's CA (PEM, ``certificateData``), trusted beside the system's for this
+    volume's fetch only; empty: the system trust store."""
+
+    @property
+    def tls(self) -> SourceTLS | None:
+        """How to verify the server (``ca_pem``, ``insecure``); None: the default."""
+        if not self.ca_pem and not self.insecure:
+            return None
+        return SourceTLS(ca_pem=self.ca_pem, skip_verify=self.insecure)
 
     def label(self) -> str:
         """The content in one line (holders, logs): never holds credentials."""
@@ -112,6 +126,18 @@ class FetchSource:
         from rukpak.sources import git, http  # the node and the controller both parse here
 
         insecure = attributes.get(ATTR_INSECURE, "").strip().lower() == "true"
+        location = (attributes.get(ATTR_GIT) or attributes.get(ATTR_URL) or "").strip()
+        tls = source_tls.for_url(
+            location,
+            SourceTLS.from_fields(
+                attributes.get(ATTR_CERTIFICATE_DATA, ""),
+                insecure,
+                where=f"volume attribute {ATTR_CERTIFICATE_DATA!r}",
+                server="server",
+            ),
+            where=f"volume attribute {ATTR_CERTIFICATE_DATA!r}",
+        )
+        ca_pem = tls.ca_pem if tls is not None else ""
         if attributes.get(ATTR_GIT, "").strip():
             repository = attributes[ATTR_GIT].strip()
             commit = attributes.get(ATTR_COMMIT, "").strip().lower()
@@ -122,7 +148,9 @@ class FetchSource:
                 )
             directory = attributes.get(ATTR_DIRECTORY, "").strip()
             git.check_directory(directory, repository)
-            return cls("git", repository, commit, directory=directory, insecure=insecure)
+            return cls(
+                "git", repository, commit, directory=directory, insecure=insecure, ca_pem=ca_pem
+            )
         url = attributes.get(ATTR_URL, "").strip()
         http.check_url(url)
         bare, pinned = http.split_pinned(url)
@@ -132,7 +160,7 @@ class FetchSource:
                 "volume attribute 'digest' must be the sha256:<hex> digest an http volume is "
                 f"pinned to (got {digest[:80]!r})"
             )
-        return cls("http", bare, digest, insecure=insecure)
+        return cls("http", bare, digest, insecure=insecure, ca_pem=ca_pem)
 
     def attributes(self) -> dict[str, str]:
         if self.kind == "git":
@@ -143,6 +171,8 @@ class FetchSource:
             out = {ATTR_URL: self.location, ATTR_DIGEST: self.pin}
         if self.insecure:
             out[ATTR_INSECURE] = "true"
+        if self.ca_pem:
+            out[ATTR_CERTIFICATE_DATA] = self.ca_pem
         return out
 
 
@@ -200,13 +230,19 @@ class VolumeSource:
         retain_for, retain = _retention(attributes)
         tls_given = [k for k in TLS_ATTRIBUTES if attributes.get(k, "").strip()]
         if kinds and kinds[0] != ATTR_IMAGE:
-            if tls_given:
+            if attributes.get(ATTR_INSECURE_SKIP_TLS, "").strip():
                 raise errors.InvalidArgument(
-                    f"volume attribute(s) {', '.join(tls_given)} are for image volumes; a git "
-                    f"or http volume takes {ATTR_INSECURE!r} only"
+                    f"volume attribute {ATTR_INSECURE_SKIP_TLS!r} is for image volumes; a git "
+                    f"or http volume takes {ATTR_INSECURE!r} (and {ATTR_CERTIFICATE_DATA!r})"
                 )
             fetch = FetchSource.from_attributes(attributes)
-            return cls(image=fetch.label(), fetch=fetch, retain_for=retain_for, retain=retain)
+            return cls(
+                image=fetch.label(),
+                fetch=fetch,
+                retain_for=retain_for,
+                retain=retain,
+                tls=fetch.tls,
+            )
         image = attributes.get(ATTR_IMAGE, "").strip()
         if not image:
             raise errors.InvalidArgument(
