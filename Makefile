@@ -93,6 +93,7 @@ helm:
 cosign:
 	@bash hack/gotool.sh cosign --quiet
 	@bash hack/gotool.sh cosign3 --quiet
+	@bash hack/gotool.sh tsa --quiet
 
 ## helm-image: the helm provisioner's image (contrib/helm-provisioner): RukPak's image plus helm
 ## and its package, pushed to IMAGE; deploy with `kubectl apply -k contrib/helm-provisioner/manifests`

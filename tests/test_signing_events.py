@@ -36,7 +36,7 @@ from tests.signing_helpers import private_pem, public_pem
 from tests.test_signing import client as registry_client
 from tests.test_signing import gate_of, image, key_authority, policy_for
 
-pytestmark = pytest.mark.registry
+pytestmark = [pytest.mark.registry, pytest.mark.cluster]
 EVENT_WAIT = 60
 
 
