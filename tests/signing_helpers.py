@@ -86,8 +86,12 @@ def make_leaf(
     legacy_oidc: str | None = None,
     issuer_ext: bytes | None = None,
     code_signing: bool = True,
-    not_before: datetime = NOW - timedelta(minutes=1),
+    not_before: datetime | None = None,
 ) -> tuple[SigningKey, x509.Certificate]:
+    """A Fulcio-like leaf, valid for 10 minutes from ``not_before`` (default: a minute before
+    the call, not before the import: a long test run must not find it expired)."""
+    if not_before is None:
+        not_before = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)
     key = key or ec.generate_private_key(ec.SECP256R1())
     builder = (
         x509.CertificateBuilder()
