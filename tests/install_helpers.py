@@ -25,6 +25,7 @@ Enable with ``pytest_plugins = [..., "tests.install_helpers"]``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -356,6 +357,25 @@ def uninstall(system: RukpakSystem) -> None:
     )
     kubectl("delete", "-f", str(system.manifests), "--ignore-not-found", "--wait=true",
             "--timeout=120s", timeout=180, check=False)  # fmt: skip
+
+
+def switch_to_standing(system: RukpakSystem) -> RukpakSystem:
+    """Apply the default install (``STANDING``: the standing provisioner, no pod per
+    change) over ``system``'s and wait for the rollouts; the switched system."""
+    overlay = write_overlay(
+        system.workdir / "overlay-standing",
+        image=system.image,
+        kubelet_dir=Path(system.cluster.kubelet_dir),
+        state_dir=system.state_dir,
+        api_server=system.cluster.in_cluster_env(),
+        components=STANDING,
+    )
+    manifests = system.workdir / "rukpak-standing.yaml"
+    manifests.write_text(system.kubectl("kustomize", str(overlay)))
+    switched = dataclasses.replace(system, manifests=manifests)
+    system.kubectl("apply", "-f", str(manifests), timeout=120)
+    rollout(switched, switched.documents(), timeout=ROLLOUT_TIMEOUT)
+    return switched
 
 
 def install(

@@ -19,7 +19,6 @@ the node plugin's store volume), and switched back after. Checked here:
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import uuid
@@ -48,21 +47,8 @@ PROVISIONER = ("-n", inst.NAMESPACE, "deployment/rukpak-provisioner")
 @pytest.fixture(scope="module")
 def standing(rukpak_system: inst.RukpakSystem) -> Iterator[inst.RukpakSystem]:
     system = rukpak_system
-    overlay = inst.write_overlay(
-        system.workdir / "overlay-standing",
-        image=system.image,
-        kubelet_dir=Path(system.cluster.kubelet_dir),
-        state_dir=system.state_dir,
-        api_server=system.cluster.in_cluster_env(),
-        components=inst.STANDING,
-    )
-    manifests = system.workdir / "rukpak-standing.yaml"
-    manifests.write_text(system.kubectl("kustomize", str(overlay)))
-    switched = dataclasses.replace(system, manifests=manifests)
     try:
-        system.kubectl("apply", "-f", str(manifests), timeout=120)
-        inst.rollout(switched, switched.documents(), timeout=inst.ROLLOUT_TIMEOUT)
-        yield switched
+        yield inst.switch_to_standing(system)
     finally:  # back to a run pod per change, as the other modules expect
         system.kubectl("apply", "-f", str(system.manifests), timeout=120)
         for kind in ("deployment", "rolebinding", "role", "serviceaccount"):

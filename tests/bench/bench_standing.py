@@ -24,7 +24,6 @@ change -> applied <= 0.5 s, 0 pods, N=1,000 created/changed/deleted <= 120 s eac
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -130,23 +129,6 @@ def pivots(system: inst.RukpakSystem, refs: tuple[str, str]) -> list[float]:
             what="hello settled",
         )  # fmt: skip
     return took
-
-
-def switch_to_standing(system: inst.RukpakSystem) -> inst.RukpakSystem:
-    overlay = inst.write_overlay(
-        system.workdir / "overlay-standing",
-        image=system.image,
-        kubelet_dir=Path(system.cluster.kubelet_dir),
-        state_dir=system.state_dir,
-        api_server=system.cluster.in_cluster_env(),
-        components=inst.STANDING,
-    )
-    manifests = system.workdir / "rukpak-standing.yaml"
-    manifests.write_text(system.kubectl("kustomize", str(overlay)))
-    switched = dataclasses.replace(system, manifests=manifests)
-    system.kubectl("apply", "-f", str(manifests), timeout=120)
-    inst.rollout(switched, switched.documents(), timeout=inst.ROLLOUT_TIMEOUT)
-    return switched
 
 
 def _scale_entries(index: int, version: str) -> list[csi_helpers.Entry]:
@@ -276,12 +258,12 @@ def scale(system: inst.RukpakSystem) -> list[Result]:
 
 def measure(system: inst.RukpakSystem, workdir: Path) -> list[Result]:
     if SCALE_ONLY:
-        return scale(switch_to_standing(system))
+        return scale(inst.switch_to_standing(system))
     refs = bench_install.push_hello(system, workdir, "standing-hello")
     pod_installed, pod_healthy, pod_pods = rounds(system, "pod", refs[0])
     _delete_hello(system)
     progress("standing: switching to the default install (standing provisioner)")
-    system = switch_to_standing(system)
+    system = inst.switch_to_standing(system)
     installed, healthy, pods = rounds(system, "standing", refs[0])
     since = time.time()
     changes = pivots(system, refs)
