@@ -268,9 +268,10 @@ def test_an_expired_certificate_is_refused_at_the_time_asked(scene: Scene) -> No
 
 
 def test_an_expired_chain_certificate_is_named(scene: Scene) -> None:
-    inter = make_ca("short-lived intermediate", scene.root, until=NOW)
-    _, leaf = make_leaf(inter)
-    at = NOW + timedelta(minutes=5)
+    now = datetime.now(UTC).replace(microsecond=0)
+    inter = make_ca("short-lived intermediate", scene.root, until=now)
+    _, leaf = make_leaf(inter, not_before=now - timedelta(minutes=1))
+    at = now + timedelta(minutes=5)
     assert leaf.not_valid_after_utc > at
     with pytest.raises(KeylessError, match="chain certificate CN=short-lived intermediate expired"):
         keyless.verify_certificate(
