@@ -55,10 +55,14 @@ def group(name: str) -> str:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that install a release with helm (``released_system``, tests/test_release.py)
     run after the host-process plugin's e2e tests and before those of ``rukpak_system``
-    (tests.install_helpers): both own the kubelet's csi.rukpak.io registration while they run."""
+    (tests.install_helpers): both own the kubelet's csi.rukpak.io registration while they run.
+    Of those, the tests of the default install (``standing_system``) run last: the switch to
+    it is made once and never undone."""
 
     def rank(item: pytest.Item) -> int:
         names = getattr(item, "fixturenames", ())
+        if "standing_system" in names:
+            return 3
         return 2 if "rukpak_system" in names else 1 if "released_system" in names else 0
 
     items.sort(key=rank)

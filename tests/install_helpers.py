@@ -18,7 +18,8 @@ the node plugin last, and the test waits until no CSI volume of ours is mounted.
 Tests using ``rukpak_system`` run after every other test of the session
 (``pytest_collection_modifyitems``): the installed DaemonSet owns the kubelet's
 ``csi.rukpak.io`` registration, which the host-process plugin of the other e2e tests
-would otherwise fight over.
+would otherwise fight over. The installed system runs a pod per change (``run-pods``);
+``standing_system`` switches it to the default install once, for the tests that run last.
 
 Enable with ``pytest_plugins = [..., "tests.install_helpers"]``.
 """
@@ -444,6 +445,14 @@ def rukpak_system(kube_cluster: Any, request: pytest.FixtureRequest) -> Iterator
             system.kube.close()
             if not e2e.mounts_under(workdir):
                 shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def standing_system(rukpak_system: RukpakSystem) -> RukpakSystem:
+    """``rukpak_system`` switched to the default install (the standing provisioner, no pod
+    per change), once for the session: its tests run after every other test of the
+    installed system (``tests.conftest``), so nothing switches back."""
+    return switch_to_standing(rukpak_system)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -10,6 +10,7 @@ Everything mounted is unmounted at the end (``running_plugin``).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import json
 import os
@@ -39,6 +40,7 @@ from tests.csi_helpers import (
     target,
 )
 from tests.registry import READONLY_USER, RegistryServer
+from tests.source_servers import PASSWORD, USERNAME, SourceServer, make_repo, serving, tarball
 
 pytestmark = [pytest.mark.registry]
 
@@ -257,6 +259,111 @@ def test_retention_is_recorded_for_the_owner(
 ) -> None:
     store.client.fetch(pinned(public_image), retain_for="bundledeployment/hello/uid-1", retain=[])
     assert "owner=bundledeployment/hello/uid-1" in plugin.log()
+
+
+# --- content in a bundle volume's terms: images, git commits, http tarballs ------------
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SourceServer]:
+    root = tmp_path_factory.mktemp("storevol-sources")
+    with serving(root / "repos", auth=True) as server:
+        yield server
+
+
+def test_an_image_asked_in_a_volumes_terms_appears_by_digest_with_its_secret(
+    store: Store, private: tuple[str, PushedImage], token_registry: RegistryServer
+) -> None:
+    good, image = private
+    attributes = {"image": pinned(image), "pullPolicy": "IfNotPresent"}
+    with pytest.raises((errors.PermissionDenied, errors.Unauthenticated)):
+        store.client.fetch_volume(attributes, {".dockerconfigjson": wrong_secret(token_registry)})
+    assert not (store.mount / image.manifest_digest).exists()
+    path = store.client.fetch_volume(attributes, {".dockerconfigjson": good})
+    assert path == store.mount / image.manifest_digest
+    assert (path / "secret.txt").read_bytes() == b"only for the owner"
+
+
+def test_a_git_commit_appears_under_its_key_only_for_the_credential_that_fetched_it(
+    store: Store, sources: SourceServer
+) -> None:
+    commit = make_repo(
+        sources.git_root / "storevol-git",
+        {"bundle/manifests/cm.yaml": "kind: ConfigMap\n", "README": "not in the directory"},
+    )
+    attributes = {
+        "git": sources.repo_url("storevol-git"),
+        "commit": commit,
+        "directory": "bundle",
+        "retainFor": "bundledeployment/git/uid-1",
+        "retain": f"git+{sources.repo_url('storevol-git')}@{commit}:bundle",
+    }
+    auth = {"username": USERNAME, "password": PASSWORD}
+    with pytest.raises(errors.RukpakError) as refused:
+        store.client.fetch_volume(attributes, {"username": USERNAME, "password": "wrong"})
+    assert refused.value.code in ("PERMISSION_DENIED", "UNAUTHENTICATED")
+    path = store.client.fetch_volume(attributes, auth)
+    assert (path / "manifests" / "cm.yaml").read_text() == "kind: ConfigMap\n"
+    assert not (path / "README").exists()
+    assert_read_only(path / "manifests" / "new.yaml")
+    assert store.client.fetch_volume(attributes, auth) == path  # asking again is OK
+    visible = set(os.listdir(store.mount))
+    with pytest.raises(errors.RukpakError):  # the tree fetched with auth is not lent out
+        store.client.fetch_volume(attributes, {})
+    assert set(os.listdir(store.mount)) == visible
+
+
+def test_an_http_tarball_pinned_by_digest_appears_and_other_bytes_are_refused(
+    store: Store, sources: SourceServer
+) -> None:
+    data = tarball({"manifests/cm.yaml": "from http\n"})
+    sources.files["bundle.tgz"] = data
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    attributes = {"url": f"{sources.url}/files/bundle.tgz", "digest": digest}
+    auth = {"username": USERNAME, "password": PASSWORD}
+    path = store.client.fetch_volume(attributes, auth)
+    assert (path / "manifests" / "cm.yaml").read_text() == "from http\n"
+    sources.files["moved.tgz"] = tarball({"manifests/cm.yaml": "other bytes\n"})
+    moved = {"url": f"{sources.url}/files/moved.tgz", "digest": digest}
+    with pytest.raises(errors.RukpakError) as info:
+        store.client.fetch_volume(moved, auth)
+    assert info.value.code in ("DATA_LOSS", "FAILED_PRECONDITION", "INVALID_ARGUMENT")
+    assert "sha256" in info.value.message
+
+
+SHA = "sha256:" + "a" * 64
+PINNED_ELSEWHERE = f"registry.example.com/a@{SHA}"
+
+
+@pytest.mark.parametrize(
+    ("doc", "words"),
+    [
+        ({"volumeAttributes": {"image": "registry.example.com/a:v1"}}, "not pinned by digest"),
+        ({"volumeAttributes": {"kind": "store"}}, "not another store"),
+        ({"volumeAttributes": {"image": PINNED_ELSEWHERE, "publishMode": "fuse"}}, "bind mounts"),
+        (
+            {"volumeAttributes": {"csi.storage.k8s.io/pod.name": "someone", "image": "x"}},
+            "kubelet's to set",
+        ),
+        ({"volumeAttributes": {"git": "https://g.example/r", "commit": "main"}}, "40-character"),
+        ({"volumeAttributes": {"url": "file:///etc/passwd", "digest": SHA}}, "url"),
+        ({"volumeAttributes": {"image": "x"}, "ref": "y"}, "do not go with"),
+        ({"volumeAttributes": ["image"]}, "must map strings to strings"),
+        ({"volumeAttributes": {"image": "x"}, "secrets": {"k": 1}}, "must map strings to strings"),
+        ({"secrets": {}}, "goes with 'volumeAttributes'"),
+    ],
+    ids=[
+        "tag", "store", "fuse", "kubelet-keys", "branch", "file-url", "mixed", "list",
+        "secret-type", "secrets-alone",
+    ],
+)  # fmt: skip
+def test_a_hostile_volume_request_is_refused_by_name_and_nothing_appears(
+    store: Store, doc: dict[str, object], words: str
+) -> None:
+    answer = _raw_answer(store.mount, json.dumps(doc).encode() + b"\n")
+    assert (answer.ok, answer.code) == (False, "INVALID_ARGUMENT")
+    assert words.lower() in answer.message.lower()
+    assert sorted(os.listdir(store.mount)) == [protocol.SOCKET_NAME]
 
 
 # --- hostile input ---------------------------------------------------------------------

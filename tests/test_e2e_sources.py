@@ -1,5 +1,6 @@
-"""End to end: git, http and configMaps Bundle sources on the local kubelet, with RukPak
-installed from ``deploy/`` (the ``rukpak_system`` fixture).
+"""End to end: git, http and configMaps Bundle sources on the local kubelet, with RukPak's
+default install from ``deploy/`` (the ``standing_system`` fixture: the standing provisioner,
+no pod per change).
 
 A real git smart-HTTP server and tarball server (``tests.source_servers``, basic auth)
 and Debian's sshd (git over SSH with a key and known hosts) listen on the node's
@@ -8,7 +9,9 @@ Secrets and the ConfigMaps live in the system namespace, as upstream requires. F
 source type a standalone Bundle reaches ``Unpacked``, a broken one reaches
 ``Failing``/UnpackFailed with a message naming what is wrong, and a BundleDeployment of
 the hello bundle from that source (git over HTTPS, http, configMaps) becomes
-HasValidBundle and Installed.
+HasValidBundle and Installed. No pod is started for any of it: the standing provisioner
+asks the node plugin for git and http content through its store volume (by the rules of a
+pod's volume, with the source's auth Secret) and reads ConfigMaps from the API.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 import pytest
 
 from provisioner.engine.objects import ObjectRef
+from provisioner.manager import model
 from tests import install_helpers as inst
 from tests.polling import eventually
 from tests.source_servers import (
@@ -91,9 +95,9 @@ def _files(root: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def sources(
-    rukpak_system: inst.RukpakSystem, tmp_path_factory: pytest.TempPathFactory
+    standing_system: inst.RukpakSystem, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Sources]:
-    system = rukpak_system
+    system = standing_system
     work = tmp_path_factory.mktemp("sources")
     namespaces = {k: f"e2e-src-{k.lower()}-{SUFFIX}" for k in ("git", "http", "configMaps")}
     bundles = {
@@ -155,6 +159,17 @@ def sources(
 _created: list[str] = []
 
 
+def pods_started(system: inst.RukpakSystem, name: str) -> list[str]:
+    """The pods of ``name`` (a Bundle's unpack pod, named after it, or a BundleDeployment's
+    instance run pods, and its Bundles') the scheduler ever placed in the system namespace."""
+    out = system.kubectl(
+        "get", "events", "-n", inst.NAMESPACE, "--field-selector", "reason=Scheduled",
+        "-o", "jsonpath={range .items[*]}{.involvedObject.name}{'\\n'}{end}",
+    )  # fmt: skip
+    prefixes = (name, model.instance_name(name))
+    return [line for line in out.splitlines() if line.startswith(prefixes)]
+
+
 def _bundle(system: inst.RukpakSystem, name: str, source: dict[str, Any]) -> None:
     system.kube.create(
         {
@@ -187,11 +202,11 @@ def _unpacked(bundle: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("kind", ["git", "ssh", "http", "configMaps"])
 def test_a_bundle_of_each_source_unpacks(
-    rukpak_system: inst.RukpakSystem, sources: Sources, kind: str
+    standing_system: inst.RukpakSystem, sources: Sources, kind: str
 ) -> None:
     name = f"src-{kind.lower()}-{SUFFIX}"
-    _bundle(rukpak_system, name, sources.source(kind))
-    live = _wait_phase(rukpak_system, name, "Unpacked")
+    _bundle(standing_system, name, sources.source(kind))
+    live = _wait_phase(standing_system, name, "Unpacked")
     cond = _unpacked(live)
     source_type = "git" if kind == "ssh" else kind
     assert cond["reason"] == "UnpackSuccessful", cond
@@ -205,12 +220,13 @@ def test_a_bundle_of_each_source_unpacks(
         assert len(resolved["git"]["ref"]["commit"]) == 40
     if kind == "http":
         assert "#sha256=" in resolved["http"]["url"]
+    assert pods_started(standing_system, name) == [], "a pod was started to unpack"
 
 
 def test_broken_sources_fail_with_a_message_naming_the_problem(
-    rukpak_system: inst.RukpakSystem, sources: Sources
+    standing_system: inst.RukpakSystem, sources: Sources
 ) -> None:
-    system = rukpak_system
+    system = standing_system
     git = sources.source("git")
     git["git"]["directory"] = "./nothing-here"
     http = sources.source("http")
@@ -248,16 +264,17 @@ def test_broken_sources_fail_with_a_message_naming_the_problem(
     )
     assert "json: cannot unmarshal string into Go value" in messages["cm-invalid"]["message"]
     assert "could not determine a constructor" not in messages["cm-invalid"]["message"]
-    # the unpack pod of the failed git Bundle goes: nothing left behind
-    pod = ObjectRef("", "v1", "Pod", inst.NAMESPACE, f"src-bad-git-{SUFFIX}")
-    eventually(lambda: system.kube.get(pod) is None, timeout=60, what="the unpack pod gone")
+    # no pod was started for any of them, and the failed git Bundle's run goes with it
+    assert [p for kind in cases for p in pods_started(system, f"src-bad-{kind}-{SUFFIX}")] == []
+    run = ObjectRef("", "v1", "ConfigMap", inst.NAMESPACE, f"src-bad-git-{SUFFIX}")
+    eventually(lambda: system.kube.get(run) is None, timeout=60, what="the check's run gone")
 
 
 @pytest.mark.parametrize("kind", ["git", "http", "configMaps"])
 def test_a_bundledeployment_of_each_source_installs(
-    rukpak_system: inst.RukpakSystem, sources: Sources, kind: str
+    standing_system: inst.RukpakSystem, sources: Sources, kind: str
 ) -> None:
-    system = rukpak_system
+    system = standing_system
     name = f"src-bd-{kind.lower()}-{SUFFIX}"
     bd = inst.bundle_deployment(name, "unused")
     bd["spec"]["template"]["spec"]["source"] = sources.source(kind)
@@ -280,12 +297,13 @@ def test_a_bundledeployment_of_each_source_installs(
         ObjectRef("", "v1", "ConfigMap", sources.namespaces[kind], "hello-greeting")
     )
     assert greeting is not None
+    assert pods_started(system, name) == [], "a pod was started to install"
 
 
 def test_a_configmap_in_use_by_a_bundle_cannot_be_deleted(
-    rukpak_system: inst.RukpakSystem, sources: Sources
+    standing_system: inst.RukpakSystem, sources: Sources
 ) -> None:
-    system = rukpak_system
+    system = standing_system
     name = f"in-use-{SUFFIX}"
     cm = f"in-use-{SUFFIX}"
     system.kube.create(

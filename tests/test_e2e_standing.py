@@ -1,16 +1,17 @@
 """End to end: the standing provisioner (``deploy/standing``) on the local kubelet.
 
 The installed system (``rukpak_system``, a pod per change: ``run-pods``) is switched to the
-default install for this module by applying the same overlay without ``run-pods`` (the
+default install by applying the same overlay without ``run-pods`` (``standing_system``: the
 manager's ``--run-mode=standing`` and the ``rukpak-provisioner`` Deployment, which mounts
-the node plugin's store volume), and switched back after. Checked here:
+the node plugin's store volume). Checked here:
 
 - an install and an upgrade of a v1alpha2 BundleDeployment start no pod: each run is a
   run ConfigMap the standing provisioner takes, fetching the image by digest through the
   store volume and applying as the run's ServiceAccount;
 - content the node store cannot serve fails the BundleDeployment with a condition that
   says so, and the provisioner goes on serving the others;
-- a run whose content is not one image (a git source) still gets its pod;
+- git, http and ConfigMaps sources run standing too (``test_e2e_sources``, on the same
+  switched system);
 - a v1alpha1 BundleDeployment: its Bundle's unpack check and its install run standing, no
   pod; an invalid Bundle fails its check with upstream's words, no pod;
 - a provisioner killed (SIGKILL) while it holds a run loses nothing: the container kubelet
@@ -22,7 +23,7 @@ from __future__ import annotations
 import os
 import signal
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -45,18 +46,8 @@ PROVISIONER = ("-n", inst.NAMESPACE, "deployment/rukpak-provisioner")
 
 
 @pytest.fixture(scope="module")
-def standing(rukpak_system: inst.RukpakSystem) -> Iterator[inst.RukpakSystem]:
-    system = rukpak_system
-    try:
-        yield inst.switch_to_standing(system)
-    finally:  # back to a run pod per change, as the other modules expect
-        system.kubectl("apply", "-f", str(system.manifests), timeout=120)
-        for kind in ("deployment", "rolebinding", "role", "serviceaccount"):
-            system.kubectl(
-                "delete", kind, "rukpak-provisioner", "-n", inst.NAMESPACE,
-                "--ignore-not-found", "--wait=true", timeout=90,
-            )  # fmt: skip
-        inst.rollout(system, system.documents(), timeout=inst.ROLLOUT_TIMEOUT)
+def standing(standing_system: inst.RukpakSystem) -> inst.RukpakSystem:
+    return standing_system
 
 
 def explain(system: inst.RukpakSystem, name: str) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from provisioner.instance import runrecord
-from provisioner.manager import generate, model, runs
+from provisioner.manager import generate, model, runs, sources
 from provisioner.manager.model import Settings
 from provisioner.manager.sources import volume
 
@@ -43,21 +43,41 @@ def run_pod(source: dict[str, Any] | None = None) -> dict[str, Any]:
     return generate.instance_run_pod(bd(resolved), "hello-rev", resolved, SETTINGS, 0)
 
 
-def test_a_run_of_one_image_pinned_by_digest_may_be_taken_by_a_standing_provisioner() -> None:
-    assert runrecord.eligible(run_pod())
+GIT = {"type": "git", "git": {"repository": "https://g.example/r", "ref": {"commit": "a" * 40}}}
+HTTP = {"type": "http", "http": {"url": f"https://files.example.com/b.tgz#sha256={'d' * 64}"}}
+CONFIGMAPS = {
+    "type": "configMaps",
+    "configMaps": [{"configMap": {"name": "manifests"}, "path": "manifests"}],
+    sources.ITEMS_KEY: [["manifests", "cm.yaml", "manifests/cm.yaml"]],
+}
 
 
 @pytest.mark.parametrize(
-    "source",
-    [
-        image_source("registry.example.com/hello:v1"),
-        {"type": "git", "git": {"repository": "https://g.example/r", "ref": {"commit": "a" * 40}}},
-        {"type": "http", "http": {"url": f"https://files.example.com/b.tgz@{DIGEST}"}},
-    ],
-    ids=["a tag", "git", "http"],
-)  # fmt: skip
-def test_other_runs_keep_their_pod(source: dict[str, Any]) -> None:
-    assert not runrecord.eligible(run_pod(source))
+    "source", [image_source(), GIT, HTTP, CONFIGMAPS], ids=["image", "git", "http", "configMaps"]
+)
+def test_a_run_of_one_pinned_source_may_be_taken_by_a_standing_provisioner(
+    source: dict[str, Any],
+) -> None:
+    assert runrecord.eligible(run_pod(source))
+
+
+def test_a_run_of_a_tag_or_of_several_sources_keeps_its_pod() -> None:
+    assert not runrecord.eligible(run_pod(image_source("registry.example.com/hello:v1")))
+    pod = run_pod()
+    pod["spec"]["volumes"].append({"name": "other", "emptyDir": {}})
+    assert not runrecord.eligible(pod)
+    pod = run_pod()
+    pod["spec"]["volumes"][0]["csi"]["driver"] = "other.csi.example.com"
+    assert not runrecord.eligible(pod)
+
+
+def test_the_configmap_items_are_read_from_a_projected_volume_only() -> None:
+    items = runrecord.configmap_items(volume(CONFIGMAPS))
+    assert items == [("manifests", "cm.yaml", "manifests/cm.yaml")]
+    mixed = volume(CONFIGMAPS)
+    mixed["projected"]["sources"].append({"secret": {"name": "s"}})
+    assert runrecord.configmap_items(mixed) is None
+    assert runrecord.configmap_items({"name": "bundle", "emptyDir": {}}) is None
 
 
 def test_the_run_configmap_carries_the_pod_and_reads_back_as_it_pending() -> None:
@@ -146,8 +166,10 @@ def test_the_run_view_reads_pods_and_run_configmaps_as_one_cache_of_pods() -> No
 
 
 def test_the_source_volume_of_an_image_is_what_eligible_reads() -> None:
-    attributes = runrecord.image_attributes(volume(image_source()))
+    attributes = runrecord.csi_attributes(volume(image_source()))
     assert attributes is not None and attributes["image"].endswith(DIGEST)
+    git = runrecord.csi_attributes(volume(GIT))
+    assert git == {"git": "https://g.example/r", "commit": "a" * 40}
 
 
 def bundle(source: dict[str, Any]) -> dict[str, Any]:
@@ -182,10 +204,9 @@ def test_a_bundles_check_of_one_pinned_image_runs_standing_and_goes_with_its_bun
     assert seen["metadata"]["ownerReferences"][0]["kind"] == "Bundle"
 
 
-def test_a_bundles_check_of_a_tag_or_of_git_keeps_its_pod() -> None:
+def test_a_bundles_check_of_a_tag_keeps_its_pod_and_of_git_runs_standing() -> None:
     assert not runrecord.eligible(unpack_run(image_source("registry.example.com/hello:v1")))
-    git = {"type": "git", "git": {"repository": "https://g.example/r", "ref": {"commit": "a" * 40}}}
-    assert not runrecord.eligible(unpack_run(git))
+    assert runrecord.eligible(unpack_run(GIT))
 
 
 def test_a_pod_of_another_command_never_runs_standing() -> None:

@@ -48,6 +48,8 @@ from csi.node.publish import Publisher
 from csi.node.storeserver import StoreSocket
 from csi.volume.request import PublishRequest
 from rukpak.common import errors, fsio
+from rukpak.oci import tls as source_tls
+from rukpak.sources import cache as sourcecache
 from rukpak.sources import storeprotocol as protocol
 from rukpak.sources import volume
 from rukpak.sources.volume import VolumeSource
@@ -221,33 +223,18 @@ class StoreVolumes:
     def request(self, vol: StoreVolume, req: protocol.StoreRequest) -> protocol.StoreAnswer:
         """Make ``req``'s digest visible in ``vol`` once its credential passed; the answer."""
         started = time.monotonic()
-        attributes = {volume.ATTR_IMAGE: req.ref, volume.ATTR_PUBLISH_MODE: "bind"}
-        if req.retain_for or req.retain:  # the content asked for is kept, and the listed
-            attributes[volume.ATTR_RETAIN_FOR] = req.retain_for
-            attributes[volume.ATTR_RETAIN] = " ".join(req.retain or (req.ref,))
-        source = VolumeSource.from_attributes(attributes)
-        target = vol.directory / req.digest
+        source = req.source or self._image_source(req)
+        name, digest = self._name(req, source)
+        target = vol.directory / name
         publish = PublishRequest(
             volume_id=vol.volume_id,
             target_path=str(target),
-            source=source,
+            source=dataclasses.replace(source, publish_mode="bind"),
             credentials=req.credentials,
         )
         try:
-            if mounts.find_on(self.mounter, target) is not None:
-                self.publisher.authorize_published(publish)
-                seen = True
-            else:
-                if self._digests(vol) >= MAX_DIGESTS:
-                    raise errors.ResourceExhausted(
-                        f"the store volume shows {MAX_DIGESTS} digests already; a standing "
-                        "provisioner needs far fewer: remount it"
-                    )
-                self.publisher.publish(publish)
-                seen = False
-                if vol.target in self._closing:  # unpublish listed the digests before this
-                    self.publisher.unpublish(vol.volume_id, str(target))
-                    raise errors.Aborted("the store volume was unpublished during the request")
+            with source_tls.using(source.tls):  # this request's trust, this thread only
+                seen = self._present(vol, publish, target)
         except errors.RukpakError as exc:
             log.warning(
                 "msg=%r volume=%s ref=%s code=%s error=%r",
@@ -266,7 +253,47 @@ class StoreVolumes:
             seen,
             time.monotonic() - started,
         )
-        return protocol.StoreAnswer(ok=True, digest=req.digest, path=req.digest)
+        return protocol.StoreAnswer(ok=True, digest=digest, path=name)
+
+    @staticmethod
+    def _image_source(req: protocol.StoreRequest) -> VolumeSource:
+        attributes = {volume.ATTR_IMAGE: req.ref, volume.ATTR_PUBLISH_MODE: "bind"}
+        if req.retain_for or req.retain:  # the content asked for is kept, and the listed
+            attributes[volume.ATTR_RETAIN_FOR] = req.retain_for
+            attributes[volume.ATTR_RETAIN] = " ".join(req.retain or (req.ref,))
+        return VolumeSource.from_attributes(attributes)
+
+    @staticmethod
+    def _name(req: protocol.StoreRequest, source: VolumeSource) -> tuple[str, str]:
+        """Where the content appears in the volume, and the digest to answer: an image's
+        digest for both; a git or http tree under its key (one per content and
+        credential, so a tree is shown only to the credential that fetched it) with its
+        commit or content digest."""
+        if source.fetch is None:
+            return req.digest, req.digest
+        return sourcecache.key_digest(source.fetch), source.fetch.pin
+
+    def _present(self, vol: StoreVolume, publish: PublishRequest, target: Path) -> bool:
+        """Publish ``publish`` on ``target`` in ``vol``, or check its credential against
+        what is shown there already; whether it was shown before."""
+        if mounts.find_on(self.mounter, target) is not None:
+            if publish.source.fetch is None:
+                self.publisher.authorize_published(publish)
+            else:  # the key holds the credential: record the retention, nothing to check
+                self.publisher.publish(publish)
+            seen = True
+        else:
+            if self._digests(vol) >= MAX_DIGESTS:
+                raise errors.ResourceExhausted(
+                    f"the store volume shows {MAX_DIGESTS} digests already; a standing "
+                    "provisioner needs far fewer: remount it"
+                )
+            self.publisher.publish(publish)
+            seen = False
+            if vol.target in self._closing:  # unpublish listed the digests before this
+                self.publisher.unpublish(vol.volume_id, str(target))
+                raise errors.Aborted("the store volume was unpublished during the request")
+        return seen
 
     def _digests(self, vol: StoreVolume) -> int:
         with contextlib.suppress(OSError):

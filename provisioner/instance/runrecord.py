@@ -13,8 +13,11 @@ annotations (:data:`PHASE`, :data:`NODE`, :data:`HOLDER`, :data:`RENEWED`,
 :data:`FINISHED`) and ``data.message``; :func:`as_pod` turns it back into that pod, so
 the planner, its tests and every rule about runs stay as they are. What may run this way
 is :func:`eligible`: runs of the instance (install or preview) and a v1alpha1 Bundle's
-unpack check, whose content is one image volume pinned by digest, which the node store
-serves by digest; any other run (git, http, ConfigMaps sources) is still a pod.
+unpack check, whose content is one volume: our CSI driver's (an image pinned by digest,
+a git commit or an http tarball pinned by digest), which the node store serves through
+the store volume by the rules of a pod's volume, or a projected volume of ConfigMaps,
+which the provisioner reads from the API. A run of several sources (v1alpha2
+``spec.sources``) is still a pod.
 
 Claiming: a worker claims a ``Pending`` run, or a ``Running`` one whose holder has not
 renewed it for :data:`CLAIM_TTL` seconds (a provisioner killed mid-run), with a merge
@@ -50,8 +53,7 @@ UNTAKEN = (
     "for a standing provisioner to take the run (deployment rukpak-provisioner in the "
     "system namespace; kubectl logs it if this lasts)"
 )
-IMAGE_ATTRIBUTES = frozenset({"image", "pullPolicy", "retainFor", "retain"})
-"""The volume attributes a standing run serves; any other (git, http, ...) keeps a pod."""
+CSI_DRIVER = "csi.rukpak.io"
 
 
 def now_text(now: datetime | None = None) -> str:
@@ -79,16 +81,40 @@ def eligible(pod: Obj) -> bool:
     volumes = (pod.get("spec") or {}).get("volumes") or []
     if len(volumes) != 1:
         return False
-    attributes = image_attributes(volumes[0])
-    return attributes is not None and "@sha256:" in str(attributes.get("image") or "")
+    attributes = csi_attributes(volumes[0])
+    if attributes is not None:
+        image = attributes.get("image")
+        return image is None or "@sha256:" in image  # git and http are pinned by the planner
+    return configmap_items(volumes[0]) is not None
 
 
-def image_attributes(volume: Obj) -> dict[str, str] | None:
-    """The attributes of an image CSI volume; None for any other volume."""
-    attributes = (volume.get("csi") or {}).get("volumeAttributes")
-    if not isinstance(attributes, dict) or not set(attributes) <= IMAGE_ATTRIBUTES:
+def csi_attributes(volume: Obj) -> dict[str, str] | None:
+    """The attributes of a bundle volume of our CSI driver; None for any other volume."""
+    csi = volume.get("csi")
+    if not isinstance(csi, dict) or csi.get("driver") != CSI_DRIVER:
+        return None
+    attributes = csi.get("volumeAttributes")
+    if not isinstance(attributes, dict):
         return None
     return {str(k): str(v) for k, v in attributes.items()}
+
+
+def configmap_items(volume: Obj) -> list[tuple[str, str, str]] | None:
+    """``(configMap, key, path)`` for every item of a projected volume made only of
+    ConfigMaps with listed items (as the planner makes them); None for any other volume."""
+    projected = volume.get("projected")
+    if not isinstance(projected, dict):
+        return None
+    out: list[tuple[str, str, str]] = []
+    for source in projected.get("sources") or []:
+        configmap = source.get("configMap") if isinstance(source, dict) else None
+        if not isinstance(configmap, dict) or set(source) != {"configMap"}:
+            return None
+        for item in configmap.get("items") or []:
+            if not isinstance(item, dict):
+                return None
+            out.append((str(configmap.get("name")), str(item.get("key")), str(item.get("path"))))
+    return out or None
 
 
 def from_pod(pod: Obj) -> Obj:

@@ -6,11 +6,13 @@ runs in-process, one per run. The manager writes each run it wants as a run Conf
 (``instance.runrecord``); this process watches them, claims one at a time per worker (at most
 ``--concurrency`` at once), and for each:
 
-1. asks the node plugin for the run's image, pinned by digest, through the store volume
-   mounted at ``--store-dir`` (``rukpak.sources.storeclient``), with the pull Secret the
-   run's volume names (read from the system namespace): content reaches this pod only
-   through the CSI driver, checked against that credential as a pod's volume is;
-2. runs the instance over ``<store>/<digest>`` exactly as the run pod would have, acting
+1. asks the node plugin for the run's content (an image pinned by digest, a git commit,
+   an http tarball pinned by digest) through the store volume mounted at ``--store-dir``
+   (``rukpak.sources.storeclient``), with the volume attributes and the publish Secret
+   the run's volume names (read from the system namespace): content reaches this pod
+   only through the CSI driver, fetched and checked by the rules of a pod's volume; a
+   ConfigMaps source is read from the API, as kubelet would project it;
+2. runs the instance over that directory exactly as the run pod would have, acting
    as the run's ServiceAccount (``Impersonate-User``): the API server allows it what that
    ServiceAccount is allowed, never this pod's own rights; or, for a v1alpha1 Bundle's
    unpack check, validates the content (``instance.unpack``) without any API request;
@@ -33,8 +35,9 @@ import queue
 import signal
 import tempfile
 import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import FrameType
 from typing import Any
 
@@ -225,14 +228,20 @@ class Standing:
 
     def execute(self, name: str, pod: Obj) -> tuple[bool, str]:
         """Run the instance of ``pod`` over its content from the store; (ok, message)."""
-        try:
-            args = run_args(pod)
-            content = self.content(pod)
-        except errors.RukpakError as exc:
-            return False, exc.message
-        if args.command == "unpack":  # a Bundle's check: no API access, only the content
-            result = unpack.validate(content, format=args.format)
-            return result.ok, result.to_json()
+        with contextlib.ExitStack() as stack:
+            try:
+                args = run_args(pod)
+                content = stack.enter_context(self.content(pod))
+            except errors.RukpakError as exc:
+                return False, exc.message
+            if args.command == "unpack":  # a Bundle's check: no API access, only the content
+                result = unpack.validate(content, format=args.format)
+                return result.ok, result.to_json()
+            return self._install(name, pod, args, content)
+
+    def _install(
+        self, name: str, pod: Obj, args: argparse.Namespace, content: Path
+    ) -> tuple[bool, str]:
         spec = pod.get("spec") or {}
         account = str(spec.get("serviceAccountName") or "default")
         user = f"system:serviceaccount:{self.namespace}:{account}"
@@ -266,39 +275,74 @@ class Standing:
             return True, UNFINISHED
         return code == process.EXIT_OK, message.strip()
 
-    def content(self, pod: Obj) -> Path:
-        """The run's one image volume, asked of the node store with its pull Secret."""
+    @contextlib.contextmanager
+    def content(self, pod: Obj) -> Iterator[Path]:
+        """The run's one content volume as a directory: our CSI driver's volume asked of
+        the node store with its attributes and publish Secret (the rules of a pod's
+        volume), or the items of a projected ConfigMap volume written to a temporary
+        directory (removed after the run)."""
         volumes = (pod.get("spec") or {}).get("volumes") or []
-        attributes = runs.image_attributes(volumes[0]) if len(volumes) == 1 else None
-        if attributes is None:
-            raise errors.InvalidArgument("the run's content is not one image volume")
-        secret = ((volumes[0].get("csi") or {}).get("nodePublishSecretRef") or {}).get("name")
-        config = self._dockerconfig(str(secret)) if secret else None
-        try:
-            return self.store.fetch(
-                attributes["image"],
-                dockerconfigjson=config,
-                retain_for=attributes.get("retainFor", ""),
-                retain=attributes.get("retain", "").split(),
-            )
-        except errors.RukpakError as exc:
-            raise type(exc)(
-                f"the node store could not serve {attributes['image']}: {exc.message}"
-            ) from None
+        if len(volumes) != 1:
+            raise errors.InvalidArgument("the run's content is not one volume")
+        attributes = runs.csi_attributes(volumes[0])
+        if attributes is not None:
+            secret = ((volumes[0].get("csi") or {}).get("nodePublishSecretRef") or {}).get("name")
+            secrets = self._secret_data(str(secret)) if secret else {}
+            what = attributes.get("image") or attributes.get("git") or attributes.get("url")
+            try:
+                yield self.store.fetch_volume(attributes, secrets)
+            except errors.RukpakError as exc:
+                raise type(exc)(f"the node store could not serve {what}: {exc.message}") from None
+            return
+        items = runs.configmap_items(volumes[0])
+        if items is None:
+            raise errors.InvalidArgument("the run's content is no CSI or ConfigMap volume")
+        with tempfile.TemporaryDirectory(prefix="rukpak-configmaps-") as tmp:
+            self._project(items, Path(tmp))
+            yield Path(tmp)
 
-    def _dockerconfig(self, name: str) -> str:
+    def _project(self, items: list[tuple[str, str, str]], root: Path) -> None:
+        """Write each ``(configMap, key, path)`` item under ``root``, as kubelet projects
+        it; NotFound naming a ConfigMap or key that is gone, InvalidArgument for a path
+        that would leave ``root``."""
+        maps: dict[str, Obj] = {}
+        for name, key, path in items:
+            parts = PurePosixPath(path).parts
+            if not parts or path.startswith("/") or ".." in parts:
+                raise errors.InvalidArgument(
+                    f"ConfigMap item path {path[:200]!r} is outside the bundle directory"
+                )
+            if name not in maps:
+                found = self.kube.get(ObjectRef("", "v1", "ConfigMap", self.namespace, name))
+                if found is None:
+                    raise errors.NotFound(f"ConfigMap {self.namespace}/{name} not found")
+                maps[name] = found
+            data = maps[name].get("data") or {}
+            binary = maps[name].get("binaryData") or {}
+            if key in data:
+                raw = str(data[key]).encode()
+            elif key in binary:
+                raw = base64.b64decode(str(binary[key]))
+            else:
+                raise errors.NotFound(f"ConfigMap {self.namespace}/{name} has no key {key!r}")
+            target = root.joinpath(*parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(raw)
+
+    def _secret_data(self, name: str) -> dict[str, str]:
+        """A publish Secret's data, decoded, as kubelet hands it to the node plugin."""
         secret = self.kube.get(ObjectRef("", "v1", "Secret", self.namespace, name))
         if secret is None:
             raise errors.NotFound(
-                f"pull Secret {self.namespace}/{name} not found: create it in {self.namespace}"
+                f"Secret {self.namespace}/{name} not found: create it in {self.namespace}"
             )
         data: dict[str, Any] = secret.get("data") or {}
-        raw = data.get(".dockerconfigjson")
-        if not isinstance(raw, str):
+        try:
+            return {str(k): base64.b64decode(str(v)).decode() for k, v in data.items()}
+        except (ValueError, UnicodeDecodeError):
             raise errors.InvalidArgument(
-                f"pull Secret {self.namespace}/{name} holds no .dockerconfigjson"
-            )
-        return base64.b64decode(raw).decode()
+                f"Secret {self.namespace}/{name} holds data that is not UTF-8 text"
+            ) from None
 
 
 # -- the command line -------------------------------------------------------------------

@@ -64,6 +64,16 @@ class StoreClient:
             raise answer.error()
         return self.mount / answer.path
 
+    def fetch_volume(self, attributes: dict[str, str], secrets: dict[str, str]) -> Path:
+        """The directory where a bundle volume's content (its ``volumeAttributes`` and the
+        data of its publish Secret, as a pod's volume would name them: an image pinned by
+        digest, a git commit, an http tarball) appears in the mount, once the plugin
+        fetched or checked it by the rules of a pod's volume; its error otherwise."""
+        answer = self.ask(protocol.encode_volume_request(attributes, secrets))
+        if not answer.ok:
+            raise answer.error()
+        return self.mount / answer.path
+
     def ask(self, line: bytes) -> protocol.StoreAnswer:
         """Send one raw request line and read its answer (reconnecting once when the
         connection was closed, e.g. by a plugin restart)."""

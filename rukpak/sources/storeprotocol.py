@@ -8,16 +8,25 @@ checked. It asks on the unix socket ``<mount>/.rukpak-store.sock`` the plugin se
 the volume, one JSON object per line, one answer line per request, in order, as many
 requests per connection as the pod likes:
 
-request: ``{"ref": "registry/repo@sha256:<hex>"}`` plus the credential, either
-``"dockerconfigjson"`` (a pull Secret's ``.dockerconfigjson`` text) or ``"username"`` and
-``"password"`` (for the ref's registry), neither for an anonymous pull; optionally
-``"retainFor"`` (the owner key) with ``"retain"`` (a list of pinned refs: the owner's kept
-revisions), as the volume attributes of the same names.
+request, one of two shapes:
+
+- ``{"ref": "registry/repo@sha256:<hex>"}`` plus the credential, either
+  ``"dockerconfigjson"`` (a pull Secret's ``.dockerconfigjson`` text) or ``"username"``
+  and ``"password"`` (for the ref's registry), neither for an anonymous pull; optionally
+  ``"retainFor"`` (the owner key) with ``"retain"`` (a list of pinned refs: the owner's
+  kept revisions), as the volume attributes of the same names;
+- ``{"volumeAttributes": {…}, "secrets": {…}}``: exactly what a bundle volume of a pod
+  carries (``rukpak.sources.volume``: an image pinned by digest with its registry's TLS
+  fields, a git commit or an http tarball pinned by digest, ``retainFor``/``retain``),
+  and the data of its publish Secret (a ``.dockerconfigjson``, or a git/http source's
+  auth), so a standing provisioner is served by the same rules as a pod's volume.
 
 answer: ``{"ok": true, "digest": "sha256:<hex>", "path": "sha256:<hex>"}`` (``path``
-relative to the mount) or ``{"ok": false, "code": "<gRPC status code name>",
-"message": "…"}``. A line longer than :data:`MAX_LINE` bytes is answered once, then the
-connection is closed (the stream cannot be resynchronised).
+relative to the mount; for an image both are its digest, for a git or http tree the
+digest is its commit or content digest and the path the tree's key, one per content and
+credential) or ``{"ok": false, "code": "<gRPC status code name>", "message": "…"}``.
+A line longer than :data:`MAX_LINE` bytes is answered once, then the connection is
+closed (the stream cannot be resynchronised).
 
 Where it sits: the node plugin parses requests and writes answers with it
 (``csi.node.storevolume``); the provisioner side asks through
@@ -37,13 +46,26 @@ from typing import Any
 from rukpak.common import errors
 from rukpak.oci.auth import Credential, Credentials
 from rukpak.oci.reference import Reference
+from rukpak.sources import volume
+from rukpak.sources.volume import VolumeSource
 
 SOCKET_NAME = ".rukpak-store.sock"
 """The socket in the root of every store volume."""
 MAX_LINE = 256 * 1024
 """Bytes one request line may hold (a dockerconfigjson with many registries fits)."""
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-FIELDS = ("ref", "dockerconfigjson", "username", "password", "retainFor", "retain")
+FIELDS = (
+    "ref",
+    "dockerconfigjson",
+    "username",
+    "password",
+    "retainFor",
+    "retain",
+    "volumeAttributes",
+    "secrets",
+)
+MAX_MAP_ENTRIES = 64
+"""Entries ``volumeAttributes`` or ``secrets`` may hold."""
 _CODES = {
     cls.code: cls
     for cls in (
@@ -66,13 +88,15 @@ _CODES = {
 @dataclass(frozen=True)
 class StoreRequest:
     """One request: content ``ref`` pinned by ``digest``, what to present for it, and
-    what its owner retains."""
+    what its owner retains; or (``source`` set) a bundle volume's attributes and secret,
+    where ``ref`` names the content for logs and ``digest`` is empty."""
 
     ref: str
     digest: str
     credentials: Credentials | None = field(default=None, repr=False)
     retain_for: str = ""
     retain: tuple[str, ...] = ()
+    source: VolumeSource | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -120,6 +144,10 @@ def parse_request(line: bytes) -> StoreRequest:
         raise errors.InvalidArgument(
             f"unknown request field(s) {', '.join(unknown)}; supported: {', '.join(FIELDS)}"
         )
+    if "volumeAttributes" in doc:
+        return _volume_request(doc)
+    if "secrets" in doc:
+        raise errors.InvalidArgument("request field 'secrets' goes with 'volumeAttributes'")
     for key, value in doc.items():
         if key != "retain" and not isinstance(value, str):
             raise errors.InvalidArgument(f"request field {key!r} must be a string")
@@ -141,6 +169,58 @@ def parse_request(line: bytes) -> StoreRequest:
         credentials=_credentials(doc, ref),
         retain_for=doc.get("retainFor", ""),
         retain=tuple(retain),
+    )
+
+
+def _string_map(doc: dict[str, Any], key: str) -> dict[str, str]:
+    value = doc.get(key, {})
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise errors.InvalidArgument(f"request field {key!r} must map strings to strings")
+    if len(value) > MAX_MAP_ENTRIES:
+        raise errors.InvalidArgument(f"request field {key!r} holds more than {MAX_MAP_ENTRIES}")
+    return value
+
+
+def _volume_request(doc: dict[str, Any]) -> StoreRequest:
+    """A request in a bundle volume's terms, parsed by the rules of a pod's volume."""
+    others = sorted(k for k in doc if k not in ("volumeAttributes", "secrets"))
+    if others:
+        raise errors.InvalidArgument(
+            f"request field(s) {', '.join(others)} do not go with 'volumeAttributes' "
+            "(retainFor and retain are volume attributes there)"
+        )
+    attributes = _string_map(doc, "volumeAttributes")
+    secrets = _string_map(doc, "secrets")
+    kubelets = sorted(k for k in attributes if k.startswith(volume.K8S_ATTRIBUTE_PREFIX))
+    if kubelets:
+        raise errors.InvalidArgument(
+            f"volume attribute(s) {', '.join(kubelets)[:200]} are kubelet's to set, not a request's"
+        )
+    if volume.volume_kind(attributes) != volume.KIND_BUNDLE:
+        raise errors.InvalidArgument("a store volume serves bundle content, not another store")
+    mode = attributes.get(volume.ATTR_PUBLISH_MODE, "bind")
+    if mode != "bind":
+        raise errors.InvalidArgument(
+            f"publishMode {mode[:20]!r}: a store volume shows content as bind mounts only"
+        )
+    source = volume.VolumeSource.from_attributes(attributes).with_secrets(secrets)
+    if source.fetch is None:
+        ref = Reference.parse(source.image)
+        if ref.digest is None or not DIGEST_RE.match(ref.digest):
+            raise errors.InvalidArgument(
+                f"image {source.image[:300]!r} is not pinned by digest: a store volume serves "
+                "content by digest only, write registry/repo@sha256:<64 hex>"
+            )
+        label, digest = source.image, ref.digest
+    else:
+        label, digest = source.fetch.label(), ""
+    return StoreRequest(
+        ref=label,
+        digest=digest,
+        credentials=volume.credentials_from_secrets(secrets, source),
+        source=source,
     )
 
 
@@ -175,6 +255,12 @@ def encode_request(
         doc["username"], doc["password"] = username or "", password or ""
     if retain_for:
         doc["retainFor"], doc["retain"] = retain_for, list(retain)
+    return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+
+
+def encode_volume_request(attributes: dict[str, str], secrets: dict[str, str]) -> bytes:
+    """One request line in a bundle volume's terms (newline-terminated)."""
+    doc = {"volumeAttributes": attributes, "secrets": secrets}
     return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
 
 

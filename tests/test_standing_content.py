@@ -1,0 +1,133 @@
+"""How a standing provisioner turns a run's one content volume into a directory
+(``provisioner.standing.worker.Standing.content``), pure: ConfigMap items written as kubelet
+projects them, hostile item paths refused, a missing ConfigMap or key named, and a CSI
+volume handed to the store client in a pod volume's terms with its Secret's data decoded.
+The store volume itself is proven against the real node plugin in
+``tests/test_csi_storevolume.py`` and end to end in ``tests/test_e2e_sources.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provisioner.engine.objects import ObjectRef
+from provisioner.standing.worker import Standing
+from rukpak.common import errors
+
+
+class FakeKube:
+    def __init__(self, objects: dict[tuple[str, str], dict[str, Any]]) -> None:
+        self.objects = objects
+
+    def get(self, ref: ObjectRef) -> dict[str, Any] | None:
+        return self.objects.get((ref.kind, ref.name))
+
+
+class FakeStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.asked: list[tuple[dict[str, str], dict[str, str]]] = []
+
+    def fetch_volume(self, attributes: dict[str, str], secrets: dict[str, str]) -> Path:
+        self.asked.append((attributes, secrets))
+        return self.root
+
+
+def standing(objects: dict[tuple[str, str], dict[str, Any]], root: Path) -> Standing:
+    worker = Standing.__new__(Standing)  # only content() is exercised: no informer
+    worker.kube = FakeKube(objects)  # type: ignore[assignment]
+    worker.store = FakeStore(root)  # type: ignore[assignment]
+    worker.namespace = "rukpak-system"
+    return worker
+
+
+def projected(*items: tuple[str, str, str]) -> dict[str, Any]:
+    sources: dict[str, list[dict[str, str]]] = {}
+    for name, key, path in items:
+        sources.setdefault(name, []).append({"key": key, "path": path})
+    volume = {
+        "name": "bundle",
+        "projected": {
+            "sources": [{"configMap": {"name": n, "items": i}} for n, i in sources.items()]
+        },
+    }
+    return {"spec": {"volumes": [volume]}}
+
+
+CONFIGMAP = {
+    "data": {"cm.yaml": "kind: ConfigMap\n"},
+    "binaryData": {"raw.bin": base64.b64encode(b"\x00\x01").decode()},
+}
+
+
+def test_configmap_items_are_written_where_kubelet_would_project_them(tmp_path: Path) -> None:
+    worker = standing({("ConfigMap", "m"): CONFIGMAP}, tmp_path)
+    pod = projected(("m", "cm.yaml", "manifests/cm.yaml"), ("m", "raw.bin", "extra/raw.bin"))
+    with worker.content(pod) as root:
+        assert (root / "manifests" / "cm.yaml").read_text() == "kind: ConfigMap\n"
+        assert (root / "extra" / "raw.bin").read_bytes() == b"\x00\x01"
+        kept = root
+    assert not kept.exists(), "the projected copy is removed after the run"
+
+
+@pytest.mark.parametrize("path", ["../escape.yaml", "/etc/passwd", "manifests/../../x", ""])
+def test_an_item_path_outside_the_bundle_is_refused_and_nothing_is_written(
+    tmp_path: Path, path: str
+) -> None:
+    worker = standing({("ConfigMap", "m"): CONFIGMAP}, tmp_path)
+    with (
+        pytest.raises(errors.InvalidArgument, match="is outside"),
+        worker.content(projected(("m", "cm.yaml", path))),
+    ):
+        pass
+    assert not (tmp_path.parent / "escape.yaml").exists()
+
+
+def test_a_missing_configmap_or_key_is_named(tmp_path: Path) -> None:
+    worker = standing({("ConfigMap", "m"): CONFIGMAP}, tmp_path)
+    with (
+        pytest.raises(errors.NotFound, match="ConfigMap rukpak-system/gone not found"),
+        worker.content(projected(("gone", "cm.yaml", "manifests/cm.yaml"))),
+    ):
+        pass
+    with (
+        pytest.raises(errors.NotFound, match=r"has no key 'other\.yaml'"),
+        worker.content(projected(("m", "other.yaml", "manifests/o.yaml"))),
+    ):
+        pass
+
+
+def test_a_csi_volume_is_asked_of_the_store_with_its_secret_decoded(tmp_path: Path) -> None:
+    secret = {"data": {"username": base64.b64encode(b"u").decode(), "password": "cA=="}}
+    worker = standing({("Secret", "auth"): secret}, tmp_path)
+    attributes = {"git": "https://git.example.com/r", "commit": "a" * 40}
+    volume = {
+        "name": "bundle",
+        "csi": {
+            "driver": "csi.rukpak.io",
+            "volumeAttributes": attributes,
+            "nodePublishSecretRef": {"name": "auth"},
+        },
+    }
+    with worker.content({"spec": {"volumes": [volume]}}) as root:
+        assert root == tmp_path
+    assert worker.store.asked == [(attributes, {"username": "u", "password": "p"})]  # type: ignore[attr-defined]
+
+
+def test_a_volume_of_another_driver_or_several_volumes_is_refused(tmp_path: Path) -> None:
+    worker = standing({}, tmp_path)
+    other = {"name": "bundle", "csi": {"driver": "other.example.com", "volumeAttributes": {}}}
+    with (
+        pytest.raises(errors.InvalidArgument, match="no CSI or ConfigMap volume"),
+        worker.content({"spec": {"volumes": [other]}}),
+    ):
+        pass
+    with (
+        pytest.raises(errors.InvalidArgument, match="not one volume"),
+        worker.content({"spec": {"volumes": [other, other]}}),
+    ):
+        pass
