@@ -10,6 +10,7 @@ the node plugin's store volume). Checked here:
   store volume and applying as the run's ServiceAccount;
 - content the node store cannot serve fails the BundleDeployment with a condition that
   says so, and the provisioner goes on serving the others;
+- several sources (v1alpha2 ``spec.sources``) install together, no pod;
 - git, http and ConfigMaps sources run standing too (``test_e2e_sources``, on the same
   switched system);
 - a v1alpha1 BundleDeployment: its Bundle's unpack check and its install run standing, no
@@ -38,6 +39,7 @@ from tests import bundles, csi_helpers
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
 from tests.polling import eventually
+from tests.test_e2e_v1alpha2 import create_of_sources, push_split_hello
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -114,6 +116,23 @@ def test_an_install_and_an_upgrade_start_no_pod(
         wait(system, name, lambda: inst.greeting(system, ns) == "standing two", "upgraded")
         wait(system, name, lambda: installed(system, name), "Installed again")
         assert instance_pods_scheduled(system, name) == [], "a pod was started for a change"
+    finally:
+        inst.delete_v2(system, name)
+
+
+def test_several_sources_install_together_with_no_pod(
+    standing: inst.RukpakSystem, tmp_path: Path
+) -> None:
+    """v1alpha2 ``spec.sources``: each source asked of the store volume, shown to the
+    instance at its destination."""
+    system = standing
+    name = ns = f"standing-multi-{SUFFIX}"
+    create_of_sources(system, name, push_split_hello(system, tmp_path, ns, "standing-multi"))
+    try:
+        wait(system, name, lambda: installed(system, name), f"{name} Installed")
+        assert inst.greeting(system, ns) == "Hello from a RukPak bundle"
+        assert system.kube.get(ObjectRef("apps", "v1", "Deployment", ns, "hello")) is not None
+        assert instance_pods_scheduled(system, name) == [], "a pod was started to install"
     finally:
         inst.delete_v2(system, name)
 

@@ -15,6 +15,9 @@ from typing import Any
 import pytest
 
 from provisioner.engine.objects import ObjectRef
+from provisioner.manager import generate, model, sources
+from provisioner.manager.model import Settings
+from provisioner.standing import worker as standing_worker
 from provisioner.standing.worker import Standing
 from rukpak.common import errors
 
@@ -28,13 +31,21 @@ class FakeKube:
 
 
 class FakeStore:
-    def __init__(self, root: Path) -> None:
+    """Answers every request with ``root``, or with ``root/<n>`` (made) when ``several``."""
+
+    def __init__(self, root: Path, *, several: bool = False) -> None:
         self.root = root
+        self.several = several
         self.asked: list[tuple[dict[str, str], dict[str, str]]] = []
 
     def fetch_volume(self, attributes: dict[str, str], secrets: dict[str, str]) -> Path:
         self.asked.append((attributes, secrets))
-        return self.root
+        if not self.several:
+            return self.root
+        path = self.root / str(len(self.asked))
+        (path / "manifests").mkdir(parents=True)
+        (path / "manifests" / "which").write_text(attributes.get("image") or attributes["git"])
+        return path
 
 
 def standing(objects: dict[tuple[str, str], dict[str, Any]], root: Path) -> Standing:
@@ -129,5 +140,50 @@ def test_a_volume_of_another_driver_or_several_volumes_is_refused(tmp_path: Path
     with (
         pytest.raises(errors.InvalidArgument, match="not one volume"),
         worker.content({"spec": {"volumes": [other, other]}}),
+    ):
+        pass
+
+
+def test_several_sources_appear_at_their_destinations_and_the_instance_is_told_each(
+    tmp_path: Path,
+) -> None:
+    image = {"type": "image", "image": {"ref": f"r.example.com/a@sha256:{'d' * 64}"}}
+    repository = "https://g.example/r"
+    git = {"type": "git", "git": {"repository": repository, "ref": {"commit": "a" * 40}}}
+    resolved = {
+        "type": sources.MULTI,
+        "sources": [{**image, "destination": "app"}, {**git, "destination": "extra/git"}],
+    }
+    bd = {
+        "apiVersion": "core.rukpak.io/v1alpha2",
+        "kind": "BundleDeployment",
+        "metadata": {"name": "hello", "uid": "u-1", "generation": 1},
+        "spec": {"installNamespace": "hello", "provisionerClassName": model.PLAIN_CLASS},
+    }
+    pod = generate.instance_run_pod(bd, "rev", resolved, Settings(image="rukpak:test"), 0)
+    worker = standing({}, tmp_path / "store")
+    worker.store = FakeStore(tmp_path / "store", several=True)  # type: ignore[assignment]
+    args = standing_worker.run_args(pod)
+    with worker.content(pod, str(args.bundle_dir)) as root:
+        assert (root / "app" / "manifests" / "which").read_text().startswith("r.example.com/a@")
+        assert (root / "extra" / "git" / "manifests" / "which").read_text() == repository
+        dirs = [root / Path(d).relative_to(args.bundle_dir) for d in args.source_dir]
+        assert dirs == [root / "app", root / "extra" / "git"]
+    assert len(worker.store.asked) == 2  # type: ignore[attr-defined]
+
+
+def test_a_source_mounted_outside_the_bundle_directory_is_refused(tmp_path: Path) -> None:
+    volume = {"name": "source-0", "csi": {"driver": "csi.rukpak.io", "volumeAttributes": {
+        "git": "https://g.example/r", "commit": "a" * 40}}}  # fmt: skip
+    pod = {
+        "spec": {
+            "volumes": [{"name": "bundle", "emptyDir": {}}, volume],
+            "containers": [{"volumeMounts": [{"name": "source-0", "mountPath": "/etc"}]}],
+        }
+    }
+    worker = standing({}, tmp_path)
+    with (
+        pytest.raises(errors.InvalidArgument, match="not mounted under /bundle"),
+        worker.content(pod),
     ):
         pass

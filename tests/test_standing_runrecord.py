@@ -61,7 +61,25 @@ def test_a_run_of_one_pinned_source_may_be_taken_by_a_standing_provisioner(
     assert runrecord.eligible(run_pod(source))
 
 
-def test_a_run_of_a_tag_or_of_several_sources_keeps_its_pod() -> None:
+SEVERAL = {
+    "type": sources.MULTI,
+    "sources": [
+        {**image_source(), "destination": "app"},
+        {**GIT, "destination": "extra/git"},
+        {**CONFIGMAPS, "destination": "cms"},
+    ],
+}
+
+
+def test_a_run_of_several_pinned_sources_runs_standing_and_of_a_tag_among_them_does_not() -> None:
+    pod = run_pod(SEVERAL)
+    assert runrecord.several_sources(pod) and runrecord.eligible(pod)
+    tagged = {**SEVERAL, "sources": [{**image_source("r.example.com/a:v1"), "destination": "a"},
+                                     {**GIT, "destination": "b"}]}  # fmt: skip
+    assert not runrecord.eligible(run_pod(tagged))
+
+
+def test_a_run_of_a_tag_or_of_another_layout_keeps_its_pod() -> None:
     assert not runrecord.eligible(run_pod(image_source("registry.example.com/hello:v1")))
     pod = run_pod()
     pod["spec"]["volumes"].append({"name": "other", "emptyDir": {}})

@@ -16,8 +16,7 @@ is :func:`eligible`: runs of the instance (install or preview) and a v1alpha1 Bu
 unpack check, whose content is one volume: our CSI driver's (an image pinned by digest,
 a git commit or an http tarball pinned by digest), which the node store serves through
 the store volume by the rules of a pod's volume, or a projected volume of ConfigMaps,
-which the provisioner reads from the API. A run of several sources (v1alpha2
-``spec.sources``) is still a pod.
+which the provisioner reads from the API; or several of those (v1alpha2 ``spec.sources``).
 
 Claiming: a worker claims a ``Pending`` run, or a ``Running`` one whose holder has not
 renewed it for :data:`CLAIM_TTL` seconds (a provisioner killed mid-run), with a merge
@@ -79,13 +78,28 @@ def eligible(pod: Obj) -> bool:
     ):
         return False
     volumes = (pod.get("spec") or {}).get("volumes") or []
-    if len(volumes) != 1:
-        return False
-    attributes = csi_attributes(volumes[0])
+    if len(volumes) == 1:
+        return _content(volumes[0])
+    return several_sources(pod)
+
+
+def _content(volume: Obj) -> bool:
+    attributes = csi_attributes(volume)
     if attributes is not None:
         image = attributes.get("image")
         return image is None or "@sha256:" in image  # git and http are pinned by the planner
-    return configmap_items(volumes[0]) is not None
+    return configmap_items(volume) is not None
+
+
+def several_sources(pod: Obj) -> bool:
+    """Whether ``pod`` holds several sources as the planner lays them out: an empty
+    ``bundle`` directory first, then one content volume per source."""
+    volumes = (pod.get("spec") or {}).get("volumes") or []
+    return (
+        len(volumes) > 1
+        and set(volumes[0]) == {"name", "emptyDir"}
+        and all(_content(v) for v in volumes[1:])
+    )
 
 
 def csi_attributes(volume: Obj) -> dict[str, str] | None:

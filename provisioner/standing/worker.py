@@ -231,7 +231,7 @@ class Standing:
         with contextlib.ExitStack() as stack:
             try:
                 args = run_args(pod)
-                content = stack.enter_context(self.content(pod))
+                content = stack.enter_context(self.content(pod, str(args.bundle_dir)))
             except errors.RukpakError as exc:
                 return False, exc.message
             if args.command == "unpack":  # a Bundle's check: no API access, only the content
@@ -259,6 +259,10 @@ class Standing:
                 termination_log=log_path,
                 bundle_name=args.bundle,
                 preview=args.preview,
+                source_dirs=tuple(
+                    content / PurePosixPath(d).relative_to(args.bundle_dir)
+                    for d in getattr(args, "source_dir", None) or ()
+                ),
             )
             instance = process.Instance(self.kube.impersonating(user), config)
             with self._lock:
@@ -276,25 +280,57 @@ class Standing:
         return code == process.EXIT_OK, message.strip()
 
     @contextlib.contextmanager
-    def content(self, pod: Obj) -> Iterator[Path]:
-        """The run's one content volume as a directory: our CSI driver's volume asked of
-        the node store with its attributes and publish Secret (the rules of a pod's
-        volume), or the items of a projected ConfigMap volume written to a temporary
-        directory (removed after the run)."""
+    def content(self, pod: Obj, bundle_dir: str = "/bundle") -> Iterator[Path]:
+        """The run's content as a directory standing for its ``bundle_dir``: its one
+        content volume, or with several sources a temporary directory holding each
+        source's content at its destination (``<bundle_dir>/<destination>`` in the pod;
+        a symlink here)."""
         volumes = (pod.get("spec") or {}).get("volumes") or []
-        if len(volumes) != 1:
-            raise errors.InvalidArgument("the run's content is not one volume")
-        attributes = runs.csi_attributes(volumes[0])
+        if len(volumes) == 1:
+            with self._volume(volumes[0]) as path:
+                yield path
+            return
+        if not runs.several_sources(pod):
+            raise errors.InvalidArgument("the run's content is not one volume or several sources")
+        containers = (pod.get("spec") or {}).get("containers") or [{}]
+        mounts = {
+            str(m.get("name")): str(m.get("mountPath"))
+            for m in containers[0].get("volumeMounts") or []
+        }
+        with contextlib.ExitStack() as stack:
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rukpak-sources-")))
+            for volume in volumes[1:]:
+                where = PurePosixPath(mounts.get(str(volume.get("name")), "/"))
+                parts = (
+                    where.relative_to(bundle_dir).parts if where.is_relative_to(bundle_dir) else ()
+                )
+                if not parts or ".." in parts:
+                    raise errors.InvalidArgument(
+                        f"source volume {volume.get('name')!r} is not mounted under {bundle_dir}"
+                    )
+                link = root.joinpath(*parts)
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(stack.enter_context(self._volume(volume)))
+            yield root
+
+    @contextlib.contextmanager
+    def _volume(self, volume: Obj) -> Iterator[Path]:
+        """One content volume as a directory: our CSI driver's volume asked of the node
+        store with its attributes and publish Secret (the rules of a pod's volume), or the
+        items of a projected ConfigMap volume written to a temporary directory (removed
+        after the run)."""
+        attributes = runs.csi_attributes(volume)
         if attributes is not None:
-            secret = ((volumes[0].get("csi") or {}).get("nodePublishSecretRef") or {}).get("name")
+            secret = ((volume.get("csi") or {}).get("nodePublishSecretRef") or {}).get("name")
             secrets = self._secret_data(str(secret)) if secret else {}
             what = attributes.get("image") or attributes.get("git") or attributes.get("url")
             try:
-                yield self.store.fetch_volume(attributes, secrets)
+                path = self.store.fetch_volume(attributes, secrets)
             except errors.RukpakError as exc:
                 raise type(exc)(f"the node store could not serve {what}: {exc.message}") from None
+            yield path
             return
-        items = runs.configmap_items(volumes[0])
+        items = runs.configmap_items(volume)
         if items is None:
             raise errors.InvalidArgument("the run's content is no CSI or ConfigMap volume")
         with tempfile.TemporaryDirectory(prefix="rukpak-configmaps-") as tmp:
