@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from provisioner.engine import words
+from provisioner.engine import words, yamlbounds
 from provisioner.engine.errors import BundleInvalid
 from provisioner.engine.manifest import Bundle, Manifest, Source
 from provisioner.engine.objects import ObjectRef
@@ -54,6 +54,7 @@ def load(root: Path, *, dotfiles: bool = True) -> Bundle:
             raise BundleInvalid(words.MANIFESTS_PREFIX + err.message) from None
     if not manifests:
         raise BundleInvalid(words.ZERO_OBJECTS)
+    yamlbounds.check_count(len(manifests))
     try:
         _refuse_duplicates(manifests)
     except BundleInvalid as err:
@@ -69,6 +70,7 @@ def _read(rel: str, path: Path) -> list[Manifest]:
         raise BundleInvalid(
             f"{rel}: only .yaml, .yml and .json files belong in manifests/; move it out"
         )
+    yamlbounds.check_size(rel, path.stat().st_size)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
@@ -94,6 +96,7 @@ def parse(file: str, text: str) -> list[Manifest]:
 
 
 def _parse_json(file: str, text: str) -> list[Manifest]:
+    yamlbounds.check(file, text)  # JSON is YAML: the same bounds on size and nesting
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as err:
@@ -126,6 +129,7 @@ _LOADER: type[yaml.SafeLoader] = _Loader
 
 
 def _parse_yaml(file: str, text: str) -> list[Manifest]:
+    yamlbounds.check(file, text)
     out: list[Manifest] = []
     loader = _LOADER(text)
     index = 0

@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from provisioner.engine import formats_plain, words
+from provisioner.engine import formats_plain, words, yamlbounds
 from provisioner.engine.errors import BundleInvalid
 from provisioner.engine.manifest import Bundle, Manifest, Source
 from provisioner.engine.objects import Obj, ObjectRef
@@ -100,6 +100,7 @@ def _load(root: Path) -> Bundle:
     base = root.resolve()
     package = _package_name(base)
     manifests = _read_manifests(base)
+    yamlbounds.check_count(len(manifests))
     csvs = [m for m in manifests if m.obj["kind"] == "ClusterServiceVersion"]
     if not csvs:
         raise _invalid(
@@ -129,6 +130,7 @@ def _read_text(base: Path, rel: str) -> str:
     path = _inside(base, rel)
     if not path.is_file():
         raise _invalid(rel, "not a regular file")
+    yamlbounds.check_size(rel, path.stat().st_size)
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
@@ -143,6 +145,7 @@ def _package_name(base: Path) -> str:
             f"({PACKAGE_ANNOTATION}); is this a plain+v0 bundle?",
         )
     text = _read_text(base, ANNOTATIONS_FILE)
+    yamlbounds.check(ANNOTATIONS_FILE, text)
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as err:
