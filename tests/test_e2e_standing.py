@@ -137,6 +137,108 @@ def test_several_sources_install_together_with_no_pod(
         inst.delete_v2(system, name)
 
 
+GOOD = 50
+
+
+def _entries(docs: str) -> list[csi_helpers.Entry]:
+    return [("manifests/", "dir"), ("manifests/all.yaml", "file", docs.encode())]
+
+
+def _good(ns: str) -> str:
+    return (
+        f"apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n---\n"
+        f"apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: good, namespace: {ns}}}\n"
+        "data: {fine: 'yes'}\n"
+    )
+
+
+def _alias_bomb() -> str:
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 12)]
+    body = "\n".join("  " + line for line in lines)
+    head = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: bomb, namespace: default}\n"
+    return f"{head}data:\n{body}\n"
+
+
+def _many_objects(count: int) -> str:
+    return "".join(
+        f"---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: m{i}, namespace: default}}\n"
+        for i in range(count)
+    )
+
+
+def _restarts(system: inst.RukpakSystem) -> int:
+    pods, _ = system.kube.list(
+        "v1",
+        "Pod",
+        namespace=inst.NAMESPACE,
+        label_selector="app.kubernetes.io/name=rukpak-provisioner",
+    )
+    return sum(
+        int(s.get("restartCount") or 0)
+        for p in pods
+        for s in (p.get("status") or {}).get("containerStatuses") or []
+    )
+
+
+def test_hostile_bundles_beside_fifty_good_ones_fail_by_name_and_every_good_one_installs(
+    standing: inst.RukpakSystem,
+) -> None:
+    """An alias bomb and a bundle of 100,000 objects, created first, beside 50 good
+    bundles: each hostile one fails with a condition naming why, every good one is
+    Installed, and the provisioner that loaded them all in one process never restarted."""
+    system = standing
+    repo = f"e2e-standing-{SUFFIX}/many"
+    hostile = {
+        f"st-bomb-{SUFFIX}": (_alias_bomb(), "excessive aliasing"),
+        f"st-huge-{SUFFIX}": (_many_objects(100_000), "holds 100000 objects, more than"),
+    }
+    goods = {f"st-good-{SUFFIX}-{i}": f"st-good-{SUFFIX}-{i}" for i in range(GOOD)}
+    refs = {
+        name: csi_helpers.push_image(system.registry_host, repo, name, [_entries(docs)]).ref
+        for name, (docs, _) in hostile.items()
+    }
+    refs |= {
+        name: csi_helpers.push_image(system.registry_host, repo, name, [_entries(_good(ns))]).ref
+        for name, ns in goods.items()
+    }
+    restarts = _restarts(system)
+    try:
+        for name in [*hostile, *goods]:
+            system.kube.create(inst.bd_v2(name, refs[name]))
+
+        def settled() -> tuple[int, dict[str, str]] | None:
+            ok = sum(1 for name in goods if installed(system, name))
+            failed = {
+                name: message
+                for name in hostile
+                for status, reason, message in [inst.cond_v2(system, name, "Installed")]
+                if status == "False"
+            }
+            return (ok, failed) if ok == GOOD and len(failed) == len(hostile) else None
+
+        _, failed = wait(
+            system, next(iter(hostile)), settled, "good ones Installed, bad ones failed"
+        )
+        for name, (_, words) in hostile.items():
+            assert words in failed[name], failed
+        for ns in list(goods.values())[:: GOOD // 5]:
+            assert system.kube.get(ObjectRef("", "v1", "ConfigMap", ns, "good")) is not None
+        assert _restarts(system) == restarts, "the provisioner restarted"
+    finally:
+        for name in [*hostile, *goods]:
+            system.kubectl("delete", inst.BDS_V2, name, "--wait=false", check=False)
+        left = {*hostile, *goods}
+
+        def all_gone() -> bool:
+            for name in sorted(left):
+                if system.kube.get(actuate.bd_ref(name, model.API_VERSION_V2)) is None:
+                    left.discard(name)
+            return not left
+
+        eventually(all_gone, timeout=240, what="every BundleDeployment of the test deleted")
+
+
 def test_content_the_store_cannot_serve_fails_with_a_condition_and_others_still_install(
     standing: inst.RukpakSystem, tmp_path: Path
 ) -> None:
