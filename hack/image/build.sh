@@ -238,16 +238,22 @@ EOF
     if ! mv -T "$work" "$base" 2>/dev/null; then # built concurrently: keep the first
         rm -rf "$work"
     fi
-    for old in "$CACHE"/base-*; do
+    # keep the KEEP_BASES most recently used (a test builds the previous release's image,
+    # whose dependencies differ: removing every other base would rebuild both each run)
+    local kept=0 old
+    while IFS= read -r old; do
         [[ $old == "$base" || $old == *.tmp ]] && continue
-        step "base: removing the outdated cache $old"
+        kept=$((kept + 1))
+        ((kept < ${KEEP_BASES:-2})) && continue
+        step "base: removing the least recently used cache $old"
         unmount_under "$old"
         rm -rf "$old"
-    done
+    done < <(ls -1dt "$CACHE"/base-* 2>/dev/null)
 }
 
 if [[ -f $base/base.tar.gz ]]; then
     step "base: cached ($base)"
+    touch "$base" # most recently used
 else
     build_base
 fi

@@ -25,7 +25,7 @@ MAX_DEPTH = 256
 ALIAS_FLOOR = 100_000
 """Nodes aliases may add to a file whatever its size; beyond it, at most as many nodes as
 the file holds itself (Go's yaml.v3 bounds aliasing the same way, by a ratio)."""
-MAX_OBJECTS = 10_000
+MAX_OBJECTS = 50_000
 """Objects one bundle may hold (the loaders check it): an install of more is refused by
 name rather than applied for hours."""
 
