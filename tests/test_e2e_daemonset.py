@@ -13,12 +13,14 @@ and re-applying it from the same rendered manifests brings a deleted plugin back
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import oras.client
 import pytest
 import yaml
 from kubernetes import client
@@ -214,6 +216,31 @@ class TestTheShippedDaemonSet:
             what=f"{target} to be unmounted and removed",
         )
         assert f"msg='unpublished' target={target}" in _plugin_log(pods.core, plugin)
+
+    def test_a_pod_reads_the_files_of_an_oras_artifact_by_their_titles(
+        self, bundle_pods: e2e.BundlePods, kube_cluster: Any, tmp_path: Path
+    ) -> None:
+        """Any OCI artifact as a volume: files ``oras push`` titled, not tar layers."""
+        (tmp_path / "weights.bin").write_bytes(b"\x00weights\x01")
+        (tmp_path / "notes.txt").write_text("pushed by oras\n")
+        ref = f"{kube_cluster.registry_host}/rukpak-e2e/artifact:v1"
+        with contextlib.chdir(tmp_path):  # oras titles a file by the path it was given
+            oras.client.OrasClient(hostname=kube_cluster.registry_host, insecure=True).push(
+                target=ref,
+                files=["weights.bin:application/vnd.example.weights", "notes.txt:text/plain"],
+                quiet=True,
+            )
+        command = "cat /bundle/notes.txt && wc -c < /bundle/weights.bin && exec sleep 3600"
+        name = bundle_pods.start("artifact", command, e2e.inline_bundle_volume(ref))
+        try:
+            bundle_pods.running(name)
+            eventually(
+                lambda: bundle_pods.log(name).split() == ["pushed", "by", "oras", "9"],
+                timeout=30,
+                what="the artifact's files in the pod's log",
+            )
+        finally:
+            bundle_pods.delete(name)
 
     def test_the_volume_is_read_only_on_the_node_and_for_read_write_mounts(
         self, bundle_pods: e2e.BundlePods, bundle_image: str

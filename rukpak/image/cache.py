@@ -56,11 +56,11 @@ from pathlib import Path
 from rukpak.common import errors
 from rukpak.common.fsio import write_json_atomic
 from rukpak.image import (
+    artifact,
     cachesync,
     eviction,
     extract,
     grants,
-    layerio,
     layerstream,
     seams,
     tree,
@@ -335,7 +335,7 @@ class ImageCache:
         self, puller: Puller, ref: Reference, digest: str, manifest: Manifest, *, private: bool
     ) -> None:
         started = time.monotonic()
-        layerio.require_tar_layers(ref, manifest.layers)
+        placements = artifact.placements(ref, manifest.layers)  # tar layers, titled files
         blobs = [manifest.config, *manifest.layers]
         with self.leases.lease(d.digest for d in blobs):  # eviction keeps its hands off
             distinct = {d.digest: d for d in blobs}.values()
@@ -343,7 +343,7 @@ class ImageCache:
             self._put(puller, ref, manifest.config)
             streaming = seams.streaming(puller)
             try:
-                stats = self._unpack(puller, ref, digest, manifest, streaming=streaming)
+                stats = self._unpack(puller, ref, digest, placements, streaming=streaming)
             except errors.Unavailable as exc:
                 if streaming is None:
                     raise
@@ -353,7 +353,7 @@ class ImageCache:
                     ref,
                     exc.message,
                 )
-                stats = self._unpack(puller, ref, digest, manifest, streaming=None)
+                stats = self._unpack(puller, ref, digest, placements, streaming=None)
         self.state.record_tree(
             digest,
             {
@@ -382,14 +382,23 @@ class ImageCache:
         puller: Puller,
         ref: Reference,
         digest: str,
-        manifest: Manifest,
+        placements: list[artifact.Placement],
         *,
         streaming: StreamingPuller | None,
     ) -> extract.ExtractStats:
-        """Extract every layer into a staging dir, seal it and rename it into place."""
+        """Extract every layer into a staging dir, seal it and rename it into place (an
+        artifact's file layer: its blob placed at its title, see ``rukpak.image.artifact``)."""
         layers = []
-        for d in manifest.layers:
-            source = None
+        for placement in placements:
+            d, source = placement.layer, None
+            if placement.is_file:  # the whole blob is the file: stored first, then linked
+                self._put_streamed(puller, streaming, ref, d)
+                layers.append(
+                    extract.Layer(
+                        self.store.path(d.digest), d.media_type, d.digest, None, placement.name
+                    )
+                )
+                continue
             if streaming is not None:
                 source = layerstream.layer_source(
                     self.store, streaming, ref, d, locks=self._blob_locks
@@ -422,6 +431,24 @@ class ImageCache:
 
     def _marker(self, digest: str) -> Path:
         return self.unpacked_dir / f"{digests.hex_of(digest)}{SEALED}"
+
+    def _put_streamed(
+        self, puller: Puller, streaming: StreamingPuller | None, ref: Reference, desc: Descriptor
+    ) -> None:
+        """Download ``desc`` into the store unless present, streamed into the ingest file
+        (made durable with its tree, as a streamed layer is) when the puller streams."""
+        if streaming is None:
+            self._put(puller, ref, desc)
+            return
+        with self._blob_locks.hold(desc.digest):
+            if self.store.has(desc.digest):
+                return
+            with (
+                streaming.open_blob(ref, desc) as stream,
+                self.store.ingest(desc.digest, desc.size, durable=False) as sink,
+            ):
+                while chunk := stream.read(1 << 20):
+                    sink.write(chunk)
 
     def _put(self, puller: Puller, ref: Reference, desc: Descriptor) -> None:
         """Download ``desc`` into the store unless present; one download per blob at a time

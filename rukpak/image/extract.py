@@ -46,8 +46,9 @@ import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from rukpak.common import errors
 from rukpak.image import members, tree
-from rukpak.image.layerio import Layer, compression_of
+from rukpak.image.layerio import Layer, compression_of, shown
 from rukpak.image.members import (
     OPAQUE_MARKER,
     WHITEOUT_PREFIX,
@@ -191,6 +192,9 @@ class _Tree:
         self.touched = set() if self._layers else None
         self._layers += 1
         self.forget_dirs()
+        if layer.file_name:
+            self.place_file(layer)
+            return
         members.apply_layer(
             layer, self.apply_member, image=self.image, limits=self.limits, stats=self.stats
         )
@@ -296,6 +300,40 @@ class _Tree:
             os.utime(fd, (mtime, mtime))
         finally:
             os.close(fd)
+
+    def place_file(self, layer: Layer) -> None:
+        """An artifact's file layer: the verified blob at ``layer.path`` placed whole at
+        its title, checked as a tar entry's path is (but refused, not skipped: a file
+        without its place is a broken artifact). Hard-linked from the content store (one
+        copy on disk, read-only), copied when the store is on another filesystem."""
+        size = os.stat(layer.path).st_size
+        self.stats.charge(size, self.limits, self.image)
+        name = layer.file_name
+        try:
+            parts = members.check_entry(
+                name, limits=self.limits, image=self.image, stats=self.stats
+            )
+            if not parts or parts[-1].startswith(WHITEOUT_PREFIX):
+                raise Refused("not a file name")
+            if self.touched is not None:
+                for i in range(1, len(parts) + 1):
+                    self.touched.add(parts[:i])
+            dir_fd = self.parent(parts, create=True)
+        except Refused as exc:
+            raise errors.InvalidArgument(
+                f"image {self.image}: file layer {layer.digest} is titled "
+                f"{shown(name)!r}, which cannot be placed: {exc}"
+            ) from None
+        base = parts[-1]
+        self.remove(base, dir_fd)
+        try:
+            os.link(layer.path, base, dst_dir_fd=dir_fd, follow_symlinks=False)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                raise
+            fd = os.open(base, _FILE_FLAGS, 0o444, dir_fd=dir_fd)
+            with open(layer.path, "rb") as src, os.fdopen(fd, "wb") as out:
+                shutil.copyfileobj(src, out, WRITE_CHUNK)
 
     def whiteout(self, parts: tuple[str, ...]) -> None:
         base = parts[-1]

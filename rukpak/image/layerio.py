@@ -117,6 +117,9 @@ class Layer:
     media_type: str = ""
     digest: str = ""
     source: Source | None = None
+    file_name: str = ""
+    """Set for a file layer of an artifact (``rukpak.image.artifact``): the blob at ``path``
+    is placed whole at this path in the tree, not read as a tar."""
 
 
 def require_tar_layers(image: Reference, layers: Iterable[Descriptor]) -> None:
@@ -126,7 +129,8 @@ def require_tar_layers(image: Reference, layers: Iterable[Descriptor]) -> None:
         if layer.media_type not in mediatypes.LAYER_TYPES:
             raise errors.InvalidArgument(
                 f"image {image}: layer {layer.digest} has media type {layer.media_type!r}, "
-                "which is not a filesystem layer; bundle images must use tar layers"
+                "which is not a filesystem layer; bundle images must use tar layers (an "
+                "artifact of files named by their title is served with publishMode: bind)"
             )
 
 

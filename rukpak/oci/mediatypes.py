@@ -37,6 +37,9 @@ OCI_LAYER_NONDIST_GZIP: Final[str] = "application/vnd.oci.image.layer.nondistrib
 OCI_LAYER_NONDIST_ZSTD: Final[str] = "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd"
 DOCKER_LAYER_GZIP: Final[str] = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 DOCKER_LAYER_FOREIGN_GZIP: Final[str] = "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip"
+HELM_CHART_CONTENT: Final[str] = "application/vnd.cncf.helm.chart.content.v1.tar+gzip"
+"""A Helm chart pushed as an OCI artifact (``helm push``): its ``.tgz``, a gzip tar, so a
+volume presents the chart unpacked (``<chart>/Chart.yaml``)."""
 
 INDEX_TYPES: Final[frozenset[str]] = frozenset({OCI_INDEX, DOCKER_LIST})
 MANIFEST_TYPES: Final[frozenset[str]] = frozenset({OCI_MANIFEST, DOCKER_MANIFEST})
@@ -60,6 +63,7 @@ LAYER_COMPRESSION: Final[Mapping[str, str]] = MappingProxyType(
         OCI_LAYER_NONDIST_GZIP: GZIP,
         DOCKER_LAYER_GZIP: GZIP,
         DOCKER_LAYER_FOREIGN_GZIP: GZIP,
+        HELM_CHART_CONTENT: GZIP,
         OCI_LAYER_ZSTD: ZSTD,
         OCI_LAYER_NONDIST_ZSTD: ZSTD,
     }
