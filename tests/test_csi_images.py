@@ -236,12 +236,10 @@ def test_a_layer_that_is_not_a_tar_is_invalid_argument(
     from rukpak.oci.manifest import Manifest
     from rukpak.oci.reference import Reference
 
-    ref = Reference.parse(f"{registry.host}/images/helmchart:v1")
+    ref = Reference.parse(f"{registry.host}/images/untitled-blob:v1")
     with RegistryClient() as rc:
-        config = rc.push_blob(ref, b"{}", media_type="application/vnd.cncf.helm.config.v1+json")
-        layer = rc.push_blob(
-            ref, b"chart", media_type="application/vnd.cncf.helm.chart.content.v1.tar+gzip"
-        )
+        config = rc.push_blob(ref, b"{}", media_type="application/vnd.example.config.v1+json")
+        layer = rc.push_blob(ref, b"weights", media_type="application/vnd.example.weights")
         body = Manifest("application/vnd.oci.image.manifest.v1+json", config, [layer]).to_json()
         rc.push_manifest(ref, body, "application/vnd.oci.image.manifest.v1+json")
     with pytest.raises(errors.InvalidArgument, match="not a filesystem layer"):
