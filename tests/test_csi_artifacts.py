@@ -12,7 +12,6 @@ import dataclasses
 import io
 import json
 import os
-import subprocess
 import tarfile
 from pathlib import Path
 
@@ -20,7 +19,6 @@ import grpc
 import oras.client
 import pytest
 
-from csi import mounter
 from csi.proto import csi_pb2_grpc
 from rukpak.oci import mediatypes
 from rukpak.oci.client import RegistryClient
@@ -35,7 +33,9 @@ from tests.csi_helpers import (
     publish_request,
     running_plugin,
     target,
+    terminate,
 )
+from tests.fuse_helpers import start_holder
 from tests.registry import RegistryServer
 
 pytestmark = [pytest.mark.registry]
@@ -178,18 +178,18 @@ def test_a_fuse_publish_of_files_says_to_use_bind(registry: RegistryServer, tmp_
         registry.host, "artifacts/fuse", "v1",
         [(b"weights", "application/octet-stream", {TITLE: "w.bin"})],
     )  # fmt: skip
+    sock = tmp_path / "holder.sock"
+    holder = start_holder(tmp_path / "fusemnt", sock)  # ours: stopped by pid below
     try:
         with (
-            running_plugin(tmp_path / "fuse", "--fuse") as proc,
+            running_plugin(tmp_path / "fuse", "--fuse", "--fuse-holder-socket", str(sock)) as proc,
             grpc.insecure_channel(f"unix://{proc.socket}") as channel,
         ):
             stub = csi_pb2_grpc.NodeStub(channel)
             with pytest.raises(grpc.RpcError) as info:
                 stub.NodePublishVolume(publish_request(target(proc), ref, publishMode="fuse"))
-    finally:  # the plugin's own FUSE mount outlives it (a restarted plugin serves it again)
-        for mount in mounter.Mounter().mounts():
-            if Path(mount.mount_point).is_relative_to(tmp_path):
-                subprocess.run(["umount", "-l", mount.mount_point], check=False)
+    finally:
+        terminate(holder)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "publishMode: bind" in str(info.value.details())
 
