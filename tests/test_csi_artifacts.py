@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import io
 import json
 import os
@@ -209,3 +210,24 @@ def test_a_file_over_the_unpack_budget_is_resource_exhausted(
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "100000 bytes" in str(info.value.details())
         assert not list((proc.state_dir).rglob("big.bin"))
+
+
+def test_a_tampered_file_blob_is_data_loss_and_nothing_is_kept(
+    node: csi_pb2_grpc.NodeStub, plugin: PluginProcess, registry: RegistryServer
+) -> None:
+    data = os.urandom(64_000)
+    ref = push_artifact(
+        registry.host, "artifacts/tampered", "v1",
+        [(data, "application/octet-stream", {TITLE: "weights.bin"})],
+    )  # fmt: skip
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    blob = registry.blob_path(digest)
+    blob.chmod(0o644)
+    blob.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])  # same size, other bytes
+    path = target(plugin)
+    with pytest.raises(grpc.RpcError) as info:
+        node.NodePublishVolume(publish_request(path, ref))
+    assert info.value.code() == grpc.StatusCode.DATA_LOSS
+    assert digest in str(info.value.details())
+    assert not list(plugin.state_dir.rglob(digest.removeprefix("sha256:")))
+    assert not list(plugin.state_dir.rglob("weights.bin"))

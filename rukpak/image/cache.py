@@ -44,6 +44,7 @@ reference → digest → state, so they cannot deadlock.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -52,6 +53,7 @@ import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from rukpak.common import errors
 from rukpak.common.fsio import write_json_atomic
@@ -266,6 +268,17 @@ class ImageCache:
 
     # --- ensure -------------------------------------------------------------------
 
+    def resolve_digest(
+        self, image: str, *, platform: Platform, credentials: Credentials | None = None
+    ) -> str:
+        """Where ``image`` points now in its registry, for ``platform`` (asked each time,
+        whatever is cached: a refresh volume follows a tag this way)."""
+        ref = Reference.parse(image)
+        digest, _ = self.grants.resolve(
+            self._puller_factory(credentials), ref, platform, credentials
+        )
+        return digest
+
     def ensure(
         self,
         image: str,
@@ -443,12 +456,17 @@ class ImageCache:
         with self._blob_locks.hold(desc.digest):
             if self.store.has(desc.digest):
                 return
+            # the stream verifies size and digest as it ends, before the ingest commits
             with (
+                self.store.ingest(
+                    desc.digest, desc.size, durable=False, source_verified=True
+                ) as sink,
                 streaming.open_blob(ref, desc) as stream,
-                self.store.ingest(desc.digest, desc.size, durable=False) as sink,
             ):
-                while chunk := stream.read(1 << 20):
-                    sink.write(chunk)
+                reader = cast(io.BufferedReader, stream)
+                view = memoryview(bytearray(1 << 20))
+                while n := reader.readinto(view):
+                    sink.write(view[:n])
 
     def _put(self, puller: Puller, ref: Reference, desc: Descriptor) -> None:
         """Download ``desc`` into the store unless present; one download per blob at a time

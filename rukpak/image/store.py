@@ -72,20 +72,24 @@ def _check_hashed(hasher: digests.Digester, *, digest: str, size: int) -> None:
 class Ingest:
     """An open ingest file: bytes written are hashed and counted (see ContentStore.ingest)."""
 
-    def __init__(self, fd: int, *, digest: str, size: int) -> None:
+    def __init__(self, fd: int, *, digest: str, size: int, hashed: bool = True) -> None:
         self._fd = fd
         self._hasher = digests.Digester.for_digest(digest)
+        self._hashed = hashed
+        self._count = 0
         self.digest = digest
         self.size = size
 
     @property
     def written(self) -> int:
-        return self._hasher.size
+        return self._count
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         """Append ``data``; DataLoss as soon as more than ``size`` bytes arrive."""
-        self._hasher.update(data)
-        if self._hasher.size > self.size:
+        if self._hashed:
+            self._hasher.update(bytes(data) if isinstance(data, memoryview) else data)
+        self._count += len(data)
+        if self._count > self.size:
             raise errors.DataLoss(
                 f"blob {self.digest}: more than the {self.size} bytes the manifest says "
                 "arrived; the registry served different content, try again or re-push the image"
@@ -95,8 +99,15 @@ class Ingest:
             view = view[os.write(self._fd, view) :]
 
     def check(self) -> None:
-        """Raise DataLoss unless exactly ``size`` bytes hashing to ``digest`` were written."""
-        _check_hashed(self._hasher, digest=self.digest, size=self.size)
+        """Raise DataLoss unless exactly ``size`` bytes hashing to ``digest`` were written
+        (the count only when the source verified the digest itself)."""
+        if self._hashed:
+            _check_hashed(self._hasher, digest=self.digest, size=self.size)
+        elif self._count != self.size:
+            raise errors.DataLoss(
+                f"blob {self.digest}: got {self._count} bytes, the manifest says {self.size}; "
+                "the registry served different content, try again or re-push the image"
+            )
 
 
 class ContentStore:
@@ -147,7 +158,9 @@ class ContentStore:
         return final
 
     @contextlib.contextmanager
-    def ingest(self, digest: str, size: int, *, durable: bool = True) -> Iterator[Ingest]:
+    def ingest(
+        self, digest: str, size: int, *, durable: bool = True, source_verified: bool = False
+    ) -> Iterator[Ingest]:
         """Stream a blob in: write its bytes to the yielded :class:`Ingest`.
 
         Leaving the block normally checks size and digest and commits the blob
@@ -156,6 +169,9 @@ class ContentStore:
         ``blobs/``, and an ingest a crash interrupts is wiped at the next start.
         ``durable=False`` commits without fsync: the caller makes it durable later
         (the image cache: with its tree, and drops blobs no tree lists at start).
+        ``source_verified=True`` only counts the bytes: the caller's source checks the
+        digest itself before the block ends (a verifying registry stream opened inside
+        it), so the bytes are hashed once, not twice.
         """
         final = self.path(digest)
         work = self.ingest_dir / f"{digests.hex_of(digest)}-{secrets.token_hex(4)}"
@@ -164,7 +180,7 @@ class ContentStore:
             tmp = work / "data"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
-                sink = Ingest(fd, digest=digest, size=size)
+                sink = Ingest(fd, digest=digest, size=size, hashed=not source_verified)
                 yield sink
                 sink.check()
             finally:
