@@ -242,6 +242,40 @@ class TestTheShippedDaemonSet:
         finally:
             bundle_pods.delete(name)
 
+    def test_a_running_pod_sees_its_tag_move_and_is_told(
+        self, bundle_pods: e2e.BundlePods, kube_cluster: Any, tmp_path: Path
+    ) -> None:
+        """Live content refresh (volume attribute ``refresh``): the new digest's files
+        appear in the running container, ``..digest`` names it, the pod gets an event."""
+        ref = f"{kube_cluster.registry_host}/rukpak-e2e/live:v1"
+
+        def push(text: str) -> str:
+            root = tmp_path / text
+            (root / "manifests").mkdir(parents=True)
+            (root / "manifests" / "cm.yaml").write_text(f"# {text}\n")
+            return e2e.push_bundle(root, ref)
+
+        push("first")
+        volume = e2e.inline_bundle_volume(ref)
+        volume.csi.volume_attributes["refresh"] = "1s"
+        command = "while true; do cat /bundle/manifests/cm.yaml; sleep 0.2; done"
+        name = bundle_pods.start("live", command, volume)
+        try:
+            bundle_pods.running(name)
+            eventually(lambda: "# first" in bundle_pods.log(name), timeout=30, what="first")
+            push("second")
+            eventually(
+                lambda: "# second" in bundle_pods.log(name), timeout=30, what="second in the pod"
+            )
+            events = bundle_pods.core.list_namespaced_event(
+                bundle_pods.namespace, field_selector=f"involvedObject.name={name}"
+            ).items
+            refreshed = [e for e in events if e.reason == "ContentRefreshed"]
+            assert refreshed, [(e.reason, e.message) for e in events]
+            assert "moved from sha256:" in refreshed[0].message
+        finally:
+            bundle_pods.delete(name)
+
     def test_the_volume_is_read_only_on_the_node_and_for_read_write_mounts(
         self, bundle_pods: e2e.BundlePods, bundle_image: str
     ) -> None:

@@ -272,6 +272,12 @@ class Publisher:
                 )
             self._retain(req.source)
 
+    def verified(self, req: PublishRequest) -> PublishRequest:
+        """``req`` with every signature policy selecting its image satisfied (pinned to
+        the digest verified), as a publish checks it; unchanged without policies.
+        PermissionDenied naming the policy when one refuses it."""
+        return req if self.gate is None else self._checked(req)
+
     def _checked(self, req: PublishRequest) -> PublishRequest:
         """The request to fetch: with every signature policy selecting its image satisfied,
         pinned to the digest verified (so the bytes fetched are those); unchanged when no

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import grpc
 
 from csi.node.publish import Publisher
+from csi.node.refresh import RefreshVolumes
 from csi.node.storevolume import PodInfo, StoreVolumes
 from csi.proto import csi_pb2, csi_pb2_grpc
 from csi.rpc.errors import RpcObserver, rpc
@@ -55,6 +56,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
     node_id: str
     metrics: RpcObserver | None = None
     store: StoreVolumes | None = None
+    refresh: RefreshVolumes | None = None
     """Store volumes (``kind: store``, ``csi.node.storevolume``); None: refused."""
 
     @rpc
@@ -74,6 +76,15 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             return csi_pb2.NodePublishVolumeResponse()
         secrets = dict(request.secrets)
         source = VolumeSource.from_attributes(attributes).with_secrets(secrets)
+        if source.refresh:
+            self._refresh().publish(
+                request.volume_id,
+                request.target_path,
+                source,
+                credentials_from_secrets(secrets, source),
+                PodRef.from_attributes(attributes),
+            )
+            return csi_pb2.NodePublishVolumeResponse()
         if source.tls is not None and source.publish_mode != "bind":
             source = dataclasses.replace(source, publish_mode="bind")  # see the docstring
         deadline = self.publisher.deadline(context.time_remaining())
@@ -102,8 +113,18 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         _require(request.volume_id, request.target_path)
         if self.store is not None and self.store.is_store(request.target_path):
             self.store.unpublish(request.volume_id, request.target_path)
+        if self.refresh is not None and self.refresh.is_refresh(request.target_path):
+            self.refresh.unpublish(request.volume_id, request.target_path)
         self.publisher.unpublish(request.volume_id, request.target_path)
         return csi_pb2.NodeUnpublishVolumeResponse()
+
+    def _refresh(self) -> RefreshVolumes:
+        if self.refresh is None:
+            raise errors.FailedPrecondition(
+                "refresh volumes are not served by this node plugin (it was started without "
+                "a view root)"
+            )
+        return self.refresh
 
     def _store(self) -> StoreVolumes:
         if self.store is None:

@@ -42,6 +42,7 @@ from csi.controller.volumes import VolumeRegistry
 from csi.mounter import Mounter
 from csi.node.identity import IdentityServicer
 from csi.node.publish import PUBLISH_DEADLINE, EventSink, Publisher
+from csi.node.refresh import RefreshVolumes
 from csi.node.registration import RegistrationServicer
 from csi.node.server import NodeServicer
 from csi.node.storevolume import AllowList, StoreVolumes
@@ -345,6 +346,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             allow=AllowList.parse(args.store_volume_allow),
         )
         store.resume()
+        refresh = RefreshVolumes(
+            publisher=publisher,
+            mounter=Mounter(),
+            root=args.state_dir / "views",  # beside the cache's trees: views link into them
+            events=event_sinks[0] if event_sinks else None,
+            observe=m.presented,
+        )
+        refresh.resume()
+        refresh.start()
     except errors.RukpakError as exc:
         log.error("msg=%r error=%r", "cannot start", exc.message)
         return 1
@@ -360,7 +370,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
         (
             csi_pb2_grpc.add_NodeServicer_to_server,
-            NodeServicer(publisher=publisher, node_id=args.node_id, metrics=m, store=store),
+            NodeServicer(
+                publisher=publisher, node_id=args.node_id, metrics=m, store=store, refresh=refresh
+            ),
         ),
     ]
     if args.controller:
@@ -429,6 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if http is not None:
         http.shutdown()
     store.stop()  # the store volumes stay mounted; the next plugin process serves them again
+    refresh.stop()  # the views stay mounted; the next plugin process refreshes them again
     if fuse is not None:
         fuse.stop()  # the mount stays with the holder for the next plugin process
     for path in sockets:

@@ -11,6 +11,7 @@ builds: it probes the CSI socket and checks kubelet accepted the plugin.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -131,6 +132,18 @@ class Metrics(OwnRegistry):
             "refused.",
             ["result"],
         )
+        self.refreshes = self.counter(
+            "rukpak_csi_volume_refreshes",
+            "Refresh volumes (volume attribute refresh) whose tag moved, now presenting the "
+            "new digest.",
+        )
+        self.volume_content = self.gauge(
+            "rukpak_csi_volume_content_info",
+            "The digest a refresh volume presents now (value 1; one series per volume).",
+            ["volume_id", "digest"],
+        )
+        self._presented: dict[str, str] = {}
+        self._presented_lock = threading.Lock()
         for result in ("hit", "miss"):
             self.cache.labels(result=result)
         for outcome in ("verified", "remembered", "warned", "refused"):
@@ -161,6 +174,18 @@ class Metrics(OwnRegistry):
         self.pull_seconds.inc(seconds)
         self.pull_duration.observe(seconds)
         self.pull_bytes.inc(nbytes)
+
+    def presented(self, volume_id: str, digest: str) -> None:
+        """A refresh volume presents ``digest`` now (empty: it is gone)."""
+        with self._presented_lock:
+            before = self._presented.pop(volume_id, "")
+            if before:
+                self.volume_content.remove(volume_id, before)
+                if digest:
+                    self.refreshes.inc()
+            if digest:
+                self._presented[volume_id] = digest
+                self.volume_content.labels(volume_id=volume_id, digest=digest).set(1)
 
     def signature_check(self, result: str) -> None:
         self.signature_checks.labels(result=result).inc()

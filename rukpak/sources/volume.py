@@ -65,6 +65,9 @@ TLS_ATTRIBUTES = (ATTR_CERTIFICATE_DATA, ATTR_INSECURE_SKIP_TLS)
 ATTR_RETAIN_FOR = "retainFor"
 ATTR_RETAIN = "retain"
 ATTR_KIND = "kind"
+ATTR_REFRESH = "refresh"
+REFRESH_MIN = 1.0
+REFRESH_MAX = 24 * 3600.0
 KIND_BUNDLE = "bundle"
 KIND_STORE = "store"
 KINDS = (KIND_BUNDLE, KIND_STORE)
@@ -74,6 +77,7 @@ RETAIN_ATTRIBUTES = (ATTR_RETAIN_FOR, ATTR_RETAIN)
 KNOWN_ATTRIBUTES = (
     ATTR_KIND,
     ATTR_IMAGE,
+    ATTR_REFRESH,
     ATTR_PULL_POLICY,
     ATTR_PLATFORM,
     ATTR_PUBLISH_MODE,
@@ -194,6 +198,9 @@ class VolumeSource:
     tls: SourceTLS | None = field(default=None, repr=False, compare=False)
     """The registry's TLS trust for this volume only (``certificateData``,
     ``insecureSkipTLSVerify``); None: the node plugin's."""
+    refresh: float = 0.0
+    """Seconds between looks at where the image's tag points (``refresh``); 0: the content
+    stays what the publish found (``csi.node.refresh``)."""
     pinned: str = ""
     """Set by the publish spine, never by attributes: ``image`` pinned to the digest a
     signature check verified (``rukpak.signing.gate``); what is fetched when set."""
@@ -229,6 +236,11 @@ class VolumeSource:
             )
         retain_for, retain = _retention(attributes)
         tls_given = [k for k in TLS_ATTRIBUTES if attributes.get(k, "").strip()]
+        if kinds and kinds[0] != ATTR_IMAGE and attributes.get(ATTR_REFRESH, "").strip():
+            raise errors.InvalidArgument(
+                f"volume attribute {ATTR_REFRESH!r} follows an image's tag; a git or http "
+                "volume is pinned by its commit or digest"
+            )
         if kinds and kinds[0] != ATTR_IMAGE:
             if attributes.get(ATTR_INSECURE_SKIP_TLS, "").strip():
                 raise errors.InvalidArgument(
@@ -270,6 +282,7 @@ class VolumeSource:
                 f"publishMode {mode!r} is invalid: use bind or fuse (or leave it unset for the "
                 "plugin's default)"
             )
+        refresh = _refresh(attributes.get(ATTR_REFRESH, ""), ref, mode, tls)
         return cls(
             image=image,
             pull_policy=policy,
@@ -278,6 +291,7 @@ class VolumeSource:
             retain_for=retain_for,
             retain=retain,
             tls=tls,
+            refresh=refresh,
         )
 
     def attributes(self) -> dict[str, str]:
@@ -293,10 +307,46 @@ class VolumeSource:
                 out[ATTR_CERTIFICATE_DATA] = self.tls.ca_pem
             if self.tls is not None and self.tls.skip_verify:
                 out[ATTR_INSECURE_SKIP_TLS] = "true"
+            if self.refresh:
+                out[ATTR_REFRESH] = f"{self.refresh:g}s"
         if self.retain_for:
             out[ATTR_RETAIN_FOR] = self.retain_for
             out[ATTR_RETAIN] = " ".join(self.retain)
         return out
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def _refresh(text: str, ref: Reference, mode: str | None, tls: SourceTLS | None) -> float:
+    """Seconds of a ``refresh`` attribute (``30s``, ``5m``, ``1h``, or plain seconds); 0
+    when unset. InvalidArgument when it cannot hold for this volume."""
+    text = text.strip()
+    if not text:
+        return 0.0
+    match = _DURATION.match(text)
+    seconds = float(match.group(1)) * _UNIT[match.group(2)] if match else -1.0
+    if not REFRESH_MIN <= seconds <= REFRESH_MAX:
+        raise errors.InvalidArgument(
+            f"volume attribute {ATTR_REFRESH!r} {text[:40]!r} is invalid: a duration from "
+            f"{REFRESH_MIN:g}s to {REFRESH_MAX / 3600:g}h, such as 30s or 5m"
+        )
+    if ref.digest is not None:
+        raise errors.InvalidArgument(
+            f"volume attribute {ATTR_REFRESH!r} follows a tag, and {ref} is pinned by digest: "
+            "name the image by tag"
+        )
+    if mode == "fuse":
+        raise errors.InvalidArgument(
+            f"volume attribute {ATTR_REFRESH!r} is served in bind mode; leave publishMode unset"
+        )
+    if tls is not None:
+        raise errors.InvalidArgument(
+            f"volume attribute {ATTR_REFRESH!r} cannot go with certificateData or "
+            "insecureSkipTLSVerify, which need an image pinned by digest"
+        )
+    return seconds
 
 
 def volume_kind(attributes: Mapping[str, str]) -> str:
