@@ -14,7 +14,9 @@ sleep. Checked here:
   Installed and Healthy;
 - a CRD provider and two users of its CRD deleted at once: the users' custom resources are
   deleted by their uninstalls while the CRD still stands, the CRD after, and every
-  BundleDeployment is gone (no finalizer left behind).
+  BundleDeployment is gone (no finalizer left behind);
+- a cycle written while no admission webhook answers is reported as ``DependencyCycle``
+  and its members can still be deleted.
 """
 
 from __future__ import annotations
@@ -308,3 +310,27 @@ def test_a_crd_provider_and_its_users_deleted_at_once_go_users_first_and_all_go(
         )
         # the user's own uninstall deleted its Widget while the CRD still stood
         assert user_gone < gone < crd_going, (user, user_gone, gone, crd_going)
+
+
+def test_a_cycle_written_while_no_webhook_answers_is_a_condition_and_its_members_still_go(
+    kube: Kube, running: controller.Controller, registry: Any, tmp_path: Path
+) -> None:
+    """No BundleDeployment webhook is registered in this module (as while no manager
+    answers: failurePolicy Ignore): the cycle is stored, reported after the fact, and
+    deleting its members does not wait on each other."""
+    a, b = f"loop-a-{SUFFIX}", f"loop-b-{SUFFIX}"
+    ref = push(registry, tmp_path, a, "v1", [namespace(a), configmap("greeting", a)])
+    kube.create(bd_v2(a, ref, installNamespace=a, dependsOn=[{"name": b}]))
+    kube.create(bd_v2(b, ref, installNamespace=a, dependsOn=[{"name": a}]))
+
+    def refused() -> str | None:
+        found = condition(kube.get(bd_ref(a)) or {}, "Installed") or {}
+        return str(found.get("message")) if found.get("reason") == "DependencyCycle" else None
+
+    message = eventually(refused, timeout=60, what="the cycle reported")
+    assert f"spec.dependsOn makes a cycle: {a} -> {b} -> {a}" in message
+    assert active_run(kube, a) is None and active_run(kube, b) is None
+    for name in (a, b):
+        kube.delete(bd_ref(name))
+    for name in (a, b):
+        wait_gone(kube, name)
