@@ -23,7 +23,9 @@ from provisioner.manager import (
     revisions,
     runs,
     sources,
+    webhook,
 )
+from rukpak.common import errors
 from tests.plan_helpers import bd_v2
 
 SETTINGS = model.Settings(image="registry.example/rukpak:1", system_namespace="rukpak-system")
@@ -259,3 +261,29 @@ def test_an_object_being_deleted_is_admitted() -> None:
 def test_deletes_and_connects_are_not_judged() -> None:
     assert admit("DELETE", None, bd("a", "b"), bd("b", "a")) == ""
     assert admit("CONNECT", bd("a", "b"), None, bd("b", "a")) == ""
+
+
+# -- the webhook's dispatch ------------------------------------------------------------------
+
+
+def review_of(operation: str, new: Obj | None, lookup: dependencies.Lookup) -> Obj:
+    request = {"uid": "u-7", "operation": operation, "name": "a", "object": new}
+    response: Obj = webhook.bd_review({"request": request}, lookup)["response"]
+    return response
+
+
+def test_the_review_echoes_the_uid_and_refuses_with_403_and_the_cycle() -> None:
+    answer = review_of(
+        "CREATE", {**bd("a", "b"), "apiVersion": model.API_VERSION_V2}, graph(bd("b", "a"))
+    )
+    assert answer["uid"] == "u-7" and answer["allowed"] is False
+    assert answer["status"]["code"] == 403
+    assert "closes a cycle: a -> b -> a" in answer["status"]["message"]
+
+
+def test_the_review_admits_when_the_others_cannot_be_read() -> None:
+    def unreadable(name: str) -> Obj | None:
+        raise errors.Unavailable("API server unreachable")
+
+    answer = review_of("CREATE", {**bd("a", "b"), "apiVersion": model.API_VERSION_V2}, unreadable)
+    assert answer == {"uid": "u-7", "allowed": True}
