@@ -1,6 +1,7 @@
 """Dependencies judged without a cluster (``provisioner.manager.dependencies``), pure: a
 dependency counts as ready only once settled (its new revision installed), and the cycle
-finder that the admission webhook and the ``DependencyCycle`` condition share.
+finder that the admission webhook and the ``DependencyCycle`` condition share, and the
+webhook's review of a BundleDeployment write (``webhook.bd_review``).
 
 The dependency's states are the ones the v1alpha2 planner (``inline``) writes itself: each
 test walks a BundleDeployment through its plans as the manager would.
