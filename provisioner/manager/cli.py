@@ -205,6 +205,7 @@ def start_webhook(
             ),
         ),
         users=webhook.users_from(kube),
+        deployments=webhook.deployments_from(kube),
         metrics=metrics,
         live=live,
     )

@@ -12,6 +12,10 @@ Sits beside the controllers in the manager process. The API server sends an
   and deny, in upstream's words, when a stored version would be removed or
   existing custom resources would become invalid.
 
+``BD_PATH`` refuses a create or update of a BundleDeployment whose ``spec.dependsOn``
+closes a cycle, naming it (``dependencies.admission_denial`` judges; the other
+BundleDeployments are read through the API along the path only).
+
 ``CONVERT_PATH`` answers the API server's ConversionReviews for the BundleDeployment
 CRD with ``conversion.review`` (pure, lossless both ways).
 
@@ -45,8 +49,8 @@ from typing import Any
 
 from provisioner.engine import crdsafety, words
 from provisioner.engine.kube import Kube
-from provisioner.engine.objects import OWNER_LABEL, Obj, meta_of
-from provisioner.manager import certs, conversion
+from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, meta_of
+from provisioner.manager import certs, conversion, dependencies
 from provisioner.manager import content as bundle_content
 from provisioner.runtime import liveness
 from provisioner.runtime import metrics as runtime_metrics
@@ -162,6 +166,40 @@ def configmap_review(body: Obj, users: Users) -> Obj:
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
+BD_PATH = "/validate-bundledeployment"
+
+
+def deployments_from(kube: Kube) -> dependencies.Lookup:
+    """Read one BundleDeployment by name through the API (in the storage version)."""
+
+    def lookup(name: str) -> Obj | None:
+        return kube.get(ObjectRef(conversion.GROUP, "v1alpha2", "BundleDeployment", "", name))
+
+    return lookup
+
+
+def bd_review(body: Obj, lookup: dependencies.Lookup) -> Obj:
+    """The AdmissionReview response for a BundleDeployment create or update (admitted if
+    the others cannot be read: the manager still reports a cycle as ``DependencyCycle``)."""
+    request = body.get("request") or {}
+    new, old = request.get("object"), request.get("oldObject")
+    try:
+        denial = dependencies.admission_denial(
+            str(request.get("operation") or ""),
+            conversion.to_v1alpha2(old) if isinstance(old, dict) else None,
+            conversion.to_v1alpha2(new) if isinstance(new, dict) else None,
+            lookup,
+        )
+    except errors.RukpakError as err:
+        log.warning("msg='cannot read bundledeployments; admitting' error=%r", err.message)
+        denial = ""
+    response: Obj = {"uid": str(request.get("uid") or ""), "allowed": not denial}
+    if denial:
+        response["status"] = {"code": 403, "reason": "Forbidden", "message": denial}
+        log.info("msg='denied' bundledeployment=%s", request.get("name"))
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+
 def existing_from(kube: Kube) -> Existing:
     """Read the custom resources ``crdsafety.check`` needs through the API."""
 
@@ -227,12 +265,13 @@ def _handler(
     users: Users | None,
     metrics: runtime_metrics.Metrics | None,
     live: liveness.Check | None,
+    deployments: dependencies.Lookup | None = None,
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             path = self.path.split("?", 1)[0]
-            if path not in (PATH, CONVERT_PATH, CONFIGMAP_PATH):
-                paths = f"{PATH}, {CONFIGMAP_PATH} or {CONVERT_PATH}"
+            if path not in (PATH, CONVERT_PATH, CONFIGMAP_PATH, BD_PATH):
+                paths = f"{PATH}, {CONFIGMAP_PATH}, {BD_PATH} or {CONVERT_PATH}"
                 self._send(404, {"message": f"no webhook at {self.path}; use {paths}"})
                 return  # not counted: a path of the caller's choosing is no label value
             start = time.monotonic()
@@ -270,6 +309,8 @@ def _handler(
                 return 200, review(body, existing)
             if path == CONFIGMAP_PATH:
                 return 200, configmap_review(body, users or (lambda name: []))
+            if path == BD_PATH:
+                return 200, bd_review(body, deployments or (lambda name: None))
             return 200, conversion.review(body, default_namespace=default_namespace)
 
         def _token(self) -> str:
@@ -343,8 +384,9 @@ class Server:
         users: Users | None = None,
         metrics: runtime_metrics.Metrics | None = None,
         live: liveness.Check | None = None,
+        deployments: dependencies.Lookup | None = None,
     ) -> None:
-        handler = _handler(existing, default_namespace, content, users, metrics, live)
+        handler = _handler(existing, default_namespace, content, users, metrics, live, deployments)
         self._httpd = _ReusePortServer((host, port), handler)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
