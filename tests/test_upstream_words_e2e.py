@@ -19,6 +19,7 @@ plain_provisioner_test.go``, ``crdvalidator_test.go``) and checks what upstream 
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ import yaml
 
 from provisioner.engine import words
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef
-from provisioner.manager import actuate
+from provisioner.manager import actuate, model
 from rukpak.common import errors
 from tests import bundles
 from tests import e2e_helpers as e2e
@@ -254,3 +255,44 @@ def test_a_deleted_bundledeployment_leaves_no_crd_and_is_not_found(
         assert live is not None and not live["metadata"].get("deletionTimestamp")
         assert OWNER_LABEL not in (live["metadata"].get("labels") or {})
         system.kube.delete(ObjectRef.of(live))
+
+
+REGISTRY_FIXTURE = Path(__file__).parent / "data" / "registry-v1" / "cache-operator"
+CSV_FILE = "manifests/cache-operator.clusterserviceversion.yaml"
+
+
+def test_a_registry_bundle_without_all_namespaces_fails_in_upstreams_words(
+    rukpak_system: inst.RukpakSystem, tmp_path: Path
+) -> None:
+    """Upstream v0.16's registry provisioner suite: the conversion's reason right after its
+    prefix; where (the CSV, its document and line) follows."""
+    system = rukpak_system
+    root = tmp_path / "cache-operator"
+    shutil.copytree(REGISTRY_FIXTURE, root)
+    csv = yaml.safe_load((root / CSV_FILE).read_text())
+    csv["spec"]["installModes"] = [
+        {"type": "OwnNamespace", "supported": True},
+        {"type": "AllNamespaces", "supported": False},
+    ]
+    (root / CSV_FILE).write_text(yaml.safe_dump(csv))
+    ref = f"{system.registry_host}/e2e-upwords-{SUFFIX}/own-namespace:v1"
+    e2e.push_bundle(root, ref)
+    name = f"own-namespace-{SUFFIX}"
+    system.kube.create(bundles.bundle_doc(name, ref, cls=model.REGISTRY_CLASS))
+    try:
+
+        def failing() -> Obj | None:
+            live = system.kube.get(actuate.bundle_ref(name)) or {}
+            return live if (live.get("status") or {}).get("phase") == "Failing" else None
+
+        live = eventually(failing, timeout=180, what=f"Bundle {name} Failing")
+        unpacked = inst.conditions(live)[words.UNPACKED]
+        assert (unpacked["status"], unpacked["reason"]) == ("False", words.UNPACK_FAILED)
+        assert (
+            words.conversion_failed(
+                "AllNamespace install mode must be enabled", f"{CSV_FILE} document 1 (line 1)"
+            )
+            in unpacked["message"]
+        ), unpacked["message"]
+    finally:
+        system.kube.delete(actuate.bundle_ref(name))
