@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from provisioner.engine import words
-from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef
+from provisioner.engine.objects import OWNER_KIND, OWNER_KIND_LABEL, OWNER_LABEL, Obj, ObjectRef
 from provisioner.manager import actuate, model
 from rukpak.common import errors
 from tests import bundles
@@ -67,10 +67,11 @@ def _installed(system: inst.RukpakSystem, name: str) -> None:
 
 
 def _owned_crds(system: inst.RukpakSystem, name: str) -> list[str]:
+    """The CRDs upstream's suite finds for BundleDeployment ``name``: its selector,
+    ``util.NewBundleDeploymentLabelSelector`` (owner-kind and owner-name)."""
+    selector = f"{OWNER_KIND_LABEL}={OWNER_KIND},{OWNER_LABEL}={name}"
     items, _ = system.kube.list(
-        "apiextensions.k8s.io/v1",
-        "CustomResourceDefinition",
-        label_selector=f"{OWNER_LABEL}={name}",
+        "apiextensions.k8s.io/v1", "CustomResourceDefinition", label_selector=selector
     )
     return [i["metadata"]["name"] for i in items]
 
@@ -253,7 +254,8 @@ def test_a_deleted_bundledeployment_leaves_no_crd_and_is_not_found(
         assert live is None
     else:
         assert live is not None and not live["metadata"].get("deletionTimestamp")
-        assert OWNER_LABEL not in (live["metadata"].get("labels") or {})
+        labels = live["metadata"].get("labels") or {}
+        assert OWNER_LABEL not in labels and OWNER_KIND_LABEL not in labels
         system.kube.delete(ObjectRef.of(live))
 
 
