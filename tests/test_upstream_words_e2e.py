@@ -39,7 +39,6 @@ from tests.polling import eventually
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 SUFFIX = uuid.uuid4().hex[:6]
-CRD_REF = ObjectRef("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "", "")
 
 
 def _push(system: inst.RukpakSystem, root: Path, docs: list[Obj], repo: str) -> str:
