@@ -213,7 +213,7 @@ class TestCRDUpgradeSafety:
                 [("v2", True, True)],
                 None,
                 "v2",
-                "CRD widgets.{group}: version v1 is removed but listed in status.storedVersions",
+                r"CRD widgets.{group}: cannot remove stored versions \[v1\]",  # upstream's
                 id="removing-a-stored-version",
             ),
             pytest.param(
@@ -229,8 +229,8 @@ class TestCRDUpgradeSafety:
                 [("v1", True, True)],
                 {"size": {"type": "integer", "maximum": 10}},
                 None,
-                r"CRD widgets.{group} version v1: existing Widget {name}/w"
-                r" field .spec.size: 50 is greater than the maximum 10",
+                r"CRD widgets.{group}: existing custom object {name}/w failed validation for"
+                r" new schema version v1: spec.size: 50 is greater than the maximum 10",
                 id="a-schema-existing-resources-would-fail",
             ),
         ],

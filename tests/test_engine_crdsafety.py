@@ -136,7 +136,7 @@ def test_an_identical_crd_with_valid_resources_is_safe() -> None:
             crd([("v1", True, False), ("v2", True, True)], stored=["v1", "v2"]),
             crd([("v2", True, True)]),
             {},
-            ["CRD widgets.example.com: version v1 is removed but listed in status.storedVersions"],
+            ["CRD widgets.example.com: cannot remove stored versions [v1]"],  # upstream's words,
         ),
         (
             crd([("v1", True, False), ("v2", True, True)], stored=["v1", "v2"]),
@@ -155,8 +155,8 @@ def test_an_identical_crd_with_valid_resources_is_safe() -> None:
             crd([("v1", True, True)]),
             {"v1": [widget("a", {"size": 2}), widget("b", {"size": 20})]},
             [
-                "CRD widgets.example.com version v1: existing Widget ns/b"
-                " field .spec.size: 20 is greater than the maximum 10"
+                "CRD widgets.example.com: existing custom object ns/b failed validation for"
+                " new schema version v1: spec.size: 20 is greater than the maximum 10"
             ],
         ),
     ],
@@ -185,7 +185,7 @@ def test_many_violations_are_summarised() -> None:
     bad = [widget(f"w{i}", {}) for i in range(25)]
     got = crdsafety.check(live, crd([("v1", True, True)]), {"v1": bad})
     assert len(got) == crdsafety.MAX_REASONS_PER_VERSION + 1
-    assert got[-1].endswith("15 more violations")
+    assert got[-1].endswith("15 more existing custom objects fail the new schema")
 
 
 def test_new_versions_are_read_at_a_served_version_when_conversion_is_none() -> None:

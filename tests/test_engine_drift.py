@@ -131,6 +131,7 @@ def test_an_unchanged_object_is_recognised_by_digest_owner_and_fields() -> None:
     assert ownership.digest(desired) == ownership.digest(with_owner(DEPLOYMENT, "demo"))
     fields = copy.deepcopy(DEPLOYMENT_FIELDS)
     fields["f:metadata"]["f:labels"]["f:core.rukpak.io/owner-name"] = {}
+    fields["f:metadata"]["f:labels"]["f:core.rukpak.io/owner-kind"] = {}
     fields["f:metadata"]["f:annotations"] = {f"f:{ownership.DIGEST_ANNOTATION}": {}}
     live = copy.deepcopy(desired)
     live["metadata"]["managedFields"] = [

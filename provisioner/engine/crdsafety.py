@@ -6,12 +6,14 @@ existing custom resources (read by the caller through the adapter) and returns
 reasons to refuse, each naming the CRD, the version and the field:
 
 - a version listed in the live CRD's ``status.storedVersions`` is removed
-  (objects stored at that version could no longer be read);
+  (objects stored at that version could no longer be read; upstream's words);
 - a stored version would stop being served (clients reading it break, and the
   data cannot be migrated through the API any more);
 - the scope changes (Namespaced <-> Cluster);
 - an existing custom resource fails the new version's ``openAPIV3Schema``, or
-  holds a field the new schema would prune.
+  holds a field the new schema would prune (upstream's crdvalidator words: ``existing
+  custom object NS/NAME failed validation for new schema version V: FIELD ERRORS``, with
+  up to ``MAX_REASONS_PER_VERSION`` objects named where upstream names the first).
 
 A CRD carrying ``core.rukpak.io/crd-upgrade-safety: disabled`` skips all checks.
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from provisioner.engine import schema
+from provisioner.engine import schema, words
 from provisioner.engine.objects import Obj, meta_of
 
 OPT_OUT_ANNOTATION = "core.rukpak.io/crd-upgrade-safety"
@@ -62,29 +64,37 @@ def read_plan(live: Obj, new: Obj) -> dict[str, str]:
 
 
 def check(live: Obj, new: Obj, existing: Mapping[str, Sequence[Obj]]) -> list[str]:
-    """Reasons the upgrade from ``live`` to ``new`` is unsafe; empty when it is safe.
+    """Reasons the upgrade from ``live`` to ``new`` is unsafe, each naming the CRD (the
+    apply-time preflight lists them); empty when it is safe. See ``findings``."""
+    name = meta_of(new).get("name", "?")
+    return [f"CRD {name}: {finding}" for finding in findings(live, new, existing)]
+
+
+def findings(live: Obj, new: Obj, existing: Mapping[str, Sequence[Obj]]) -> list[str]:
+    """What makes the upgrade from ``live`` to ``new`` unsafe, in upstream's crdvalidator
+    words where it has them (``words.stored_versions_removed``, ``words.existing_invalid``);
+    empty when it is safe or ``new`` opts out.
 
     ``existing`` maps a version of ``new`` to the custom resources read for it
     (see ``read_plan``).
     """
     if opted_out(new):
         return []
-    name = meta_of(new).get("name", "?")
     reasons: list[str] = []
     stored = list((live.get("status") or {}).get("storedVersions") or [])
     new_versions = _versions(new)
+    removed = [version for version in stored if version not in new_versions]
+    if removed:
+        reasons.append(words.stored_versions_removed(removed))
     for version in stored:
-        if version not in new_versions:
-            reasons.append(
-                f"CRD {name}: version {version} is removed but listed in status.storedVersions;"
-                f" migrate stored objects and drop it from storedVersions first"
-            )
-        elif not new_versions[version].get("served", False) and version != _storage(new):
-            reasons.append(f"CRD {name}: version {version} is stored but would no longer be served")
+        if version in removed:
+            continue
+        if not new_versions[version].get("served", False) and version != _storage(new):
+            reasons.append(f"version {version} is stored but would no longer be served")
     live_scope = (live.get("spec") or {}).get("scope")
     new_scope = (new.get("spec") or {}).get("scope")
     if live_scope and new_scope and live_scope != new_scope:
-        reasons.append(f"CRD {name}: scope changes from {live_scope} to {new_scope}")
+        reasons.append(f"scope changes from {live_scope} to {new_scope}")
     for version, objs in sorted(existing.items()):
         spec = (new_versions.get(version) or {}).get("schema") or {}
         open_api = spec.get("openAPIV3Schema")
@@ -93,19 +103,34 @@ def check(live: Obj, new: Obj, existing: Mapping[str, Sequence[Obj]]) -> list[st
         found = 0
         for obj in objs:
             meta = obj.get("metadata") or {}
-            where = f"{meta['namespace']}/" if meta.get("namespace") else ""
-            for violation in schema.validate(obj, open_api, root=True):
-                found += 1
-                if found <= MAX_REASONS_PER_VERSION:
-                    reasons.append(
-                        f"CRD {name} version {version}: existing {new_kind(new)}"
-                        f" {where}{meta.get('name', '?')} field {violation}"
+            violations = schema.validate(obj, open_api, root=True)
+            if not violations:
+                continue
+            found += 1
+            if found <= MAX_REASONS_PER_VERSION:
+                reasons.append(
+                    words.existing_invalid(
+                        str(meta.get("namespace") or ""),
+                        str(meta.get("name") or "?"),
+                        version,
+                        [field_error(v) for v in violations],
                     )
+                )
         if found > MAX_REASONS_PER_VERSION:
             reasons.append(
-                f"CRD {name} version {version}: {found - MAX_REASONS_PER_VERSION} more violations"
+                f"version {version}: {found - MAX_REASONS_PER_VERSION} more existing custom"
+                " objects fail the new schema"
             )
     return reasons
+
+
+def field_error(violation: schema.Violation) -> str:
+    """One violation as the API machinery's field errors read (``spec.colour: Required
+    value``); the detail of other kinds of violation is ours."""
+    path = violation.path.lstrip(".") or "<root>"
+    if violation.message == "is required":
+        return f"{path}: Required value"
+    return f"{path}: {violation.message}"
 
 
 def _storage(crd: Obj) -> str | None:

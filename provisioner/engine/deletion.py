@@ -2,7 +2,7 @@
 
 Each object is read first and left alone unless it still carries the
 deployment's owner label; ``Orphan`` (the policy, or the object's
-``core.rukpak.io/deletion-policy`` annotation) removes the label instead of
+``core.rukpak.io/deletion-policy`` annotation) removes the owner labels instead of
 deleting. Objects go in reverse phase order (``ordering.deletion_order``),
 each group concurrently. Idempotent: an object already gone counts as done.
 """
@@ -18,6 +18,7 @@ from provisioner.engine.errors import ApplyFailed
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import (
     DELETION_POLICY_ANNOTATION,
+    OWNER_KIND_LABEL,
     OWNER_LABEL,
     ObjectRef,
     meta_of,
@@ -45,7 +46,7 @@ def _delete_one(kube: Kube, ref: ObjectRef, owner: str, policy: DeletionPolicy) 
         return f"skipped: owned by {actual!r}" if actual else "skipped: no longer labelled as ours"
     annotations = meta_of(live).get("annotations") or {}
     if policy == "Orphan" or annotations.get(DELETION_POLICY_ANNOTATION) == "Orphan":
-        kube.merge_patch(ref, {"metadata": {"labels": {OWNER_LABEL: None}}})
+        kube.merge_patch(ref, {"metadata": {"labels": {OWNER_LABEL: None, OWNER_KIND_LABEL: None}}})
         return "orphaned"
     kube.delete(ref)
     return "deleted"

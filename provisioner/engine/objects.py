@@ -16,6 +16,10 @@ Obj = dict[str, Any]
 
 FIELD_MANAGER = "rukpak"
 OWNER_LABEL = "core.rukpak.io/owner-name"
+OWNER_KIND_LABEL = "core.rukpak.io/owner-kind"
+OWNER_KIND = "BundleDeployment"
+"""Upstream's pair of labels on every installed object (its suite selects a
+BundleDeployment's objects by both); ownership is read from ``OWNER_LABEL`` alone."""
 DELETION_POLICY_ANNOTATION = "core.rukpak.io/deletion-policy"
 """Per-object override: ``Orphan`` keeps the object when it is pruned or uninstalled."""
 
@@ -108,6 +112,7 @@ def with_owner(obj: Obj, owner: str) -> Obj:
     meta = dict(out.get("metadata") or {})
     labels = dict(meta.get("labels") or {})
     labels[OWNER_LABEL] = owner
+    labels[OWNER_KIND_LABEL] = OWNER_KIND
     meta["labels"] = labels
     out["metadata"] = meta
     return out

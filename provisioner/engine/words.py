@@ -168,11 +168,32 @@ def healthy_when_failed() -> Verdict:
 
 # -- the CRD validator -------------------------------------------------------------------
 
+CRD_VALIDATION_ANNOTATION = "core.rukpak.io/safe-crd-upgrade-validation"
+CRD_VALIDATION_DISABLED = "false"
+"""Upstream's opt-out of the CRD validator, which its denial names (ours is honoured too)."""
 
-def crd_denied(operation: str, name: str, annotation: str, value: str, reasons: list[str]) -> str:
-    """The CRD validator's denial, in upstream's words, then each reason."""
+
+def crd_denied(operation: str, name: str, reasons: list[str]) -> str:
+    """The CRD validator's denial, as upstream's crdvalidator words it (its handler's
+    prefix around ``internal/crd``'s error), then each reason, ``; ``-separated."""
     return (
         f'failed to validate safety of {operation} for CRD "{name}" (NOTE: to disable this '
-        f'validation, set the "{annotation}" annotation to "{value}"): error validating '
-        f'existing CRs against new CRD\'s schema for "{name}": ' + "; ".join(reasons)
+        f'validation, set the "{CRD_VALIDATION_ANNOTATION}" annotation to '
+        f'"{CRD_VALIDATION_DISABLED}"): error validating existing CRs against new CRD\'s '
+        f'schema for "{name}": ' + "; ".join(reasons)
+    )
+
+
+def stored_versions_removed(versions: list[str]) -> str:
+    """A new CRD that drops versions its live one lists in ``status.storedVersions``."""
+    return f"cannot remove stored versions [{' '.join(sorted(versions))}]"
+
+
+def existing_invalid(namespace: str, name: str, version: str, field_errors: list[str]) -> str:
+    """An existing custom resource the new schema of ``version`` refuses: upstream's words,
+    the field errors aggregated as Go's ``ToAggregate`` prints them."""
+    detail = field_errors[0] if len(field_errors) == 1 else f"[{', '.join(field_errors)}]"
+    return (
+        f"existing custom object {namespace}/{name} failed validation for new schema "
+        f"version {version}: {detail}"
     )

@@ -65,7 +65,7 @@ METRICS_PATH = "/metrics"
 ``rukpak-metrics-reader``), as the content is."""
 DEFAULT_PORT = 9443
 CONFIGURATION_NAME = "rukpak-crd-validator"
-UPSTREAM_OPT_OUT = "core.rukpak.io/safe-crd-upgrade-validation"
+UPSTREAM_OPT_OUT = words.CRD_VALIDATION_ANNOTATION
 MAX_BODY = 8 * 1024 * 1024
 
 Existing = Callable[[Obj, Obj], Mapping[str, Sequence[Obj]]]
@@ -79,7 +79,10 @@ def owned(crd: Obj | None) -> bool:
 
 def opted_out(crd: Obj) -> bool:
     annotations = meta_of(crd).get("annotations") or {}
-    return crdsafety.opted_out(crd) or annotations.get(UPSTREAM_OPT_OUT) == "false"
+    return (
+        crdsafety.opted_out(crd)
+        or annotations.get(UPSTREAM_OPT_OUT) == words.CRD_VALIDATION_DISABLED
+    )
 
 
 def decide(operation: str, old: Obj | None, new: Obj | None, existing: Existing) -> str:
@@ -90,14 +93,12 @@ def decide(operation: str, old: Obj | None, new: Obj | None, existing: Existing)
         return ""
     name = str(meta_of(new).get("name") or "")
     try:
-        reasons = crdsafety.check(old, new, existing(old, new))
+        reasons = crdsafety.findings(old, new, existing(old, new))
     except errors.RukpakError as err:
         reasons = [f"cannot read the existing custom resources: {err.message}"]
     if not reasons:
         return ""
-    return words.crd_denied(
-        operation, name, crdsafety.OPT_OUT_ANNOTATION, crdsafety.OPT_OUT_VALUE, reasons
-    )
+    return words.crd_denied(operation, name, reasons)
 
 
 CONFIGMAP_PATH = "/validate-configmap"
