@@ -256,8 +256,12 @@ class TestTheShippedDaemonSet:
             return e2e.push_bundle(root, ref)
 
         push("first")
-        volume = e2e.inline_bundle_volume(ref)
-        volume.csi.volume_attributes["refresh"] = "1s"
+        volume = client.V1Volume(
+            name="bundle",
+            csi=client.V1CSIVolumeSource(
+                driver=e2e.DRIVER, read_only=True, volume_attributes={"image": ref, "refresh": "1s"}
+            ),
+        )
         command = "while true; do cat /bundle/manifests/cm.yaml; sleep 0.2; done"
         name = bundle_pods.start("live", command, volume)
         try:
@@ -272,7 +276,7 @@ class TestTheShippedDaemonSet:
             ).items
             refreshed = [e for e in events if e.reason == "ContentRefreshed"]
             assert refreshed, [(e.reason, e.message) for e in events]
-            assert "moved from sha256:" in refreshed[0].message
+            assert "moved from sha256:" in str(refreshed[0].message)
         finally:
             bundle_pods.delete(name)
 
