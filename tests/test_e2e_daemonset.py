@@ -252,7 +252,10 @@ class TestTheShippedDaemonSet:
         def push(text: str) -> str:
             root = tmp_path / text
             (root / "manifests").mkdir(parents=True)
-            (root / "manifests" / "cm.yaml").write_text(f"# {text}\n")
+            (root / "manifests" / "cm.yaml").write_text(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: live, namespace: default}\n"
+                f"data: {{text: {text}}}\n"
+            )
             return e2e.push_bundle(root, ref)
 
         push("first")
@@ -266,10 +269,12 @@ class TestTheShippedDaemonSet:
         name = bundle_pods.start("live", command, volume)
         try:
             bundle_pods.running(name)
-            eventually(lambda: "# first" in bundle_pods.log(name), timeout=30, what="first")
+            eventually(lambda: "text: first" in bundle_pods.log(name), timeout=30, what="first")
             push("second")
             eventually(
-                lambda: "# second" in bundle_pods.log(name), timeout=30, what="second in the pod"
+                lambda: "text: second" in bundle_pods.log(name),
+                timeout=30,
+                what="second in the pod",
             )
             events = bundle_pods.core.list_namespaced_event(
                 bundle_pods.namespace, field_selector=f"involvedObject.name={name}"
