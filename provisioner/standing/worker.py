@@ -228,6 +228,7 @@ class Standing:
         try:
             args = run_args(pod)
             content = self.content(pod)
+            rules = process.ignore_rules(str(getattr(args, "ignore", "") or ""))
         except errors.RukpakError as exc:
             return False, exc.message
         if args.command == "unpack":  # a Bundle's check: no API access, only the content
@@ -250,6 +251,7 @@ class Standing:
                 termination_log=log_path,
                 bundle_name=args.bundle,
                 preview=args.preview,
+                ignore=rules,
             )
             instance = process.Instance(self.kube.impersonating(user), config)
             with self._lock:
