@@ -114,7 +114,7 @@ POD_SPEC = {
 
 
 def test_list_entries_of_a_field_set_become_their_index_in_the_object() -> None:
-    fields = {
+    fields: dict[str, Any] = {
         "f:spec": {"f:containers": {'k:{"name":"web"}': {".": {}, "f:image": {}, "f:name": {}}}}
     }
     owned = ignore.owned_pointers(fields, POD_SPEC)

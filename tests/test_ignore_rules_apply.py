@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.engine import apply, ignore
+from provisioner.engine import apply, formats, ignore
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import ObjectRef
 from tests.bundles import configmap, namespace, write_bundle
@@ -20,7 +20,7 @@ RULES = ignore.parse_rules(
 )
 
 
-def bundle(tmp_path: Path, name: str, mode: str) -> Path:
+def bundle(tmp_path: Path, name: str, mode: str) -> formats.Bundle:
     one = configmap("one", mode=mode, keep="b")
     one["metadata"]["labels"] = {"scaled": "yes"}
     two = configmap("two", mode=mode, keep="b")
