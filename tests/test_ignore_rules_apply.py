@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.engine import apply, formats, ignore
+from provisioner.engine import apply, drift, formats, ignore
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import ObjectRef
 from tests.bundles import configmap, namespace, write_bundle
+from tests.polling import eventually
 
 pytestmark = pytest.mark.cluster
 
@@ -71,3 +72,39 @@ def test_an_ignored_field_nobody_else_owns_keeps_its_value(
     # leaving it out of the apply would have removed it (we were its only owner)
     assert data(kube, name, "one") == {"mode": "a", "keep": "b"}
     assert data(kube, name, "two") == {"mode": "c", "keep": "b"}
+
+
+def test_the_drift_watcher_leaves_an_ignored_field_and_corrects_the_rest(
+    kube: Kube, name: str, tmp_path: Path
+) -> None:
+    """``rukpak apply --watch`` and the helm provisioner honour the same rules."""
+    opts = apply.Options(name=name, namespace=name, ignore=RULES)
+    result = apply.install(kube, bundle(tmp_path, name, "a"), opts)
+    events: list[str] = []
+    watcher = drift.DriftWatcher(
+        kube, name, result.applied, report=events.append, watch_timeout=5, rules=RULES
+    )
+    watcher.start()
+    try:
+        informer = watcher.informer("v1", "ConfigMap")
+        assert informer.wait_synced(10)
+        intrude(kube, name, "one", "theirs")  # ignored on "one": left alone
+        intrude(kube, name, "two", "theirs")  # not on "two": corrected (and our marker)
+        eventually(lambda: data(kube, name, "two")["mode"] == "a", what="two corrected")
+        eventually(lambda: watcher.corrections >= 1, what="the correction counted")
+        assert data(kube, name, "one")["mode"] == "theirs"
+        assert watcher.corrections == 1, events
+        assert "two" in events[0] and "one" not in events[0].split(":")[0], events
+        # a change of a field of "one" that is not ignored is still corrected, and the
+        # correction leaves the ignored field as the other writer set it
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "one", "namespace": name},
+            "data": {"mode": "theirs", "keep": "edited"},  # (its mode kept as it set it)
+        }
+        kube.apply(body, manager="kubectl-edit")
+        eventually(lambda: data(kube, name, "one")["keep"] == "b", what="one corrected")
+        assert data(kube, name, "one")["mode"] == "theirs"
+    finally:
+        watcher.stop()

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provisioner.engine.objects import FIELD_MANAGER, OWNER_LABEL, Obj, meta_of, split_api_version
+from provisioner.engine.ownership import applied_fields, lost_reason
 from rukpak.common import errors
 
 Pointer = tuple[str, ...]
@@ -293,6 +294,21 @@ def others_own(live: Obj, pointer: Pointer) -> list[str]:
                 out.append(manager)
                 break
     return sorted(set(out))
+
+
+def only_ignored(
+    fields_then: Any, then: Obj | None, live: Obj | None, owner: str, rules: Iterable[Rule]
+) -> bool:
+    """Whether the only change from our field set ``fields_then`` (of object ``then``) to
+    ``live``'s is in fields ``rules`` ignore for this object (another writer took them):
+    then it has not drifted. False when it is gone or no longer ``owner``'s."""
+    if then is None or live is None or lost_reason(live, owner) is not None:
+        return False
+    pointers = pointers_for(rules, live)
+    if not pointers:
+        return False
+    changed = owned_pointers(fields_then, then) ^ owned_pointers(applied_fields(live), live)
+    return bool(changed) and all(ignored(pointers, p) for p in changed)
 
 
 # -- shaping an apply body -------------------------------------------------------------------

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from provisioner.engine import appliedrecord, ignore, inventory, ordering, restore
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, meta_of, owner_of
-from provisioner.engine.ownership import applied_fields, lost_reason
+from provisioner.engine.ownership import applied_fields
 from provisioner.instance import runrecord
 from provisioner.manager import healthwatch, model, runs
 from rukpak.common import errors
@@ -194,7 +194,9 @@ class RunWatch:
             if why is None:
                 continue
             good = self.health.last_good(key, recorded)
-            if rules and only_ignored(good, live, name, rules):
+            if rules and ignore.only_ignored(
+                applied_fields(good) if good else None, good, live, name, rules
+            ):
                 continue
             kept = good if restorable else None
             body = _restore_body(kept)
@@ -219,23 +221,9 @@ class RunWatch:
         cached = self.health.lookup(appliedrecord.ref_of(key))
         if not isinstance(cached, dict):
             return False
-        return only_ignored(self.health.last_good(key, recorded), cached, name, rules)
-
-
-def only_ignored(
-    kept: Obj | None, live: Obj | None, owner: str, rules: tuple[ignore.Rule, ...]
-) -> bool:
-    """Whether the only change from ``kept`` (our fields as recorded) to ``live`` is that
-    another writer took fields ``rules`` ignore for this object."""
-    if kept is None or live is None or lost_reason(live, owner) is not None:
-        return False
-    pointers = ignore.pointers_for(rules, live)
-    if not pointers:
-        return False
-    before = ignore.owned_pointers(applied_fields(kept), kept)
-    now = ignore.owned_pointers(applied_fields(live), live)
-    changed = before ^ now
-    return bool(changed) and all(ignore.ignored(pointers, p) for p in changed)
+        good = self.health.last_good(key, recorded)
+        fields = applied_fields(good) if good is not None else None
+        return ignore.only_ignored(fields, good, cached, name, rules)
 
 
 def author_lines(
