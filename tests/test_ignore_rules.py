@@ -10,6 +10,7 @@ import pytest
 
 from provisioner.engine import ignore
 from provisioner.engine.objects import FIELD_MANAGER
+from provisioner.instance import process
 
 # -- JSON pointers --------------------------------------------------------------------------
 
@@ -164,3 +165,16 @@ def test_a_field_the_live_object_lacks_is_left_out() -> None:
     live = live_cm()
     del live["data"]["mode"]
     assert ignore.shape(cm("one"), live, [("data", "mode")])["data"] == {"keep": "b"}
+
+
+# -- the instance's --ignore ----------------------------------------------------------------
+
+
+def test_the_instance_reads_its_rules_from_json_and_refuses_what_is_not() -> None:
+    assert process.ignore_rules("") == ()
+    (rule,) = process.ignore_rules('[{"paths":["/spec/replicas"],"target":{"kind":"Deployment"}}]')
+    assert rule.paths == (("spec", "replicas"),) and rule.target.kind == "Deployment"
+    with pytest.raises(ignore.InvalidRule, match="--ignore is not JSON"):
+        process.ignore_rules("[{")
+    with pytest.raises(ignore.InvalidRule, match=r"spec.ignore\[0\].paths\[0\]"):
+        process.ignore_rules('[{"paths":["/a~9"]}]')
