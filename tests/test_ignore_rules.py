@@ -140,7 +140,7 @@ def live_cm(*owners: tuple[str, str, dict[str, Any]]) -> dict[str, Any]:
 
 def test_creation_sends_the_ignored_fields() -> None:
     body = cm("one")
-    assert ignore.shape(body, None, [("data", "mode")]) == body
+    assert ignore.shape(body, None, pointers=[("data", "mode")]) == body
 
 
 def test_a_field_another_writer_owns_is_left_out_of_the_apply() -> None:
@@ -148,14 +148,14 @@ def test_a_field_another_writer_owns_is_left_out_of_the_apply() -> None:
         (FIELD_MANAGER, "Apply", {"f:data": {"f:keep": {}}}),
         ("kubectl-edit", "Update", {"f:data": {"f:mode": {}}}),
     )
-    shaped = ignore.shape(cm("one"), live, [("data", "mode")])
+    shaped = ignore.shape(cm("one"), live, pointers=[("data", "mode")])
     assert shaped["data"] == {"keep": "b"}
     assert cm("one")["data"]["mode"] == "a"  # the body given is not changed
 
 
 def test_a_field_only_we_own_keeps_its_live_value_rather_than_vanish() -> None:
     live = live_cm((FIELD_MANAGER, "Apply", {"f:data": {"f:keep": {}, "f:mode": {}}}))
-    assert ignore.shape(cm("one"), live, [("data", "mode")])["data"] == {
+    assert ignore.shape(cm("one"), live, pointers=[("data", "mode")])["data"] == {
         "mode": "theirs",
         "keep": "b",
     }
@@ -164,7 +164,7 @@ def test_a_field_only_we_own_keeps_its_live_value_rather_than_vanish() -> None:
 def test_a_field_the_live_object_lacks_is_left_out() -> None:
     live = live_cm()
     del live["data"]["mode"]
-    assert ignore.shape(cm("one"), live, [("data", "mode")])["data"] == {"keep": "b"}
+    assert ignore.shape(cm("one"), live, pointers=[("data", "mode")])["data"] == {"keep": "b"}
 
 
 # -- the instance's --ignore ----------------------------------------------------------------

@@ -218,7 +218,7 @@ def _body(manifest: Manifest, live: Obj | None, options: Options) -> Obj:
     if not options.ignore:
         return manifest.obj
     pointers = ignore_rules.pointers_for(options.ignore, manifest.obj)
-    return ignore_rules.shape(manifest.obj, live, pointers) if pointers else manifest.obj
+    return ignore_rules.shape(manifest.obj, live, pointers=pointers) if pointers else manifest.obj
 
 
 def install(

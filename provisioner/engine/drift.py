@@ -182,7 +182,7 @@ class DriftWatcher:
     def _ignorable(self, tracked: _Tracked, live: Obj | None) -> bool:
         """Whether the only change is to fields the ignore rules leave to other writers."""
         return bool(self._rules) and ignore.only_ignored(
-            tracked.fields, tracked.desired, live, self._owner, self._rules
+            tracked.fields, tracked.desired, live=live, owner=self._owner, rules=self._rules
         )
 
     def _seen(self, obj: Obj) -> None:
@@ -248,7 +248,7 @@ class DriftWatcher:
         writers = restore.others_owning(live, taken)
         body = tracked.desired
         if self._rules and live is not None:
-            body = ignore.shape(body, live, ignore.pointers_for(self._rules, live))
+            body = ignore.shape(body, live, pointers=ignore.pointers_for(self._rules, live))
         result = self._kube.apply(body, force=True)
         self.corrections += 1
         with self._lock:

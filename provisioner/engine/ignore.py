@@ -297,7 +297,7 @@ def others_own(live: Obj, pointer: Pointer) -> list[str]:
 
 
 def only_ignored(
-    fields_then: Any, then: Obj | None, live: Obj | None, owner: str, rules: Iterable[Rule]
+    fields_then: Any, then: Obj | None, *, live: Obj | None, owner: str, rules: Iterable[Rule]
 ) -> bool:
     """Whether the only change from our field set ``fields_then`` (of object ``then``) to
     ``live``'s is in fields ``rules`` ignore for this object (another writer took them):
@@ -367,7 +367,7 @@ def _drop(obj: Any, pointer: Pointer) -> Any:
     return obj
 
 
-def shape(body: Obj, live: Obj | None, pointers: Iterable[Pointer]) -> Obj:
+def shape(body: Obj, live: Obj | None, *, pointers: Iterable[Pointer]) -> Obj:
     """``body`` as applied to an object that exists as ``live``, honouring ``pointers``.
 
     Creation (``live`` None) sends everything: the bundle's values are the first ones.

@@ -172,7 +172,7 @@ class RunWatch:
             suspects = {
                 key: why
                 for key, why in suspects.items()
-                if not self._only_ignored(key, record.applied.get(key, ""), name, rules)
+                if not self._only_ignored(key, record.applied.get(key, ""), name=name, rules=rules)
             }
         if not suspects:
             return Drift(tuple(reasons))
@@ -195,7 +195,7 @@ class RunWatch:
                 continue
             good = self.health.last_good(key, recorded)
             if rules and ignore.only_ignored(
-                applied_fields(good) if good else None, good, live, name, rules
+                applied_fields(good) if good else None, good, live=live, owner=name, rules=rules
             ):
                 continue
             kept = good if restorable else None
@@ -204,30 +204,35 @@ class RunWatch:
                 reasons.append(f"{ref}: {why}")
                 continue
             if rules and live is not None:
-                body = ignore.shape(body, live, ignore.pointers_for(rules, live))
+                body = ignore.shape(body, live, pointers=ignore.pointers_for(rules, live))
             bodies.append(body)
             restored.append(f"{ref}: {why}")
             fields = frozenset(restore.fields_of(applied_fields(kept)))
             writers = restore.others_owning(live, fields)
             taken += [f"{path} of {ref} (by {who})" for who, path in writers]
-            authors += author_lines(ref, kept, live, why, writers)
+            authors += author_lines(ref, kept, live=live, why=why, writers=writers)
         if reasons or bodies:
             log.info("msg='drift' bd=%s run=%s restore=%s", name, reasons[:5], restored[:5])
         return Drift(tuple(reasons), tuple(bodies), tuple(restored), tuple(taken), tuple(authors))
 
     def _only_ignored(
-        self, key: str, recorded: str, name: str, rules: tuple[ignore.Rule, ...]
+        self, key: str, recorded: str, *, name: str, rules: tuple[ignore.Rule, ...]
     ) -> bool:
         cached = self.health.lookup(appliedrecord.ref_of(key))
         if not isinstance(cached, dict):
             return False
         good = self.health.last_good(key, recorded)
         fields = applied_fields(good) if good is not None else None
-        return ignore.only_ignored(fields, good, cached, name, rules)
+        return ignore.only_ignored(fields, good, live=cached, owner=name, rules=rules)
 
 
 def author_lines(
-    ref: ObjectRef, kept: Obj, live: Obj | None, why: str, writers: list[tuple[str, str]]
+    ref: ObjectRef,
+    kept: Obj,
+    *,
+    live: Obj | None,
+    why: str,
+    writers: list[tuple[str, str]],
 ) -> list[str]:
     """Who changed what of ``ref``: one line per other field manager that owns fields we
     applied (only the fields we lost: ``kept``'s minus ``live``'s), else ``why``."""
