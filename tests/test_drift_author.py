@@ -25,6 +25,7 @@ from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
 from provisioner.instance import process
 from provisioner.manager import actuate, controller, model, runs
+from rukpak.common import errors
 from tests import test_manager_controller as harness
 from tests.bundles import configmap, namespace, role_binding, write_bundle
 from tests.polling import eventually
@@ -213,6 +214,6 @@ def test_a_bad_json_pointer_is_refused_at_admission_naming_the_field(
     kube: Kube, images: dict[str, str]
 ) -> None:
     bad = v1alpha2_bd(unique("bad"), images["v1"], "default", ignore=[{"paths": ["spec/replicas"]}])
-    with pytest.raises(Exception, match=r"spec.ignore\[0\].paths\[0\]"):
+    with pytest.raises(errors.RukpakError, match=r"spec.ignore\[0\].paths\[0\]"):
         kube.create(bad)
     assert kube.get(actuate.bd_ref(bad["metadata"]["name"])) is None
