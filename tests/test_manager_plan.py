@@ -490,7 +490,8 @@ def test_a_damped_repair_waits_and_a_fight_becomes_a_condition_naming_the_writer
     assert (conflict["status"], conflict["reason"]) == ("True", "AnotherWriter")
     assert "spec.replicas" in conflict["message"] and "(by hpa)" in conflict["message"]
     warnings = [a for a in actions if isinstance(a, plan.RecordEvent) and a.type == "Warning"]
-    assert [w.reason for w in warnings] == ["AnotherWriter"]
+    # (FieldConflict and Drifted each turn once: one warning each for the fight)
+    assert [w.reason for w in warnings] == ["AnotherWriter", "Fighting"]
     # the fight ends: the condition turns False, and is not there for a BD that never fought
     calm = plan.plan({**B, "status": status}, _ready(B, record=record(B)), settings=SETTINGS)
     assert cond(calm, plan.FIELD_CONFLICT) == ("False", "NoConflict")

@@ -16,7 +16,8 @@ adapter and:
    (``ownership.stale_reason``) is left alone, so re-installing unchanged
    content sends no writes; after the CRD phase it waits until the CRDs are
    Established and served; a failing phase stops the run naming every failed
-   object;
+   object; fields ``Options.ignore`` names are sent when an object is created and
+   left to the writer that owns them afterwards (``engine.ignore.shape``);
 5. prunes what the previous revision applied and this one does not, in
    reverse phase order (``deletion``: only objects still labelled as ours),
    and records *current* alone (the inventory is only written when it changes).
@@ -43,6 +44,7 @@ from provisioner.engine import (
     pool,
     preflight,
 )
+from provisioner.engine import ignore as ignore_rules
 from provisioner.engine.deletion import DeletionPolicy
 from provisioner.engine.errors import ApplyFailed
 from provisioner.engine.formats import Bundle, Manifest
@@ -72,6 +74,9 @@ class Options:
     crd_timeout: float = 60.0
     """Seconds to wait for applied CRDs to become Established and served."""
     prune: bool = True
+    ignore: tuple[ignore_rules.Rule, ...] = ()
+    """Fields another writer may own (``engine.ignore``): sent when an object is created,
+    left to their other owner afterwards."""
 
 
 @dataclass(frozen=True)
@@ -171,10 +176,11 @@ def apply_phase(
     are not sent (``Applied.unchanged``).
     """
     live = live or {}
+    bodies = {m.ref: _body(m, live.get(m.ref), options) for m in phase.manifests}
     unchanged = {
         m.ref
         for m in phase.manifests
-        if ownership.stale_reason(m.obj, live.get(m.ref), options.name) is None
+        if ownership.stale_reason(bodies[m.ref], live.get(m.ref), options.name) is None
     }
     todo = [m for m in phase.manifests if m.ref not in unchanged]
     total = len(todo)
@@ -184,7 +190,7 @@ def apply_phase(
 
     def one(m: Manifest) -> Obj:
         nonlocal done
-        result = apply_with_retry(kube, m.obj)
+        result = apply_with_retry(kube, bodies[m.ref])
         with lock:
             done += 1
             if done % step == 0 and done < total:
@@ -204,6 +210,15 @@ def apply_phase(
         progress(f"waiting for {len(applied)} CRDs to be established")
         _wait_crds(kube, applied, options.crd_timeout)
     return applied
+
+
+def _body(manifest: Manifest, live: Obj | None, options: Options) -> Obj:
+    """What to apply for ``manifest``: its object, less what ``options.ignore`` leaves to
+    another writer once the object exists."""
+    if not options.ignore:
+        return manifest.obj
+    pointers = ignore_rules.pointers_for(options.ignore, manifest.obj)
+    return ignore_rules.shape(manifest.obj, live, pointers=pointers) if pointers else manifest.obj
 
 
 def install(

@@ -21,6 +21,10 @@ corrects: the fields another writer took and that writer's field manager
 own damper (``restore.Damper``: at once, then exponential backoff within its window), and
 the fight is reported once, when it becomes one (``FIGHT_THRESHOLD`` re-applies inside the
 window), naming the other field manager and the fields, not on every write.
+
+Ignore rules (``engine.ignore``, a BundleDeployment's ``spec.ignore``) hold here as in the
+manager: a change only to ignored fields of a targeted object is not drift, and a
+correction of other fields never takes an ignored one back from its writer.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from provisioner.engine import listwatch, restore
+from provisioner.engine import ignore, listwatch, restore
 from provisioner.engine.apply import Applied
 from provisioner.engine.informers import InformerSet
 from provisioner.engine.kube import Kube
@@ -84,9 +88,11 @@ class DriftWatcher:
         report: Report = log.info,
         watch_timeout: int = 60,
         resync: float = 300.0,
+        rules: tuple[ignore.Rule, ...] = (),
     ) -> None:
         self._kube = kube
         self._owner = owner
+        self._rules = rules
         self._report = report
         self._stop = threading.Event()
         self._caches = InformerSet(
@@ -168,8 +174,16 @@ class DriftWatcher:
                 return
             if drift_reason(tracked.fields, live, self._owner) is None:
                 return
+            if self._ignorable(tracked, live):
+                return
             self._pending.add(ref)
         self._queue.put(ref)
+
+    def _ignorable(self, tracked: _Tracked, live: Obj | None) -> bool:
+        """Whether the only change is to fields the ignore rules leave to other writers."""
+        return bool(self._rules) and ignore.only_ignored(
+            tracked.fields, tracked.desired, live=live, owner=self._owner, rules=self._rules
+        )
 
     def _seen(self, obj: Obj) -> None:
         ref = self._refs.get(ObjectRef.of(obj).identity)
@@ -219,7 +233,7 @@ class DriftWatcher:
             tracked = self._tracked[ref.identity]
         live = self._kube.get(ref)
         reason = drift_reason(tracked.fields, live, self._owner)
-        if reason is None:
+        if reason is None or self._ignorable(tracked, live):
             self.fights.pop(ref, None)
             return 0.0
         if live is not None and meta_of(live).get("deletionTimestamp"):
@@ -232,7 +246,10 @@ class DriftWatcher:
             restore.fields_of(applied_fields(live) if live is not None else None)
         )
         writers = restore.others_owning(live, taken)
-        result = self._kube.apply(tracked.desired, force=True)
+        body = tracked.desired
+        if self._rules and live is not None:
+            body = ignore.shape(body, live, pointers=ignore.pointers_for(self._rules, live))
+        result = self._kube.apply(body, force=True)
         self.corrections += 1
         with self._lock:
             tracked.fields = applied_fields(result)

@@ -28,6 +28,7 @@ once, even while the previous revision's pod still holds the Lease.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -38,7 +39,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from provisioner.engine import appliedrecord, apply, formats, inventory, optional
+from provisioner.engine import appliedrecord, apply, formats, ignore, inventory, optional
 from provisioner.engine.kube import Kube
 from provisioner.instance import preview
 from provisioner.runtime import flags, leader, lease, termination
@@ -68,13 +69,30 @@ class Config:
     the union of their objects is installed."""
     preview: bool = False
     """Apply nothing: write what the install would do (``instance.preview``) and exit."""
+    ignore: tuple[ignore.Rule, ...] = ()
+    """The BundleDeployment's ``spec.ignore`` (``--ignore``): fields left to other writers."""
 
     @property
     def options(self) -> apply.Options:
         """The deployment as the apply engine (and the preview) takes it."""
         return apply.Options(
-            name=self.name, namespace=self.namespace, system_namespace=self.system_namespace
+            name=self.name,
+            namespace=self.namespace,
+            system_namespace=self.system_namespace,
+            ignore=self.ignore,
         )
+
+
+def ignore_rules(text: str) -> tuple[ignore.Rule, ...]:
+    """The rules of ``--ignore`` (a JSON list, as ``spec.ignore``); ``InvalidRule`` when it
+    is not one."""
+    if not text:
+        return ()
+    try:
+        doc = json.loads(text)
+    except ValueError as err:
+        raise ignore.InvalidRule(f"--ignore is not JSON: {err}") from None
+    return ignore.parse_rules(doc)
 
 
 def kv(msg: str, **fields: object) -> str:
@@ -303,12 +321,24 @@ def register(subparsers: Any) -> None:
         help="apply nothing: write what the install would do (objects, RBAC, CRDs) to the "
         "ConfigMap rukpak-preview-NAME and its summary to the termination log",
     )
+    p.add_argument(
+        "--ignore",
+        default="",
+        help="the BundleDeployment's spec.ignore as JSON: fields (JSON pointers, per target) "
+        "sent when an object is created and left to their other writer afterwards",
+    )
     termination.add_flag(p, what="a fatal error (with --preview: the summary)")
     flags.add_cluster(p)
     p.set_defaults(func=run_instance)
 
 
 def run_instance(args: argparse.Namespace) -> int:
+    try:
+        rules = ignore_rules(args.ignore)
+    except errors.RukpakError as err:
+        log.error(kv("failed", error=err.message))
+        termination.write(termination.where(args.termination_log), err.message + "\n")
+        return EXIT_ERROR
     config = Config(
         bundle_dir=args.bundle_dir,
         name=args.name,
@@ -322,6 +352,7 @@ def run_instance(args: argparse.Namespace) -> int:
         bundle_name=args.bundle,
         source_dirs=tuple(args.source_dir),
         preview=args.preview,
+        ignore=rules,
     )
     try:
         kube = flags.kube(args)

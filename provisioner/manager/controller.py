@@ -21,7 +21,10 @@ drift of run-to-completion installs from the same caches; what it can restore
 from a last good version is re-applied at once (``RestoreDrift``), through a
 per-BundleDeployment ``engine.restore.Damper`` so a writer that keeps taking our
 fields back meets exponential backoff and a ``FieldConflict`` condition, not a
-loop; a restore that fails falls back to a run. It also follows CRDs: a CRD
+loop; who changed what of the last restored drift becomes the ``Drifted`` condition's
+message (``plan.drifted``), kept while the damper remembers re-applies; the BD's
+``spec.ignore`` rules go to ``runwatch`` (a change only to ignored fields is no drift);
+a restore that fails falls back to a run. It also follows CRDs: a CRD
 that becomes established restarts failed instances (a BundleDeployment whose
 custom resources needed it installs at once) and wakes installs that set aside
 optional objects of its API.
@@ -35,7 +38,7 @@ import time
 from datetime import UTC, datetime
 from typing import Literal
 
-from provisioner.engine import inventory, listwatch, restore
+from provisioner.engine import ignore, inventory, listwatch, restore
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, meta_of, owner_of
 from provisioner.engine.objects import labels_of as _labels
@@ -206,6 +209,8 @@ class Controller(Reconciler):
         self._restore_failed: dict[str, str] = {}
         """BD -> the record (its writer) whose restore failed: that record gets a run."""
         self._conflicts: dict[str, str] = {}
+        self._drifts: dict[str, str] = {}
+        """BD -> who changed what in its last restored drift (the ``Drifted`` message)."""
         self._slot_waiters: dict[str, None] = {}
         """BDs whose last plan waited for a run slot, oldest first (an ordered set)."""
         self._kept_records: dict[str, dict[str, runwatch.Kept]] = {}
@@ -309,12 +314,16 @@ class Controller(Reconciler):
         if record is not None and not any(runs.is_active(p) for p in pods):
             with self._repairs:
                 failed = self._restore_failed.get(name) == record.by
-            found = self.runwatch.drift(name, record, restorable=not failed)
+            found = self.runwatch.drift(
+                name, record, restorable=not failed, rules=self._ignore_rules(stored)
+            )
             drift = found.reasons
             if found.restore:
                 repair = plan.Repair(
                     found.restore, found.restored, wait=self.damper.wait(name, clock)
                 )
+                with self._repairs:
+                    self._drifts[name] = plan.drift_message(found.authors)
                 if found.taken:
                     with self._repairs:
                         more = len(found.taken) - 2
@@ -325,6 +334,7 @@ class Controller(Reconciler):
                         )
         with self._repairs:
             conflict = self._conflicts.get(name, "")
+            drifted = self._drifts.get(name, "")
         lookup = self._lookup_bd
         cycle = dependencies.cycle(stored, lookup) if dependencies.depends_on(stored) else ""
         dependents: tuple[str, ...] = ()
@@ -348,10 +358,21 @@ class Controller(Reconciler):
             repair=repair,
             fights=self.damper.fights(name, clock),
             conflict=conflict,
+            drifted=drifted,
             other_runs=other_runs,
             health=self._probed(name, stored, record) if self.read_health else None,
             now=now_text(),
         )
+
+    @staticmethod
+    def _ignore_rules(stored: Obj) -> tuple[ignore.Rule, ...]:
+        """The BD's ``spec.ignore`` (its stored v1alpha2 form); none when a rule is invalid
+        (admission refuses a bad pointer; the instance run reports any other mistake)."""
+        try:
+            return ignore.parse_rules((stored.get("spec") or {}).get("ignore"))
+        except ignore.InvalidRule as err:
+            log.info("msg='ignore rules not honoured' bd=%s error=%r", model.name_of(stored), err)
+            return ()
 
     def _revert(
         self, name: str, stored: Obj, record: runs.InstallRecord | None, pods: tuple[Obj, ...]
@@ -467,6 +488,7 @@ class Controller(Reconciler):
                 self._probe_waits.pop(name, None)
                 self._restore_failed.pop(name, None)
                 self._conflicts.pop(name, None)
+                self._drifts.pop(name, None)
                 self._kept_records.pop(name, None)
                 self._slot_waiters.pop(name, None)
                 self.damper.drop(name)
@@ -512,6 +534,7 @@ class Controller(Reconciler):
         elif not observed.fights:
             with self._repairs:
                 self._conflicts.pop(name, None)
+                self._drifts.pop(name, None)
         with self._repairs:
             probe = self._probe_waits.pop(name, None)
         if probe is not None:  # the next health probe is due then

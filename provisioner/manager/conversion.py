@@ -12,7 +12,7 @@ version it was created in). Lossless both ways:
 - a v1alpha2 object read as v1alpha1 gets a template built from its ``source`` (the
   first of ``sources``), and its v1alpha2-only fields (``V1ALPHA2_ONLY``: ``format``,
   ``sources``, ``requireImmutableRefs``, ``pollInterval``, ``preflight``,
-  ``watchNamespaces`` and the lifecycle fields of ``revisions`` and ``dependencies``) in
+  ``watchNamespaces``, ``ignore`` and the lifecycle fields of ``revisions`` and ``dependencies``) in
   the annotation ``V1ALPHA2_ANNOTATION``; back in v1alpha2 it is exactly what it was.
 
 The annotation that is present says in which version an object was created (``origin``):
@@ -50,6 +50,7 @@ V1ALPHA2_ONLY = (
     "dependsOn",
     "healthChecks",
     "upgradePolicy",
+    "ignore",
 )
 COMMON = (
     "provisionerClassName",

@@ -13,6 +13,7 @@ runs ``rukpak-provisioner unpack``.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from provisioner.engine.objects import Obj, meta_of
@@ -134,6 +135,8 @@ def _instance_pod_spec(bd: Obj, bundle: str, resolved: Obj, settings: Settings) 
     volumes, mounts = _bundle_volumes(resolved)
     for mount in mounts[1:]:
         command += ["--source-dir", str(mount["mountPath"])]
+    if spec.get("ignore"):  # (v1alpha2's spec.ignore: fields left to other writers)
+        command += ["--ignore", json.dumps(spec["ignore"], sort_keys=True, separators=(",", ":"))]
     env: list[Obj] = [{"name": k, "value": v} for k, v in settings.env]
     env.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     # the run names its node in the install record: that node's cache holds the content

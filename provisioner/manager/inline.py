@@ -22,7 +22,7 @@ actions to ``actuate``. Pure: it never talks to the API nor reads the clock
 6. write the status: ``Unpacked`` (UnpackPending until pinned, Unpacking until the
    instance mounted the content, UnpackSuccessful; UnpackFailed prefixed
    ``source bundle content: ``), ``HasValidBundle``, ``Installed``, ``Healthy``, and
-   ``FieldConflict`` once a fight happened.
+   ``FieldConflict`` once a fight happened, ``Drifted`` once drift was restored.
 """
 
 from __future__ import annotations
@@ -338,6 +338,9 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
     conflict = plan.field_conflict(bd, observed)
     if conflict is not None:
         verdicts[plan.FIELD_CONFLICT] = conflict
+    drift = plan.drifted(bd, observed)
+    if drift is not None:
+        verdicts[plan.DRIFTED] = drift
     if approved is not None:
         verdicts[approval.APPROVED] = approved
     if (checked := plan.conditions_of(bd).get(VERIFIED)) is not None:

@@ -27,12 +27,14 @@ uses the registry class for both; either works here). The flow for a live BD
 5. undo drift of the recorded install: re-apply our fields of drifted objects
    from their last good version (``Repair``, ``RestoreDrift``), damped when
    another writer keeps taking them back (``FieldConflict`` names the field and
-   the writer); drift that cannot be restored so starts a run;
+   the writer; ``Drifted`` names who changed what); drift that cannot be restored so
+   starts a run;
 6. delete owned Bundles that are neither wanted, deployed nor active:
    ``status.activeBundle`` names a Bundle only once its install is recorded,
    so the old Bundle goes once the new one is installed;
 7. write the status (``activeBundle``, conditions ``HasValidBundle``,
-   ``Installed``, ``Healthy``, and ``FieldConflict`` once a fight happened)
+   ``Installed``, ``Healthy``, ``FieldConflict`` once a fight happened and ``Drifted``
+   once drift was restored)
    when it changed, with an event per transition.
 
 ``spec.paused`` plans nothing. Deletion (a ``deletionTimestamp`` with our
@@ -78,6 +80,7 @@ HAS_VALID_BUNDLE = "HasValidBundle"
 INSTALLED = "Installed"
 HEALTHY = "Healthy"
 FIELD_CONFLICT = "FieldConflict"
+DRIFTED = "Drifted"
 DELETING = "Deleting"
 DEPENDENTS_POLL = 30.0
 """A deletion waiting for dependents looks again this often (their deletion wakes it)."""
@@ -86,6 +89,7 @@ FIGHT_THRESHOLD = 3
 WARNING_REASONS = frozenset(
     {
         "AnotherWriter",
+        "Fighting",
         "UnsupportedSource",
         "UnsupportedProvisionerClass",
         "ResolveFailed",
@@ -132,6 +136,8 @@ class Observed:
     ``FIGHT_THRESHOLD``)."""
     conflict: str = ""
     """Which fields another writer took, and who (for ``FieldConflict``)."""
+    drifted: str = ""
+    """Who changed what in the last drift restored (``drift_message``, for ``Drifted``)."""
     other_runs: int = 0
     """Instance runs of other BundleDeployments active now (``--max-concurrent-runs``)."""
     health: Health | None = None
@@ -356,6 +362,9 @@ def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
     conflict = field_conflict(bd, observed)
     if conflict is not None:
         verdicts[FIELD_CONFLICT] = conflict
+    drift = drifted(bd, observed)
+    if drift is not None:
+        verdicts[DRIFTED] = drift
     return actions + status_actions(bd, active, verdicts, observed.now)
 
 
@@ -491,6 +500,40 @@ def field_conflict(bd: Obj, observed: Observed) -> Verdict | None:
     if not had:
         return None
     return "False", "NoConflict", "no other writer keeps changing fields this bundle applies"
+
+
+def drift_message(authors: tuple[str, ...] | list[str]) -> str:
+    """``Drifted``'s message for a restore: who changed what (three at most), restored."""
+    more = f" (and {len(authors) - 3} more)" if len(authors) > 3 else ""
+    said = "; ".join(authors[:3]) or "objects this bundle applies were changed"
+    return f"{said}{more}; restored"
+
+
+def drifted(bd: Obj, observed: Observed) -> Verdict | None:
+    """``Drifted``: True while the damper remembers a restore of this BD's drift (its
+    window, 10 minutes), ``DriftCorrected`` naming who changed what, ``Fighting`` once the
+    re-applies make a fight; False (``NoDrift``) after a quiet window; None when it never
+    drifted. One condition per fight, so one event per transition, not one per write.
+    Changes only to ignored fields (``spec.ignore``) never get here (``runwatch``)."""
+    if observed.repair is not None or observed.fights > 0:
+        said = observed.drifted or drift_message(())
+        if observed.fights >= FIGHT_THRESHOLD:
+            return (
+                "True",
+                "Fighting",
+                f"{said}; changed again and re-applied {observed.fights} times in the last "
+                "10 minutes, backing off (stop the other writer, or add the field to "
+                "spec.ignore)",
+            )
+        return "True", "DriftCorrected", said
+    had = any(
+        c.get("type") == DRIFTED
+        for c in (bd.get("status") or {}).get("conditions") or []
+        if isinstance(c, dict)
+    )
+    if not had:
+        return None
+    return "False", "NoDrift", "no drift of the installed objects in the last 10 minutes"
 
 
 def plan_deletion(bd: Obj, observed: Observed) -> list[Action]:

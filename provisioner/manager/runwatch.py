@@ -10,7 +10,12 @@ behind the run that wrote the record never acts. A confirmed object whose good
 version the health watch still holds (``last_good``: our fields as the record
 hashed them) is restored by re-applying exactly those fields
 (``engine.restore.ours``), no run needed; the fields another writer took and who
-took them come along for the fight's message. Anything else needs a run. The CRD
+took them come along for the fight's message, and who changed what
+(``authors``: ``field manager "kubectl-edit" changed spec.replicas of Deployment ns/web``)
+for the ``Drifted`` condition. The BundleDeployment's ignore rules (``engine.ignore``)
+hold here too: an object whose only change is to ignored fields has not drifted (nothing
+restored, no run), judged from the caches before any read, and a restore body never takes
+an ignored field back from the writer that owns it. Anything else needs a run. The CRD
 handlers keep the set of (group,
 version, kind) that established CRDs serve: a recorded install that set aside
 optional objects of a now-served API has drifted too; a CRD that becomes
@@ -24,7 +29,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from provisioner.engine import appliedrecord, inventory, ordering, restore
+from provisioner.engine import appliedrecord, ignore, inventory, ordering, restore
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, meta_of, owner_of
 from provisioner.engine.ownership import applied_fields
@@ -50,6 +55,9 @@ class Drift:
     """Why each of ``restore`` drifted, for the event."""
     taken: tuple[str, ...] = ()
     """``field of ref (by manager)`` for each field another writer owns now."""
+    authors: tuple[str, ...] = ()
+    """Per restored object, who changed what: ``field manager "m" changed a, b of ref``
+    (``ref was deleted``, ``... relabelled`` when nobody is named)."""
 
 
 def served_by(crd: Obj) -> frozenset[runs.Api]:
@@ -143,15 +151,29 @@ class RunWatch:
         cm = self.health.inventories.get(self.system_namespace, inventory.configmap_name(name))
         return runs.InstallRecord.of_inventory(cm)
 
-    def drift(self, name: str, record: runs.InstallRecord, *, restorable: bool = True) -> Drift:
+    def drift(
+        self,
+        name: str,
+        record: runs.InstallRecord,
+        *,
+        restorable: bool = True,
+        rules: tuple[ignore.Rule, ...] = (),
+    ) -> Drift:
         """Why the recorded install no longer holds, confirmed by fresh reads (the caches
         may lag behind the run that wrote the record), and what can be restored without a
-        run (none when not ``restorable``); an empty ``Drift`` when it holds or is unknown."""
+        run (none when not ``restorable``); an empty ``Drift`` when it holds or is unknown.
+        A change only to fields ``rules`` ignore is no drift."""
         served = self.served_apis()
         reasons = [f"{'/'.join(api)} is served now" for api in sorted(record.awaiting & served)]
         if record.applied is None:
             return Drift(tuple(reasons))
         suspects = appliedrecord.drifted(record.applied, name, self.health.lookup)
+        if suspects and rules:  # judged from the caches first: no read for such a change
+            suspects = {
+                key: why
+                for key, why in suspects.items()
+                if not self._only_ignored(key, record.applied.get(key, ""), name=name, rules=rules)
+            }
         if not suspects:
             return Drift(tuple(reasons))
         cm_ref = ObjectRef(
@@ -163,6 +185,7 @@ class RunWatch:
         bodies: list[Obj] = []
         restored: list[str] = []
         taken: list[str] = []
+        authors: list[str] = []
         for key in sorted(suspects)[:CONFIRM_LIMIT]:
             ref = appliedrecord.ref_of(key)
             recorded = fresh.applied.get(key, "")
@@ -170,20 +193,62 @@ class RunWatch:
             why = appliedrecord.drift_of(recorded, live, name)
             if why is None:
                 continue
-            kept = self.health.last_good(key, recorded) if restorable else None
+            good = self.health.last_good(key, recorded)
+            if rules and ignore.only_ignored(
+                applied_fields(good) if good else None, good, live=live, owner=name, rules=rules
+            ):
+                continue
+            kept = good if restorable else None
             body = _restore_body(kept)
             if kept is None or body is None:
                 reasons.append(f"{ref}: {why}")
                 continue
+            if rules and live is not None:
+                body = ignore.shape(body, live, pointers=ignore.pointers_for(rules, live))
             bodies.append(body)
             restored.append(f"{ref}: {why}")
             fields = frozenset(restore.fields_of(applied_fields(kept)))
-            taken += [
-                f"{path} of {ref} (by {who})" for who, path in restore.others_owning(live, fields)
-            ]
+            writers = restore.others_owning(live, fields)
+            taken += [f"{path} of {ref} (by {who})" for who, path in writers]
+            authors += author_lines(ref, kept, live=live, why=why, writers=writers)
         if reasons or bodies:
             log.info("msg='drift' bd=%s run=%s restore=%s", name, reasons[:5], restored[:5])
-        return Drift(tuple(reasons), tuple(bodies), tuple(restored), tuple(taken))
+        return Drift(tuple(reasons), tuple(bodies), tuple(restored), tuple(taken), tuple(authors))
+
+    def _only_ignored(
+        self, key: str, recorded: str, *, name: str, rules: tuple[ignore.Rule, ...]
+    ) -> bool:
+        cached = self.health.lookup(appliedrecord.ref_of(key))
+        if not isinstance(cached, dict):
+            return False
+        good = self.health.last_good(key, recorded)
+        fields = applied_fields(good) if good is not None else None
+        return ignore.only_ignored(fields, good, live=cached, owner=name, rules=rules)
+
+
+def author_lines(
+    ref: ObjectRef,
+    kept: Obj,
+    *,
+    live: Obj | None,
+    why: str,
+    writers: list[tuple[str, str]],
+) -> list[str]:
+    """Who changed what of ``ref``: one line per other field manager that owns fields we
+    applied (only the fields we lost: ``kept``'s minus ``live``'s), else ``why``."""
+    ours_then = frozenset(restore.fields_of(applied_fields(kept)))
+    ours_now = frozenset(restore.fields_of(applied_fields(live) if live is not None else None))
+    lost = ours_then - ours_now
+    by: dict[str, list[str]] = {}
+    for who, path in writers:
+        if path in lost or not lost:
+            by.setdefault(who, []).append(path)
+    if not by:
+        return [f"{ref} was {why}" if why in ("deleted",) else f"{ref}: {why}"]
+    return [
+        f'field manager "{who}" changed {", ".join(sorted(paths))} of {ref}'
+        for who, paths in sorted(by.items())
+    ]
 
 
 SNAPSHOT_LIMIT = 500

@@ -41,7 +41,7 @@ from pathlib import Path, PurePosixPath
 from types import FrameType
 from typing import Any
 
-from provisioner.engine import listwatch
+from provisioner.engine import ignore, listwatch
 from provisioner.engine.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, meta_of
 from provisioner.instance import process, unpack
@@ -231,16 +231,22 @@ class Standing:
         with contextlib.ExitStack() as stack:
             try:
                 args = run_args(pod)
+                rules = process.ignore_rules(str(getattr(args, "ignore", "") or ""))
                 content = stack.enter_context(self.content(pod, str(args.bundle_dir)))
             except errors.RukpakError as exc:
                 return False, exc.message
             if args.command == "unpack":  # a Bundle's check: no API access, only the content
                 result = unpack.validate(content, format=args.format)
                 return result.ok, result.to_json()
-            return self._install(name, pod, args, content)
+            return self._install(name, pod, args, content, rules)
 
     def _install(
-        self, name: str, pod: Obj, args: argparse.Namespace, content: Path
+        self,
+        name: str,
+        pod: Obj,
+        args: argparse.Namespace,
+        content: Path,
+        rules: tuple[ignore.Rule, ...] = (),
     ) -> tuple[bool, str]:
         spec = pod.get("spec") or {}
         account = str(spec.get("serviceAccountName") or "default")
@@ -263,6 +269,7 @@ class Standing:
                     content / PurePosixPath(d).relative_to(args.bundle_dir)
                     for d in getattr(args, "source_dir", None) or ()
                 ),
+                ignore=rules,
             )
             instance = process.Instance(self.kube.impersonating(user), config)
             with self._lock:
