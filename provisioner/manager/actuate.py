@@ -19,9 +19,11 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from provisioner.engine import deletion, inventory, inventorystore, lifecycle, preview, words
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import deletion, inventory, inventorystore, lifecycle
+from provisioner.engine.bundle import words
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, meta_of
+from provisioner.engine.preview import preview
 from provisioner.instance import runrecord
 from provisioner.manager import (
     bundleplan,

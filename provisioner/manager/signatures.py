@@ -30,7 +30,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import bundleplan
 from provisioner.manager.resolution import ImageResolver
