@@ -48,11 +48,15 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from provisioner.engine import words
-from provisioner.engine.apply import Applied, DeletionPolicy, Options, Result, install
-from provisioner.engine.diff import Change
-from provisioner.engine.diff import plan as diff
-from provisioner.engine.drift import DriftWatcher
+from provisioner.engine.apply.apply import Applied, DeletionPolicy, Options, Result, install
+from provisioner.engine.apply.drift import DriftWatcher
+from provisioner.engine.apply.inventory import DEFAULT_SYSTEM_NAMESPACE
+from provisioner.engine.apply.lifecycle import ObjectStatus, status, uninstall
+from provisioner.engine.bundle import words
+from provisioner.engine.bundle.formats import Bundle, Manifest, Source
+from provisioner.engine.bundle.formats import load as load_bundle
+from provisioner.engine.bundle.formats import register as register_format
+from provisioner.engine.bundle.formats_plain import parse as _parse
 from provisioner.engine.errors import (
     ApplyFailed,
     BundleInvalid,
@@ -60,18 +64,14 @@ from provisioner.engine.errors import (
     OwnershipConflict,
     UnknownKind,
 )
-from provisioner.engine.formats import Bundle, Manifest, Source
-from provisioner.engine.formats import load as load_bundle
-from provisioner.engine.formats import register as register_format
-from provisioner.engine.formats_plain import parse as _parse
-from provisioner.engine.health import Health, unhealthy
-from provisioner.engine.health import assess as assess_health
-from provisioner.engine.informers import InformerSet
-from provisioner.engine.inventory import DEFAULT_SYSTEM_NAMESPACE
-from provisioner.engine.kube import Kube
-from provisioner.engine.lifecycle import ObjectStatus, status, uninstall
-from provisioner.engine.listwatch import Informer
+from provisioner.engine.health.health import Health, unhealthy
+from provisioner.engine.health.health import assess as assess_health
+from provisioner.engine.kube.informers import InformerSet
+from provisioner.engine.kube.kube import Kube
+from provisioner.engine.kube.listwatch import Informer
 from provisioner.engine.objects import FIELD_MANAGER, OWNER_LABEL, Obj, ObjectRef
+from provisioner.engine.preview.diff import Change
+from provisioner.engine.preview.diff import plan as diff
 from provisioner.manager import actions
 from provisioner.manager.conversion import origin as created_in
 from provisioner.manager.conversion import to_v1alpha2 as as_v1alpha2

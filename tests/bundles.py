@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from provisioner.engine import formats
+from provisioner.engine.bundle import formats
 from provisioner.manager import model
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 
 pytest_plugins = [
     "tests.registry",

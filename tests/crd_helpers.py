@@ -19,7 +19,7 @@ import threading
 
 import yaml
 
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
 from provisioner.manager import certs, model, webhook
 from tests.polling import eventually

@@ -39,7 +39,7 @@ from typing import Any
 import pytest
 import yaml
 
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import ObjectRef
 from provisioner.manager import model
 from tests import e2e_helpers as e2e

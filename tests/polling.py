@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from provisioner.engine import listwatch
+from provisioner.engine.kube import listwatch
 from provisioner.engine.objects import Obj
 
 T = TypeVar("T")

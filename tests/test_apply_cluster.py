@@ -10,14 +10,15 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine import apply, formats, inventory, inventorystore
+from provisioner.engine.apply import apply, inventory, inventorystore
+from provisioner.engine.bundle import formats
 from provisioner.engine.errors import (
     ApplyFailed,
     BundleInvalid,
     CRDUpgradeUnsafe,
     OwnershipConflict,
 )
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, ObjectRef
 from tests.bundles import (
     configmap,

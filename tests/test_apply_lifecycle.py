@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.engine import apply, diff, drift, inventorystore, lifecycle
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import apply, drift, inventorystore, lifecycle
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import DELETION_POLICY_ANNOTATION, OWNER_LABEL, ObjectRef
+from provisioner.engine.preview import diff
 from rukpak.common import errors
 from tests.bundles import configmap, crd, deployment, namespace, widget, write_bundle
 from tests.polling import eventually, seen_by

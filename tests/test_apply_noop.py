@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine import apply, drift, formats, ownership
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import apply, drift, ownership
+from provisioner.engine.bundle import formats
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import ObjectRef
 from tests import bundles
 from tests.polling import eventually

@@ -16,7 +16,7 @@ import pytest
 
 from provisioner.cli import approve, deployments
 from provisioner.cli import main as cli
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from rukpak.common import errors
 from tests.crd_helpers import install_crds

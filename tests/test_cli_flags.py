@@ -17,7 +17,7 @@ import pytest
 from csi.plugin import main as plugin_main
 from provisioner import __main__ as provisioner_main
 from provisioner.cli import main as cli
-from provisioner.engine import inventory
+from provisioner.engine.apply import inventory
 from provisioner.runtime import flags, termination
 from rukpak.common import errors
 from rukpak.oci.reference import Reference

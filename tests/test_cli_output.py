@@ -23,9 +23,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from provisioner.cli import apply as apply_cli
 from provisioner.cli import deployments, get, output, version
 from provisioner.cli import main as cli
-from provisioner.engine import apply, diff, formats, health, inventory
-from provisioner.engine.lifecycle import ObjectStatus
+from provisioner.engine.apply import apply, inventory
+from provisioner.engine.apply.lifecycle import ObjectStatus
+from provisioner.engine.bundle import formats
+from provisioner.engine.health import health
 from provisioner.engine.objects import ObjectRef
+from provisioner.engine.preview import diff
 from provisioner.runtime import flags
 from tests import signing_helpers
 from tests.registry import RegistryServer
@@ -253,5 +256,12 @@ def test_help_starts_within_its_budget() -> None:
          "print(' '.join(sorted(sys.modules)))"],
         capture_output=True, text=True, env=env, timeout=60, check=True,
     ).stdout.split()  # fmt: skip
-    heavy = {"kubernetes", "requests", "oras", "cryptography", "provisioner.engine.apply", "yaml"}
+    heavy = {
+        "kubernetes",
+        "requests",
+        "oras",
+        "cryptography",
+        "provisioner.engine.apply.apply",
+        "yaml",
+    }
     assert heavy.isdisjoint(imported)

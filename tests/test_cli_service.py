@@ -14,7 +14,7 @@ from typing import cast
 
 import pytest
 
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.runtime import service
 from rukpak.common import errors
 

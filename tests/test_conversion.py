@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import conversion, model
 from rukpak.common import errors

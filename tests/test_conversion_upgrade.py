@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import actuate, controller, generate, model
 from tests import plan_helpers

@@ -29,8 +29,9 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine import appliedrecord, apply, formats, inventory, inventorystore
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import appliedrecord, apply, inventory, inventorystore
+from provisioner.engine.bundle import formats
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
 from provisioner.manager import actuate, controller, model, runs
 from rukpak.common import errors

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine.health import Health
+from provisioner.engine.health.health import Health
 from provisioner.engine.objects import Obj
 from provisioner.manager import (
     conversion,

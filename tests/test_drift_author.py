@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine import appliedrecord, apply, inventory
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import appliedrecord, apply, inventory
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
 from provisioner.instance import process
 from provisioner.manager import actuate, controller, model, runs

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine import inventory, lifecycle
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import inventory, lifecycle
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, ObjectRef
 from provisioner.manager import runs
 from provisioner.runtime import lease

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner.engine import inventory
+from provisioner.engine.apply import inventory
 from provisioner.engine.objects import ObjectRef
 from provisioner.manager import actuate, runs
 from tests import e2e_helpers as e2e

@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner.engine import inventory
+from provisioner.engine.apply import inventory
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import actuate, model, runs
 from rukpak.common import errors

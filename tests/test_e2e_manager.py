@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner.engine import words
+from provisioner.engine.bundle import words
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import actuate
 from tests import bundles, csi_helpers

@@ -309,4 +309,16 @@ def test_a_v1alpha1_bundledeployment_says_its_bundle_is_not_valid(
     found = signature_refusal(lambda: system.kube.get(bd), "HasValidBundle")
     assert found["status"] == "False"
     assert POLICY in str(found["message"])
+
+    def bundle_verified() -> dict[str, Any] | None:  # the pin is the Bundle's: so is Verified
+        items, _ = system.kube.list(
+            f"{model.GROUP}/{model.VERSION}", model.BUNDLE,
+            label_selector=f"core.rukpak.io/owner-name={name}",
+        )  # fmt: skip
+        conds = [inst.conditions(b).get("Verified") for b in items]
+        return next((c for c in conds if c), None)
+
+    refused = eventually(bundle_verified, timeout=60, what="the Bundle's Verified condition")
+    assert (refused["status"], refused["reason"]) == ("False", "SignatureVerificationFailed")
+    assert f"refused by ClusterBundlePolicy '{POLICY}'" in refused["message"]
     system.kubectl("delete", "bundledeployment", name, timeout=150)

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine import crdsafety, schema
+from provisioner.engine.apply import crdsafety
+from provisioner.engine.kube import schema
 
 SPEC_SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -5,10 +5,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from provisioner.engine import ownership
-from provisioner.engine.diff import comparable, unified
-from provisioner.engine.drift import drift_reason
+from provisioner.engine.apply import ownership
+from provisioner.engine.apply.drift import drift_reason
 from provisioner.engine.objects import with_owner
+from provisioner.engine.preview.diff import comparable, unified
 from tests.bundles import deployment
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.engine import formats
+from provisioner.engine.bundle import formats
 from provisioner.engine.errors import BundleInvalid
 
 

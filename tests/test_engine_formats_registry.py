@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from provisioner.engine import formats, formats_registry
+from provisioner.engine.bundle import formats, formats_registry
 from provisioner.engine.errors import BundleInvalid
 from tests.bundles import role_binding
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine import health
+from provisioner.engine.health import health
 
 
 def obj(

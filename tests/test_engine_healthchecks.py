@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine import healthchecks as hc
-from provisioner.engine.health import Health
+from provisioner.engine.health import healthchecks as hc
+from provisioner.engine.health.health import Health
 
 
 def deployment(

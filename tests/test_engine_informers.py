@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from provisioner.engine.informers import InformerSet
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.informers import InformerSet
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from tests.bundles import configmap, namespace
 

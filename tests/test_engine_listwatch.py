@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine import listwatch
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube import listwatch
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from rukpak.common import errors
 from rukpak.common.backoff import Backoff

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine import optional
+from provisioner.engine.apply import optional
+from provisioner.engine.bundle.manifest import Manifest, Source
 from provisioner.engine.errors import BundleInvalid
-from provisioner.engine.manifest import Manifest, Source
 
 
 def manifest(obj: dict[str, Any], document: int = 1) -> Manifest:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from provisioner.engine import inventory, ordering
-from provisioner.engine.formats import Manifest, Source
+from provisioner.engine.apply import inventory, ordering
+from provisioner.engine.bundle.formats import Manifest, Source
 from provisioner.engine.objects import ObjectRef
 
 

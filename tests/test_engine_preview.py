@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine import preview
 from provisioner.engine.objects import Obj
-from provisioner.engine.preview import Escalation, Rule
+from provisioner.engine.preview import preview
+from provisioner.engine.preview.preview import Escalation, Rule
 
 RBAC = "rbac.authorization.k8s.io/v1"
 

@@ -1,4 +1,4 @@
-"""Restoring drift from the last good observation (``provisioner.engine.restore``):
+"""Restoring drift from the last good observation (``provisioner.engine.apply.restore``):
 the projection onto our field set (pure, and against the real kube-apiserver, where a
 restored object must carry exactly our field set again), naming what another writer
 took, and the backoff of a fight."""
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine import appliedrecord, ownership, restore
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import appliedrecord, ownership, restore
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import FIELD_MANAGER, ObjectRef, with_owner
 from rukpak.common.backoff import Backoff
 from tests.bundles import deployment

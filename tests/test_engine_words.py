@@ -1,11 +1,11 @@
-"""Upstream's words, once (``provisioner.engine.words``): each reads exactly as upstream
+"""Upstream's words, once (``provisioner.engine.bundle.words``): each reads exactly as upstream
 RukPak v0.16's and v0.24's suites expect it, and our detail only ever follows it."""
 
 from __future__ import annotations
 
 import pytest
 
-from provisioner.engine import words
+from provisioner.engine.bundle import words
 
 
 def test_the_plain_bundle_words_are_upstreams() -> None:

@@ -1,5 +1,5 @@
 """Hostile manifest files refused by name, fast and in bounded memory
-(``provisioner.engine.yamlbounds``, through the plain+v0 and registry+v1 loaders): alias
+(``provisioner.engine.bundle.yamlbounds``, through the plain+v0 and registry+v1 loaders): alias
 bombs, deep nesting, oversized files and bundles of too many objects; ordinary anchors
 and large honest files still load."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.engine import formats, formats_plain, yamlbounds
+from provisioner.engine.bundle import formats, formats_plain, yamlbounds
 from provisioner.engine.errors import BundleInvalid
 
 

@@ -1,4 +1,4 @@
-"""Ignore rules (``provisioner.engine.ignore``), pure: JSON pointers with their escapes and
+"""Ignore rules (``provisioner.engine.apply.ignore``), pure: JSON pointers with their escapes and
 the pointers that are refused, rules and their targets, ``fieldsV1`` sets read as pointers,
 and the apply body shaped for an object that exists."""
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine import ignore
+from provisioner.engine.apply import ignore
 from provisioner.engine.objects import FIELD_MANAGER
 from provisioner.instance import process
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.engine import apply, drift, formats, ignore
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import apply, drift, ignore
+from provisioner.engine.bundle import formats
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import ObjectRef
 from tests.bundles import configmap, namespace, write_bundle
 from tests.polling import eventually

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from provisioner import __main__ as provisioner_main
-from provisioner.engine import appliedrecord, inventory
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import appliedrecord, inventory
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef
 from provisioner.instance import process as instance
 from provisioner.manager import runs

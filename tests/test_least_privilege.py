@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import ObjectRef
 from tests import install_helpers as inst
 from tests.polling import eventually

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from provisioner.cli import main as cli
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
 from provisioner.manager import actuate, approval, controller, generate, model
 from rukpak.oci import client as oci_client

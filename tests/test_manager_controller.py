@@ -29,8 +29,9 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine import appliedrecord, apply, inventory, inventorystore, words
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import appliedrecord, apply, inventory, inventorystore
+from provisioner.engine.bundle import words
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
 from provisioner.instance import unpack
 from provisioner.manager import actuate, controller, healthwatch, model, runs

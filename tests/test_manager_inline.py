@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine import words
+from provisioner.engine.bundle import words
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import generate, inline, model, plan, resolution, runs, sources
 from rukpak.common import errors

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine import words
+from provisioner.engine.bundle import words
 from provisioner.engine.objects import Obj
 from provisioner.manager import generate as build
 from provisioner.manager import model, plan, runs, sources

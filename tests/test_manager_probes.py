@@ -5,7 +5,7 @@ wait until the next probe. A fake clock stands in for time; the checks themselve
 
 from __future__ import annotations
 
-from provisioner.engine.health import Health
+from provisioner.engine.health.health import Health
 from provisioner.engine.objects import Obj
 from provisioner.manager import probes
 

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from provisioner.engine import appliedrecord
+from provisioner.engine.apply import appliedrecord
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef
 from provisioner.manager import model, plan, runs, runwatch
 from provisioner.manager.generate import instance_run_pod

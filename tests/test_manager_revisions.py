@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from provisioner.engine import revisionlog
-from provisioner.engine.health import Health
+from provisioner.engine.apply import revisionlog
+from provisioner.engine.health.health import Health
 from provisioner.engine.objects import Obj
 from provisioner.manager import (
     dependencies,

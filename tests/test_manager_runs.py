@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine import appliedrecord, inventory
+from provisioner.engine.apply import appliedrecord, inventory
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef
 from provisioner.manager import generate, model, plan, runs, sources
 from tests.plan_helpers import DIGEST, B, bundle, cond, kinds

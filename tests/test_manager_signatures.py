@@ -170,3 +170,18 @@ def test_verified_replaces_the_old_condition_and_keeps_its_time_while_it_holds()
     assert signatures.with_verified(status, None, now=NOW, generation=2) == {
         "conditions": [unpacked]
     }
+
+
+def test_a_bundles_verified_condition_outlives_its_later_statuses() -> None:
+    from provisioner.manager import bundleplan
+
+    verified = {"type": "Verified", "status": "True", "reason": "Verified", "message": "by p"}
+    bundle = {
+        "metadata": {"name": "b", "generation": 1},
+        "status": {"conditions": [{"type": "Unpacked", "status": "False"}, verified]},
+    }
+    status = bundleplan.status_for(bundle, bundleplan.PHASE_UNPACKED, "UnpackSuccessful", "", NOW)
+    assert [c["type"] for c in status["conditions"]] == ["Unpacked", "Verified"]
+    assert status["conditions"][1] == verified
+    plain = bundleplan.status_for({"metadata": {}}, bundleplan.PHASE_PENDING, "P", "", NOW)
+    assert [c["type"] for c in plain["conditions"]] == ["Unpacked"]

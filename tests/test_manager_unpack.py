@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from provisioner import __main__ as provisioner_main
-from provisioner.engine import words
+from provisioner.engine.bundle import words
 from provisioner.engine.objects import Obj
 from provisioner.instance import unpack
 from provisioner.manager import bundleplan, model

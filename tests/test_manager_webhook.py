@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, condition
 from provisioner.manager import certs, webhook
 from provisioner.runtime.metrics import Metrics

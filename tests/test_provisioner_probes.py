@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from tests.crd_helpers import install_crds
 from tests.csi_helpers import PluginProcess, free_port, terminate
 from tests.httpreply import probe

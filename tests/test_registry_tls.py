@@ -29,7 +29,7 @@ import pytest
 from cryptography import x509
 
 from csi.proto import csi_pb2_grpc
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.manager import actuate, resolution, sources
 from rukpak.common import errors
 from rukpak.oci import tls as source_tls

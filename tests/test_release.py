@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 import yaml
 
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import ObjectRef
 from rukpak.oci import mediatypes
 from rukpak.oci.client import RegistryClient

@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import pytest
 
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.manager import actuate, resolution, signatures
 from rukpak.common import errors
 from rukpak.oci import tls as source_tls

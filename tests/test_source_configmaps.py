@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import actuate, bundleplan, model, resolution, sources
 from provisioner.manager.model import Settings

@@ -30,7 +30,7 @@ import grpc
 import pytest
 
 from csi.proto import csi_pb2_grpc
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.manager import content, resolution, sources
 from rukpak.common import errors
 from rukpak.oci.tls import SourceTLS

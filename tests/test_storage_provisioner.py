@@ -26,7 +26,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from csi.proto import csi_pb2, csi_pb2_grpc
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import ObjectRef
 from provisioner.storage import controller, plan
 from provisioner.storage import metrics as storage_metrics

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from provisioner.engine import words
+from provisioner.engine.bundle import words
 from provisioner.engine.objects import OWNER_KIND, OWNER_KIND_LABEL, OWNER_LABEL, Obj, ObjectRef
 from provisioner.manager import actuate, model
 from rukpak.common import errors

@@ -6,7 +6,7 @@ Two layers of rules, so that what builds is exactly what deploys:
   directory, and holds only regular ``.yaml``/``.yml``/``.json`` files (no
   subdirectories, symlinks, devices; dotfiles are left out of the image);
 - the content rules of the plain+v0 format, checked by the same loader the
-  instance pod uses (``provisioner.engine.formats``): every document parses
+  instance pod uses (``provisioner.engine.bundle.formats``): every document parses
   and is a named Kubernetes object, no object twice, at least one object.
 
 Errors are InvalidArgument naming the file (and document and line, for
@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioner.engine import formats_plain
+from provisioner.engine.bundle import formats_plain
 from rukpak.common import errors
 
 MANIFESTS_DIR = "manifests"

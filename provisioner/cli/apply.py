@@ -25,15 +25,17 @@ from rukpak.common import errors
 
 # The engine is imported by the commands that run it, not to build the parser (start-up).
 if TYPE_CHECKING:
-    from provisioner.engine import apply, diff, formats, lifecycle
-    from provisioner.engine.kube import Kube
+    from provisioner.engine.apply import apply, lifecycle
+    from provisioner.engine.bundle import formats
+    from provisioner.engine.kube.kube import Kube
     from provisioner.engine.objects import ObjectRef
+    from provisioner.engine.preview import diff
 
 EXIT_OK = 0
 EXIT_CHANGES = 3
 """``diff`` found changes, or objects are not ready (``status``, ``apply --wait``)."""
 DEFAULT_CONCURRENCY = 16
-"""``provisioner.engine.apply.Options.concurrency``."""
+"""``provisioner.engine.apply.apply.Options.concurrency``."""
 
 
 def register(subparsers: Any) -> None:
@@ -123,7 +125,7 @@ def _kube(args: argparse.Namespace) -> Kube:
 
 
 def _options(args: argparse.Namespace) -> apply.Options:
-    from provisioner.engine import apply
+    from provisioner.engine.apply import apply
 
     if args.concurrency < 1:
         raise errors.InvalidArgument("--concurrency must be at least 1")
@@ -140,7 +142,7 @@ def _options(args: argparse.Namespace) -> apply.Options:
 def _load(args: argparse.Namespace) -> formats.Bundle:
     """Load DIR, or pull IMAGE into a temporary tree, load it, and remove the tree."""
     from provisioner.bundle import source
-    from provisioner.engine import formats
+    from provisioner.engine.bundle import formats
     from rukpak.oci.reference import Reference
 
     if source.looks_like_directory(args.source):
@@ -157,7 +159,7 @@ def _load(args: argparse.Namespace) -> formats.Bundle:
 
 
 def run_apply(args: argparse.Namespace) -> int:
-    from provisioner.engine import apply, drift
+    from provisioner.engine.apply import apply, drift
 
     options = _options(args)
     bundle = _load(args)
@@ -187,7 +189,7 @@ def run_apply(args: argparse.Namespace) -> int:
 
 
 def _wait_ready(kube: Kube, options: apply.Options, timeout: float) -> int:
-    from provisioner.engine import lifecycle
+    from provisioner.engine.apply import lifecycle
 
     deadline = time.monotonic() + timeout
     while True:
@@ -204,7 +206,7 @@ def _wait_ready(kube: Kube, options: apply.Options, timeout: float) -> int:
 
 
 def run_diff(args: argparse.Namespace) -> int:
-    from provisioner.engine import diff
+    from provisioner.engine.preview import diff
 
     options = _options(args)
     changes = list(diff.plan(_kube(args), _load(args), options))
@@ -244,7 +246,7 @@ def diff_view(changes: list[diff.Change]) -> output.View:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from provisioner.engine import lifecycle
+    from provisioner.engine.apply import lifecycle
 
     states = lifecycle.status(
         _kube(args), args.name, system_namespace=args.system_namespace, concurrency=args.concurrency
@@ -279,7 +281,7 @@ def status_view(name: str, states: list[lifecycle.ObjectStatus]) -> output.View:
 
 
 def run_uninstall(args: argparse.Namespace) -> int:
-    from provisioner.engine import lifecycle
+    from provisioner.engine.apply import lifecycle
 
     result = lifecycle.uninstall(
         _kube(args),

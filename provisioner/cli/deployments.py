@@ -1,7 +1,7 @@
 """``rukpak history|rollback|preview``: a BundleDeployment's revisions and its permission
 preview from the command line.
 
-The edge over ``provisioner.engine.revisionlog``: reads a BundleDeployment (its
+The edge over ``provisioner.engine.apply.revisionlog``: reads a BundleDeployment (its
 ``status.revisions``, written by the manager) through the ``Kube`` adapter and prints
 them as ``kubectl rollout history`` does; ``rollback`` writes the rollback annotation
 that makes the manager reinstall a kept revision from the node caches, and can wait
@@ -30,8 +30,8 @@ from rukpak.common import errors
 
 # The engine is imported by the commands that run, not to build the parser (start-up).
 if TYPE_CHECKING:
-    from provisioner.engine import revisionlog
-    from provisioner.engine.kube import Kube
+    from provisioner.engine.apply import revisionlog
+    from provisioner.engine.kube.kube import Kube
     from provisioner.engine.objects import Obj, ObjectRef
 
 EXIT_TIMEOUT = 3
@@ -176,7 +176,7 @@ def history_view(bd: Obj) -> output.View:
     """The revisions of ``bd`` (``rukpak history``): a table (``-o wide`` adds each
     revision's record name and when it became the installed one), or ``-o json|yaml``
     the installed and previous revision numbers with every kept revision in full."""
-    from provisioner.engine import revisionlog
+    from provisioner.engine.apply import revisionlog
 
     status = status_of(bd)
     installed, previous = status.get("installedRevision"), status.get("previousRevision")
@@ -219,7 +219,7 @@ def history_table(bd: Obj) -> str:
 
 
 def run_history(args: argparse.Namespace) -> int:
-    from provisioner.engine import revisionlog
+    from provisioner.engine.apply import revisionlog
 
     bd = get(flags.kube(args), args.name)
     kept = revisionlog.of_status(bd)
@@ -241,7 +241,7 @@ def run_history(args: argparse.Namespace) -> int:
 
 def choose(bd: Obj, wanted: int | None) -> revisionlog.Revision:
     """The kept revision a rollback of ``bd`` goes to; ``errors`` say why none can."""
-    from provisioner.engine import revisionlog
+    from provisioner.engine.apply import revisionlog
 
     name = _name_of(bd)
     annotations = (bd.get("metadata") or {}).get("annotations") or {}
@@ -265,7 +265,7 @@ def choose(bd: Obj, wanted: int | None) -> revisionlog.Revision:
 
 
 def run_rollback(args: argparse.Namespace) -> int:
-    from provisioner.engine import revisionlog
+    from provisioner.engine.apply import revisionlog
     from provisioner.engine.objects import condition, meta_of
 
     kube = flags.kube(args)
@@ -304,8 +304,8 @@ def run_rollback(args: argparse.Namespace) -> int:
 
 
 def run_preview(args: argparse.Namespace) -> int:
-    from provisioner.engine import preview
     from provisioner.engine.objects import ObjectRef
+    from provisioner.engine.preview import preview
 
     kube = flags.kube(args)
     bd = get(kube, args.name)

@@ -15,9 +15,11 @@ from __future__ import annotations
 import json
 import logging
 
-from provisioner.engine import apply, formats, inventory, preflight, preview
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import apply, inventory, preflight
+from provisioner.engine.bundle import formats
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
+from provisioner.engine.preview import preview
 
 log = logging.getLogger("rukpak.instance")
 

@@ -39,8 +39,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from provisioner.engine import appliedrecord, apply, formats, ignore, inventory, optional
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import appliedrecord, apply, ignore, inventory, optional
+from provisioner.engine.bundle import formats
+from provisioner.engine.kube.kube import Kube
 from provisioner.instance import preview
 from provisioner.runtime import flags, leader, lease, termination
 from rukpak.common import errors

@@ -7,7 +7,7 @@ result goes back the same way. Without it, the unpack pod
 mounts the Bundle's pinned content read-only at ``/bundle`` (an image, git commit or
 http tarball through the CSI driver, or a projected volume of ConfigMaps; see
 ``sources.volume``) and runs this command, which validates the content with the format loader
-(``provisioner.engine.formats``) and reports the outcome as one JSON document
+(``provisioner.engine.bundle.formats``) and reports the outcome as one JSON document
 in the container's termination message (``/dev/termination-log``), which the
 manager reads from the pod's status. No content ever leaves the node: only
 the object count and kinds, or the error.
@@ -15,7 +15,7 @@ the object count and kinds, or the error.
 The error is the loader's message: upstream's words where upstream has them (a
 missing ``manifests`` directory, a subdirectory in it, zero objects, a file that is
 not an object, a registry+v1 conversion), then the file and document
-(``provisioner.engine.words``).
+(``provisioner.engine.bundle.words``).
 
 Exit status: 0 when the bundle is valid, 1 when it is not (the pod then ends
 ``Failed``), 2 on a usage error. The result format (``Result.to_json``)::
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.engine import formats
+from provisioner.engine.bundle import formats
 from provisioner.engine.errors import BundleInvalid
 from provisioner.runtime import flags, termination
 

@@ -19,9 +19,11 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from provisioner.engine import deletion, inventory, inventorystore, lifecycle, preview, words
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import deletion, inventory, inventorystore, lifecycle
+from provisioner.engine.bundle import words
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, meta_of
+from provisioner.engine.preview import preview
 from provisioner.instance import runrecord
 from provisioner.manager import (
     bundleplan,
@@ -148,6 +150,10 @@ def resolve_bundle(kube: Kube, bundle: Obj, action: bundleplan.Resolve, resolve:
             phase, reason = bundleplan.PHASE_PENDING, bundleplan.REASON_PENDING
             message = words.unresolved(action.source.get("type"), action.ref, err.message)
         status = bundleplan.status_for(bundle, phase, reason, message, _now())
+        if isinstance(err, SignatureDenied):  # Verified says which policy refused it
+            status = signatures.with_verified(
+                status, signatures.refused(err), now=_now(), generation=_generation(bundle)
+            )
         message = status["conditions"][0]["message"]
         if _message(bundle) != message:
             kube.merge_patch_status(bundle_ref(action.name), {"status": status})
@@ -163,7 +169,14 @@ def resolve_bundle(kube: Kube, bundle: Obj, action: bundleplan.Resolve, resolve:
         _now(),
         resolved=pinned.resolved,
     )
+    image = (pinned.resolved.get("image") or {}).get("ref") if pinned.resolved else None
+    checked = signatures.verified(resolve, [str(image)]) if image else None
+    status = signatures.with_verified(status, checked, now=_now(), generation=_generation(bundle))
     kube.merge_patch_status(bundle_ref(action.name), {"status": status})
+
+
+def _generation(obj: Obj) -> int:
+    return int((obj.get("metadata") or {}).get("generation") or 0)
 
 
 def resolve_source(kube: Kube, bd: Obj, action: plan.ResolveSource, resolve: Resolver) -> None:

@@ -105,6 +105,11 @@ def unpacked_condition(bundle: Obj) -> Obj | None:
     return None
 
 
+VERIFIED = "Verified"
+"""Which signature policies verified the Bundle's image (``manager.signatures``), written
+when the Bundle is pinned and kept by every later status."""
+
+
 def status_for(
     bundle: Obj, phase: str, reason: str, message: str, now: str, *, resolved: Obj | None = None
 ) -> Obj:
@@ -127,6 +132,10 @@ def status_for(
             }
         ],
     }
+    verified = [
+        c for c in (bundle.get("status") or {}).get("conditions") or [] if c.get("type") == VERIFIED
+    ]
+    status["conditions"] += verified  # written with the pin (``actuate.resolve_bundle``): kept
     if resolved is not None:
         status["resolvedSource"] = resolved
     return status

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.manager import actuate, certs, content, controller, model, webhook
 from provisioner.runtime import flags, liveness, service, signals
 from provisioner.runtime.metrics import Metrics, object_conditions

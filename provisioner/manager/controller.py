@@ -38,8 +38,9 @@ import time
 from datetime import UTC, datetime
 from typing import Literal
 
-from provisioner.engine import ignore, inventory, listwatch, restore
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import ignore, inventory, restore
+from provisioner.engine.kube import listwatch
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, meta_of, owner_of
 from provisioner.engine.objects import labels_of as _labels
 from provisioner.instance import runrecord

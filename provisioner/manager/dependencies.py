@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from provisioner.engine import revisionlog
+from provisioner.engine.apply import revisionlog
 from provisioner.engine.objects import Obj, condition, meta_of, name_of
 from provisioner.manager import conversion, model, revisions
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj
 from provisioner.manager import model
 from rukpak.common import errors

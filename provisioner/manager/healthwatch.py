@@ -27,11 +27,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
-from provisioner.engine import appliedrecord, health, inventory, listwatch
-from provisioner.engine.informers import InformerSet
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import appliedrecord, inventory
+from provisioner.engine.apply.ownership import applied_fields
+from provisioner.engine.health import health
+from provisioner.engine.kube import listwatch
+from provisioner.engine.kube.informers import InformerSet
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, owner_of
-from provisioner.engine.ownership import applied_fields
 from rukpak.common import errors
 
 log = logging.getLogger("rukpak.manager")

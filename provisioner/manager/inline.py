@@ -33,7 +33,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from provisioner.engine import words
+from provisioner.engine.bundle import words
 from provisioner.engine.objects import Obj, condition, json_annotation, meta_of
 from provisioner.manager import (
     approval,

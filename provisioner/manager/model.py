@@ -15,7 +15,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from provisioner.engine import formats_plain, formats_registry, inventory
+from provisioner.engine.apply import inventory
+from provisioner.engine.bundle import formats_plain, formats_registry
 from provisioner.engine.objects import Obj
 from provisioner.engine.objects import name_of as name_of
 

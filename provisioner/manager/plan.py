@@ -52,8 +52,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from provisioner.engine import appliedrecord, words
-from provisioner.engine.health import Health as Health
+from provisioner.engine.apply import appliedrecord
+from provisioner.engine.bundle import words
+from provisioner.engine.health.health import Health as Health
 from provisioner.engine.objects import Obj, meta_of
 from provisioner.manager import bundleplan, dependencies, model, runs, sources
 from provisioner.manager.actions import Action as Action

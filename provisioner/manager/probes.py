@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from provisioner.engine import healthchecks
-from provisioner.engine.health import Health
+from provisioner.engine.health import healthchecks
+from provisioner.engine.health.health import Health
 from provisioner.engine.objects import Obj
 
 

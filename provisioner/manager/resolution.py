@@ -18,8 +18,8 @@ import binascii
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from provisioner.engine import words
-from provisioner.engine.kube import Kube
+from provisioner.engine.bundle import words
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import sources
 from rukpak.common import errors

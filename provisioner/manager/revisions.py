@@ -25,20 +25,20 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from provisioner.engine import revisionlog
+from provisioner.engine.apply import revisionlog
+from provisioner.engine.apply.revisionlog import DEADLINE as DEADLINE
+from provisioner.engine.apply.revisionlog import FAILED as FAILED
+from provisioner.engine.apply.revisionlog import IN_PROGRESS as IN_PROGRESS
+from provisioner.engine.apply.revisionlog import INSTALLED as INSTALLED
+from provisioner.engine.apply.revisionlog import MANUAL as MANUAL
+from provisioner.engine.apply.revisionlog import ROLLBACK_ANNOTATION as ROLLBACK_ANNOTATION
+from provisioner.engine.apply.revisionlog import Revision as Revision
+from provisioner.engine.apply.revisionlog import Rollback as Rollback
+from provisioner.engine.apply.revisionlog import find as find
+from provisioner.engine.apply.revisionlog import of_status as of_status
+from provisioner.engine.apply.revisionlog import rollback_annotation as rollback_annotation
+from provisioner.engine.apply.revisionlog import rollback_of as rollback_of
 from provisioner.engine.objects import Obj
-from provisioner.engine.revisionlog import DEADLINE as DEADLINE
-from provisioner.engine.revisionlog import FAILED as FAILED
-from provisioner.engine.revisionlog import IN_PROGRESS as IN_PROGRESS
-from provisioner.engine.revisionlog import INSTALLED as INSTALLED
-from provisioner.engine.revisionlog import MANUAL as MANUAL
-from provisioner.engine.revisionlog import ROLLBACK_ANNOTATION as ROLLBACK_ANNOTATION
-from provisioner.engine.revisionlog import Revision as Revision
-from provisioner.engine.revisionlog import Rollback as Rollback
-from provisioner.engine.revisionlog import find as find
-from provisioner.engine.revisionlog import of_status as of_status
-from provisioner.engine.revisionlog import rollback_annotation as rollback_annotation
-from provisioner.engine.revisionlog import rollback_of as rollback_of
 from provisioner.manager import model, sources
 
 HISTORY_LIMIT = 5

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from provisioner.engine import appliedrecord, inventory, words
+from provisioner.engine.apply import appliedrecord, inventory
+from provisioner.engine.bundle import words
 from provisioner.engine.objects import Obj, ObjectRef, meta_of
 from provisioner.manager import actions, conversion, model
 from provisioner.manager.generate import instance_run_pod

@@ -29,10 +29,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from provisioner.engine import appliedrecord, ignore, inventory, ordering, restore
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import appliedrecord, ignore, inventory, ordering, restore
+from provisioner.engine.apply.ownership import applied_fields
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, meta_of, owner_of
-from provisioner.engine.ownership import applied_fields
 from provisioner.instance import runrecord
 from provisioner.manager import healthwatch, model, runs
 from rukpak.common import errors

@@ -30,7 +30,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import bundleplan
 from provisioner.manager.resolution import ImageResolver
@@ -48,7 +48,8 @@ REASON = bundleplan.REASON_SIGNATURE
 API_VERSION = f"{signing.GROUP}/{signing.VERSION}"
 VALID = "Valid"
 VERIFIED = "Verified"
-"""A v1alpha2 BundleDeployment's condition: did the policies selecting its images verify them."""
+"""A v1alpha2 BundleDeployment's condition, and a v1alpha1 Bundle's (where a v1alpha1
+BundleDeployment's image is pinned): did the policies selecting its images verify them."""
 REASON_VERIFIED = "Verified"
 REASON_WARNED = "NotVerified"
 """A warn-mode policy was not satisfied: installed anyway, and said so."""

@@ -47,8 +47,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from provisioner.engine import crdsafety, words
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import crdsafety
+from provisioner.engine.bundle import words
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, meta_of
 from provisioner.manager import certs, conversion, dependencies
 from provisioner.manager import content as bundle_content

@@ -25,15 +25,15 @@ from typing import TYPE_CHECKING
 # them: ``rukpak --help`` builds every parser and must start fast (docs/benchmarks.md). The
 # defaults below are the engine's (tests/test_cli_flags.py holds them equal).
 if TYPE_CHECKING:
-    from provisioner.engine.kube import Kube
+    from provisioner.engine.kube.kube import Kube
     from rukpak.oci import auth
     from rukpak.oci import client as oci_client
     from rukpak.oci.reference import Reference
 
 DEFAULT_SYSTEM_NAMESPACE = "rukpak-system"
-"""``provisioner.engine.inventory.DEFAULT_SYSTEM_NAMESPACE``."""
+"""``provisioner.engine.apply.inventory.DEFAULT_SYSTEM_NAMESPACE``."""
 DEFAULT_FORMAT = "plain+v0"
-"""``provisioner.engine.formats.DEFAULT_FORMAT``."""
+"""``provisioner.engine.bundle.formats.DEFAULT_FORMAT``."""
 
 # -- the cluster ----------------------------------------------------------------------------
 
@@ -50,7 +50,7 @@ def add_cluster(parser: argparse.ArgumentParser, *, context: bool = True) -> Non
 
 def kube(args: argparse.Namespace, *, pool_size: int = 16) -> Kube:
     """The API adapter the ``add_cluster`` flags name."""
-    from provisioner.engine.kube import Kube
+    from provisioner.engine.kube.kube import Kube
 
     return Kube.from_kubeconfig(
         args.kubeconfig, context=getattr(args, "context", None), pool_size=pool_size

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.runtime.lease import LeaseLock
 
 log = logging.getLogger(__name__)

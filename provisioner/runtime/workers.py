@@ -30,8 +30,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from provisioner.engine.informers import InformerSet
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.informers import InformerSet
+from provisioner.engine.kube.kube import Kube
 from provisioner.runtime.metrics import Metrics, classify, since
 from provisioner.runtime.queue import WorkQueue
 from rukpak.common import errors

@@ -41,8 +41,9 @@ from pathlib import Path, PurePosixPath
 from types import FrameType
 from typing import Any
 
-from provisioner.engine import ignore, listwatch
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import ignore
+from provisioner.engine.kube import listwatch
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, meta_of
 from provisioner.instance import process, unpack
 from provisioner.instance import runrecord as runs

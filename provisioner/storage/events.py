@@ -39,7 +39,7 @@ def _now() -> str:
 
 
 class Recorder:
-    """Writes Events through ``sink`` (``provisioner.engine.kube.Kube``); thread-safe."""
+    """Writes Events through ``sink`` (``provisioner.engine.kube.kube.Kube``); thread-safe."""
 
     def __init__(self, sink: EventSink, *, component: str, host: str = "") -> None:
         self.sink = sink

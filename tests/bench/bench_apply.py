@@ -34,8 +34,9 @@ from typing import Any
 
 import yaml
 
-from provisioner.engine import apply, formats
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import apply
+from provisioner.engine.bundle import formats
+from provisioner.engine.kube.kube import Kube
 from tests.bench import Result, median, progress
 from tests.cluster import bins, controlplane, pki
 from tests.cluster.process import Component

@@ -19,8 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from provisioner.engine import appliedrecord, apply, formats, inventory
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import appliedrecord, apply, inventory
+from provisioner.engine.bundle import formats
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
 from provisioner.manager import actuate, controller, model, runs
 from tests.bench import Result, progress, timed

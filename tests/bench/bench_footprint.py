@@ -42,7 +42,7 @@ import yaml
 
 from csi.fuse import holder as fuse_holder
 from csi.proto import csi_pb2_grpc
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from rukpak.oci.client import RegistryClient
 from rukpak.oci.reference import Reference
 from tests import crd_helpers, httpreply

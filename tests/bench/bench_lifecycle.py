@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from provisioner.engine import revisionlog
+from provisioner.engine.apply import revisionlog
 from provisioner.engine.objects import ObjectRef
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst

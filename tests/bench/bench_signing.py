@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.manager import model
 from rukpak.common import errors
 from rukpak.oci.client import RegistryClient

@@ -27,9 +27,9 @@ from typing import Any
 
 import yaml
 
-from provisioner.engine import words, yamlbounds
+from provisioner.engine.bundle import words, yamlbounds
+from provisioner.engine.bundle.manifest import Bundle, Manifest, Source
 from provisioner.engine.errors import BundleInvalid
-from provisioner.engine.manifest import Bundle, Manifest, Source
 from provisioner.engine.objects import ObjectRef
 
 NAME = "plain+v0"

@@ -17,10 +17,11 @@ from typing import Literal
 
 import yaml
 
-from provisioner.engine import apply, inventory, inventorystore, pool, preflight
+from provisioner.engine import pool
+from provisioner.engine.apply import apply, inventory, inventorystore, preflight
+from provisioner.engine.bundle.formats import Bundle, Manifest, Source
 from provisioner.engine.errors import ApplyFailed, UnknownKind
-from provisioner.engine.formats import Bundle, Manifest, Source
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, owner_of
 from rukpak.common import errors
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from provisioner.engine.formats import Manifest
+from provisioner.engine.bundle.formats import Manifest
 from provisioner.engine.objects import ObjectRef
 
 

@@ -8,8 +8,8 @@ the stored inventory already is the one to write.
 
 from __future__ import annotations
 
-from provisioner.engine import inventory
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import inventory
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import ObjectRef
 from rukpak.common import errors
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from provisioner.engine import apply, deletion, health, inventory, inventorystore, preflight
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import apply, deletion, inventory, inventorystore, preflight
+from provisioner.engine.health import health
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, owner_of
 from rukpak.common import errors
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from cel_expr_python import cel  # type: ignore[import-untyped]
 
-from provisioner.engine.health import READY, Health
+from provisioner.engine.health.health import READY, Health
 from provisioner.engine.objects import Obj, condition, labels_of, meta_of
 
 MAX_CHECKS = 32

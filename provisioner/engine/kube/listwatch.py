@@ -49,7 +49,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import TypedDict, TypeVar, Unpack
 
 from provisioner.engine.errors import Gone
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, meta_of
 from rukpak.common import errors
 from rukpak.common.backoff import Backoff

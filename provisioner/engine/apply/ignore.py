@@ -28,8 +28,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from provisioner.engine.apply.ownership import applied_fields, lost_reason
 from provisioner.engine.objects import FIELD_MANAGER, OWNER_LABEL, Obj, meta_of, split_api_version
-from provisioner.engine.ownership import applied_fields, lost_reason
 from rukpak.common import errors
 
 Pointer = tuple[str, ...]

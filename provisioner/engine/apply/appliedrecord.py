@@ -23,10 +23,10 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from provisioner.engine import drift
-from provisioner.engine.apply import Applied
+from provisioner.engine.apply import drift
+from provisioner.engine.apply.apply import Applied
+from provisioner.engine.apply.ownership import applied_fields
 from provisioner.engine.objects import Obj, ObjectRef, split_api_version
-from provisioner.engine.ownership import applied_fields
 
 HASH_LENGTH = 16
 COMPRESS_ABOVE = 8 * 1024

@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TypedDict, Unpack
 
-from provisioner.engine import listwatch
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube import listwatch
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj
 
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from provisioner.engine.bundle.manifest import Manifest
 from provisioner.engine.errors import BundleInvalid
-from provisioner.engine.manifest import Manifest
 from provisioner.engine.objects import Obj, split_api_version
 
 ANNOTATION = "core.rukpak.io/optional"

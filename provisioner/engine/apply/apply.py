@@ -33,22 +33,22 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from provisioner.engine import (
+from provisioner.engine import pool
+from provisioner.engine.apply import (
     deletion,
-    health,
     inventory,
     inventorystore,
     optional,
     ordering,
     ownership,
-    pool,
     preflight,
 )
-from provisioner.engine import ignore as ignore_rules
-from provisioner.engine.deletion import DeletionPolicy
+from provisioner.engine.apply import ignore as ignore_rules
+from provisioner.engine.apply.deletion import DeletionPolicy
+from provisioner.engine.bundle.formats import Bundle, Manifest
 from provisioner.engine.errors import ApplyFailed
-from provisioner.engine.formats import Bundle, Manifest
-from provisioner.engine.kube import Kube
+from provisioner.engine.health import health
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from rukpak.common import errors
 from rukpak.common.backoff import Backoff, retry

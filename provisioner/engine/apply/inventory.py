@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from provisioner.engine import ordering
+from provisioner.engine.apply import ordering
 from provisioner.engine.errors import BundleInvalid
 from provisioner.engine.objects import (
     OWNER_LABEL,

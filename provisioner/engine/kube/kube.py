@@ -39,9 +39,9 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from provisioner.engine import discovery
-from provisioner.engine.discovery import Resource
 from provisioner.engine.errors import Gone, UnknownKind
+from provisioner.engine.kube import discovery
+from provisioner.engine.kube.discovery import Resource
 from provisioner.engine.objects import FIELD_MANAGER, Obj, ObjectRef
 from rukpak.common import errors
 

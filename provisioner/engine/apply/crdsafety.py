@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from provisioner.engine import schema, words
+from provisioner.engine.bundle import words
+from provisioner.engine.kube import schema
 from provisioner.engine.objects import Obj, meta_of
 
 OPT_OUT_ANNOTATION = "core.rukpak.io/crd-upgrade-safety"

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from provisioner.engine import formats_plain, formats_registry
+from provisioner.engine.bundle import formats_plain, formats_registry
+from provisioner.engine.bundle.manifest import Bundle, Manifest, Source
 from provisioner.engine.errors import BundleInvalid
-from provisioner.engine.manifest import Bundle, Manifest, Source
 
 __all__ = [
     "DEFAULT_FORMAT",

@@ -38,9 +38,9 @@ from typing import Any
 
 import yaml
 
-from provisioner.engine import formats_plain, words, yamlbounds
+from provisioner.engine.bundle import formats_plain, words, yamlbounds
+from provisioner.engine.bundle.manifest import Bundle, Manifest, Source
 from provisioner.engine.errors import BundleInvalid
-from provisioner.engine.manifest import Bundle, Manifest, Source
 from provisioner.engine.objects import Obj, ObjectRef
 
 NAME = "registry+v1"

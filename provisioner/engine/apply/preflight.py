@@ -16,7 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from provisioner.engine import crdsafety, ownership, pool, words
+from provisioner.engine import pool
+from provisioner.engine.apply import crdsafety, ownership
+from provisioner.engine.bundle import words
+from provisioner.engine.bundle.formats import Bundle, Manifest
 from provisioner.engine.errors import (
     ApplyFailed,
     BundleInvalid,
@@ -24,8 +27,7 @@ from provisioner.engine.errors import (
     OwnershipConflict,
     UnknownKind,
 )
-from provisioner.engine.formats import Bundle, Manifest
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, owner_of, with_namespace, with_owner
 from rukpak.common import errors
 

@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from provisioner.engine import ordering, pool
+from provisioner.engine import pool
+from provisioner.engine.apply import ordering
 from provisioner.engine.errors import ApplyFailed
-from provisioner.engine.kube import Kube
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import (
     DELETION_POLICY_ANNOTATION,
     OWNER_KIND_LABEL,

@@ -38,12 +38,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from provisioner.engine import ignore, listwatch, restore
-from provisioner.engine.apply import Applied
-from provisioner.engine.informers import InformerSet
-from provisioner.engine.kube import Kube
+from provisioner.engine.apply import ignore, restore
+from provisioner.engine.apply.apply import Applied
+from provisioner.engine.apply.ownership import applied_fields, lost_reason
+from provisioner.engine.kube import listwatch
+from provisioner.engine.kube.informers import InformerSet
+from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, meta_of
-from provisioner.engine.ownership import applied_fields, lost_reason
 from rukpak.common import errors
 
 log = logging.getLogger(__name__)
