@@ -199,7 +199,7 @@ class Publisher:
                 self._retain(req.source)
                 return path
             if current is not None:
-                known = self.images.holders().get(key)
+                known = self.images.holder(key)
                 same = (
                     known is not None
                     and known.volume_id == req.volume_id
@@ -350,7 +350,7 @@ class Publisher:
         key = str(target)
         holder = Holder(target=key, volume_id=req.volume_id, image=req.source.image)
         if mounts.find_on(self.mounter, target) is not None:
-            known = self.images.holders().get(key)
+            known = self.images.holder(key)
             digest = self.images.holder_digest(key)
             if known == holder and digest is not None and self.images.has_tree(digest):
                 self._retain(req.source)
