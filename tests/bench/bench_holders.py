@@ -1,0 +1,123 @@
+"""Hot publish with 1 and with 1,000 volumes held on the node: flat, p99 < 3 ms (issue 35).
+
+Where it sits: a module of ``tests.bench`` (``python -m tests.bench holders``). It starts
+Debian's docker-registry and ``python -m csi.plugin`` processes in the work dir (stopped
+by pid), pushes the typical bundle of ``bench_csi`` (200 files, ~1.5 MB) and, for each
+plugin, publishes it to ``HELD`` targets (real bind mounts, each a held volume), then
+measures ``HOT`` hot publishes (NodePublishVolume of the cached image to a new target,
+as for each new pod) through the plugin's gRPC socket: p50 and p99.
+
+Before and after in one run: with ``BENCH_BEFORE_TREE`` naming a checkout of the code
+before the holder registry (e.g. the main branch), the same measurement runs against a
+plugin started from that tree first, so both sides share the disk's mood. The after side
+runs twice: as shipped (holder files fsynced) and with ``--no-durable-commit`` (the
+same files written without fsync; a hot publish commits no tree, so that flag changes
+only them). ``BENCH_HELD`` overrides the held counts (comma-separated, e.g. ``1,200``)
+for a reduced run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.bench import Result, percentile, progress
+from tests.bench.bench_csi import (
+    TYPICAL_BYTES,
+    TYPICAL_FILES,
+    TYPICAL_RANDOM,
+    Node,
+    make_image,
+)
+from tests.registry import RegistryServer
+
+HELD = (1, 1000)
+HOT = 200
+HERE = Path(__file__).resolve().parents[2]
+
+
+def node_from(tree: Path, workdir: Path, *args: str) -> Node:
+    """A plugin started from the code in ``tree``: ``python -m csi.plugin`` puts its
+    working directory first on the path."""
+    with contextlib.chdir(tree):
+        return Node(workdir, *args)
+
+
+def commit_of(tree: Path) -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+    return out.stdout.strip()
+
+
+def hot_publishes(node: Node, image: str, held: int) -> list[float]:
+    """Publish ``image`` to ``held`` targets, then time ``HOT`` more; their seconds."""
+    for n in range(held):
+        node.publish(image, node.target())
+        if (n + 1) % 250 == 0:
+            progress(f"holders: {n + 1}/{held} volumes held")
+    return [node.publish(image, node.target()) for _ in range(HOT)]
+
+
+def run(workdir: Path) -> list[Result]:
+    held_counts = tuple(int(n) for n in os.environ.get("BENCH_HELD", "").split(",") if n) or HELD
+    before = os.environ.get("BENCH_BEFORE_TREE")
+    sides: list[tuple[str, Path, tuple[str, ...]]] = []
+    if before:
+        sides.append((f"before ({commit_of(Path(before))})", Path(before), ()))
+    sides.append((f"after ({commit_of(HERE)})", HERE, ()))
+    sides.append(
+        (f"after ({commit_of(HERE)}), holder files not fsynced", HERE, ("--no-durable-commit",))
+    )
+    registry = RegistryServer.start(workdir / "registry")
+    results: list[Result] = []
+    try:
+        image = make_image(
+            registry,
+            workdir,
+            "bench/holders",
+            files=TYPICAL_FILES,
+            total=TYPICAL_BYTES,
+            random_share=TYPICAL_RANDOM,
+            seed=3,
+        )
+        for held in held_counts:
+            for n, (label, tree, args) in enumerate(sides):
+                node = node_from(tree, workdir / f"plugin-{held}-{n}", *args)
+                try:
+                    hot = hot_publishes(node, image.ref, held)
+                finally:
+                    node.close()
+                ms = [s * 1000 for s in hot]
+                progress(
+                    f"holders: {label}, {held} held: p50 {percentile(ms, 50):.2f} ms, "
+                    f"p99 {percentile(ms, 99):.2f} ms"
+                )
+                results.append(
+                    Result(f"hot publish p50, {held} held, {label}", percentile(ms, 50), "ms")
+                )
+                results.append(
+                    Result(
+                        f"hot publish p99, {held} held, {label}",
+                        percentile(ms, 99),
+                        "ms",
+                        target=3 if label.startswith("after") else None,
+                        note=f"{HOT} publishes of the cached typical bundle to new targets",
+                    )
+                )
+    finally:
+        registry.stop()
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit("run it as: python -m tests.bench holders")
