@@ -201,10 +201,11 @@ class FuseImages:
             finally:
                 seams.close(puller)
             with self._tags_lock:
-                self._tags[key] = digest
-                # A cache of resolutions: not fsynced on the publish path (a torn file
-                # after a power loss is set aside and the tags resolved again).
-                write_json_atomic(self.tags_path, self._tags, durable=False)
+                if self._tags.get(key) != digest:  # unchanged (pullPolicy Always): no write
+                    self._tags[key] = digest
+                    # A cache of resolutions: not fsynced on the publish path (a torn file
+                    # after a power loss is set aside and the tags resolved again).
+                    write_json_atomic(self.tags_path, self._tags, durable=False)
             self._observer.cache_result(hit=hit)
             return Ready(digest, digests.hex_of(digest), cache_hit=hit)
 
