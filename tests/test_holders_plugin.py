@@ -152,6 +152,12 @@ def test_a_node_upgraded_in_place_keeps_its_bind_and_fuse_volumes(
             node.NodePublishVolume(other)
         assert refused.value.code() == grpc.StatusCode.ALREADY_EXISTS
         assert "vol-b" in str(refused.value.details())
+        bind_over_fuse = publish_request(fuse_path, image.ref, volume_id="vol-x")
+        with pytest.raises(grpc.RpcError) as refused:
+            node.NodePublishVolume(bind_over_fuse)
+        assert refused.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        assert "vol-f" in str(refused.value.details())
+        node.NodePublishVolume(requests_[fuse_path])  # its FUSE holder is intact: OK
         for path in requests_:
             unpublish(node, path)
     assert list((plugin.state_dir / "holders").iterdir()) == []

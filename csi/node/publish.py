@@ -219,6 +219,12 @@ class Publisher:
                         f"target {key} already holds volume {known.volume_id} with image "
                         f"{known.image}; unpublish it first"
                     )
+                elif known is None and (other := self.images.registry.get(key)) is not None:
+                    # Another presentation's (FUSE) holder: left as it is.
+                    raise errors.AlreadyExists(
+                        f"target {key} already holds volume {other.volume_id or '(unknown)'} "
+                        f"with image {other.image or '(unknown)'}; unpublish it first"
+                    )
             holder = Holder(target=key, volume_id=req.volume_id, image=req.source.image)
             with self._slot(deadline, req.source.image):
                 unpacked = self.images.ensure(
