@@ -12,8 +12,10 @@ before the holder registry (e.g. the main branch), the same measurement runs aga
 plugin started from that tree first, so both sides share the disk's mood. The after side
 runs twice: as shipped (holder files fsynced) and with ``--no-durable-commit`` (the
 same files written without fsync; a hot publish commits no tree, so that flag changes
-only them). ``BENCH_HELD`` overrides the held counts (comma-separated, e.g. ``1,200``)
-and ``BENCH_HOT`` the number of hot publishes timed, for a reduced run.
+only them). First, the registry's own part in-process (``Holders.hold`` with ``held``
+records already there), fsynced and not. ``BENCH_HELD`` overrides the held counts
+(comma-separated, e.g. ``1,200``) and ``BENCH_HOT`` the number of hot publishes timed,
+for a reduced run.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+from rukpak.store import holders
 from tests.bench import Result, percentile, progress
 from tests.bench.bench_csi import (
     TYPICAL_BYTES,
@@ -37,6 +41,7 @@ from tests.registry import RegistryServer
 HELD = (1, 1000)
 HOT = 200
 WARMUP = 50
+DIGEST = "sha256:" + "0" * 64
 HERE = Path(__file__).resolve().parents[2]
 
 
@@ -78,6 +83,21 @@ def hot_publishes(node: Node, image: str, held: int) -> list[float]:
     return [node.publish(image, node.target()) for _ in range(hot)]
 
 
+def registry_holds(root: Path, held: int, *, durable: bool) -> list[float]:
+    """Seconds of ``HOT`` holds (and as many releases, untimed) in a registry that already
+    holds ``held`` records: the registry's own part of a hot publish, in-process."""
+    registry = holders.Holders(root, durable=durable)
+    for n in range(held):
+        registry.hold(holders.Record(f"/k/held-{n}", f"vol-{n}", DIGEST, holders.TREE))
+    seconds = []
+    for n in range(int(os.environ.get("BENCH_HOT", HOT))):
+        record = holders.Record(f"/k/hot-{n}", f"hot-{n}", DIGEST, holders.TREE)
+        started = time.perf_counter()
+        registry.hold(record)
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
 def run(workdir: Path) -> list[Result]:
     held_counts = tuple(int(n) for n in os.environ.get("BENCH_HELD", "").split(",") if n) or HELD
     before = os.environ.get("BENCH_BEFORE_TREE")
@@ -88,8 +108,25 @@ def run(workdir: Path) -> list[Result]:
     sides.append(
         (f"after ({commit_of(HERE)}), holder files not fsynced", HERE, ("--no-durable-commit",))
     )
-    registry = RegistryServer.start(workdir / "registry")
     results: list[Result] = []
+    for held in held_counts:
+        for durable in (True, False):
+            ms = [
+                s * 1000
+                for s in registry_holds(
+                    workdir / f"registry-{held}-{durable}", held, durable=durable
+                )
+            ]
+            kind = "fsynced" if durable else "not fsynced"
+            results.append(
+                Result(
+                    f"holder record write p99 (in-process), {held} held, {kind}",
+                    percentile(ms, 99),
+                    "ms",
+                    note=f"p50 {percentile(ms, 50):.3f} ms; rukpak.store.holders.Holders.hold",
+                )
+            )
+    registry = RegistryServer.start(workdir / "registry")
     try:
         image = make_image(
             registry,
