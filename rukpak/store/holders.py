@@ -11,10 +11,15 @@ image cache's unpacked trees, ``fuse`` for the FUSE store).
 Layout: ``<root>/<h>.json``, one file per holder, ``<h>`` the first 32 hex digits of the
 sha256 of its target (a target presents one volume at a time; one volume may be
 presented on several targets, as the store volume does). A hold writes its one file
-with the project's commit recipe (``rukpak.common.fsio``: temp file, fsync, rename,
-fsync of the directory); a release unlinks it and syncs the directory. Neither reads or
-rewrites any other record, so a publish costs the same with 1 or 1,000 volumes held.
-With ``durable=False`` (``--no-durable-commit``) the fsyncs are skipped: still atomic.
+with the project's commit recipe (``rukpak.common.fsio``: temp file, rename, fsync of
+the file and of the directory); a release unlinks it, then the directory is synced.
+Neither reads or rewrites any other record, so a publish costs the same with 1 or 1,000
+volumes held. The fsyncs run in a background thread (``sync``, one batch for every
+record changed meanwhile), as a tree's durability follows its commit
+(``rukpak.image.cachesync``): the publish returns after the rename, which a crash of the
+plugin cannot undo; what a power loss could take in the milliseconds before the batch
+is the record of a mount the power loss ended anyway (and a record torn so is set aside
+at start, below). With ``durable=False`` (``--no-durable-commit``) nothing is fsynced.
 
 Start: every ``*.json`` is loaded. A file that is not a whole record (a torn write of a
 power loss, a hand edit) is logged and set aside as ``<name>.bad-<ns>``, never fatal:
@@ -33,6 +38,7 @@ state (so two changes of one target never leave the older one on disk).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
@@ -44,6 +50,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rukpak.common.background import Chore
 from rukpak.common.fsio import fsync_dir, write_bytes_atomic
 
 log = logging.getLogger(__name__)
@@ -119,6 +126,11 @@ class Holders:
         self._lock = threading.Lock()
         self._records: dict[str, Record] = {}
         self._stripes = [threading.Lock() for _ in range(_STRIPES)]
+        self._unsynced: set[str] = set()  # names written or removed since the last sync
+        self._sync_lock = threading.Lock()
+        self._syncer = Chore("holders-sync", self.sync, failure="cannot sync holder records")
+        if durable:
+            atexit.register(self.sync)  # what the thread had not synced yet
         self._load()
 
     def _load(self) -> None:
@@ -197,14 +209,44 @@ class Holders:
                 record = self._records.get(target)
             if record is not None:
                 payload = json.dumps(record.to_json(), sort_keys=True).encode()
-                write_bytes_atomic(path, payload, durable=self.durable)
-                return
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                return
-            if self.durable:
-                fsync_dir(self.root)
+                write_bytes_atomic(path, payload, durable=False)  # synced in the background
+            else:
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    return
+        if self.durable:
+            with self._sync_lock:
+                self._unsynced.add(path.name)
+            self._syncer.wake()
+
+    def sync(self) -> None:
+        """Make every record written or removed so far durable: each file still there,
+        then the directory (the background thread's work; callable to wait for it)."""
+        with self._sync_lock:
+            names, self._unsynced = self._unsynced, set()
+        if not names:
+            return
+        try:
+            for name in sorted(names):
+                try:
+                    fd = os.open(self.root / name, os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    continue  # released: the directory's sync below covers it
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            fsync_dir(self.root)
+        except BaseException:
+            with self._sync_lock:
+                self._unsynced |= names  # tried again with the next change
+            raise
+
+    def pending(self) -> int:
+        """Records changed and not yet made durable."""
+        with self._sync_lock:
+            return len(self._unsynced)
 
     def adopt(self, records: Iterable[Record]) -> int:
         """Write the records of an older format (see the module docstring); a target
