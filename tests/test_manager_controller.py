@@ -670,7 +670,7 @@ def manager_process(kube_apiserver: Any, kube: Kube) -> Iterator[Any]:
 
     # an object of a class nobody handles: reading it as v1alpha1 needs the conversion
     probe_bd = unique("conversion-probe")
-    probe = {
+    probe_doc: dict[str, Any] = {
         "apiVersion": "core.rukpak.io/v1alpha2",
         "kind": "BundleDeployment",
         "metadata": {"name": probe_bd},
@@ -682,7 +682,7 @@ def manager_process(kube_apiserver: Any, kube: Kube) -> Iterator[Any]:
     }
     # the API server swaps the CRD's handler after the patch; until it has, writes are
     # answered 503 "apiserver is shutting down" (the old handler draining): ask again
-    eventually(lambda: kube.create(probe), timeout=30, what="the probe created")
+    eventually(lambda: kube.create(probe_doc), timeout=30, what="the probe created")
 
     def converting() -> bool:
         secret = kube.get(ObjectRef("", "v1", "Secret", system_ns, "rukpak-webhook-cert"))
