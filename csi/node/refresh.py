@@ -401,12 +401,7 @@ class RefreshVolumes:
 
     def resume(self) -> None:
         """Refresh again the volumes this node still has mounted (call at start)."""
-        if not self.root.is_dir():
-            return
-        for record in sorted(self.root.glob("*.json")):
-            doc = fsio.read_json_or_set_aside(record)
-            if not isinstance(doc, dict):
-                continue
+        for record, doc in fsio.json_records(self.root):
             try:
                 source = VolumeSource.from_attributes(doc["attributes"])
                 pod = PodRef(**doc["pod"]) if doc.get("pod") else None

@@ -332,12 +332,7 @@ class StoreVolumes:
         """Serve the sockets of the store volumes this node still has mounted (call at
         start, after ``Publisher.reconcile``); a volume whose pod the allow-list no longer
         names keeps what it shows but gets no socket."""
-        if not self.root.is_dir():
-            return
-        for record in sorted(self.root.glob("*.json")):
-            doc = fsio.read_json_or_set_aside(record)
-            if not isinstance(doc, dict):
-                continue
+        for record, doc in fsio.json_records(self.root):
             directory = record.with_suffix("")
             try:
                 pod = PodInfo(

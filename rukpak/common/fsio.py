@@ -107,6 +107,18 @@ def write_json_atomic(dest: Path, data: Any, *, durable: bool = True) -> None:
     write_bytes_atomic(dest, json.dumps(data, sort_keys=True).encode(), durable=durable)
 
 
+def json_records(directory: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """Each ``*.json`` record in ``directory`` (in name order) holding a JSON object, with
+    its path; unreadable ones set aside (:func:`read_json_or_set_aside`), none when the
+    directory does not exist."""
+    if not directory.is_dir():
+        return
+    for record in sorted(directory.glob("*.json")):
+        doc = read_json_or_set_aside(record)
+        if isinstance(doc, dict):
+            yield record, doc
+
+
 def read_json_or_set_aside(path: Path) -> Any | None:
     """The JSON in ``path``; None when it does not exist.
 
