@@ -626,10 +626,16 @@ def test_upgrading_from_the_previous_release_keeps_every_bundledeployment(
     later = eventually(lambda: installed(system), timeout=120, what="installed after")
     assert later["Installed"]["lastTransitionTime"] == conds["Installed"]["lastTransitionTime"]
     assert (system.kube.get(bd) or {})["metadata"]["uid"] == was["bd"]
-    greeting = (system.kube.get(inst.greeting_ref(namespace)) or {})["metadata"]
-    assert greeting["uid"] == was["greeting"]["uid"], "re-created, not kept"
-    # the one change the upgrade makes: upstream's owner-kind label, added by a patch
+    # the one change the upgrade makes: upstream's owner-kind label, added by a patch on the
+    # new managers' first pass (which may come after the condition above is read)
     added = {"core.rukpak.io/owner-kind": "BundleDeployment"}
+
+    def relabelled() -> dict[str, Any] | None:
+        meta = (system.kube.get(inst.greeting_ref(namespace)) or {}).get("metadata") or {}
+        return meta if (meta.get("labels") or {}).items() >= added.items() else None
+
+    greeting = eventually(relabelled, timeout=120, what="owner-kind label added")
+    assert greeting["uid"] == was["greeting"]["uid"], "re-created, not kept"
     assert greeting.get("labels") == {**(was["greeting"].get("labels") or {}), **added}
     deployment = system.kube.get(hello) or {}  # kept, and its pods not rolled
     assert deployment["metadata"]["uid"] == was["hello"]["uid"]
