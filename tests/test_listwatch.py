@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from csi.node.apisource import ClientSource
-from csi.node.policies import EmptyWithoutCRD, PolicyWatch
+from csi.node.policies import PolicyWatch
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from rukpak.common import errors
@@ -361,7 +361,7 @@ def test_a_missing_crd_means_no_policies_once_listed(api_client: Any) -> None:
     """The plugin's view when ClusterBundlePolicy is not served: synced, and empty (a
     publish is not refused as UNAVAILABLE for want of a CRD)."""
     informer = listwatch.Informer(
-        EmptyWithoutCRD(ClientSource(api_client, plurals={"Gadget": "gadgets"})),
+        ClientSource(api_client, plurals={"Gadget": "gadgets"}, absent_is_empty=True),
         "nothing.example.com/v1",
         "Gadget",
     )

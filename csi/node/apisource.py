@@ -41,10 +41,16 @@ def _error(exc: ApiException, what: str) -> errors.RukpakError:
 class ClientSource:
     """List and watch one custom resource (``plural`` of ``api_version``) with ``api``."""
 
-    def __init__(self, api: client.ApiClient, *, plurals: dict[str, str]) -> None:
+    def __init__(
+        self, api: client.ApiClient, *, plurals: dict[str, str], absent_is_empty: bool = False
+    ) -> None:
         self._custom = client.CustomObjectsApi(api)
         self.plurals = plurals
         """Kind → plural of every kind this source may follow."""
+        self.absent_is_empty = absent_is_empty
+        """A kind not served (its CRD not installed) lists as none, resourceVersion "", and
+        its watch is NotFound: an informer is synced and empty, and lists again after its
+        backoff."""
 
     def _where(self, api_version: str, kind: str) -> tuple[str, str, str]:
         group, _, version = api_version.rpartition("/")
@@ -70,6 +76,8 @@ class ClientSource:
         try:
             listing: Any = self._call(namespace)(*args, _request_timeout=REQUEST_TIMEOUT, **extra)
         except ApiException as exc:
+            if exc.status == 404 and self.absent_is_empty:
+                return [], ""
             raise _error(exc, f"cannot list {kind}") from None
         except Exception as exc:  # the server away: refused, reset, timed out
             raise errors.Unavailable(f"cannot list {kind}: {str(exc)[:300]}") from None
@@ -90,6 +98,8 @@ class ClientSource:
         timeout_seconds: int = 60,
     ) -> Iterator[tuple[str, Obj]]:
         args = self._args(api_version, kind, namespace)
+        if not resource_version and self.absent_is_empty:  # listed as absent
+            raise errors.NotFound(f"{kind} is not served (its CRD is not installed)")
         extra = {"label_selector": label_selector} if label_selector else {}
         make: Callable[[], Any] = watch.Watch  # untyped in the client
         stream = make()

@@ -26,7 +26,7 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from kubernetes import client, config
@@ -65,7 +65,7 @@ class PolicyWatch:
         self._lock = threading.Lock()
         self._current: list[signing.Policy] = []
         self._informer = listwatch.Informer(
-            EmptyWithoutCRD(ClientSource(api, plurals={KIND: signing.PLURAL})),
+            ClientSource(api, plurals={KIND: signing.PLURAL}, absent_is_empty=True),
             API_VERSION,
             KIND,
             on_sync=self._refresh,
@@ -197,43 +197,3 @@ class PolicyWatch:
                 "signature policies loaded",
                 ",".join(f"{p.name}@{p.generation}" for p in current) or "-",
             )
-
-
-class EmptyWithoutCRD:
-    """A source whose list answers "none" when the CRD is not installed (404), so a cluster
-    without ClusterBundlePolicy has no policies; the watch's 404 then waits the informer's
-    backoff and lists again."""
-
-    def __init__(self, source: listwatch.Source) -> None:
-        self.source = source
-
-    def list(
-        self, api_version: str, kind: str, *, namespace: str = "", label_selector: str = ""
-    ) -> tuple[list[listwatch.Obj], str]:
-        try:
-            return self.source.list(
-                api_version, kind, namespace=namespace, label_selector=label_selector
-            )
-        except errors.NotFound:
-            return [], ""
-
-    def watch(
-        self,
-        api_version: str,
-        kind: str,
-        *,
-        resource_version: str,
-        namespace: str = "",
-        label_selector: str = "",
-        timeout_seconds: int = 60,
-    ) -> Iterator[tuple[str, listwatch.Obj]]:
-        if not resource_version:  # listed "none": the CRD is missing, so is its watch
-            raise errors.NotFound(f"{kind} is not served (its CRD is not installed)")
-        return self.source.watch(
-            api_version,
-            kind,
-            resource_version=resource_version,
-            namespace=namespace,
-            label_selector=label_selector,
-            timeout_seconds=timeout_seconds,
-        )
