@@ -5,9 +5,9 @@ that drops mid-blob is a broken download (Unavailable) and nothing is kept, a wr
 met by the thread reaches the caller, and no thread outlives its stream or ingest.
 
 The handoff and verification rules are pure logic (fed from memory); the dropped
-connection is a real HTTP server that closes the socket half way through a blob, read
-through the registry client into the node's content store as the image cache reads an
-artifact's file layer.
+connection is a real HTTP server that closes the socket half way through a blob, and the
+deadline passing mid-blob is Debian's docker-registry, each read through the registry
+client into the node's content store as the image cache reads an artifact's file layer.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import cast
 
 import pytest
 
-from rukpak.common import errors
+from rukpak.common import backoff, errors
 from rukpak.image.store import ContentStore
 from rukpak.oci import blobio, handoff, mediatypes
 from rukpak.oci import digest as digests
@@ -34,6 +34,7 @@ from rukpak.oci.client import RegistryClient
 from rukpak.oci.handoff import Handoff
 from rukpak.oci.manifest import Descriptor
 from rukpak.oci.reference import Reference
+from tests.registry import RegistryServer
 
 BIG = handoff.WORTH + 12_345  # past the threshold: the thread path, not a multiple of a slot
 
@@ -295,3 +296,34 @@ def test_a_small_blob_hashed_inline_dropped_mid_way_is_a_broken_download_too(
         client.open_blob(Reference.parse(f"{host}/a/model:v1"), desc) as stream,
     ):
         read_in_chunks(stream)  # type: ignore[arg-type]
+
+
+@pytest.mark.registry
+def test_a_deadline_passing_mid_blob_stops_the_stream_and_its_thread_and_keeps_nothing(
+    registry: RegistryServer, tmp_path: Path
+) -> None:
+    """The deadline in force where the stream opened is checked before every read, in the
+    reading thread, whatever the hashing thread is doing (a clock moved by hand)."""
+    data = big_blob()
+    ref = Reference.parse(f"{registry.host}/handoff/deadline:v1")
+    now = [0.0]
+    deadline = backoff.Deadline.after(60, what="the test deadline", clock=lambda: now[0])
+    store = ContentStore(tmp_path)
+    view = memoryview(bytearray(1 << 20))
+    with RegistryClient(retries=0) as client:
+        desc = client.push_blob(ref, data, media_type="application/octet-stream")
+        with (
+            pytest.raises(errors.DeadlineExceeded, match="the test deadline") as caught,
+            backoff.within(deadline),
+            store.ingest(desc.digest, desc.size, durable=False, source_verified=True) as sink,
+            client.open_blob(ref, desc) as stream,
+        ):
+            reader = cast(io.BufferedReader, stream)
+            sink.write(view[: reader.readinto(view)])
+            assert handoff_threads()
+            now[0] = 61.0  # the deadline passes mid-blob
+            while n := reader.readinto(view):
+                sink.write(view[:n])
+    assert registry.host in caught.value.message
+    assert visible(tmp_path) == {"blobs": [], "ingest": []}
+    assert handoff_threads() == []
