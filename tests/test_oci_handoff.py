@@ -112,6 +112,8 @@ def test_close_stops_the_thread_is_idempotent_and_refuses_more() -> None:
     assert not work.alive
     with pytest.raises(ValueError, match="after close"):
         work.put(b"y")
+    with pytest.raises(ValueError, match="after close"):
+        work.flush()
 
 
 # -- a verifying stream hashing in a thread ---------------------------------------------

@@ -84,8 +84,9 @@ class Ingest:
     a thread of its own) is written by the caller's thread: a thread just to write buys
     nothing measurable and costs one more copy. Either way ``write(2)`` is given at most
     ``WRITE_PIECE`` bytes at a time: the kernel then fills small page-cache folios, while
-    1 MiB writes made it take large ones, which on the benchmark's VM came from memory
-    the host had to fault in again (0.4 GB/s for 1 MiB writes, 2-4 GB/s for 64 KiB).
+    1 MiB writes made it take large ones, likely from memory the benchmark's VM had
+    handed back to its host (a loop reading a socket and writing 1 GiB took 0.6-2.7 s at
+    1 MiB a write, 0.25-0.4 s at 64 KiB; see docs/benchmarks.md, artifacts).
     """
 
     def __init__(self, fd: int, *, digest: str, size: int, hashed: bool = True) -> None:

@@ -8,7 +8,7 @@ hashes a large blob through one) and the node's content store
 and the writing of a blob overlap instead of taking turns in one thread.
 
 The caller's bytes are copied into one of a few fixed slots, so the caller may reuse its
-buffer at once (copying a chunk costs about a twentieth of hashing it); small puts
+buffer at once (copying a chunk costs a small fraction of hashing it); small puts
 gather in the current slot and a slot goes to the thread when full, or at
 :meth:`Handoff.flush`. When every slot is with the thread, :meth:`Handoff.put` waits for
 one: memory stays bounded at ``slots * slot_size``. What the thread's ``consume`` raises
@@ -78,6 +78,8 @@ class Handoff:
     def flush(self) -> None:
         """Wait until the thread consumed everything put so far; raise what it raised."""
         self._raise()
+        if self._stopping:
+            raise ValueError("flush after close")
         if self._fill:
             self._dispatch()
         done = threading.Event()
