@@ -2,7 +2,9 @@
 and a real registry: files pushed by the ``oras`` library appear at their titles, a Helm
 chart artifact appears unpacked, tar layers and titled files mix; an untitled blob, two
 files titled alike, a title that climbs out, a file over the unpack budget and a FUSE
-publish are refused by name, and nothing is left mounted or written outside the tree.
+publish are refused by name, and nothing is left mounted or written outside the tree. A
+file large enough to be hashed in a thread beside the download (``rukpak.oci.handoff``)
+follows the same rules: placed whole, or, tampered, DATA_LOSS with nothing kept.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import oras.client
 import pytest
 
 from csi.proto import csi_pb2_grpc
-from rukpak.oci import mediatypes
+from rukpak.oci import handoff, mediatypes
 from rukpak.oci.client import RegistryClient
 from rukpak.oci.manifest import Manifest
 from rukpak.oci.reference import Reference
@@ -94,7 +96,8 @@ def test_files_pushed_by_oras_appear_at_their_titles_read_only(
 ) -> None:
     work = tmp_path / "files"
     work.mkdir()
-    (work / "model.safetensors").write_bytes(os.urandom(300_000))
+    # past the size a stream hashes in a thread of its own (README.md is hashed inline)
+    (work / "model.safetensors").write_bytes(os.urandom(handoff.WORTH + 300_000))
     (work / "README.md").write_text("a model\n")
     client = oras.client.OrasClient(hostname=registry.host, insecure=True)
     with contextlib.chdir(work):  # oras titles a file by the path it was given
@@ -212,18 +215,25 @@ def test_a_file_over_the_unpack_budget_is_resource_exhausted(
         assert not list((proc.state_dir).rglob("big.bin"))
 
 
+@pytest.mark.parametrize(
+    "size",
+    [
+        pytest.param(64_000, id="hashed-inline"),
+        pytest.param(handoff.WORTH + 64_000, id="hashed-in-a-thread"),
+    ],
+)
 def test_a_tampered_file_blob_is_data_loss_and_nothing_is_kept(
-    node: csi_pb2_grpc.NodeStub, plugin: PluginProcess, registry: RegistryServer
+    node: csi_pb2_grpc.NodeStub, plugin: PluginProcess, registry: RegistryServer, size: int
 ) -> None:
-    data = os.urandom(64_000)
+    data = os.urandom(size)
     ref = push_artifact(
-        registry.host, "artifacts/tampered", "v1",
+        registry.host, f"artifacts/tampered-{size}", "v1",
         [(data, "application/octet-stream", {TITLE: "weights.bin"})],
     )  # fmt: skip
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
     blob = registry.blob_path(digest)
     blob.chmod(0o644)
-    blob.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])  # same size, other bytes
+    blob.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))  # same size, the last byte other
     path = target(plugin)
     with pytest.raises(grpc.RpcError) as info:
         node.NodePublishVolume(publish_request(path, ref))

@@ -30,6 +30,10 @@ from typing import NamedTuple
 from rukpak.common import errors
 from rukpak.common.fsio import fsync_dir, unlink_size
 from rukpak.oci import digest as digests
+from rukpak.oci import handoff
+
+WRITE_PIECE = 64 << 10
+"""The most one ``write(2)`` of an ingest passes to the kernel (see :class:`Ingest`)."""
 
 Fetch = Callable[[Path], None]
 """Writes the blob's bytes to the given (not yet existing) path."""
@@ -70,7 +74,20 @@ def _check_hashed(hasher: digests.Digester, *, digest: str, size: int) -> None:
 
 
 class Ingest:
-    """An open ingest file: bytes written are hashed and counted (see ContentStore.ingest)."""
+    """An open ingest file: bytes written are hashed and counted (see ContentStore.ingest).
+
+    A blob to hash of ``handoff.WORTH`` bytes or more is hashed and written by a second
+    thread (:class:`rukpak.oci.handoff.Handoff`) while the caller reads on: :meth:`write`
+    copies and returns, :meth:`check` waits for every byte to be on file and raises a write
+    error (ENOSPC, EIO) the thread met, as :meth:`write` itself does for the next chunk.
+    :meth:`close` stops the thread. One only counted (its source verifies it, hashing in
+    a thread of its own) is written by the caller's thread: a thread just to write buys
+    nothing measurable and costs one more copy. Either way ``write(2)`` is given at most
+    ``WRITE_PIECE`` bytes at a time: the kernel then fills small page-cache folios, while
+    1 MiB writes made it take large ones, likely from memory the benchmark's VM had
+    handed back to its host (a loop reading a socket and writing 1 GiB took 0.6-2.7 s at
+    1 MiB a write, 0.25-0.4 s at 64 KiB; see docs/benchmarks.md, artifacts).
+    """
 
     def __init__(self, fd: int, *, digest: str, size: int, hashed: bool = True) -> None:
         self._fd = fd
@@ -79,6 +96,11 @@ class Ingest:
         self._count = 0
         self.digest = digest
         self.size = size
+        self._handoff = (
+            handoff.Handoff(self._store, name=f"ingest {digest[:19]}")
+            if hashed and size >= handoff.WORTH
+            else None
+        )
 
     @property
     def written(self) -> int:
@@ -86,21 +108,28 @@ class Ingest:
 
     def write(self, data: bytes | memoryview) -> None:
         """Append ``data``; DataLoss as soon as more than ``size`` bytes arrive."""
-        if self._hashed:
-            self._hasher.update(bytes(data) if isinstance(data, memoryview) else data)
         self._count += len(data)
         if self._count > self.size:
             raise errors.DataLoss(
                 f"blob {self.digest}: more than the {self.size} bytes the manifest says "
                 "arrived; the registry served different content, try again or re-push the image"
             )
-        view = memoryview(data)
+        if self._handoff is not None:
+            self._handoff.put(data)
+        else:
+            self._store(memoryview(data).cast("B"))
+
+    def _store(self, view: memoryview) -> None:
+        if self._hashed:
+            self._hasher.update(view)
         while view:
-            view = view[os.write(self._fd, view) :]
+            view = view[os.write(self._fd, view[:WRITE_PIECE]) :]
 
     def check(self) -> None:
         """Raise DataLoss unless exactly ``size`` bytes hashing to ``digest`` were written
         (the count only when the source verified the digest itself)."""
+        if self._handoff is not None:
+            self._handoff.flush()
         if self._hashed:
             _check_hashed(self._hasher, digest=self.digest, size=self.size)
         elif self._count != self.size:
@@ -108,6 +137,11 @@ class Ingest:
                 f"blob {self.digest}: got {self._count} bytes, the manifest says {self.size}; "
                 "the registry served different content, try again or re-push the image"
             )
+
+    def close(self) -> None:
+        """Stop the writing thread, if any (what it had not written is dropped); idempotent."""
+        if self._handoff is not None:
+            self._handoff.close()
 
 
 class ContentStore:
@@ -181,8 +215,11 @@ class ContentStore:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
                 sink = Ingest(fd, digest=digest, size=size, hashed=not source_verified)
-                yield sink
-                sink.check()
+                try:
+                    yield sink
+                    sink.check()
+                finally:
+                    sink.close()
             finally:
                 os.close(fd)
             self._commit(tmp, final, durable=durable)

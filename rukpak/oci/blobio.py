@@ -20,12 +20,14 @@ from typing import Protocol
 from rukpak.common import errors
 from rukpak.common.fsio import atomic_writer
 from rukpak.oci import digest as digests
+from rukpak.oci import handoff
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
 
 class Readable(Protocol):
-    """A source of bytes: a file, ``urllib3`` response, or an adapter around one."""
+    """A source of bytes: a file, ``urllib3`` response, or an adapter around one; one with
+    a ``readinto`` too is read with that (into the caller's buffer, no ``bytes`` per chunk)."""
 
     def read(self, size: int = -1, /) -> bytes: ...
 
@@ -95,16 +97,25 @@ class VerifyingReader(io.RawIOBase):
     Raises DataLoss as soon as more than ``size`` bytes arrive, and at end of
     stream when the size or digest is wrong. :meth:`verify_rest` drains what is
     left unread and checks it (used when a consumer stops early, e.g. a tar
-    reader at the end-of-archive marker).
+    reader at the end-of-archive marker). A blob of ``handoff.WORTH`` bytes or more
+    is hashed in a second thread (:class:`rukpak.oci.handoff.Handoff`) while the next
+    chunk is read; the end of stream waits for it, so nothing is declared verified
+    before every byte was hashed. :meth:`close` stops that thread.
     """
 
     def __init__(self, raw: Readable, *, digest: str, size: int, subject: str) -> None:
         super().__init__()
+        self._handoff: handoff.Handoff | None = None
         self._raw = raw
+        into = getattr(raw, "readinto", None)
+        self._into: Callable[[memoryview], int] | None = into if callable(into) else None
         self._digester = digests.Digester.for_digest(digest)
         self._digest = digest
         self._size = size
+        self._count = 0
         self._subject = subject
+        if size >= handoff.WORTH:
+            self._handoff = handoff.Handoff(self._digester.update, name=f"hash {digest[:19]}")
         self.verified = False
 
     def readable(self) -> bool:
@@ -112,22 +123,32 @@ class VerifyingReader(io.RawIOBase):
 
     def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
         view = memoryview(buffer).cast("B")
-        data = self._raw.read(len(view))
-        if not data:
+        if self._into is not None:
+            n = self._into(view)
+        else:
+            data = self._raw.read(len(view))
+            n = len(data)
+            view[:n] = data
+        if not n:
             self._finish()
             return 0
-        self._digester.update(data)
-        if self._digester.size > self._size:
-            raise mismatch(self._subject, self._digest, self._size, "", self._digester.size)
-        view[: len(data)] = data
-        return len(data)
+        self._count += n
+        if self._count > self._size:
+            raise mismatch(self._subject, self._digest, self._size, "", self._count)
+        if self._handoff is not None:
+            self._handoff.put(view[:n])
+        else:
+            self._digester.update(view[:n])
+        return n
 
     def _finish(self) -> None:
         if self.verified:
             return
+        if self._handoff is not None:
+            self._handoff.flush()
         got = self._digester.digest()
-        if self._digester.size != self._size or got != self._digest:
-            raise mismatch(self._subject, self._digest, self._size, got, self._digester.size)
+        if self._count != self._size or got != self._digest:
+            raise mismatch(self._subject, self._digest, self._size, got, self._count)
         self.verified = True
 
     def verify_rest(self) -> None:
@@ -135,3 +156,8 @@ class VerifyingReader(io.RawIOBase):
         while self.read(1 << 20):
             pass
         self._finish()
+
+    def close(self) -> None:
+        if self._handoff is not None:
+            self._handoff.close()
+        super().close()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import http.client
 import io
 import json
 import logging
@@ -45,6 +46,9 @@ from rukpak.oci.reference import Reference
 
 MANIFEST_MAX: Final[int] = 4 << 20  # bytes; distribution itself refuses larger ones
 CHUNK: Final[int] = 1 << 20  # streaming read size
+STREAM_BUFFER: Final[int] = 64 << 10
+"""The buffer of :meth:`RegistryClient.open_blob`'s stream: a larger read (the image
+cache's 1 MiB) goes past it, straight from the socket into the reader's own buffer."""
 
 _MANIFEST_ACCEPT = ", ".join(mediatypes.MANIFEST_ACCEPT)
 _T = TypeVar("_T")
@@ -399,8 +403,9 @@ class RegistryClient:
                 size=desc.size,
                 subject=f"blob {desc.digest} of {ref.name}",
             )
-            yield cast(BinaryIO, io.BufferedReader(reader, buffer_size=CHUNK))
-            reader.verify_rest()
+            with contextlib.closing(reader):  # stops its hashing thread, however it ends
+                yield cast(BinaryIO, io.BufferedReader(reader, buffer_size=STREAM_BUFFER))
+                reader.verify_rest()
 
 
 def _manifest_path(ref: Reference) -> str:
@@ -469,7 +474,17 @@ def _chunks(
 
 class _NetworkReader:
     """``response.raw`` whose network failures become :class:`_StreamBroken`, read until
-    ``deadline`` (captured where the stream opened: the reader may be another thread)."""
+    ``deadline`` (captured where the stream opened: the reader may be another thread).
+
+    :meth:`readinto` fills the caller's buffer straight from the socket through
+    ``http.client``'s own ``readinto`` under urllib3's response (one copy, no allocation
+    per chunk), which urllib3's ``read`` and ``readinto`` do not (a new ``bytes`` per
+    chunk, copied again into the buffer). That reaches into urllib3's ``_fp``: when it
+    is not an ``http.client`` response, or urllib3 already holds part of the body, the
+    reader falls back to ``read``. Either way the bytes are the body as sent (no content
+    decoding), and a connection that closes before the promised length is broken, not
+    short content.
+    """
 
     def __init__(
         self,
@@ -482,6 +497,10 @@ class _NetworkReader:
         self._target = target
         self._deadline = deadline
         self._doing = doing
+        fp = getattr(self._raw, "_fp", None)
+        buffered = getattr(self._raw, "_decoded_buffer", None)
+        direct = isinstance(fp, http.client.HTTPResponse) and not (buffered and len(buffered))
+        self._direct: http.client.HTTPResponse | None = fp if direct else None
 
     def read(self, size: int = -1, /) -> bytes:
         if self._deadline is not None:
@@ -490,6 +509,24 @@ class _NetworkReader:
             return cast(bytes, self._raw.read(size, decode_content=False))
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise _broken(self._target, exc, self._deadline, self._doing) from None
+
+    def readinto(self, buffer: memoryview) -> int:
+        fp = self._direct
+        if fp is None:
+            data = self.read(len(buffer))
+            buffer[: len(data)] = data
+            return len(data)
+        if self._deadline is not None:
+            self._deadline.check(self._doing)
+        try:
+            n = fp.readinto(buffer)
+        except (http.client.HTTPException, OSError) as exc:
+            raise _broken(self._target, exc, self._deadline, self._doing) from None
+        if not n and len(buffer) and fp.length:  # closed before Content-Length was reached
+            raise _broken(
+                self._target, ConnectionError("closed early"), self._deadline, self._doing
+            )
+        return n
 
 
 def _broken(

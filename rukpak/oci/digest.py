@@ -75,7 +75,7 @@ class Digester:
         """A digester using the algorithm of ``digest`` (which is validated)."""
         return cls(check(digest).partition(":")[0])
 
-    def update(self, data: bytes) -> None:
+    def update(self, data: bytes | bytearray | memoryview) -> None:
         self._hash.update(data)
         self.size += len(data)
 
