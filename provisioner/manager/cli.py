@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from provisioner.engine.kube.kube import Kube
-from provisioner.manager import actuate, certs, content, controller, model, webhook
+from provisioner.manager import actuate, certs, content, controller, model, prestage, webhook
 from provisioner.runtime import flags, liveness, service, signals
 from provisioner.runtime.metrics import Metrics, object_conditions
 from rukpak.common import errors
@@ -124,6 +125,14 @@ def register(subparsers: Any) -> None:
         metavar="HOST[:PORT]",
         help="registry spoken to over plain HTTP when resolving tags and packing content "
         "(loopback always is); give the node plugin the same list; repeatable",
+    )
+    p.add_argument(
+        "--prestage-timeout",
+        type=float,
+        default=float(os.environ.get("PRESTAGE_TIMEOUT", "0")),
+        help="seconds a BundleDeployment's pivot to a new pin waits for the node plugins "
+        "that follow pre-stage asks to fetch its images (docs/prestage.md); 0 (default) "
+        "asks nothing and pivots at once (env PRESTAGE_TIMEOUT)",
     )
     flags.add_controller(p, lease=LEASE_NAME, workers="reconcile")
     p.add_argument(
@@ -313,6 +322,9 @@ def run_manager(args: argparse.Namespace) -> int:
             watch_timeout=WATCH_TIMEOUT,
             signature_client=lambda creds: oci_client.RegistryClient(
                 credentials=creds, insecure=args.insecure_registry
+            ),
+            prestage_gate=(
+                prestage.Gate(timeout=args.prestage_timeout) if args.prestage_timeout > 0 else None
             ),
         )
         alive.follow(ctl.queue)
