@@ -130,9 +130,10 @@ def register(subparsers: Any) -> None:
         "--prestage-timeout",
         type=float,
         default=float(os.environ.get("PRESTAGE_TIMEOUT", "0")),
-        help="seconds a BundleDeployment's pivot to a new pin waits for the node plugins "
-        "that follow pre-stage asks to fetch its images (docs/prestage.md); 0 (default) "
-        "asks nothing and pivots at once (env PRESTAGE_TIMEOUT)",
+        help="seconds a v1alpha2 BundleDeployment's pivot to a new pin waits for the node "
+        "plugins that follow pre-stage asks to fetch its images (docs/prestage.md); 0 "
+        "(default) asks nothing and pivots at once; a BundleDeployment's annotation "
+        "prestage.rukpak.io/timeout overrides it (env PRESTAGE_TIMEOUT)",
     )
     flags.add_controller(p, lease=LEASE_NAME, workers="reconcile")
     p.add_argument(
@@ -323,9 +324,7 @@ def run_manager(args: argparse.Namespace) -> int:
             signature_client=lambda creds: oci_client.RegistryClient(
                 credentials=creds, insecure=args.insecure_registry
             ),
-            prestage_gate=(
-                prestage.Gate(timeout=args.prestage_timeout) if args.prestage_timeout > 0 else None
-            ),
+            prestage_gate=prestage.Gate(timeout=args.prestage_timeout),
         )
         alive.follow(ctl.queue)
         ctl.start(workers=args.workers)

@@ -9,9 +9,12 @@ The words are ``rukpak.common.prestage``; the node plugins' side is ``csi.node.p
 images, the generation, and when) once per generation and pin, then reads the Nodes whose
 plugin follows asks (label ``prestage.csi.rukpak.io/enabled``) and answers:
 
+The timeout is the BD's annotation ``prestage.rukpak.io/timeout`` (seconds) if set, else
+``--prestage-timeout``; 0 asks nothing (the default: the manager pivots at once).
+
 - ``None`` (go on, pivot now): every such node answered each image ``cached``, or
   ``skipped``/``failed`` for this ask; or no node follows asks; or the ask is older than
-  ``timeout`` seconds (``--prestage-timeout``; a ``PrestageTimedOut`` Warning names who
+  the timeout (a ``PrestageTimedOut`` Warning names who
   was still fetching and how far). A failed node does not hold the pivot: its publish
   fetches as it would have without pre-staging;
 - a delay (seconds) to look again: some node is fetching, or has not answered yet. The
@@ -65,6 +68,17 @@ def ask_value(images: Sequence[str], generation: int, at: str) -> str:
     return json.dumps(doc, sort_keys=True)
 
 
+def timeout_of(bd: Obj, default: float) -> float:
+    """The BD's own timeout (:data:`words.TIMEOUT_ANNOTATION`) or ``default``; a value
+    that is not a number of seconds from 0 to a day is ignored."""
+    text = (meta_of(bd).get("annotations") or {}).get(words.TIMEOUT_ANNOTATION)
+    try:
+        value = float(text) if text is not None else default
+    except ValueError:
+        return default
+    return value if 0 <= value <= 86400 else default
+
+
 def _at(text: str) -> float | None:
     try:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
@@ -93,7 +107,8 @@ class Gate:
     def hold(self, kube: Kube, bd: Obj, images: Sequence[str], *, generation: int) -> float | None:
         """None to pivot now; else the seconds after which to ask again."""
         pinned = sorted({i for i in images if words.is_pinned(i)})
-        if not pinned or self.timeout <= 0:
+        timeout = timeout_of(bd, self.timeout)
+        if not pinned or timeout <= 0:
             return None
         if len(pinned) > words.MAX_IMAGES:
             log.info(
@@ -109,7 +124,7 @@ class Gate:
             return None
         asked_images, asked_generation, at = ask_of(bd)
         if asked_images != pinned or asked_generation != generation or not at:
-            self._ask(kube, bd, pinned, generation, nodes)
+            self._ask(kube, bd, pinned, generation, nodes, timeout)
             return self.poll
         verdict = words.judge(nodes, [words.digest_of(i) for i in pinned], asked=at)
         started = _at(at)
@@ -118,9 +133,9 @@ class Gate:
                 kube, bd, "Normal", "Prestaged", f"{', '.join(pinned)}: {verdict.summary()}"
             )
             return None
-        if started is not None and self.clock() - started >= self.timeout:
+        if started is not None and self.clock() - started >= timeout:
             message = (
-                f"pivoting without waiting longer than {self.timeout:g}s for "
+                f"pivoting without waiting longer than {timeout:g}s for "
                 f"{', '.join(pinned)}: {verdict.summary()}"
             )
             self._event(kube, bd, "Warning", "PrestageTimedOut", message)
@@ -128,7 +143,13 @@ class Gate:
         return self.poll
 
     def _ask(
-        self, kube: Kube, bd: Obj, images: list[str], generation: int, nodes: list[words.NodeView]
+        self,
+        kube: Kube,
+        bd: Obj,
+        images: list[str],
+        generation: int,
+        nodes: list[words.NodeView],
+        timeout: float,
     ) -> None:
         at = datetime.fromtimestamp(self.clock(), UTC).isoformat(timespec="milliseconds")
         at = at.replace("+00:00", "Z")
@@ -144,7 +165,7 @@ class Gate:
             "Normal",
             "Prestaging",
             f"asked {len(nodes)} node(s) to fetch {', '.join(images)} before the pivot "
-            f"(at most {self.timeout:g}s)",
+            f"(at most {timeout:g}s)",
         )
 
     @staticmethod

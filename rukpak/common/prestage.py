@@ -32,6 +32,9 @@ from dataclasses import dataclass, field
 
 REQUEST_ANNOTATION = "prestage.rukpak.io/images"
 """On a BundleDeployment: the pinned images its next pivot needs on the nodes."""
+TIMEOUT_ANNOTATION = "prestage.rukpak.io/timeout"
+"""On a BundleDeployment: seconds its pivots wait for pre-staging (overrides the manager's
+``--prestage-timeout``; ``0`` turns it off for this BundleDeployment)."""
 ENABLED_LABEL = "prestage.csi.rukpak.io/enabled"
 """On a Node: its node plugin follows pre-stage asks (the nodes the manager waits for)."""
 STATE_ANNOTATION = "prestage.csi.rukpak.io/state"
