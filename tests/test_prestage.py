@@ -319,3 +319,30 @@ def test_two_asks_of_one_digest_fetch_it_once(registry: RegistryServer, tmp_path
         t.join()
     assert sorted(a.state for a in answers) == [words.CACHED, words.CACHED]
     assert images.has_tree(new.manifest_digest)
+
+
+# --- the manager's reading of a BundleDeployment ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, 30.0), ("0", 0.0), ("300", 300.0), ("1.5", 1.5), ("-1", 30.0), ("1e9", 30.0),
+     ("soon", 30.0), ("nan", 30.0)],
+)  # fmt: skip
+def test_a_bundledeployments_own_timeout_overrides_the_flag_when_it_is_sane(
+    value: str | None, expected: float
+) -> None:
+    from provisioner.manager import prestage as gate
+
+    notes = {} if value is None else {words.TIMEOUT_ANNOTATION: value}
+    assert gate.timeout_of({"metadata": {"annotations": notes}}, 30.0) == expected
+
+
+def test_an_ask_round_trips_with_its_generation() -> None:
+    from provisioner.manager import prestage as gate
+
+    image = f"registry.example/app@{D1}"
+    value = gate.ask_value([image], 7, "2026-01-01T00:00:00.000Z")
+    bd = {"metadata": {"annotations": {words.REQUEST_ANNOTATION: value}}}
+    assert gate.ask_of(bd) == ([image], 7, "2026-01-01T00:00:00.000Z")
+    assert gate.ask_of({"metadata": {}}) == ([], None, "")
