@@ -9,6 +9,7 @@ Node) is in ``test_prestage_cluster``; the three-node rollout in
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from pathlib import Path
@@ -346,3 +347,28 @@ def test_an_ask_round_trips_with_its_generation() -> None:
     bd = {"metadata": {"annotations": {words.REQUEST_ANNOTATION: value}}}
     assert gate.ask_of(bd) == ([image], 7, "2026-01-01T00:00:00.000Z")
     assert gate.ask_of({"metadata": {}}) == ([], None, "")
+
+
+def test_a_plugin_told_to_follow_asks_without_credentials_refuses_to_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from csi.plugin import main as plugin
+
+    for name in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    argv = [
+        f"--endpoint=unix://{tmp_path}/csi.sock",
+        f"--state-dir={tmp_path}/state",
+        f"--kubelet-dir={tmp_path}/kubelet",
+        "--no-controller",
+        "--prestage=follow",
+    ]
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        assert plugin.main(argv) == 1
+    finally:  # the plugin configured the process's logging: give pytest its own back
+        root.handlers[:], root.level = handlers, level
+    said = capfd.readouterr().err  # the plugin configures its own logging (stderr)
+    assert "--prestage=follow needs in-cluster credentials or $KUBECONFIG" in said
+    assert not (tmp_path / "csi.sock").exists()
