@@ -33,6 +33,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 
@@ -48,7 +49,7 @@ from csi.node.server import NodeServicer
 from csi.node.storevolume import AllowList, StoreVolumes
 from csi.plugin import health, metrics
 from csi.proto import csi_pb2_grpc, pluginregistration_pb2_grpc
-from rukpak.common import errors
+from rukpak.common import errors, fsio
 from rukpak.common.flags import add_driver_name, add_log_level
 from rukpak.common.logsetup import configure_logging
 from rukpak.image import extract
@@ -58,6 +59,7 @@ from rukpak.image.seams import Puller
 from rukpak.image.settings import CacheSettings
 from rukpak.oci.auth import Credentials
 from rukpak.oci.client import RegistryClient
+from rukpak.oci.manifest import Platform
 from rukpak.signing.gate import ClientFactory, Gate
 
 log = logging.getLogger("csi.plugin")
@@ -196,6 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
          "before anything is fetched; off: check no signature (env SIGNATURE_POLICIES)"),
         ("--system-namespace", str, env("POD_NAMESPACE", "rukpak-system"),
          "namespace of the key Secrets policies name (env POD_NAMESPACE)"),
+        ("--prestage", ("off", "follow"), env("PRESTAGE", "off"),
+         "follow: fetch the images BundleDeployments ask to pre-stage when this node needs "
+         "them, answer on this Node and advertise cached digests as its labels "
+         "(docs/prestage.md; in-cluster credentials or $KUBECONFIG) (env PRESTAGE)"),
+        ("--advertise-max", int, int(env("ADVERTISE_MAX", "16")),
+         "cached digests advertised as cached.csi.rukpak.io/<hex> labels of this Node at "
+         "most (newest kept) (env ADVERTISE_MAX)"),
     ])  # fmt: skip
     p.add_argument(
         "--store-volume-allow",
@@ -233,6 +242,38 @@ def signature_gate(
         client=client,
         observe=m.signature_check,
     )
+
+
+def prestage_follower(
+    args: argparse.Namespace,
+    images: ImageCache,
+    puller: Callable[[Credentials | None], Puller],
+    platform: Platform,
+    store_root: Path,
+    m: metrics.Metrics,
+) -> PrestageLike | None:
+    """The pre-stage follower of ``--prestage=follow``, started; None when off."""
+    if args.prestage == "off":
+        return None
+    from csi.node import prestage, prestagewatch  # the kubernetes client only when it is on
+
+    stager = prestage.Prestager(
+        images=images,
+        puller_factory=puller,
+        platform=platform,
+        store_present=lambda: next(fsio.json_records(store_root), None) is not None,
+    )
+    return prestagewatch.PrestageWatch(
+        prestagewatch.api_from_environment(),
+        node=args.node_id,
+        prestager=stager,
+        advertise_max=max(0, args.advertise_max),
+        metrics=prestagewatch.PrestageMetrics(m),
+    ).start()
+
+
+class PrestageLike(Protocol):
+    def stop(self) -> None: ...
 
 
 def socket_path(endpoint: str) -> Path:
@@ -355,6 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         refresh.resume()
         refresh.start()
+        prestaging = prestage_follower(args, images, puller, publisher.platform, store.root, m)
     except errors.RukpakError as exc:
         log.error("msg=%r error=%r", "cannot start", exc.message)
         return 1
@@ -442,6 +484,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         http.shutdown()
     store.stop()  # the store volumes stay mounted; the next plugin process serves them again
     refresh.stop()  # the views stay mounted; the next plugin process refreshes them again
+    if prestaging is not None:
+        prestaging.stop()
     if fuse is not None:
         fuse.stop()  # the mount stays with the holder for the next plugin process
     for path in sockets:

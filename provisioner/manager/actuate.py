@@ -31,6 +31,7 @@ from provisioner.manager import (
     inline,
     model,
     plan,
+    prestage,
     resolution,
     revisions,
     signatures,
@@ -179,10 +180,17 @@ def _generation(obj: Obj) -> int:
     return int((obj.get("metadata") or {}).get("generation") or 0)
 
 
-def resolve_source(kube: Kube, bd: Obj, action: plan.ResolveSource, resolve: Resolver) -> None:
+def resolve_source(
+    kube: Kube,
+    bd: Obj,
+    action: plan.ResolveSource,
+    resolve: Resolver,
+    gate: prestage.Gate | None = None,
+) -> float | None:
     """Pin a v1alpha2 BundleDeployment's inline sources (``inline``): record
     ``status.resolvedSource`` (or ``resolvedSources``) with ``Unpacked`` (Unpacking), then
-    the pin annotation.
+    the pin annotation. With a pre-stage ``gate``, the pin waits until the nodes have the
+    pinned images (``prestage``): the seconds to look again are returned, nothing written.
 
     A failure the user must fix is ``Unpacked`` False/UnpackFailed with upstream's
     ``source bundle content: `` prefix; a server that did not answer keeps it
@@ -223,6 +231,11 @@ def resolve_source(kube: Kube, bd: Obj, action: plan.ResolveSource, resolve: Res
         for key, value in pinned.annotations.items():
             annotations[inline.items_annotation(index) if several else key] = value
         pins.append((destination, pinned.resolved))
+    images = [str(p["image"].get("ref")) for _, p in pins if p.get("type") == "image"]
+    if gate is not None:
+        wait = gate.hold(kube, bd, images, generation=action.generation)
+        if wait is not None:
+            return wait
     whole = sources.several(pins) if several else pins[0][1]
     described = sources.describe(whole)
     verdict = (
@@ -231,13 +244,13 @@ def resolve_source(kube: Kube, bd: Obj, action: plan.ResolveSource, resolve: Res
         f"pinned {described}; waiting for the instance",
     )
     status = inline.unpacked_status(bd, verdict, now, resolved=whole)
-    images = [str(p["image"].get("ref")) for _, p in pins if p.get("type") == "image"]
     checked = signatures.verified(resolve, images)  # Verified: which policy, key, identity
     status = signatures.with_verified(status, checked, now=now, generation=action.generation)
     write_status(kube, name, status, api_version)
     annotations[inline.PIN_ANNOTATION] = inline.pin_annotation(action.generation, now)
     kube.merge_patch(bd_ref(name, api_version), {"metadata": {"annotations": annotations}})
     record_event(kube, bd, plan.RecordEvent("Normal", "Resolved", f"pinned {described}"), now=now)
+    return None
 
 
 def _message(bundle: Obj) -> str:
@@ -313,6 +326,7 @@ def perform(
     system_namespace: str,
     now: str,
     run_mode: str = "pod",
+    prestage_gate: prestage.Gate | None = None,
 ) -> float | None:
     """Perform ``actions`` in order; the requeue delay a ``Requeue`` asked for, if any.
     With ``run_mode`` ``standing``, a run the standing provisioner can take is written as
@@ -377,7 +391,9 @@ def perform(
             case plan.WriteStatus(status=status):
                 write_status(kube, name, status, api_version)
             case plan.ResolveSource():
-                resolve_source(kube, bd, action, resolve)
+                after = resolve_source(kube, bd, action, resolve, prestage_gate)
+                if after is not None:  # held for pre-staging: look again then
+                    requeue = after if requeue is None else min(requeue, after)
             case plan.SetRollback(revision=revision, generation=generation, reason=reason):
                 value = revisions.rollback_annotation(revision, generation, reason)
                 patch = {"metadata": {"annotations": {revisions.ROLLBACK_ANNOTATION: value}}}

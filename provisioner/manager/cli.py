@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from provisioner.engine.kube.kube import Kube
-from provisioner.manager import actuate, certs, content, controller, model, webhook
+from provisioner.manager import actuate, certs, content, controller, model, prestage, webhook
 from provisioner.runtime import flags, liveness, service, signals
 from provisioner.runtime.metrics import Metrics, object_conditions
 from rukpak.common import errors
@@ -124,6 +125,15 @@ def register(subparsers: Any) -> None:
         metavar="HOST[:PORT]",
         help="registry spoken to over plain HTTP when resolving tags and packing content "
         "(loopback always is); give the node plugin the same list; repeatable",
+    )
+    p.add_argument(
+        "--prestage-timeout",
+        type=float,
+        default=float(os.environ.get("PRESTAGE_TIMEOUT", "0")),
+        help="seconds a v1alpha2 BundleDeployment's pivot to a new pin waits for the node "
+        "plugins that follow pre-stage asks to fetch its images (docs/prestage.md); 0 "
+        "(default) asks nothing and pivots at once; a BundleDeployment's annotation "
+        "prestage.rukpak.io/timeout overrides it (env PRESTAGE_TIMEOUT)",
     )
     flags.add_controller(p, lease=LEASE_NAME, workers="reconcile")
     p.add_argument(
@@ -314,6 +324,7 @@ def run_manager(args: argparse.Namespace) -> int:
             signature_client=lambda creds: oci_client.RegistryClient(
                 credentials=creds, insecure=args.insecure_registry
             ),
+            prestage_gate=prestage.Gate(timeout=args.prestage_timeout),
         )
         alive.follow(ctl.queue)
         ctl.start(workers=args.workers)

@@ -52,6 +52,7 @@ from provisioner.manager import (
     inline,
     model,
     plan,
+    prestage,
     probes,
     revisions,
     runs,
@@ -124,6 +125,7 @@ class Controller(Reconciler):
         read_health: bool = True,
         metrics: Metrics | None = None,
         signature_client: ClientFactory | None = None,
+        prestage_gate: prestage.Gate | None = None,
     ) -> None:
         super().__init__(
             kube,
@@ -138,6 +140,8 @@ class Controller(Reconciler):
         )
         self.settings = settings
         self.resolve = resolve
+        self.prestage_gate = prestage_gate
+        """Holds a v1alpha2 pivot until the nodes pre-staged its images (``prestage``)."""
         self.resync = resync
         self.read_health = read_health
         ns = settings.system_namespace
@@ -512,6 +516,7 @@ class Controller(Reconciler):
                 system_namespace=self.settings.system_namespace,
                 now=observed.now,
                 run_mode=self.settings.run_mode,
+                prestage_gate=self.prestage_gate,
             )
         except errors.RukpakError as err:
             if restoring and observed.record is not None:
