@@ -13,10 +13,11 @@ construction) are followed; the client's failures become ``rukpak.common.errors`
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from rukpak.common import errors
@@ -24,6 +25,22 @@ from rukpak.kube.listwatch import Gone, Obj
 
 REQUEST_TIMEOUT = 10.0
 """Seconds a list waits for the API server (a watch waits its own timeout plus this)."""
+
+
+def api_from_environment(needed_by: str) -> client.ApiClient:
+    """An API client with the pod's in-cluster credentials, or $KUBECONFIG's when set;
+    FailedPrecondition naming ``needed_by`` (the flag that asked for it) without either."""
+    cfg = client.Configuration()
+    loader: Callable[..., None] = (
+        config.load_kube_config if os.environ.get("KUBECONFIG") else config.load_incluster_config
+    )
+    try:
+        loader(client_configuration=cfg)
+    except config.ConfigException as exc:
+        raise errors.FailedPrecondition(
+            f"{needed_by} needs in-cluster credentials or $KUBECONFIG: {exc}"
+        ) from None
+    return client.ApiClient(cfg)
 
 
 def _error(exc: ApiException, what: str) -> errors.RukpakError:

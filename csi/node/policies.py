@@ -23,16 +23,14 @@ log line) and sent by a thread of its own, so a publish never waits for the API 
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
-from collections.abc import Callable
 from datetime import UTC, datetime
 
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from csi.node.apisource import ClientSource
+from csi.node.apisource import ClientSource, api_from_environment
 from csi.volume.request import PodRef
 from rukpak.common import errors
 from rukpak.kube import listwatch
@@ -76,19 +74,9 @@ class PolicyWatch:
     @classmethod
     def from_environment(cls, *, namespace: str, node: str = "") -> PolicyWatch:
         """A watch with the pod's in-cluster credentials, or $KUBECONFIG's when set."""
-        cfg = client.Configuration()
-        loader: Callable[..., None] = (
-            config.load_kube_config
-            if os.environ.get("KUBECONFIG")
-            else config.load_incluster_config
+        return cls(
+            api_from_environment("--signature-policies=cluster"), namespace=namespace, node=node
         )
-        try:
-            loader(client_configuration=cfg)
-        except config.ConfigException as exc:
-            raise errors.FailedPrecondition(
-                f"--signature-policies=cluster needs in-cluster credentials or $KUBECONFIG: {exc}"
-            ) from None
-        return cls(client.ApiClient(cfg), namespace=namespace, node=node)
 
     def start(self) -> PolicyWatch:
         self._informer.start()

@@ -1,8 +1,9 @@
 """The node plugin's side of pre-staging in the cluster: follow the asks, answer on the Node.
 
 Where it sits: the Kubernetes adapter of ``csi.node.prestage`` (as ``csi.node.policies`` is
-for signature policies), started by ``csi.plugin.main`` with ``--prestage=follow``. One
-thread lists and watches BundleDeployments and queues each new ask
+for signature policies), started by ``csi.plugin.main`` with ``--prestage=follow``. The
+core's informer (``rukpak.kube.listwatch`` over ``csi.node.apisource``) follows
+BundleDeployments and queues each new ask
 (``rukpak.common.prestage.REQUEST_ANNOTATION``, keyed by image and the ask's ``at``);
 ``WORKERS`` threads stage them (``Prestager.stage``); every answer is written to this
 node's state annotation, and the advert labels follow the cache (after each answer and
@@ -20,20 +21,19 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import queue
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes import client, config, watch
-from kubernetes.client.exceptions import ApiException
+from kubernetes import client
 
+from csi.node.apisource import ClientSource
 from csi.node.prestage import Prestager
-from rukpak.common import errors
 from rukpak.common import prestage as words
 from rukpak.common.metrics import OwnRegistry
+from rukpak.kube import listwatch
 
 log = logging.getLogger(__name__)
 
@@ -81,21 +81,6 @@ class PrestageMetrics:
                 gauge.remove(digest)
 
 
-def api_from_environment() -> client.ApiClient:
-    """An API client with the pod's in-cluster credentials, or $KUBECONFIG's when set."""
-    cfg = client.Configuration()
-    loader: Callable[..., None] = (
-        config.load_kube_config if os.environ.get("KUBECONFIG") else config.load_incluster_config
-    )
-    try:
-        loader(client_configuration=cfg)
-    except config.ConfigException as exc:
-        raise errors.FailedPrecondition(
-            f"--prestage=follow needs in-cluster credentials or $KUBECONFIG: {exc}"
-        ) from None
-    return client.ApiClient(cfg)
-
-
 class PrestageWatch:
     """Follows the cluster's pre-stage asks for one node."""
 
@@ -113,7 +98,14 @@ class PrestageWatch:
         self.advertise_max = advertise_max
         self.metrics = metrics
         self._core = client.CoreV1Api(api)
-        self._custom = client.CustomObjectsApi(api)
+        self._informer = listwatch.Informer(
+            ClientSource(api, plurals={"BundleDeployment": PLURAL}),
+            f"{GROUP}/{VERSION}",
+            "BundleDeployment",
+            on_add=self.consider,
+            on_update=lambda old, new: self.consider(new),
+            watch_timeout=WATCH_SECONDS,
+        )
         self._asks: queue.Queue[tuple[str, str, str]] = queue.Queue()
         self._seen: dict[tuple[str, str], None] = {}
         self._states: dict[str, words.Answer] = {}
@@ -127,7 +119,7 @@ class PrestageWatch:
     # --- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> PrestageWatch:
-        self._add_thread(self._run_watch, "prestage-watch")
+        self._informer.start()
         for i in range(WORKERS):
             self._add_thread(self._run_worker, f"prestage-{i}")
         self._add_thread(self._run_advert, "prestage-advert")
@@ -140,6 +132,7 @@ class PrestageWatch:
 
     def stop(self) -> None:
         self._stop.set()
+        self._informer.stop(timeout=0)
 
     # --- the Node ---------------------------------------------------------------------
 
@@ -232,40 +225,6 @@ class PrestageWatch:
                     self.advertise()
                 except Exception as exc:
                     log.warning("msg=%r error=%r", "cannot advertise", str(exc)[:300])
-
-    def _run_watch(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._list_and_watch()
-            except ApiException as exc:
-                log.warning("msg=%r status=%s", "bundledeployment watch failed", exc.status)
-                self._stop.wait(RETRY_SECONDS)
-            except Exception as exc:
-                log.warning("msg=%r error=%r", "bundledeployment watch failed", str(exc)[:300])
-                self._stop.wait(RETRY_SECONDS)
-
-    def _list_and_watch(self) -> None:
-        args = (GROUP, VERSION, PLURAL)
-        listing: Any = self._custom.list_cluster_custom_object(
-            *args, _request_timeout=REQUEST_TIMEOUT
-        )
-        for item in listing.get("items") or []:
-            self.consider(item)
-        make: Callable[[], Any] = watch.Watch
-        stream = make()
-        for event in stream.stream(
-            self._custom.list_cluster_custom_object,
-            *args,
-            resource_version=listing["metadata"]["resourceVersion"],
-            timeout_seconds=WATCH_SECONDS,
-        ):
-            if self._stop.is_set():
-                stream.stop()
-                return
-            if event["type"] == "ERROR":
-                return  # e.g. 410 Gone: list again
-            if event["type"] in ("ADDED", "MODIFIED") and isinstance(event["object"], dict):
-                self.consider(event["object"])
 
     def consider(self, bd: dict[str, Any]) -> int:
         """Queue the asks of ``bd`` not seen before; how many were queued."""

@@ -256,6 +256,7 @@ def prestage_follower(
     if args.prestage == "off":
         return None
     from csi.node import prestage, prestagewatch  # the kubernetes client only when it is on
+    from csi.node.apisource import api_from_environment
 
     stager = prestage.Prestager(
         images=images,
@@ -264,7 +265,7 @@ def prestage_follower(
         store_present=lambda: next(fsio.json_records(store_root), None) is not None,
     )
     return prestagewatch.PrestageWatch(
-        prestagewatch.api_from_environment(),
+        api_from_environment("--prestage=follow"),
         node=args.node_id,
         prestager=stager,
         advertise_max=max(0, args.advertise_max),
