@@ -1,17 +1,21 @@
-"""The image cache's metadata: tag → digest, tree records, which targets hold which tree,
-and which trees an owner retains.
+"""The image cache's metadata: tag → digest, tree records and which trees an owner
+retains. Which targets hold which tree is not here: the node's holder registry
+(``rukpak.store.holders``) keeps it, one file per holder.
 
 Where it sits: inside the image cache (``rukpak.image.cache``), which owns one
 :class:`CacheState` and asks it under one lock. Persisted in ``state.json``,
-rewritten atomically (``rukpak.common.fsio``): durably, at once, when tags or tree
-records change; soon, by a writer thread, when only holders change (every
-publish and unpublish), so a publish does not wait for the disk. A holder
-record lost in a crash within that moment costs nothing that matters: the
-publisher adopts every mount of a cached tree at start
-(``csi.node.publish.Publisher.reconcile``), and a power loss unmounts them all.
-The file is advisory for trees (a sealed tree on disk without a record is
-still used) but not for holders, so a file that cannot be read is kept aside,
-never overwritten. Pending holder changes are written at interpreter exit.
+rewritten atomically (``rukpak.common.fsio``): durably, at once, when tree records or
+retained digests change; soon, by a writer thread, when only a tag or a retention's
+time changed. Neither happens on a hot publish: a cache hit changes only a tree's last
+use, kept in memory (:meth:`CacheState.touch`) and written with the next write, or by
+the writer thread at most every ``TOUCH_FLUSH`` seconds, and at interpreter exit. A
+last-use time lost in a crash costs nothing but the order of eviction. The file is
+advisory for trees (a sealed tree on disk without a record is still used), so a file
+that cannot be read is kept aside, never overwritten.
+
+Files written before the holder registry carry a ``holders`` table (target →
+digest, volume and image): it is loaded, handed over once
+(:meth:`CacheState.take_legacy_holders`) and dropped from the file by the next write.
 
 Retention (``retained``: owner → tree digests and when a publish last set them)
 keeps an owner's kept revisions (a BundleDeployment's ``status.revisions``) from
@@ -40,6 +44,9 @@ from rukpak.oci import digest as digests
 
 log = logging.getLogger(__name__)
 
+TOUCH_FLUSH = 60.0
+"""Seconds a tree's last use may stay in memory only (see the module docstring)."""
+
 
 @dataclass(frozen=True)
 class Holder:
@@ -62,29 +69,38 @@ class CacheState:
         self._write_lock = threading.Lock()  # held while writing; its holder never waits for lock
         self._version = 0
         self._written = 0
-        self.data: dict[str, Any] = {"tags": {}, "trees": {}, "holders": {}, "retained": {}}
+        self._touched_since = 0.0  # monotonic: the first last-use change not written yet
+        self.data: dict[str, Any] = {"tags": {}, "trees": {}, "retained": {}}
+        self._legacy_holders: dict[str, Any] = {}
         loaded = read_json_or_set_aside(path)
         if isinstance(loaded, dict):
             for key in self.data:
                 if isinstance(loaded.get(key), dict):
                     self.data[key] = loaded[key]
+            if isinstance(loaded.get("holders"), dict):
+                self._legacy_holders = loaded["holders"]
 
     def save(self) -> None:
         """Write the records atomically and durably, now."""
         with self.lock, self._write_lock:
             self._dirty = False
+            self._touched_since = 0.0
             self._version += 1
             write_json_atomic(self.path, self.data)
             self._written = self._version
 
     def save_soon(self) -> None:
         """Have the writer thread write the records (not durably) shortly; see above."""
+        self._pending()
+        self._writer.wake()  # a failed write is tried again at the next change
+
+    def _pending(self) -> None:
+        """Mark the records changed and not written (written at exit at the latest)."""
         with self.lock:
             self._dirty = True
             if not self._exit_flush:
                 self._exit_flush = True
                 atexit.register(self.flush)
-        self._writer.wake()  # a failed write is tried again at the next change
 
     def flush(self) -> None:
         """Write pending holder changes now (not durably).
@@ -97,6 +113,7 @@ class CacheState:
             if not self._dirty:
                 return
             self._dirty = False
+            self._touched_since = 0.0
             self._version += 1
             version = self._version
             payload = json.dumps(self.data, sort_keys=True).encode()
@@ -113,8 +130,11 @@ class CacheState:
         return digest if isinstance(digest, str) and digests.is_valid(digest) else None
 
     def set_tag(self, key: str, digest: str) -> None:
+        """Remember what ``key`` resolved to; written soon, and only when it changed."""
         with self.lock:
-            self.data["tags"][key] = digest
+            if self.data["tags"].get(key) != digest:
+                self.data["tags"][key] = digest
+                self.save_soon()
 
     # --- trees ------------------------------------------------------------------
 
@@ -129,9 +149,17 @@ class CacheState:
             self.save()
 
     def touch(self, digest: str) -> None:
+        """Mark a tree used now: in memory; written with the next write, or by the writer
+        thread once ``TOUCH_FLUSH`` seconds passed since the first change not written."""
         with self.lock:
             tree = self.data["trees"].setdefault(digests.hex_of(digest), {})
             tree["last_used"] = time.time()
+            now = time.monotonic()
+            if not self._touched_since:
+                self._touched_since = now
+                self._pending()  # written by the next write, or at exit
+            elif now - self._touched_since >= TOUCH_FLUSH:
+                self.save_soon()
 
     def tree_bytes(self) -> int:
         with self.lock:
@@ -166,45 +194,15 @@ class CacheState:
             trees = self.data["trees"]
             return sorted(trees, key=lambda h: float(trees[h].get("last_used", 0)))
 
-    # --- holders ----------------------------------------------------------------
+    # --- holders of an older format ----------------------------------------------
 
-    def holders(self) -> dict[str, Holder]:
+    def take_legacy_holders(self) -> dict[str, Any]:
+        """The ``holders`` table a file written before the holder registry carried
+        (target → {digest, volume_id, image}); handed over once, then dropped from memory
+        (and from the file at the next write)."""
         with self.lock:
-            return {
-                target: Holder(target, str(h.get("volume_id", "")), str(h.get("image", "")))
-                for target, h in self.data["holders"].items()
-                if isinstance(h, dict)
-            }
-
-    def holder_digest(self, target: str) -> str | None:
-        with self.lock:
-            entry = self.data["holders"].get(target)
-            digest = entry.get("digest") if isinstance(entry, dict) else None
-            return digest if isinstance(digest, str) and digests.is_valid(digest) else None
-
-    def held_trees(self) -> set[str]:
-        """Hex digests of trees some target holds."""
-        with self.lock:
-            return {
-                digests.hex_of(h["digest"])
-                for h in self.data["holders"].values()
-                if isinstance(h, dict) and digests.is_valid(str(h.get("digest", "")))
-            }
-
-    def hold(self, digest: str, holder: Holder) -> None:
-        with self.lock:
-            self.data["holders"][holder.target] = {
-                "digest": digest,
-                "volume_id": holder.volume_id,
-                "image": holder.image,
-            }
-            self.touch(digest)
-            self.save_soon()
-
-    def release(self, target: str) -> None:
-        with self.lock:
-            if self.data["holders"].pop(target, None) is not None:
-                self.save_soon()
+            legacy, self._legacy_holders = self._legacy_holders, {}
+            return legacy
 
     # --- retention ----------------------------------------------------------------
 
