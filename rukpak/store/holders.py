@@ -24,7 +24,11 @@ at start, below). With ``durable=False`` (``--no-durable-commit``) nothing is fs
 Start: every ``*.json`` is loaded. A file that is not a whole record (a torn write of a
 power loss, a hand edit) is logged and set aside as ``<name>.bad-<ns>``, never fatal:
 the publish core adopts every mount of a cached tree at start anyway
-(``csi.node.publish.Publisher.reconcile``). Leftover temp files are removed.
+(``csi.node.publish.Publisher.reconcile``). Leftover temp files are removed (a write
+of another registry open on the directory that loses its temp file so makes it again).
+Every record is in its file before :meth:`Holders.hold` or :meth:`Holders.release`
+returns (only the fsyncs wait): a registry opened afterwards, in this process or
+another, loads it.
 
 Migration: records of the formats before this registry (the ``holders`` table of the
 image cache's ``state.json``, the FUSE publisher's ``publishes.json``) are handed to
@@ -109,6 +113,19 @@ class Record:
         ):
             raise ValueError("meta is not an object of strings")
         return cls(meta=dict(meta), **text)
+
+
+def _write(path: Path, payload: bytes) -> None:
+    """Replace ``path`` with ``payload`` (synced in the background). A registry opened on
+    the same directory meanwhile removes temp files at its start, this write's among
+    them: the write is then made again."""
+    for attempt in range(3):
+        try:
+            write_bytes_atomic(path, payload, durable=False)
+            return
+        except FileNotFoundError:
+            if attempt == 2 or not path.parent.is_dir():
+                raise
 
 
 def file_name(target: str) -> str:
@@ -209,7 +226,7 @@ class Holders:
                 record = self._records.get(target)
             if record is not None:
                 payload = json.dumps(record.to_json(), sort_keys=True).encode()
-                write_bytes_atomic(path, payload, durable=False)  # synced in the background
+                _write(path, payload)
             else:
                 try:
                     path.unlink()
