@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -90,13 +91,19 @@ def test_a_torn_record_is_set_aside_with_a_log_line_and_the_rest_load(
     Holders(tmp_path).hold(record("/k/good"))
     bad = tmp_path / holders.file_name("/k/torn")
     bad.write_bytes(content)
-    (tmp_path / ".leftover.json.1234.partial").write_bytes(b"half")
+    leftover = tmp_path / ".leftover.json.1234.partial"
+    leftover.write_bytes(b"half")
+    stale = time.time() - holders.STALE_TEMP - 1
+    os.utime(leftover, (stale, stale))  # what a crash left a while ago
+    (tmp_path / ".live.json.5678.partial").write_bytes(b"in flight")  # another's write
     with caplog.at_level(logging.ERROR, logger="rukpak.store.holders"):
         registry = Holders(tmp_path)
     assert list(registry.all()) == ["/k/good"]
     assert "holder record unreadable" in caplog.text
     assert [p.read_bytes() for p in tmp_path.glob("*.bad-*")] == [content], "kept for a human"
-    assert not list(tmp_path.glob("*.partial")), "an interrupted write is removed"
+    assert [p.name for p in tmp_path.glob(".*.partial")] == [".live.json.5678.partial"], (
+        "an interrupted write is removed, a young one left to its writer"
+    )
     registry.hold(record("/k/torn"))  # the target can be held again
     assert Holders(tmp_path).get("/k/torn") == record("/k/torn")
 

@@ -24,8 +24,10 @@ at start, below). With ``durable=False`` (``--no-durable-commit``) nothing is fs
 Start: every ``*.json`` is loaded. A file that is not a whole record (a torn write of a
 power loss, a hand edit) is logged and set aside as ``<name>.bad-<ns>``, never fatal:
 the publish core adopts every mount of a cached tree at start anyway
-(``csi.node.publish.Publisher.reconcile``). Leftover temp files are removed (a write
-of another registry open on the directory that loses its temp file so makes it again).
+(``csi.node.publish.Publisher.reconcile``). Temp files a crash left are removed once
+``STALE_TEMP`` old (a younger one may be another registry's write in flight: two opened on
+one directory, as a restarted plugin's next start and tests do, never remove each
+other's writes).
 Every record is in its file before :meth:`Holders.hold` or :meth:`Holders.release`
 returns (only the fsyncs wait): a registry opened afterwards, in this process or
 another, loads it.
@@ -65,6 +67,10 @@ FUSE = "fuse"
 """``store`` of a tree of the FUSE store (``csi.fuse.images``)."""
 
 _STRIPES = 64
+STALE_TEMP = 60.0
+"""Seconds after which a temp file is a write a crash interrupted (removed at start); a
+younger one may be the write of another registry open on the directory, made in
+microseconds (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -115,19 +121,6 @@ class Record:
         return cls(meta=dict(meta), **text)
 
 
-def _write(path: Path, payload: bytes) -> None:
-    """Replace ``path`` with ``payload`` (synced in the background). A registry opened on
-    the same directory meanwhile removes temp files at its start, this write's among
-    them: the write is then made again."""
-    for attempt in range(3):
-        try:
-            write_bytes_atomic(path, payload, durable=False)
-            return
-        except FileNotFoundError:
-            if attempt == 2 or not path.parent.is_dir():
-                raise
-
-
 def file_name(target: str) -> str:
     """The name of ``target``'s record file."""
     return hashlib.sha256(target.encode("utf-8", "surrogateescape")).hexdigest()[:32] + ".json"
@@ -154,7 +147,9 @@ class Holders:
         for path in sorted(self.root.iterdir()):
             name = path.name
             if name.startswith(".") and name.endswith(".partial"):
-                path.unlink(missing_ok=True)  # a write a crash interrupted
+                with contextlib.suppress(OSError):
+                    if path.stat().st_mtime < time.time() - STALE_TEMP:
+                        path.unlink()  # a write a crash interrupted
                 continue
             if not name.endswith(".json"):
                 continue
@@ -226,7 +221,7 @@ class Holders:
                 record = self._records.get(target)
             if record is not None:
                 payload = json.dumps(record.to_json(), sort_keys=True).encode()
-                _write(path, payload)
+                write_bytes_atomic(path, payload, durable=False)  # synced in the background
             else:
                 try:
                     path.unlink()
