@@ -44,7 +44,7 @@ test: setup proto-check lint typecheck k8s-bins helm cosign kind promtool
 
 ## run: the project's main job on a local cluster: install RukPak from deploy/, then a
 ## BundleDeployment's life (install, drift, pivot, bad image, delete), each step timed
-run: setup k8s-bins
+run: setup
 	@bash hack/run.sh
 
 ## kind: build the kind CLI (sigs.k8s.io/kind, hack/gotool.sh; cached)

@@ -127,6 +127,8 @@ cleanup() {
     "$KUBECTL" delete namespace "$RUN_NS" --wait=false >/dev/null 2>&1 || true
   fi
   stop_run_registry
+  local prep
+  for prep in $PREP_BINS_PID $PREP_IMAGE_PID; do stop_pid "$prep" 30; done
   if [ -n "$CLUSTER_DIR" ]; then
     "$PY" -m tests.cluster down --dir "$CLUSTER_DIR" || status=1
   fi
@@ -147,6 +149,29 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # ---------------------------------------------------------------------------------------
+# On a new machine the slow part is building: Kubernetes from its Go modules and the image's
+# Debian base layer. With a local cluster to come, both start now, beside part 1 (each
+# logs to $WORK; each is a no-op when its cache is warm); part 2 waits for them where it
+# needs them.
+PREP_BINS_PID="" PREP_IMAGE_PID=""
+if [ "$CLUSTER" = local ] && [ -z "$USER_KUBECONFIG" ]; then
+  "$PY" -c 'from tests.cluster import bins; bins.ensure(bins.NETWORKED)' \
+    >"$WORK/k8s-bins.log" 2>&1 &
+  PREP_BINS_PID=$!
+  bash hack/image/build.sh --oci-layout "$WORK/image-prep" >"$WORK/image-prep.log" 2>&1 &
+  PREP_IMAGE_PID=$!
+fi
+wait_prep() {  # wait_prep PID WHAT LOG: wait for a build started above; its log if it failed
+  local pid=$1 what=$2 log=$3 t; t=$(now)
+  [ -n "$pid" ] || return 0
+  if ! wait "$pid"; then
+    echo "run.sh: building $what failed; its log ($log) ends:" >&2
+    tail -n 30 "$log" >&2
+    exit 1
+  fi
+  echo "($what: built beside the steps above; waited $(since "$t")s more for it here)"
+}
+
 say "Starting a local OCI registry"
 # The same helper the tests use (a free loopback port, storage under $WORK),
 # kept alive by a small Python process: the registry dies with its parent, and
@@ -290,6 +315,9 @@ show() { printf '$ kubectl %s\n' "$*"; "$KUBECTL" "$@"; }
 local_cluster() {
   CLUSTER_DIR="$WORK/cluster"
   say "Starting a Kubernetes of $NODES node(s)"
+  wait_prep "$PREP_BINS_PID" "Kubernetes (etcd, control plane, kubelet, kube-proxy, CoreDNS)" \
+    "$WORK/k8s-bins.log"
+  PREP_BINS_PID=""
   echo "etcd, kube-apiserver, kube-controller-manager, kube-scheduler and a registry in a"
   echo "network namespace of their own; each node in its own network and mount namespaces"
   echo "with containerd, a kubelet and kube-proxy; CoreDNS. All built from upstream sources"
@@ -370,6 +398,8 @@ install_and_use() {
   echo "hack/image/build.sh needs no container engine: a cached Debian base layer and the"
   echo "project's wheel as a second layer. One image runs every component: the node"
   echo "plugin, the manager, and the instance and unpack pods the manager starts."
+  wait_prep "$PREP_IMAGE_PID" "the image's layers" "$WORK/image-prep.log"
+  PREP_IMAGE_PID=""
   local image_ref="$node_registry/rukpak/rukpak-python:run"
   bash hack/image/build.sh --insecure "$node_registry" --digest-file "$WORK/image.digest" "$image_ref" 2>&1 \
     | grep -E '^==> .*(cached|wheel|push|done)' || true

@@ -68,7 +68,6 @@ from provisioner.engine.health.health import Health, unhealthy
 from provisioner.engine.health.health import assess as assess_health
 from provisioner.engine.kube.informers import InformerSet
 from provisioner.engine.kube.kube import Kube
-from provisioner.engine.kube.listwatch import Informer
 from provisioner.engine.objects import FIELD_MANAGER, OWNER_LABEL, Obj, ObjectRef
 from provisioner.engine.preview.diff import Change
 from provisioner.engine.preview.diff import plan as diff
@@ -84,6 +83,7 @@ from provisioner.runtime.service import Election, serve
 from provisioner.runtime.signals import stop_on_signals
 from provisioner.runtime.workers import Reconciler, Workers
 from rukpak.common.errors import RukpakError
+from rukpak.kube.listwatch import Informer
 from rukpak.sources.storeclient import StoreClient
 
 GROUP = "core.rukpak.io"

@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from provisioner.engine.kube import listwatch
 from provisioner.engine.objects import Obj
+from rukpak.kube import listwatch
 
 T = TypeVar("T")
 

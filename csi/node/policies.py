@@ -2,16 +2,18 @@
 
 Where it sits: the one place the node plugin reads the Kubernetes API (with
 ``--signature-policies=cluster``, as the DaemonSet runs it). A thread lists and watches
-the policies (``rukpak.signing.policy.parse``, lenient: a broken policy fails closed) and
-keeps the current set for the publish spine's gate (``rukpak.signing.gate``, built in
-``csi.plugin.main``); :meth:`PolicyWatch.read_secret` reads a key Secret of the system
-namespace when a check needs it (never cached, never logged).
+the policies with the core's informer (``rukpak.kube.listwatch`` over the official client,
+``csi.node.apisource``), parses them (``rukpak.signing.policy.parse``, lenient: a
+broken policy fails closed) and keeps the current set for the publish spine's gate
+(``rukpak.signing.gate``, built in ``csi.plugin.main``); :meth:`PolicyWatch.read_secret`
+reads a key Secret of the system namespace when a check needs it (never cached, never
+logged).
 
 Until the first list has answered, :meth:`PolicyWatch.policies` waits (up to
 ``SYNC_WAIT`` seconds) and then refuses with UNAVAILABLE: a publish never passes
 unchecked because the plugin has not heard from the API server yet. A cluster without the
-CRD has no policies. A broken watch is re-listed after a pause; the last known set stays
-in force meanwhile.
+CRD has no policies (looked for again after the informer's backoff, at most 30 s). A broken
+watch is re-listed after a pause; the last known set stays in force meanwhile.
 
 :meth:`PolicyWatch.post_event` posts an event on a pod whose volume's signatures were
 checked (``csi.node.publish``): queued (at most ``EVENT_QUEUE``; more are dropped with a
@@ -26,13 +28,14 @@ import queue
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
 
-from kubernetes import client, config, watch
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from csi.node.apisource import ClientSource
 from csi.volume.request import PodRef
 from rukpak.common import errors
+from rukpak.kube import listwatch
 from rukpak.signing import policy as signing
 
 log = logging.getLogger(__name__)
@@ -40,9 +43,9 @@ log = logging.getLogger(__name__)
 SYNC_WAIT = 10.0
 """Seconds a publish waits for the first list of policies before it is refused."""
 WATCH_SECONDS = 300
-RETRY_SECONDS = 5.0
-NO_CRD_RETRY_SECONDS = 30.0
 REQUEST_TIMEOUT = 10.0
+API_VERSION = f"{signing.GROUP}/{signing.VERSION}"
+KIND = "ClusterBundlePolicy"
 EVENT_QUEUE = 256
 """Events waiting to be sent at most; more are dropped (a log line says so)."""
 EVENT_SOURCE = "csi.rukpak.io"
@@ -56,15 +59,19 @@ class PolicyWatch:
         self.node = node  # the events' source host
         self._events: queue.Queue[tuple[PodRef, str, str, str]] = queue.Queue(EVENT_QUEUE)
         self._sender: threading.Thread | None = None
-        self._custom = client.CustomObjectsApi(api)
+        self._stop = threading.Event()
         self._core = client.CoreV1Api(api)
         self.namespace = namespace
         self._lock = threading.Lock()
-        self._objects: dict[str, signing.Policy] = {}
         self._current: list[signing.Policy] = []
-        self._synced = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="policy-watch", daemon=True)
+        self._informer = listwatch.Informer(
+            ClientSource(api, plurals={KIND: signing.PLURAL}, absent_is_empty=True),
+            API_VERSION,
+            KIND,
+            on_sync=self._refresh,
+            on_change=lambda obj: self._refresh(),
+            watch_timeout=WATCH_SECONDS,
+        )
 
     @classmethod
     def from_environment(cls, *, namespace: str, node: str = "") -> PolicyWatch:
@@ -84,11 +91,12 @@ class PolicyWatch:
         return cls(client.ApiClient(cfg), namespace=namespace, node=node)
 
     def start(self) -> PolicyWatch:
-        self._thread.start()
+        self._informer.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
+        self._informer.stop(timeout=0)
 
     def post_event(self, pod: PodRef, kind: str, reason: str, message: str) -> None:
         """Queue an event (``kind`` Normal or Warning) on ``pod``; see the module docstring."""
@@ -142,11 +150,11 @@ class PolicyWatch:
 
     @property
     def synced(self) -> bool:
-        return self._synced.is_set()
+        return self._informer.synced
 
     def policies(self) -> list[signing.Policy]:
         """The policies in force; UNAVAILABLE when none could be listed yet."""
-        if not self._synced.wait(SYNC_WAIT):
+        if not self._informer.wait_synced(SYNC_WAIT):
             raise errors.Unavailable(
                 "the node plugin has not yet listed the ClusterBundlePolicy objects from the "
                 "API server, so it cannot tell whether this image must be signed; retrying"
@@ -172,68 +180,20 @@ class PolicyWatch:
             ) from None
         return signing.key_from_secret(secret.data or {}, f"{self.namespace}/{name}")
 
-    def _set(self, objects: dict[str, signing.Policy]) -> None:
+    def _refresh(self) -> None:
+        """Parse the informer's objects again (a handful; a change is rare)."""
+        current = sorted(
+            (signing.parse(obj, strict=False) for obj in self._informer.items()),
+            key=lambda p: p.name,
+        )
         with self._lock:
-            self._objects = objects
-            self._current = sorted(objects.values(), key=lambda p: p.name)
-        log.info(
-            "msg=%r policies=%s",
-            "signature policies loaded",
-            ",".join(f"{p.name}@{p.generation}" for p in self._current) or "-",
-        )
-
-    def _apply(self, kind: str, obj: dict[str, Any]) -> None:
-        name = str((obj.get("metadata") or {}).get("name") or "")
-        objects = dict(self._objects)
-        if kind == "DELETED":
-            objects.pop(name, None)
-        else:
-            objects[name] = signing.parse(obj, strict=False)
-        self._set(objects)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._list_and_watch()
-            except ApiException as exc:
-                if exc.status == 404:  # the CRD is not installed: no policies
-                    self._set({})
-                    self._synced.set()
-                    self._stop.wait(NO_CRD_RETRY_SECONDS)
-                    continue
-                log.warning("msg=%r status=%s", "policy watch failed", exc.status)
-                self._stop.wait(RETRY_SECONDS)
-            except Exception as exc:  # the API server away, a broken stream: list again
-                log.warning("msg=%r error=%r", "policy watch failed", str(exc)[:300])
-                self._stop.wait(RETRY_SECONDS)
-
-    def _list_and_watch(self) -> None:
-        args = (signing.GROUP, signing.VERSION, signing.PLURAL)
-        listing: Any = self._custom.list_cluster_custom_object(
-            *args, _request_timeout=REQUEST_TIMEOUT
-        )
-        self._set(
-            {
-                str(item["metadata"]["name"]): signing.parse(item, strict=False)
-                for item in listing.get("items") or []
-            }
-        )
-        self._synced.set()
-        version = listing["metadata"]["resourceVersion"]
-        make: Callable[[], Any] = watch.Watch  # untyped in the client
-        stream = make()
-        for event in stream.stream(
-            self._custom.list_cluster_custom_object,
-            *args,
-            resource_version=version,
-            timeout_seconds=WATCH_SECONDS,
-            allow_watch_bookmarks=True,
-        ):
-            if self._stop.is_set():
-                stream.stop()
-                return
-            kind, obj = event["type"], event["object"]
-            if kind == "ERROR":
-                return  # e.g. 410 Gone: list again
-            if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(obj, dict):
-                self._apply(kind, obj)
+            changed = [(p.name, p.generation) for p in current] != [
+                (p.name, p.generation) for p in self._current
+            ]
+            self._current = current
+        if changed:
+            log.info(
+                "msg=%r policies=%s",
+                "signature policies loaded",
+                ",".join(f"{p.name}@{p.generation}" for p in current) or "-",
+            )

@@ -28,10 +28,6 @@ class CRDUpgradeUnsafe(errors.FailedPrecondition):
     """A CRD upgrade would lose stored versions or make existing resources invalid."""
 
 
-class Gone(errors.Aborted):
-    """HTTP 410: the watch's resourceVersion is too old; re-list."""
-
-
 class ApplyFailed(errors.RukpakError):
     """One phase failed; ``failures`` pairs each failed object's description with its error.
 

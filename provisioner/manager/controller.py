@@ -39,7 +39,6 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from provisioner.engine.apply import ignore, inventory, restore
-from provisioner.engine.kube import listwatch
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, meta_of, owner_of
 from provisioner.engine.objects import labels_of as _labels
@@ -64,6 +63,7 @@ from provisioner.runtime.metrics import Metrics
 from provisioner.runtime.queue import WorkQueue
 from provisioner.runtime.workers import Reconciler
 from rukpak.common import errors
+from rukpak.kube import listwatch
 from rukpak.signing import policy as signing_policy
 from rukpak.signing.gate import ClientFactory
 

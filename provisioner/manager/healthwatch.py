@@ -30,11 +30,11 @@ from collections.abc import Callable
 from provisioner.engine.apply import appliedrecord, inventory
 from provisioner.engine.apply.ownership import applied_fields
 from provisioner.engine.health import health
-from provisioner.engine.kube import listwatch
 from provisioner.engine.kube.informers import InformerSet
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, owner_of
 from rukpak.common import errors
+from rukpak.kube import listwatch
 
 log = logging.getLogger("rukpak.manager")
 

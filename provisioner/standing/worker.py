@@ -42,13 +42,13 @@ from types import FrameType
 from typing import Any
 
 from provisioner.engine.apply import ignore
-from provisioner.engine.kube import listwatch
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, meta_of
 from provisioner.instance import process, unpack
 from provisioner.instance import runrecord as runs
 from provisioner.runtime import flags, leader, liveness
 from rukpak.common import errors
+from rukpak.kube import listwatch
 from rukpak.sources.storeclient import StoreClient
 from rukpak.sources.storeprotocol import SOCKET_NAME
 

@@ -1,7 +1,7 @@
 """The provisioner role's loop: caches of claims, PVs and classes; one sync per key.
 
 Where it sits: started by ``provisioner.storage.cli``. Three informers
-(``provisioner.engine.kube.listwatch``: list+watch, re-list after 410 Gone, bounded
+(``rukpak.kube.listwatch``: list+watch, re-list after 410 Gone, bounded
 backoff) keep PersistentVolumeClaims, PersistentVolumes and StorageClasses and
 queue keys (``claim:<namespace>/<name>``, ``pv:<name>``) into a work queue; a
 changed StorageClass re-queues the claims that use it (StorageClass parameters

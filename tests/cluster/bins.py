@@ -13,15 +13,11 @@ from pathlib import Path
 
 BUILD_SCRIPT = Path(__file__).with_name("build.sh")
 CONTROL_PLANE = ("etcd", "kube-apiserver")
-ALL = (
-    "etcd",
-    "kube-apiserver",
-    "kube-controller-manager",
-    "kube-scheduler",
-    "kubelet",
-    "kubectl",
-    "csi-sanity",
-)
+CLUSTER = (*CONTROL_PLANE, "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl")
+"""A cluster of one node in the host's network."""
+NETWORKED = (*CLUSTER, "kube-proxy", "coredns")
+"""Nodes in network namespaces of their own (``make run``, the multi-node tests)."""
+ALL = (*CLUSTER, "csi-sanity")
 MULTINODE = (*ALL, "kube-proxy", "coredns")
 KIND = (*MULTINODE, "kubeadm")  # the kind node image (tests/kind)
 
@@ -52,7 +48,7 @@ def ensure(names: tuple[str, ...] = ALL) -> dict[str, Path]:
     assets = _assets()
     if assets is None or not all(os.access(assets / n, os.X_OK) for n in names):
         # build.sh prints its own progress; a stamp makes it return at once when built
-        subprocess.run(["bash", str(BUILD_SCRIPT), "--quiet"], check=True)
+        subprocess.run(["bash", str(BUILD_SCRIPT), "--quiet", *names], check=True)
     found = {n: find(n) for n in names}
     missing = [n for n, p in found.items() if p is None]
     if missing:

@@ -5,10 +5,11 @@
 # kube-proxy, kubeadm (for the kind node image, tests/kind), and csi-sanity and CoreDNS (static, for the multi-node cluster's DNS pod) from
 # their pinned tags. Output: $RUKPAK_CACHE/bin/<k8s version>/.
 #
-# A stamp (hash of the module files, the Go version and the flags) makes a second run
-# return at once; without the stamp, `go install` relinks only what changed.
-# `build.sh --print-dir` prints the output directory and builds nothing; `--quiet` says
-# nothing when there is nothing to build.
+# A stamp per binary (hash of the module files, the Go version and the flags) makes a second
+# run return at once; without it, `go install` relinks only what changed.
+# `build.sh [--quiet] [NAME...]` builds the binaries named (default: all); `--print-dir`
+# prints the output directory and builds nothing; `--quiet` says nothing when there is
+# nothing to build.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -34,6 +35,20 @@ if [[ "${1:-}" == "--print-dir" ]]; then
     echo "$OUT"
     exit 0
 fi
+QUIET=""
+if [[ "${1:-}" == "--quiet" ]]; then
+    QUIET=1
+    shift
+fi
+# the binaries asked for (default: all of them); `make run` asks only for what its cluster runs
+WANTED=("$@")
+((${#WANTED[@]})) || WANTED=("${BINARIES[@]}" csi-sanity coredns)
+for b in "${WANTED[@]}"; do
+    case " ${BINARIES[*]} csi-sanity coredns " in
+    *" $b "*) ;;
+    *) echo "k8s-bins: no binary named $b (known: ${BINARIES[*]} csi-sanity coredns)" >&2; exit 2 ;;
+    esac
+done
 
 stamp() {
     {
@@ -49,34 +64,41 @@ mkdir -p "$OUT"
 # one build at a time per output directory (parallel test sessions call this too)
 exec 9>"$OUT/.lock"
 flock 9
-if [[ -f "$OUT/.stamp" && "$(cat "$OUT/.stamp")" == "$want" ]]; then
-    missing=0
-    for b in "${BINARIES[@]}" csi-sanity coredns; do [[ -x "$OUT/$b" ]] || missing=1; done
-    if [[ $missing == 0 ]]; then
-        [[ "${1:-}" == "--quiet" ]] || echo "k8s-bins: up to date in $OUT (kubernetes $K8S_VERSION)"
-        exit 0
+# a binary is up to date when it is there and its stamp (.stamp-NAME) is this recipe's
+todo=()
+for b in "${WANTED[@]}"; do
+    if [[ -x "$OUT/$b" && -f "$OUT/.stamp-$b" && "$(cat "$OUT/.stamp-$b")" == "$want" ]]; then
+        continue
     fi
+    todo+=("$b")
+done
+if ((${#todo[@]} == 0)); then
+    [[ -n $QUIET ]] || echo "k8s-bins: up to date in $OUT (kubernetes $K8S_VERSION)"
+    exit 0
 fi
 
-rm -f "$OUT/.stamp"
 start=$SECONDS
-echo "k8s-bins: building kubernetes $K8S_VERSION into $OUT (cold: about 5 minutes on 2 cores)"
-cd "$MOD"
-for b in "${BINARIES[@]}"; do
-    t=$SECONDS
-    echo "k8s-bins: [$((SECONDS - start))s] $b ..."
-    GOBIN="$OUT" go install -ldflags="$LDFLAGS" "./cmd/$b"
-    echo "k8s-bins: [$((SECONDS - start))s] $b done in $((SECONDS - t))s"
+echo "k8s-bins: building ${todo[*]} (kubernetes $K8S_VERSION) into $OUT (cold: about 5 minutes on 2 cores)"
+module=()
+for b in "${todo[@]}"; do
+    case " ${BINARIES[*]} " in *" $b "*) module+=("./cmd/$b") ;; esac
 done
-t=$SECONDS
-echo "k8s-bins: [$((SECONDS - start))s] csi-sanity $CSI_TEST_VERSION ..."
-(cd / && GOBIN="$OUT" go install -ldflags="$LDFLAGS" \
-    "github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@$CSI_TEST_VERSION")
-echo "k8s-bins: [$((SECONDS - start))s] csi-sanity done in $((SECONDS - t))s"
-t=$SECONDS
-echo "k8s-bins: [$((SECONDS - start))s] coredns $COREDNS_VERSION ..."
-(cd / && CGO_ENABLED=0 GOBIN="$OUT" go install -ldflags="-s -w" \
-    "github.com/coredns/coredns@$COREDNS_VERSION")
-echo "k8s-bins: [$((SECONDS - start))s] coredns done in $((SECONDS - t))s"
-echo "$want" > "$OUT/.stamp"
-echo "k8s-bins: all built in $((SECONDS - start))s in $OUT"
+if ((${#module[@]})); then
+    # one go command for all of them: compiles and links overlap on every core
+    (cd "$MOD" && GOBIN="$OUT" go install -ldflags="$LDFLAGS" "${module[@]}")
+    for m in "${module[@]}"; do echo "$want" >"$OUT/.stamp-${m#./cmd/}"; done
+    echo "k8s-bins: [$((SECONDS - start))s] ${module[*]#./cmd/} done"
+fi
+if [[ " ${todo[*]} " == *" csi-sanity "* ]]; then
+    (cd / && GOBIN="$OUT" go install -ldflags="$LDFLAGS" \
+        "github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@$CSI_TEST_VERSION")
+    echo "$want" >"$OUT/.stamp-csi-sanity"
+    echo "k8s-bins: [$((SECONDS - start))s] csi-sanity $CSI_TEST_VERSION done"
+fi
+if [[ " ${todo[*]} " == *" coredns "* ]]; then
+    (cd / && CGO_ENABLED=0 GOBIN="$OUT" go install -ldflags="-s -w" \
+        "github.com/coredns/coredns@$COREDNS_VERSION")
+    echo "$want" >"$OUT/.stamp-coredns"
+    echo "k8s-bins: [$((SECONDS - start))s] coredns $COREDNS_VERSION done"
+fi
+echo "k8s-bins: built in $((SECONDS - start))s in $OUT"

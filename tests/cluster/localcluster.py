@@ -131,7 +131,7 @@ class LocalCluster:
         workdir.mkdir(parents=True, exist_ok=True)
         if nodes > 1 or networked:
             return cls._start_multinode(workdir, nodes, binaries)
-        names = bins.ALL if node else bins.CONTROL_PLANE
+        names = bins.CLUSTER if node else bins.CONTROL_PLANE
         found = binaries or bins.ensure(names)
         files = controlplane.Pki.make(workdir / "pki")
         started: list[Component] = []
@@ -226,7 +226,7 @@ class LocalCluster:
     def _start_multinode(
         cls, workdir: Path, count: int, binaries: dict[str, Path] | None
     ) -> LocalCluster:
-        found = binaries or bins.ensure(bins.MULTINODE)
+        found = binaries or bins.ensure(bins.NETWORKED)
         net = ClusterNetwork.create(workdir, count)
         cp = net.control_plane
         started: list[Component] = []

@@ -41,11 +41,11 @@ from typing import Any
 from provisioner.engine.apply import ignore, restore
 from provisioner.engine.apply.apply import Applied
 from provisioner.engine.apply.ownership import applied_fields, lost_reason
-from provisioner.engine.kube import listwatch
 from provisioner.engine.kube.informers import InformerSet
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, meta_of
 from rukpak.common import errors
+from rukpak.kube import listwatch
 
 log = logging.getLogger(__name__)
 

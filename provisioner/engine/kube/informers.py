@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TypedDict, Unpack
 
-from provisioner.engine.kube import listwatch
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj
+from rukpak.kube import listwatch
 
 
 class Handlers(TypedDict, total=False):

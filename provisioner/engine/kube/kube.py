@@ -39,11 +39,12 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from provisioner.engine.errors import Gone, UnknownKind
+from provisioner.engine.errors import UnknownKind
 from provisioner.engine.kube import discovery
 from provisioner.engine.kube.discovery import Resource
 from provisioner.engine.objects import FIELD_MANAGER, Obj, ObjectRef
 from rukpak.common import errors
+from rukpak.kube.listwatch import Gone
 
 DEFAULT_TIMEOUT = 30.0
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})

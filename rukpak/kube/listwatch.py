@@ -1,9 +1,11 @@
-"""List+watch: the one way the provisioner follows a kind of object on the API server.
+"""List+watch: the one way RukPak follows a kind of object on the API server.
 
-Sits just above ``engine.kube`` (the only module that speaks HTTP) and under
-everything that reacts to the cluster: drift correction (``engine.drift``), the
-manager's controllers (``manager.controller``), PVC watches. It is client-go's
-reflector and informer, kept small:
+Sits in the shared core, under everything that reacts to the cluster: the provisioner's
+drift correction (``engine.apply.drift``), the manager's controllers, PVC watches, the
+node plugin's signature policies (``csi.node.policies``). It speaks to the API server only
+through a ``Source`` (a list and a watch call): the provisioner's HTTP adapter
+(``provisioner.engine.kube.Kube``) and the official client's (``csi.node.apisource``).
+It is client-go's reflector and informer, kept small:
 
 - ``ListWatch`` lists a kind (optionally one namespace, one label selector), then
   watches from the list's resourceVersion with ``allowWatchBookmarks``; every
@@ -44,24 +46,55 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import KW_ONLY, dataclass, field
-from typing import TypedDict, TypeVar, Unpack
+from typing import Any, Protocol, TypedDict, TypeVar, Unpack
 
-from provisioner.engine.errors import Gone
-from provisioner.engine.kube.kube import Kube
-from provisioner.engine.objects import Obj, meta_of
 from rukpak.common import errors
 from rukpak.common.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+Obj = dict[str, Any]
+"""An API object as JSON."""
 Key = tuple[str, str]
 """``(namespace, name)``; the namespace is "" for cluster-scoped objects."""
 
 WATCH_BACKOFF = Backoff(base=0.5, cap=30.0, jitter=0.1)
 """Pause after a failed list or watch: 0.5 s doubling up to 30 s, reset by a good stream."""
+
+
+class Gone(errors.Aborted):
+    """HTTP 410: the watch's resourceVersion is too old; re-list."""
+
+
+class Source(Protocol):
+    """What ``ListWatch`` needs of an API client: a list and a watch of one kind.
+
+    ``watch`` yields ``(type, object)`` (ADDED, MODIFIED, DELETED, BOOKMARK) and raises
+    ``Gone`` for a 410; every failure is a ``rukpak.common.errors.RukpakError``.
+    """
+
+    def list(
+        self, api_version: str, kind: str, *, namespace: str = "", label_selector: str = ""
+    ) -> tuple[list[Obj], str]: ...
+
+    def watch(
+        self,
+        api_version: str,
+        kind: str,
+        *,
+        resource_version: str,
+        namespace: str = "",
+        label_selector: str = "",
+        timeout_seconds: int = 60,
+    ) -> Iterator[tuple[str, Obj]]: ...
+
+
+def meta_of(obj: Obj) -> dict[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
 
 
 def key_of(obj: Obj) -> Key:
@@ -99,7 +132,7 @@ class ListWatch:
     re-lists periodically even when the watch is healthy (a resync that only reads).
     """
 
-    kube: Kube
+    kube: Source
     api_version: str
     kind: str
     _: KW_ONLY
@@ -206,7 +239,7 @@ class Informer:
 
     def __init__(
         self,
-        kube: Kube,
+        kube: Source,
         api_version: str,
         kind: str,
         *,

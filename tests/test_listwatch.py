@@ -1,4 +1,6 @@
-"""The list+watch helper and its informer cache, against a real kube-apiserver.
+"""The list+watch helper and its informer cache, against a real kube-apiserver, through
+both sources: the provisioner's HTTP adapter and the node plugin's official client (which
+follows ClusterBundlePolicies with it).
 
 A forced 410 Gone (a watch from a resourceVersion the server no longer keeps)
 must re-list and carry on without losing a change; bookmarks advance the
@@ -8,17 +10,23 @@ resourceVersion; failures back off (checked with a stand-in client, pure logic).
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from provisioner.engine.kube import listwatch
+from csi.node.apisource import ClientSource
+from csi.node.policies import PolicyWatch
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from rukpak.common import errors
 from rukpak.common.backoff import Backoff
+from rukpak.kube import listwatch
 from tests.bundles import configmap, crd, namespace, widget
+from tests.e2e_helpers import api
 from tests.polling import eventually
 
 pytestmark = pytest.mark.cluster
@@ -221,3 +229,145 @@ def test_failures_wait_the_bounded_backoff_before_retrying() -> None:
     lw.run()
     assert waits == [0.5, 0.75]
     assert fake.list_calls == 3 and lw.watches == 1
+
+
+# -- the node plugin's source: the official client, same informer -------------------------
+
+
+@pytest.fixture
+def api_client(kube_apiserver: Any) -> Iterator[Any]:
+    made = api(kube_apiserver)
+    try:
+        yield made
+    finally:
+        made.close()  # type: ignore[no-untyped-call]
+
+
+def test_the_official_client_source_feeds_the_same_informer_and_relists_after_a_410(
+    kube: Kube, ns: str, api_client: Any
+) -> None:
+    group = f"{ns}.example.com"
+    api_version = f"{group}/v1"
+    _, before_crd = kube.list("v1", "Namespace")
+    kube.apply(crd(group))
+    eventually(lambda: kube.serves(api_version, "Widget"), timeout=30, what="Widgets served")
+    try:
+        source = ClientSource(api_client, plurals={"Widget": "widgets"})
+        first = widget(group, "v1", "first", {"size": 1})
+        first["metadata"]["namespace"] = ns
+        kube.apply(first)
+        items, rv = source.list(api_version, "Widget", namespace=ns)
+        assert [(i["kind"], i["metadata"]["name"]) for i in items] == [("Widget", "first")]
+        assert rv
+        # a resourceVersion older than the CRD: the server answers 410, the source says Gone
+        with pytest.raises(listwatch.Gone):
+            list(source.watch(api_version, "Widget", namespace=ns, resource_version=before_crd))
+
+        seen = Recorder()
+        informer = listwatch.Informer(
+            source,
+            api_version,
+            "Widget",
+            namespace=ns,
+            on_add=seen.add,
+            on_update=seen.update,
+            on_delete=seen.delete,
+        )
+        informer.start()
+        try:
+            assert informer.wait_synced(10)
+            second = widget(group, "v1", "second", {"size": 2})
+            second["metadata"]["namespace"] = ns
+            kube.apply(second)
+            assert kube.delete(ObjectRef(group, "v1", "Widget", ns, "first"))
+            informer.wait(lambda: informer.keys() == [(ns, "second")], timeout=10)
+            assert seen.calls == [("add", "first"), ("add", "second"), ("delete", "first")]
+        finally:
+            informer.stop()
+    finally:
+        kube.delete(
+            ObjectRef(
+                "apiextensions.k8s.io", "v1", "CustomResourceDefinition", "", f"widgets.{group}"
+            )
+        )
+
+
+def test_the_official_client_source_names_what_is_not_served_and_what_it_does_not_follow(
+    api_client: Any,
+) -> None:
+    source = ClientSource(api_client, plurals={"Gadget": "gadgets"})
+    with pytest.raises(errors.NotFound, match="cannot list Gadget: 404"):
+        source.list("nothing.example.com/v1", "Gadget")
+    not_followed = r"Widget of x\.example\.com/v1 is not followed"
+    with pytest.raises(errors.InvalidArgument, match=not_followed):
+        source.list("x.example.com/v1", "Widget")
+
+
+def test_the_node_plugin_follows_cluster_bundle_policies_through_the_core_informer(
+    kube: Kube, api_client: Any
+) -> None:
+    """``csi.node.policies.PolicyWatch`` on the real API server: the CRD from
+    provisioner/crds, a policy made, changed and deleted, each seen by ``policies()``."""
+    root = Path(__file__).resolve().parent.parent
+    for doc in yaml.safe_load_all(
+        (root / "provisioner/crds/core.rukpak.io_clusterbundlepolicies.yaml").read_text()
+    ):
+        if doc:
+            kube.apply(doc)
+    eventually(
+        lambda: kube.serves("core.rukpak.io/v1alpha1", "ClusterBundlePolicy"),
+        timeout=30,
+        what="ClusterBundlePolicy served",
+    )
+    name = f"lw-{uuid.uuid4().hex[:8]}"
+    policy: dict[str, Any] = {
+        "apiVersion": "core.rukpak.io/v1alpha1",
+        "kind": "ClusterBundlePolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "images": [{"glob": "registry.example.com/**"}],
+            "authorities": [{"name": "release", "key": {"secretRef": {"name": "k"}}}],
+        },
+    }
+    watch = PolicyWatch(api_client, namespace="rukpak-system").start()
+    ref = ObjectRef("core.rukpak.io", "v1alpha1", "ClusterBundlePolicy", "", name)
+    try:
+        assert name not in [p.name for p in watch.policies()]
+        kube.apply(policy)
+        eventually(
+            lambda: [p for p in watch.policies() if p.name == name],
+            timeout=10,
+            what="policy seen",
+        )
+        policy["spec"]["images"] = [{"glob": "other.example.com/**"}]
+        kube.apply(policy)
+        eventually(
+            lambda: [p for p in watch.policies() if p.name == name and p.generation == 2],
+            timeout=10,
+            what="policy change seen",
+        )
+        assert kube.delete(ref)
+        eventually(
+            lambda: name not in [p.name for p in watch.policies()],
+            timeout=10,
+            what="policy deletion seen",
+        )
+    finally:
+        watch.stop()
+        kube.delete(ref)
+
+
+def test_a_missing_crd_means_no_policies_once_listed(api_client: Any) -> None:
+    """The plugin's view when ClusterBundlePolicy is not served: synced, and empty (a
+    publish is not refused as UNAVAILABLE for want of a CRD)."""
+    informer = listwatch.Informer(
+        ClientSource(api_client, plurals={"Gadget": "gadgets"}, absent_is_empty=True),
+        "nothing.example.com/v1",
+        "Gadget",
+    )
+    informer.start()
+    try:
+        assert informer.wait_synced(10)
+        assert informer.items() == []
+    finally:
+        informer.stop()
