@@ -21,6 +21,7 @@ from rukpak.oci.auth import Credentials
 from rukpak.oci.client import RegistryClient
 from rukpak.oci.manifest import Platform
 from tests.csi_helpers import PushedImage, push_image, simple_image
+from tests.polling import eventually
 from tests.registry import RegistryServer
 
 pytestmark = pytest.mark.registry
@@ -286,6 +287,9 @@ def test_a_committed_tree_has_its_marker_and_an_unsealed_one_is_removed_at_start
     got = cache(tmp_path).ensure(image.ref, platform=AMD64, pull_policy=PullPolicy.IF_NOT_PRESENT)
     marker = got.path.with_name(got.path.name + ".sealed")
     assert json.loads(marker.read_text())["digest"] == image.manifest_digest
+    # The first cache's syncer rewrites the marker as synced: let it finish, or it could
+    # write the marker again after the unlink below.
+    eventually(lambda: json.loads(marker.read_text()).get("synced"), what="the tree synced")
     marker.unlink()  # as after a power loss between the rename and the marker
     again = cache(tmp_path)
     assert not got.path.exists()

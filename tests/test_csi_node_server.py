@@ -373,11 +373,15 @@ def test_republishing_after_the_holders_digest_record_was_lost_succeeds(
         request = publish_request(path, image.ref, volume_id="vol-lost")
         with grpc.insecure_channel(f"unix://{proc.socket}") as ch:
             csi_pb2_grpc.NodeStub(ch).NodePublishVolume(request)
-        proc.stop()  # state.json is rewritten atomically on every change
-        state_path = proc.state_dir / "images/state.json"
-        state = json.loads(state_path.read_text())
-        del state["holders"][path]["digest"]
-        state_path.write_text(json.dumps(state))
+        proc.stop()  # one holder file per target (rukpak.store.holders)
+        [record_path] = [
+            p
+            for p in (proc.state_dir / "holders").glob("*.json")
+            if json.loads(p.read_text())["target"] == path
+        ]
+        record = json.loads(record_path.read_text())
+        record["digest"] = ""
+        record_path.write_text(json.dumps(record))
         proc.start()
         with grpc.insecure_channel(f"unix://{proc.socket}") as ch:
             csi_pb2_grpc.NodeStub(ch).NodePublishVolume(request)  # idempotent: OK

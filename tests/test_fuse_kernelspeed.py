@@ -27,6 +27,7 @@ from csi.fuse.service import unmount_meta
 from csi.proto import csi_pb2_grpc
 from provisioner.cli import main as cli
 from rukpak.common import errors
+from rukpak.store import holders
 from tests.csi_helpers import (
     Entry,
     PluginProcess,
@@ -289,7 +290,7 @@ def test_a_restarted_plugin_adopts_an_overlay_whose_record_was_lost(
     node.NodePublishVolume(publish_request(volume, image, publishMode="fuse"))
     expected = tree(Path(volume))
     plugin.kill()
-    (plugin.state_dir / "fuse" / "publishes.json").unlink()
+    (plugin.state_dir / "holders" / holders.file_name(volume)).unlink()  # its record lost
     plugin.start()
     logged(plugin.log, "adopting an overlay without a record")
     assert tree(Path(volume)) == expected  # its metadata was kept, not swept

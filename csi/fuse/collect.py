@@ -5,7 +5,8 @@ after each publish and unpublish (:meth:`Collector.request`, one background
 thread at most, as the bind cache's eviction in ``rukpak.image.cache``); below it
 the FUSE image cache's layout (``csi.fuse.images``). The policy is bind mode's:
 while the store is over its byte budget, remove the least recently used trees
-no published volume holds and none used in the last minute (a tree's index
+no published volume holds (the node's holder registry, ``rukpak.store.holders``, read
+through ``FusePublisher.held``) and none used in the last minute (a tree's index
 file's mtime is its last use: every publish touches it before it binds the
 tree); then delete every stored file that no remaining index
 names. The store's own bytes count (file contents, as ``du``), not the indexes.

@@ -109,8 +109,12 @@ class FuseImages:
         puller_factory: PullerFactory,
         settings: CacheSettings = DEFAULTS,
         shared_grants: Grants | None = None,
+        observer: seams.Observer | None = None,
     ) -> None:
+        """``observer``: the plugin's metrics, bind mode's (cache hits and misses, pulls,
+        their seconds and bytes), fed here by the same calls."""
         self.root = root
+        self._observer: seams.Observer = observer or seams.NoObserver()
         self.files = FileStore(root)
         self.trees_dir = root / "trees"
         self.trees_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -182,6 +186,7 @@ class FuseImages:
                 if name in self.lazy.broken:  # its last completion failed: try again
                     with self._tags_lock:
                         self._incomplete.add(name)
+                self._observer.cache_result(hit=True)
                 return Ready(cached, name, cache_hit=True)
             puller = self._puller_factory(credentials)
             try:
@@ -196,10 +201,12 @@ class FuseImages:
             finally:
                 seams.close(puller)
             with self._tags_lock:
-                self._tags[key] = digest
-                # A cache of resolutions: not fsynced on the publish path (a torn file
-                # after a power loss is set aside and the tags resolved again).
-                write_json_atomic(self.tags_path, self._tags, durable=False)
+                if self._tags.get(key) != digest:  # unchanged (pullPolicy Always): no write
+                    self._tags[key] = digest
+                    # A cache of resolutions: not fsynced on the publish path (a torn file
+                    # after a power loss is set aside and the tags resolved again).
+                    write_json_atomic(self.tags_path, self._tags, durable=False)
+            self._observer.cache_result(hit=hit)
             return Ready(digest, digests.hex_of(digest), cache_hit=hit)
 
     def retain(self, owner: str, refs: Iterable[str], platform: Platform) -> list[str]:
@@ -260,12 +267,14 @@ class FuseImages:
         root, stats = unpack.build(self.files, layers, image=str(ref), limits=self._limits)
         self.files.sync()  # the files, durable before the index that names them
         self._save_index(job, root, stats.warnings)
+        seconds = time.monotonic() - started
+        self._observer.pulled(seconds=seconds, nbytes=sum(d.size for d in m.layers))
         log.info(
             "msg=%r image=%s digest=%s seconds=%.3f files=%d bytes=%d",
             "image indexed",
             ref,
             job.digest,
-            time.monotonic() - started,
+            seconds,
             stats.entries,
             stats.bytes,
         )
@@ -286,12 +295,14 @@ class FuseImages:
         self._save_index(job, root, builder.stats.warnings, durable=False, lazy=True)
         with self._tags_lock:
             self._incomplete.add(name)  # completed once published (complete_in_background)
+        seconds = time.monotonic() - started
+        self._observer.pulled(seconds=seconds, nbytes=0)  # its files come on first read
         log.info(
             "msg=%r image=%s digest=%s seconds=%.3f files=%d",
             "image indexed from its TOC (files fetched on first read)",
             job.ref,
             job.digest,
-            time.monotonic() - started,
+            seconds,
             builder.stats.entries,
         )
 

@@ -18,8 +18,10 @@ After each publish and unpublish the store's collection runs in the background
 
 Idempotency matches bind mode: the same volume and image on the same target
 again is success; anything else on a mounted target is AlreadyExists. Which
-target holds which tree is recorded in ``publishes.json`` (atomically), so a
-restart knows the trees in use.
+target holds which tree is recorded in the node's holder registry
+(``rukpak.store.holders``, the one bind mode uses; records of ``store`` ``fuse``), one
+small file per target, so a restart knows the trees in use and a publish writes
+nothing else. A ``publishes.json`` of an older plugin is taken over at start.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ from csi.fuse import index, overlay
 from csi.fuse.images import FuseImages
 from csi.volume.request import PublishRequest
 from rukpak.common import errors
-from rukpak.common.fsio import read_json_or_set_aside, write_json_atomic
+from rukpak.common.fsio import fsync_dir, read_json_or_set_aside
 from rukpak.oci.manifest import Platform
+from rukpak.store import holders as holding
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +63,32 @@ class FusePublisher:
         records: Path,
         *,
         meta: overlay.MetaTrees | None = None,
+        holders: holding.Holders | None = None,
     ) -> None:
-        """``meta``: present fully fetched trees as overlays (None: always the FUSE view)."""
+        """``records``: the ``publishes.json`` of older plugins, taken over at start;
+        ``holders``: the node's holder registry (default: one beside ``records``);
+        ``meta``: present fully fetched trees as overlays (None: always the FUSE view)."""
         self.images = images
         self.mount = mount
         self.meta = meta
         self.records_path = records
-        self._lock = threading.Lock()
+        self.registry = holders or holding.Holders(records.parent / "holders")
         self._present_lock = threading.Lock()  # a tree's metadata is not dropped mid-publish
-        loaded = read_json_or_set_aside(records)
-        self._records: dict[str, dict[str, str]] = dict(loaded) if isinstance(loaded, dict) else {}
+        self._adopt_legacy_records()
+
+    def _adopt_legacy_records(self) -> None:
+        """Move the records of a ``publishes.json`` (target → volume, image, tree and
+        presentation) into the registry, then remove the file."""
+        loaded = read_json_or_set_aside(self.records_path)
+        if loaded is None:
+            return
+        records = []
+        for target, known in (loaded if isinstance(loaded, dict) else {}).items():
+            if isinstance(known, dict) and isinstance(known.get("tree"), str):
+                records.append(_to_record(target, {k: str(v) for k, v in known.items()}))
+        self.registry.adopt(records)
+        self.records_path.unlink(missing_ok=True)
+        fsync_dir(self.records_path.parent)
 
     def publish(
         self,
@@ -84,7 +103,8 @@ class FusePublisher:
         key = str(target)
         volume_id, source = req.volume_id, req.source
         current = mounts.find_on(mounter, target)
-        known = self._records.get(key)
+        found = self.registry.get(key, store=holding.FUSE)
+        known = None if found is None else _from_record(found)
         if known is not None and not known["volume_id"]:
             known = None  # adopted at start (volume unknown): this publish names it again
         if current is not None and known is not None:
@@ -172,22 +192,17 @@ class FusePublisher:
         return True
 
     def _set(self, key: str, record: dict[str, str] | None) -> None:
-        with self._lock:
-            if record is None:
-                if self._records.pop(key, None) is None:
-                    return
-            else:
-                self._records[key] = record
-            # Not fsynced: records describe mounts, which a power loss ends anyway.
-            write_json_atomic(self.records_path, self._records, durable=False)
+        if record is None:
+            self.registry.release(key, store=holding.FUSE)
+        else:
+            self.registry.hold(_to_record(key, record))
 
     def release(self, target: str) -> None:
         """Forget the record of ``target`` (after it was unmounted); idempotent. The
         tree's metadata for overlays goes with the last record that presented it."""
         with self._present_lock:
-            with self._lock:
-                known = self._records.get(target)
-            self._set(target, None)
+            found = self.registry.release(target, store=holding.FUSE)
+            known = None if found is None else _from_record(found)
             tree = known["tree"] if known and known.get("presentation") == OVERLAY else None
             if self.meta is not None and tree is not None and tree not in self.presented():
                 self.meta.drop(tree)
@@ -195,25 +210,26 @@ class FusePublisher:
 
     def presented(self) -> set[str]:
         """Trees some record presents as an overlay (their metadata must stay)."""
-        with self._lock:
-            return {r["tree"] for r in self._records.values() if r.get("presentation") == OVERLAY}
+        return {
+            r.hex
+            for r in self.registry.all(store=holding.FUSE).values()
+            if r.meta.get("presentation") == OVERLAY
+        }
 
     def held(self) -> set[str]:
         """The trees published volumes use or an owner retains (safe from the store's
         collection)."""
-        with self._lock:
-            used = {record["tree"] for record in self._records.values()}
-        return used | self.images.retained()
+        return self.registry.held(store=holding.FUSE) | self.images.retained()
 
     def holds(self, target: str) -> bool:
-        return target in self._records
+        return self.registry.get(target, store=holding.FUSE) is not None
 
     def published(self) -> int:
-        return len(self._records)
+        return self.registry.count(store=holding.FUSE)
 
     def reconcile(self, mounted: set[str]) -> None:
         """Drop records of targets that are no longer mounted (call at start)."""
-        for target in list(self._records):
+        for target in list(self.registry.all(store=holding.FUSE)):
             if target not in mounted:
                 log.info("msg=%r target=%s", "dropping record of a vanished FUSE mount", target)
                 self.release(target)
@@ -222,15 +238,35 @@ class FusePublisher:
             self.meta.sweep(self.presented())  # metadata no record presents: from a crash
 
     def _adopt_overlays(self) -> None:
-        """Record our overlays that have no record (a lost ``publishes.json``), volume
+        """Record our overlays that have no record (a lost holder file), volume
         unknown, so their trees are held and unpublishing them drops their metadata."""
         assert self.meta is not None
         for info in mounts.Mounter().mounts():
             tree = self.meta.tree_of(info)
-            if tree is not None and info.mount_point not in self._records:
+            if tree is not None and self.registry.get(info.mount_point) is None:
                 log.info(
                     "msg=%r target=%s tree=%s", "adopting an overlay without a record",
                     info.mount_point, tree,
                 )  # fmt: skip
                 record = {"volume_id": "", "image": "", "tree": tree, "presentation": OVERLAY}
                 self._set(info.mount_point, record)
+
+
+def _to_record(target: str, known: dict[str, str]) -> holding.Record:
+    """A FUSE publisher's record (volume_id, image, tree, presentation) as a holder."""
+    meta = {"presentation": known["presentation"]} if known.get("presentation") else {}
+    return holding.Record(
+        target=target,
+        volume_id=known.get("volume_id", ""),
+        digest=f"sha256:{known['tree']}",
+        store=holding.FUSE,
+        image=known.get("image", ""),
+        meta=meta,
+    )
+
+
+def _from_record(record: holding.Record) -> dict[str, str]:
+    known = {"volume_id": record.volume_id, "image": record.image, "tree": record.hex}
+    if record.meta.get("presentation"):
+        known["presentation"] = record.meta["presentation"]
+    return known

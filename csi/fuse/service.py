@@ -6,7 +6,8 @@ is enabled, started beside the gRPC server and stopped after it. Layout under
 
     store/        file store and tree indexes (csi.fuse.images)
     slots.json    tree → inode slot (csi.fuse.fs)
-    publishes.json  target → tree (csi.fuse.publisher)
+    holders/      target → tree (rukpak.store.holders), unless the plugin passes the
+                  node's one registry; a publishes.json of older plugins is taken over
     meta/         a private tmpfs of metadata trees for overlays (csi.fuse.overlay)
     mnt/          the FUSE mount (default; the holder mounts it)
     holder.sock   the holder's socket (default)
@@ -38,8 +39,9 @@ from csi.fuse.publisher import FusePublisher
 from csi.fuse.session import HolderClient, Session, spawn_holder, wait_for_socket
 from rukpak.common import errors
 from rukpak.image import grants
-from rukpak.image.seams import PullerFactory
+from rukpak.image.seams import Observer, PullerFactory
 from rukpak.image.settings import DEFAULTS, CacheSettings
+from rukpak.store.holders import Holders
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +61,13 @@ class FuseService:
         holder_socket: Path | None = None,
         mountpoint: Path | None = None,
         overlay_trees: bool | None = None,
+        holders: Holders | None = None,
+        observer: Observer | None = None,
     ) -> None:
         """``shared_grants``: bind mode's credential checks, so that both modes re-check a
-        pod's credentials against a private image once (``--private-image-auth-ttl``)."""
+        pod's credentials against a private image once (``--private-image-auth-ttl``);
+        ``holders``: the node's holder registry, bind mode's; ``observer``: bind mode's
+        metrics."""
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.root = root
         self.images = FuseImages(
@@ -69,6 +75,7 @@ class FuseService:
             puller_factory=puller_factory,
             settings=settings,
             shared_grants=shared_grants,
+            observer=observer,
         )
         self.trees = fs.Trees(self.images.trees_dir, root / "slots.json")
         self.images.on_forget.append(self.trees.forget)
@@ -85,7 +92,9 @@ class FuseService:
                 self.meta = overlay.MetaTrees(root / "meta", self.images.files)
             except errors.InvalidArgument as exc:
                 log.warning("msg=%r error=%r", "fetched trees stay on the FUSE view", exc.message)
-        self.publisher = FusePublisher(self.images, self, root / "publishes.json", meta=self.meta)
+        self.publisher = FusePublisher(
+            self.images, self, root / "publishes.json", meta=self.meta, holders=holders
+        )
         self.holder_process: subprocess.Popen[bytes] | None = None
         self._session: Session | None = None
         self._holder: HolderClient | None = None

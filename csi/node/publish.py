@@ -199,7 +199,7 @@ class Publisher:
                 self._retain(req.source)
                 return path
             if current is not None:
-                known = self.images.holders().get(key)
+                known = self.images.holder(key)
                 same = (
                     known is not None
                     and known.volume_id == req.volume_id
@@ -218,6 +218,12 @@ class Publisher:
                     raise errors.AlreadyExists(
                         f"target {key} already holds volume {known.volume_id} with image "
                         f"{known.image}; unpublish it first"
+                    )
+                elif known is None and (other := self.images.registry.get(key)) is not None:
+                    # Another presentation's (FUSE) holder: left as it is.
+                    raise errors.AlreadyExists(
+                        f"target {key} already holds volume {other.volume_id or '(unknown)'} "
+                        f"with image {other.image or '(unknown)'}; unpublish it first"
                     )
             holder = Holder(target=key, volume_id=req.volume_id, image=req.source.image)
             with self._slot(deadline, req.source.image):
@@ -356,7 +362,7 @@ class Publisher:
         key = str(target)
         holder = Holder(target=key, volume_id=req.volume_id, image=req.source.image)
         if mounts.find_on(self.mounter, target) is not None:
-            known = self.images.holders().get(key)
+            known = self.images.holder(key)
             digest = self.images.holder_digest(key)
             if known == holder and digest is not None and self.images.has_tree(digest):
                 self._retain(req.source)

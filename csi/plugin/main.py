@@ -61,6 +61,7 @@ from rukpak.oci.auth import Credentials
 from rukpak.oci.client import RegistryClient
 from rukpak.oci.manifest import Platform
 from rukpak.signing.gate import ClientFactory, Gate
+from rukpak.store.holders import Holders
 
 log = logging.getLogger("csi.plugin")
 
@@ -343,14 +344,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             auth_ttl=args.private_image_auth_ttl,
             retain_ttl=args.retain_ttl,
         )
+        # One holder registry for the node: bind, FUSE, git and http volumes alike.
+        holders = Holders(args.state_dir / "holders", durable=args.durable_commit)
         images = ImageCache(
             args.state_dir / "images",
             puller_factory=puller,
             settings=settings,
             observer=m,
             durable=args.durable_commit,
+            holders=holders,
         )
-        m.track_cache(images.usage, images.budget_bytes)
         fuse = None
         if args.fuse or args.publish_mode == "fuse":
             from csi.fuse.service import FuseService  # pyfuse3 only when FUSE mode is on
@@ -361,8 +364,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 settings=settings,  # the same budgets and retention as bind mode
                 holder_socket=args.fuse_holder_socket,
                 shared_grants=images.grants,  # one credential re-check for both modes
+                holders=holders,
+                observer=m,  # the same metric families as bind mode
             )
             fuse.start()
+        fuse_files = fuse.images.files if fuse else None
+        m.track_cache(
+            lambda: images.usage() + (fuse_files.disk_usage() if fuse_files else 0),
+            images.budget_bytes,
+        )
         event_sinks: list[EventSink] = []
         gate = signature_gate(
             args,

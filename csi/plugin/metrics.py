@@ -2,7 +2,9 @@
 
 Where it sits: one ``Metrics`` object is created in ``csi.plugin.main`` and
 handed to the servicers (``rpc_done``, via ``csi.rpc.errors``), the image
-cache (``cache_result``, ``pulled``) and the registration servicer
+caches of both modes (``cache_result``, ``pulled``: ``rukpak.image.cache`` and
+``csi.fuse.images``, so a FUSE publish moves the families a bind publish moves; the
+cache's bytes are both stores' together) and the registration servicer
 (``registration``). :func:`serve` exposes ``/metrics`` (``prometheus_client``,
 its own registry so several plugins can live in one test process) and
 ``/healthz``, whose answer comes from the ``health`` callable ``csi.plugin.health``

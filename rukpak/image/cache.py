@@ -11,8 +11,9 @@ and the extractor (``rukpak.image.extract``). Its records live in
     unpacked/<manifest-hex>     finished trees, sealed read-only
     unpacked/<hex>.sealed       marker written once the tree is committed
     unpacked/<hex>.tmp-<rand>   trees being extracted or evicted (removed at start)
-    state.json                  tag → digest, tree metadata, which targets use which tree,
-                                which trees an owner retains
+    state.json                  tag → digest, tree metadata, which trees an owner retains
+    holders/                    which targets hold which tree (rukpak.store.holders; the
+                                plugin passes the node's one registry, shared with FUSE mode)
 
 A pull streams each missing layer into the store and the extractor at once; a
 mismatch fails the pull, discarding both the ingest and the staging tree. Layers
@@ -35,6 +36,12 @@ last named them, so a rollback finds them with the registry unreachable.
 Private images: a tree pulled with credentials that anonymous access cannot read
 is served to another pod only after its own credentials pass a manifest check
 (``rukpak.image.grants``); public trees are served at once.
+
+Holders: a publish records its target's holder in the node's holder registry
+(``rukpak.store.holders``) under the state lock, the lock eviction picks its victims
+under, so a tree is held before eviction can see it unheld; the holder's file is
+written after the lock is released. A hot publish writes that one small file and
+nothing else (the tree's last use stays in memory: ``rukpak.image.cachestate``).
 
 Concurrency: one lock per (reference, platform) makes concurrent requests for
 one image resolve and pull once; one lock per manifest digest covers two tags
@@ -77,6 +84,7 @@ from rukpak.oci import digest as digests
 from rukpak.oci.auth import Credentials
 from rukpak.oci.manifest import Descriptor, Manifest, Platform
 from rukpak.oci.reference import Reference
+from rukpak.store import holders as holding
 
 __all__ = ["Holder", "ImageCache", "KeyedLocks", "PullPolicy", "Puller", "Unpacked"]
 
@@ -106,7 +114,9 @@ class ImageCache:
         settings: CacheSettings = DEFAULTS,
         observer: Observer | None = None,
         durable: bool = True,
+        holders: holding.Holders | None = None,
     ) -> None:
+        """``holders``: the node's holder registry (default: its own under ``root``)."""
         self.root = root
         self.unpacked_dir = root / "unpacked"
         self.store = ContentStore(root / "content")
@@ -124,9 +134,12 @@ class ImageCache:
         self.leases = Leases()
         self.state = CacheState(root / "state.json")
         self._state_lock = self.state.lock
+        self.registry = holders or holding.Holders(root / "holders", durable=durable)
+        self._adopt_legacy_holders()
         self._clock = settings.clock  # unix seconds: when retention was set, and how old it is
         self.evictor = eviction.Evictor(
             state=self.state,
+            held=lambda: self.registry.held(store=holding.TREE),
             store=self.store,
             leases=self.leases,
             unpacked_dir=self.unpacked_dir,
@@ -156,7 +169,7 @@ class ImageCache:
         plugin) is adopted: a marker is written for it. Blobs no remaining tree
         lists go too.
         """
-        held = self.state.held_trees()
+        held = self.registry.held(store=holding.TREE)
         names = {e.name for e in self.unpacked_dir.iterdir()}
         for name in sorted(names):
             entry = self.unpacked_dir / name
@@ -203,19 +216,84 @@ class ImageCache:
     def has_tree(self, digest: str) -> bool:
         return self.tree_path(digest).is_dir()
 
+    def _adopt_legacy_holders(self) -> None:
+        """Move the holders a ``state.json`` of an older format names into the registry,
+        then write the file without them (see ``rukpak.store.holders``)."""
+        legacy = self.state.take_legacy_holders()
+        if not legacy:
+            return
+        records = []
+        for target, entry in legacy.items():
+            if not isinstance(entry, dict):
+                continue
+            digest = entry.get("digest")
+            records.append(
+                holding.Record(
+                    target=target,
+                    volume_id=str(entry.get("volume_id", "")),
+                    digest=digest if isinstance(digest, str) and digests.is_valid(digest) else "",
+                    store=holding.TREE,
+                    image=str(entry.get("image", "")),
+                )
+            )
+        self.registry.adopt(records)
+        self.state.save()
+
     def holders(self) -> dict[str, Holder]:
-        return self.state.holders()
+        """The targets holding trees of this cache (bind mode, git and http trees)."""
+        return {
+            t: Holder(t, r.volume_id, r.image)
+            for t, r in self.registry.all(store=holding.TREE).items()
+        }
+
+    def holder(self, target: str) -> Holder | None:
+        """Who holds a tree of this cache at ``target`` (one lookup, however many hold)."""
+        record = self.registry.get(target, store=holding.TREE)
+        return None if record is None else Holder(target, record.volume_id, record.image)
 
     def holder_digest(self, target: str) -> str | None:
-        return self.state.holder_digest(target)
+        record = self.registry.get(target, store=holding.TREE)
+        return record.digest if record is not None and digests.is_valid(record.digest) else None
 
     def hold(self, digest: str, holder: Holder) -> None:
         """Record that ``holder`` uses the tree of ``digest`` (protects it from eviction)."""
-        self.state.hold(digest, holder)
+        self.registry.hold(self._record(digest, holder))
 
     def release(self, target: str) -> None:
-        """Forget the holder at ``target``; idempotent."""
-        self.state.release(target)
+        """Forget the holder at ``target`` (of this cache's trees); idempotent."""
+        self.registry.release(target, store=holding.TREE)
+
+    @staticmethod
+    def _record(digest: str, holder: Holder) -> holding.Record:
+        return holding.Record(
+            target=holder.target,
+            volume_id=holder.volume_id,
+            digest=digest,
+            store=holding.TREE,
+            image=holder.image,
+        )
+
+    def take(self, digest: str, holder: Holder | None, *, what: str) -> None:
+        """Mark the tree of ``digest`` used now and, with ``holder``, held by it, checking
+        under the lock eviction works under that it is still there (Aborted naming
+        ``what`` when it was evicted in between). Writes the holder's record only: a hot
+        publish rewrites no shared state (``rukpak.store.holders``)."""
+        record = None if holder is None else self._record(digest, holder)
+        with self._state_lock:
+            if not self.has_tree(digest):  # evicted between the lookup and now
+                raise errors.Aborted(f"{what} was evicted while in use; retry")
+            self.state.touch(digest)
+            previous = None if record is None else self.registry.stage(record)
+        if record is not None:
+            try:
+                self.registry.persist(record.target)
+            except BaseException:
+                self.registry.unstage(record, previous)
+                raise
+
+    def record_tree(self, digest: str, record: dict[str, object]) -> None:
+        """Record a committed tree (its size, blobs, source, privacy), durably."""
+        self.state.record_tree(digest, record)
 
     # --- retention (rukpak.image.cachestate) ---------------------------------------------
 
@@ -331,14 +409,7 @@ class ImageCache:
         return digest if digest is not None and self.has_tree(digest) else None
 
     def _done(self, digest: str, holder: Holder | None, *, hit: bool) -> Unpacked:
-        with self._state_lock:
-            if not self.has_tree(digest):  # evicted between the lookup and now
-                raise errors.Aborted(f"image {digest} was evicted while in use; retry")
-            self.state.touch(digest)
-            if holder is not None:
-                self.state.hold(digest, holder)
-            else:
-                self.state.save()
+        self.take(digest, holder, what=f"image {digest}")
         self._observer.cache_result(hit=hit)
         if not hit:
             self._request_eviction()

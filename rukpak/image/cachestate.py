@@ -1,17 +1,28 @@
-"""The image cache's metadata: tag → digest, tree records, which targets hold which tree,
-and which trees an owner retains.
+"""The image cache's metadata: tag → digest, tree records and which trees an owner
+retains. Which targets hold which tree is not here: the node's holder registry
+(``rukpak.store.holders``) keeps it, one file per holder.
 
 Where it sits: inside the image cache (``rukpak.image.cache``), which owns one
 :class:`CacheState` and asks it under one lock. Persisted in ``state.json``,
-rewritten atomically (``rukpak.common.fsio``): durably, at once, when tags or tree
-records change; soon, by a writer thread, when only holders change (every
-publish and unpublish), so a publish does not wait for the disk. A holder
-record lost in a crash within that moment costs nothing that matters: the
-publisher adopts every mount of a cached tree at start
-(``csi.node.publish.Publisher.reconcile``), and a power loss unmounts them all.
-The file is advisory for trees (a sealed tree on disk without a record is
-still used) but not for holders, so a file that cannot be read is kept aside,
-never overwritten. Pending holder changes are written at interpreter exit.
+rewritten atomically (``rukpak.common.fsio``): durably, before the call returns, when
+a tag, a tree record or retained digests change (a pull, an eviction, a new revision:
+never a hot publish), so a cache opened afterwards, in this process or the next, reads
+them; soon, by a writer thread, when only a retention's time changed. A cache hit
+changes only a tree's last use, kept in memory (:meth:`CacheState.touch`) and written
+with the next write, or by the writer thread at most every ``TOUCH_FLUSH`` seconds, and
+at interpreter exit. A last-use time lost in a crash costs nothing but the order of
+eviction. The file is advisory for trees (a sealed tree on disk without a record is
+still used), so a file that cannot be read is kept aside, never overwritten.
+
+Several objects may write one file (two caches opened on one directory, or the next
+process while this one exits): each write takes ``flock`` on ``state.json.lock``, reads
+the file back when someone else replaced it since, and puts only the keys this object
+changed over it (:meth:`CacheState._commit`), so a late write of one object never drops
+the records another wrote.
+
+Files written before the holder registry carry a ``holders`` table (target →
+digest, volume and image): it is loaded, handed over once
+(:meth:`CacheState.take_legacy_holders`) and dropped from the file by the next write.
 
 Retention (``retained``: owner → tree digests and when a publish last set them)
 keeps an owner's kept revisions (a BundleDeployment's ``status.revisions``) from
@@ -24,21 +35,27 @@ existed load with none.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import json
 import logging
+import os
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rukpak.common.background import Chore
-from rukpak.common.fsio import read_json_or_set_aside, write_bytes_atomic, write_json_atomic
+from rukpak.common.fsio import read_json_or_set_aside, write_bytes_atomic
 from rukpak.image import retention
 from rukpak.oci import digest as digests
 
 log = logging.getLogger(__name__)
+
+TOUCH_FLUSH = 60.0
+"""Seconds a tree's last use may stay in memory only (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -59,51 +76,118 @@ class CacheState:
         self._dirty = False
         self._writer = Chore("state", self.flush, failure="cannot write state")
         self._exit_flush = False
-        self._write_lock = threading.Lock()  # held while writing; its holder never waits for lock
-        self._version = 0
-        self._written = 0
-        self.data: dict[str, Any] = {"tags": {}, "trees": {}, "holders": {}, "retained": {}}
-        loaded = read_json_or_set_aside(path)
+        self._touched_since = 0.0  # monotonic: the first last-use change not written yet
+        self.data: dict[str, Any] = {"tags": {}, "trees": {}, "retained": {}}
+        # Keys this object changed since its last write, per section (see _merge).
+        self._changed: dict[str, set[str]] = {section: set() for section in self.data}
+        self._touched: set[str] = set()  # trees whose last use alone changed
+        self._forgotten: set[str] = set()  # trees dropped: their tags go on disk too
+        self._seen: tuple[int, int, int] | None = None  # the file as last read or written
+        self._legacy_holders: dict[str, Any] = {}
+        with self._file_lock():
+            loaded = read_json_or_set_aside(path)
+            self._seen = _identity(path)
         if isinstance(loaded, dict):
             for key in self.data:
                 if isinstance(loaded.get(key), dict):
                     self.data[key] = loaded[key]
+            if isinstance(loaded.get("holders"), dict):
+                self._legacy_holders = loaded["holders"]
 
     def save(self) -> None:
         """Write the records atomically and durably, now."""
-        with self.lock, self._write_lock:
-            self._dirty = False
-            self._version += 1
-            write_json_atomic(self.path, self.data)
-            self._written = self._version
+        self._commit(durable=True)
 
     def save_soon(self) -> None:
         """Have the writer thread write the records (not durably) shortly; see above."""
+        self._pending()
+        self._writer.wake()  # a failed write is tried again at the next change
+
+    def _pending(self) -> None:
+        """Mark the records changed and not written (written at exit at the latest)."""
         with self.lock:
             self._dirty = True
             if not self._exit_flush:
                 self._exit_flush = True
                 atexit.register(self.flush)
-        self._writer.wake()  # a failed write is tried again at the next change
 
     def flush(self) -> None:
-        """Write pending holder changes now (not durably).
-
-        The records are serialised under the lock but written outside it, so
-        publishes never wait for the disk; versions keep an older snapshot from
-        replacing a newer one.
-        """
+        """Write pending changes now (not durably); nothing when there are none."""
         with self.lock:
-            if not self._dirty:
-                return
+            if self._dirty:
+                self._commit(durable=False)
+
+    def _commit(self, *, durable: bool) -> None:
+        """Merge this object's changes into the file on disk and write it.
+
+        Another :class:`CacheState` on the same file (a second cache in this process, or
+        another process) may have written since this one last read it: its records are
+        read back and kept, and only the keys this object changed are written over them
+        (``_merge``), so no writer drops another's tags, trees or retention. The writers
+        of one file take turns under ``flock`` on ``<file>.lock``; the file is still
+        replaced by a rename, so a reader, or a ``kill -9`` at any point, sees a whole
+        file. Runs under the state lock (callers may hold it already; nothing that takes
+        ``flock`` waits for that lock).
+        """
+        with self.lock, self._file_lock():
+            base = None
+            if self._seen is None or _identity(self.path) != self._seen:
+                base = read_json_or_set_aside(self.path)  # written by another object
+            merged = self._merge(base if isinstance(base, dict) else None)
+            payload = json.dumps(merged, sort_keys=True).encode()
+            write_bytes_atomic(self.path, payload, durable=durable)
+            self.data = merged
+            self._seen = _identity(self.path)
             self._dirty = False
-            self._version += 1
-            version = self._version
-            payload = json.dumps(self.data, sort_keys=True).encode()
-        with self._write_lock:
-            if version > self._written:
-                write_bytes_atomic(self.path, payload, durable=False)
-                self._written = version
+            self._touched_since = 0.0
+            for keys in self._changed.values():
+                keys.clear()
+            self._touched.clear()
+            self._forgotten.clear()
+
+    def _merge(self, disk: dict[str, Any] | None) -> dict[str, Any]:
+        """The records to write: ``disk`` (None: this object's own last write) with this
+        object's changes on top. A tree whose last use alone changed keeps the newer
+        time; tags naming a tree this object dropped go with it."""
+        if disk is None:
+            return self.data
+        merged: dict[str, Any] = {}
+        for section, mine in self.data.items():
+            theirs = disk.get(section)
+            result = dict(theirs) if isinstance(theirs, dict) else {}
+            for key in self._changed[section]:
+                if key in mine:
+                    result[key] = mine[key]
+                else:
+                    result.pop(key, None)
+            merged[section] = result
+        trees = merged["trees"]
+        for hex_ in self._touched - self._changed["trees"]:
+            mine, theirs = self.data["trees"].get(hex_), trees.get(hex_)
+            if not isinstance(mine, dict):
+                continue
+            if isinstance(theirs, dict):
+                used = max(float(mine.get("last_used", 0)), float(theirs.get("last_used", 0)))
+                trees[hex_] = {**theirs, "last_used": used}
+            else:
+                trees[hex_] = mine
+        if self._forgotten:
+            merged["tags"] = {
+                k: v
+                for k, v in merged["tags"].items()
+                if k in self._changed["tags"] or str(v).rpartition(":")[2] not in self._forgotten
+            }
+        return merged
+
+    @contextlib.contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        """Exclusive use of ``state.json`` among every object and process writing it."""
+        fd = os.open(self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     # --- tags -------------------------------------------------------------------
 
@@ -113,8 +197,14 @@ class CacheState:
         return digest if isinstance(digest, str) and digests.is_valid(digest) else None
 
     def set_tag(self, key: str, digest: str) -> None:
+        """Remember what ``key`` resolved to; written durably before it returns, and only
+        when it changed (a resolution that moved, not a hot publish)."""
         with self.lock:
+            if self.data["tags"].get(key) == digest:
+                return
             self.data["tags"][key] = digest
+            self._changed["tags"].add(key)
+            self.save()
 
     # --- trees ------------------------------------------------------------------
 
@@ -125,13 +215,26 @@ class CacheState:
 
     def record_tree(self, digest: str, record: dict[str, Any]) -> None:
         with self.lock:
-            self.data["trees"][digests.hex_of(digest)] = {**record, "last_used": time.time()}
+            hex_ = digests.hex_of(digest)
+            self.data["trees"][hex_] = {**record, "last_used": time.time()}
+            self._changed["trees"].add(hex_)
+            self._forgotten.discard(hex_)
             self.save()
 
     def touch(self, digest: str) -> None:
+        """Mark a tree used now: in memory; written with the next write, or by the writer
+        thread once ``TOUCH_FLUSH`` seconds passed since the first change not written."""
         with self.lock:
-            tree = self.data["trees"].setdefault(digests.hex_of(digest), {})
+            hex_ = digests.hex_of(digest)
+            tree = self.data["trees"].setdefault(hex_, {})
             tree["last_used"] = time.time()
+            self._touched.add(hex_)
+            now = time.monotonic()
+            if not self._touched_since:
+                self._touched_since = now
+                self._pending()  # written by the next write, or at exit
+            elif now - self._touched_since >= TOUCH_FLUSH:
+                self.save_soon()
 
     def tree_bytes(self) -> int:
         with self.lock:
@@ -151,9 +254,15 @@ class CacheState:
         """Drop a tree's record and the tags naming it; returns the record."""
         with self.lock:
             record: dict[str, Any] = self.data["trees"].pop(hex_, {})
-            self.data["tags"] = {
-                k: v for k, v in self.data["tags"].items() if not str(v).endswith(hex_)
-            }
+            tags = self.data["tags"]
+            gone = [k for k, v in tags.items() if str(v).endswith(hex_)]
+            for key in gone:
+                del tags[key]
+            self._changed["tags"].update(gone)
+            self._changed["trees"].add(hex_)
+            self._forgotten.add(hex_)
+            self._touched.discard(hex_)
+            self._pending()  # written by the caller's save, the next write, or at exit
             return record
 
     def blobs_in_use(self) -> set[str]:
@@ -166,45 +275,15 @@ class CacheState:
             trees = self.data["trees"]
             return sorted(trees, key=lambda h: float(trees[h].get("last_used", 0)))
 
-    # --- holders ----------------------------------------------------------------
+    # --- holders of an older format ----------------------------------------------
 
-    def holders(self) -> dict[str, Holder]:
+    def take_legacy_holders(self) -> dict[str, Any]:
+        """The ``holders`` table a file written before the holder registry carried
+        (target → {digest, volume_id, image}); handed over once, then dropped from memory
+        (and from the file at the next write)."""
         with self.lock:
-            return {
-                target: Holder(target, str(h.get("volume_id", "")), str(h.get("image", "")))
-                for target, h in self.data["holders"].items()
-                if isinstance(h, dict)
-            }
-
-    def holder_digest(self, target: str) -> str | None:
-        with self.lock:
-            entry = self.data["holders"].get(target)
-            digest = entry.get("digest") if isinstance(entry, dict) else None
-            return digest if isinstance(digest, str) and digests.is_valid(digest) else None
-
-    def held_trees(self) -> set[str]:
-        """Hex digests of trees some target holds."""
-        with self.lock:
-            return {
-                digests.hex_of(h["digest"])
-                for h in self.data["holders"].values()
-                if isinstance(h, dict) and digests.is_valid(str(h.get("digest", "")))
-            }
-
-    def hold(self, digest: str, holder: Holder) -> None:
-        with self.lock:
-            self.data["holders"][holder.target] = {
-                "digest": digest,
-                "volume_id": holder.volume_id,
-                "image": holder.image,
-            }
-            self.touch(digest)
-            self.save_soon()
-
-    def release(self, target: str) -> None:
-        with self.lock:
-            if self.data["holders"].pop(target, None) is not None:
-                self.save_soon()
+            legacy, self._legacy_holders = self._legacy_holders, {}
+            return legacy
 
     # --- retention ----------------------------------------------------------------
 
@@ -213,6 +292,8 @@ class CacheState:
         replacing what it retained; an empty collection ends the owner's retention."""
         with self.lock:
             change = retention.set_owner(self.data["retained"], owner, tree_digests, now)
+            if change is not retention.Change.NONE:
+                self._changed["retained"].add(owner)
             if change is retention.Change.DIGESTS:
                 self.save()
             elif change is retention.Change.TIME:
@@ -234,6 +315,17 @@ class CacheState:
         owners."""
         with self.lock:
             gone = retention.expire(self.data["retained"], now, ttl)
+            self._changed["retained"].update(gone)
             if gone:
                 self.save_soon()
             return gone
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """What tells one version of ``path`` from the next (each write renames a new inode
+    into place); None when there is no file."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)

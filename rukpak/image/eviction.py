@@ -4,9 +4,11 @@ retains, and their blobs.
 Where it sits: owned by the image cache (``rukpak.image.cache``), which asks for a
 background pass after every pull that may have grown the cache past its budget
 (``--cache-budget``). It reads and changes the cache's records
-(``rukpak.image.cachestate``) under their lock, deletes blobs from the content store
-(``rukpak.image.store``) only when no pull leases them (``rukpak.image.leases``), and
-removes tree directories after the lock is released. A tree an owner retains
+(``rukpak.image.cachestate``) under their lock, reads which trees are held from the
+node's holder registry (``rukpak.store.holders``; holds are staged under that same
+lock), deletes blobs from the content store (``rukpak.image.store``) only when no pull
+leases them (``rukpak.image.leases``), and removes tree directories after the lock is
+released. A tree an owner retains
 (``CacheState.retained``, a BundleDeployment's kept revisions) is spared like a held
 one until its entry is older than the retention TTL (``--retain-ttl``); expired
 entries are dropped at each pass.
@@ -43,6 +45,7 @@ class Evictor:
         self,
         *,
         state: CacheState,
+        held: Callable[[], set[str]],
         store: ContentStore,
         leases: Leases,
         unpacked_dir: Path,
@@ -52,6 +55,7 @@ class Evictor:
         clock: Callable[[], float],
     ) -> None:
         self.state = state
+        self._held = held  # hex digests of the trees some target holds (rukpak.store.holders)
         self.store = store
         self.leases = leases
         self.unpacked_dir = unpacked_dir
@@ -100,7 +104,7 @@ class Evictor:
             now = self._clock()
             expired = self.state.expire_retention(now, self.retain_ttl)
             held = (
-                self.state.held_trees()
+                self._held()
                 | self.state.retained(now, self.retain_ttl)
                 | {digests.hex_of(d) for d in keep}
             )

@@ -6,8 +6,10 @@ fetchers (``rukpak.sources.git``, ``rukpak.sources.http``) and the image extract
 (``rukpak.image.extract``), so a repository or tarball meets exactly the rules and
 budgets of an image layer. Trees live in the image cache's ``unpacked/`` directory
 under a key digest, committed the same way (staging ``.tmp-`` dir removed at start,
-directories sealed, ``syncfs``, rename, ``.sealed`` marker last) and recorded in its
-state, so holders, eviction and the start-up reconcile treat them like image trees.
+directories sealed, ``syncfs``, rename, ``.sealed`` marker last) and recorded through
+its public calls (``ImageCache.record_tree``, ``ImageCache.take``: the holder goes to the
+node's holder registry, ``rukpak.store.holders``), so holders, eviction and the start-up
+reconcile treat them like image trees.
 
 The key is the sha256 of (kind, location, pin, directory, credential fingerprint):
 content fetched with a credential is only ever served to a volume presenting the
@@ -26,7 +28,6 @@ import secrets
 import time
 from pathlib import Path
 
-from rukpak.common import errors
 from rukpak.common.backoff import Deadline
 from rukpak.common.fsio import fsync_dir, syncfs, write_json_atomic
 from rukpak.image import extract, tree
@@ -91,14 +92,7 @@ class SourceCache:
             hit = self.images.has_tree(digest)
             if not hit:
                 self._fetch(source, digest, deadline)
-            with self.images.state.lock:
-                if not self.images.has_tree(digest):
-                    raise errors.Aborted(f"{source.label()} was evicted while in use; retry")
-                self.images.state.touch(digest)
-                if holder is not None:
-                    self.images.state.hold(digest, holder)
-                else:
-                    self.images.state.save()
+            self.images.take(digest, holder, what=source.label())
         return Unpacked(digest=digest, path=self.images.tree_path(digest), cache_hit=hit)
 
     def _fetch(self, source: FetchSource, digest: str, deadline: Deadline | None) -> None:
@@ -133,7 +127,7 @@ class SourceCache:
             unpacked / f"{hex_}{SEALED}",
             {"digest": digest, "files": stats.entries, "bytes": stats.bytes},
         )
-        self.images.state.record_tree(
+        self.images.record_tree(
             digest,
             {
                 "digest": digest,
