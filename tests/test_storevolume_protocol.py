@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from rukpak.common import errors
 from rukpak.sources import storeprotocol as protocol
 from rukpak.sources import volume
 from rukpak.sources.storeclient import StoreClient
+from tests.polling import eventually
 
 DIGEST = "sha256:" + "ab" * 32
 REF = f"registry.example.com/bundles/hello@{DIGEST}"
@@ -286,3 +288,27 @@ def test_stop_closes_open_connections_and_removes_the_socket(
     assert not server.path.exists()
     with pytest.raises(errors.Unavailable, match="cannot reach"):
         StoreClient(tmp_path).fetch(REF)
+
+
+def test_stop_returns_with_every_connection_closed_so_the_directory_unmounts(
+    tmp_path: Path,
+) -> None:
+    """An accepted unix socket holds its path: a connection still open when ``stop``
+    returns keeps the store volume's mount busy (EBUSY on the unmount that follows)."""
+    mount = tmp_path / "volume"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
+    try:
+        server = StoreSocket(mount / protocol.SOCKET_NAME, Recorder(), name="busy")
+        clients = [raw(mount / protocol.SOCKET_NAME) for _ in range(4)]
+        clients[0].sendall(b"not json\n")
+        assert not read_answer(clients[0]).ok
+        eventually(lambda: server.connections() == 4, timeout=10, what="4 connections accepted")
+        server.stop()
+        assert server.connections() == 0
+        done = subprocess.run(["umount", str(mount)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        for client in clients:
+            client.close()
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)

@@ -22,6 +22,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 16
 IDLE_SECONDS = 600.0
+STOP_WAIT = 10.0
+"""Seconds `stop` waits for the connections' threads to close their sockets."""
 
 Handler = Callable[[protocol.StoreRequest], protocol.StoreAnswer]
 
@@ -57,6 +60,7 @@ class StoreSocket:
         self.name = name  # the volume, for logs and thread names
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
+        self._servers: set[threading.Thread] = set()
         self._stopped = False
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # a previous process's socket
@@ -91,9 +95,12 @@ class StoreSocket:
             if full:
                 self._refuse(conn)
                 continue
-            threading.Thread(
+            server = threading.Thread(
                 target=self._serve, args=(conn,), name=f"store-conn-{self.name[:12]}", daemon=True
-            ).start()
+            )
+            with self._lock:
+                self._servers.add(server)
+            server.start()
 
     def _refuse(self, conn: socket.socket) -> None:
         busy = errors.ResourceExhausted(
@@ -131,12 +138,17 @@ class StoreSocket:
         except OSError:
             return  # the pod went away, idled out, or the volume was unpublished
         finally:
+            conn.close()
             with self._lock:
                 self._conns.discard(conn)
-            conn.close()
+                self._servers.discard(threading.current_thread())
 
-    def stop(self) -> None:
-        """Close the socket and every connection; remove the socket file. Idempotent."""
+    def stop(self, wait: float = STOP_WAIT) -> None:
+        """Close the socket and every connection; remove the socket file. Idempotent.
+
+        Waits (up to ``wait`` seconds) for each connection's thread to close its socket: an
+        accepted unix socket holds its path, so an open one keeps the volume's directory
+        busy and the unmount after this would fail with EBUSY."""
         with self._lock:
             if self._stopped:
                 return
@@ -149,5 +161,10 @@ class StoreSocket:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
         self._thread.join(timeout=5)
+        deadline = time.monotonic() + wait
+        with self._lock:
+            servers = list(self._servers)
+        for server in servers:
+            server.join(timeout=max(0.0, deadline - time.monotonic()))
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
