@@ -1,5 +1,5 @@
 """Drift that names its author, and ignore rules, with the manager running against a real
-kube-apiserver (the harness of ``test_manager_controller``: the controller in-process, the
+kube-apiserver (``tests.manager_harness``: the controller in-process, the
 test playing the instance run's part, as no kubelet runs here).
 
 Another field manager (``kubectl-edit``, by server-side apply as ``kubectl apply
@@ -14,26 +14,49 @@ from __future__ import annotations
 
 import itertools
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from provisioner.engine.apply import appliedrecord, apply, inventory
+from provisioner.engine.apply import apply
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
 from provisioner.instance import process
-from provisioner.manager import actuate, controller, model, runs
+from provisioner.manager import actuate, controller
 from rukpak.common import errors
-from tests import test_manager_controller as harness
-from tests.bundles import configmap, namespace, role_binding, write_bundle
+from tests import manager_harness as harness
+from tests.bundles import configmap, namespace, write_bundle
+from tests.crd_helpers import install_crds
 from tests.polling import eventually
 
-SYSTEM_NS = harness.SYSTEM_NS
-get_bd, instance_of, unique = harness.get_bd, harness.instance_of, harness.unique
-# the module fixtures of the controller's tests: its CRDs, images and running controller
-crds, images, running = harness.crds, harness.images, harness.running
+SYSTEM_NS = f"rukpak-drift-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture(scope="module")
+def images(registry: Any) -> dict[str, str]:
+    """Tags of the hello bundle (only their names matter: the test plays the runs)."""
+    return harness.hello_tags(registry, "rukpak-drift")
+
+
+@pytest.fixture(scope="module")
+def running(kube: Kube, images: dict[str, str]) -> Iterator[controller.Controller]:
+    install_crds(kube)
+    with harness.running_controller(kube, SYSTEM_NS) as ctl:
+        yield ctl
+
+
+def get_bd(kube: Kube, name: str) -> Obj:
+    live = kube.get(actuate.bd_ref(name))
+    assert live is not None
+    return live
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:5]}"
+
 
 pytestmark = pytest.mark.cluster
 
@@ -44,8 +67,7 @@ IGNORE = [{"paths": ["/data/mode"], "target": {"kind": "ConfigMap", "labelSelect
 @pytest.fixture(scope="module")
 def instance_may_restore(kube: Kube, running: controller.Controller) -> Iterator[None]:
     """The instance's ServiceAccount (which the manager restores as) may write anything."""
-    account = {"kind": "ServiceAccount", "name": "rukpak-instance", "namespace": SYSTEM_NS}
-    kube.apply(role_binding(f"{SYSTEM_NS}-instance", "cluster-admin", [account]))
+    harness.let_the_instance_write_anything(kube, SYSTEM_NS)
     yield
 
 
@@ -71,7 +93,11 @@ def scaled(name: str, target: str, **data: str) -> Obj:
 
 def play_the_run(kube: Kube, name: str, tmp_path: Path, docs: list[Obj]) -> Obj:
     """Do what the BD's run would on a kubelet, with the ignore rules its pod was given."""
-    run = eventually(lambda: instance_of(kube, name), timeout=30, what="the instance run pod")
+    run = eventually(
+        lambda: next(iter(harness.pods_of(kube, SYSTEM_NS, name)), None),
+        timeout=30,
+        what="the instance run pod",
+    )
     args = process_args(run)
     options = apply.Options(
         name=name,
@@ -79,16 +105,7 @@ def play_the_run(kube: Kube, name: str, tmp_path: Path, docs: list[Obj]) -> Obj:
         system_namespace=SYSTEM_NS,
         ignore=process.ignore_rules(args.get("--ignore", "")),
     )
-    result = apply.install(kube, write_bundle(tmp_path, {"00.yaml": docs}), options)
-    record = runs.InstallRecord(
-        run["metadata"]["name"],
-        run["metadata"]["annotations"][model.BUNDLE_ANNOTATION],
-        appliedrecord.of(result.applied),
-    )
-    body = inventory.record_configmap(name, record.document(), system_namespace=SYSTEM_NS)
-    kube.apply(body, manager=inventory.RECORD_MANAGER)
-    pod_ref = ObjectRef("", "v1", "Pod", SYSTEM_NS, run["metadata"]["name"])
-    kube.merge_patch_status(pod_ref, {"status": {"phase": "Succeeded"}})
+    harness.play_run(kube, run, write_bundle(tmp_path, {"00.yaml": docs}), options)
     return run
 
 
