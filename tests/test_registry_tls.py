@@ -26,7 +26,6 @@ from typing import Any, cast
 
 import grpc
 import pytest
-from cryptography import x509
 
 from csi.proto import csi_pb2_grpc
 from provisioner.engine.kube.kube import Kube
@@ -58,42 +57,18 @@ NOT_PEM = "this is not a certificate"
 
 
 @dataclasses.dataclass(frozen=True)
-class TLSRegistries:
-    ca: tls_helpers.CA
-    other_ca: tls_helpers.CA  # signed none of them
-    private: RegistryServer  # signed by ``ca``
-    self_signed: RegistryServer
-    self_signed_pem: str
-    expired: RegistryServer  # signed by ``ca``, expired an hour ago
+class TLSRegistries(tls_helpers.Served[RegistryServer]):
     wrong_name: RegistryServer  # signed by ``ca`` for registry.invalid only
 
 
 @pytest.fixture(scope="module")
 def tls_registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TLSRegistries]:
     work = tmp_path_factory.mktemp("tls-registries")
-    ca = tls_helpers.make_ca()
-    own = tls_helpers.issue(None, work / "pki", "self-signed")
-    certs = {
-        "private": tls_helpers.issue(ca, work / "pki", "private"),
-        "self_signed": own,
-        "expired": tls_helpers.issue(ca, work / "pki", "expired", expired=True),
-        "wrong_name": tls_helpers.issue(
-            ca, work / "pki", "wrong-name", names=(x509.DNSName("registry.invalid"),)
-        ),
-    }
-    started: dict[str, RegistryServer] = {}
-    try:
-        for name, cert in certs.items():
-            started[name] = RegistryServer.start(work / name, tls=cert)
-        yield TLSRegistries(
-            ca=ca,
-            other_ca=tls_helpers.make_ca("another-ca"),
-            self_signed_pem=tls_helpers.pem_of(own),
-            **started,
-        )
-    finally:
-        for server in started.values():
-            server.stop()
+    certs = tls_helpers.server_certs(work / "pki", wrong_name=True)
+    with tls_helpers.serving(
+        certs.roles, lambda role, cert: RegistryServer.start(work / role, tls=cert)
+    ) as started:
+        yield TLSRegistries.of(certs, started, wrong_name=started["wrong_name"])
 
 
 _repos = iter(range(10_000))
@@ -253,20 +228,32 @@ def test_a_volume_with_its_own_tls_is_published_in_bind_mode_even_when_fuse_is_a
         unpublish(node, path, volume_id="tls-fuse")
 
 
-def test_with_another_ca_the_publish_names_the_host_and_unknown_authority(
-    tls_registries: TLSRegistries, node: csi_pb2_grpc.NodeStub, plugin: Any
+@pytest.mark.parametrize(
+    ("served_by", "given", "why"),
+    [("private", "other_ca", "unknown authority"), ("expired", "ca", "certificate has expired")],
+    ids=["another CA", "expired"],
+)
+def test_a_registry_certificate_the_node_refuses_is_named_with_the_host_and_why(
+    tls_registries: TLSRegistries,
+    node: csi_pb2_grpc.NodeStub,
+    plugin: Any,
+    served_by: str,
+    given: str,
+    why: str,
 ) -> None:
     regs = tls_registries
-    image = push(regs.private, "untrusted", trust=SourceTLS(ca_pem=regs.ca.pem))
+    registry: RegistryServer = getattr(regs, served_by)
+    image = push(registry, f"refused-{served_by}", trust=SourceTLS(skip_verify=True))
+    ca: tls_helpers.CA = getattr(regs, given)
     with pytest.raises(grpc.RpcError) as refused:
         node.NodePublishVolume(
             publish_request(
-                target(plugin), pinned(image), volume_id="tls-2", certificateData=regs.other_ca.pem
+                target(plugin), pinned(image), volume_id=f"tls-{served_by}", certificateData=ca.pem
             )
         )
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     details = str(refused.value.details())
-    assert f"registry {regs.private.host}" in details and "unknown authority" in details
+    assert f"registry {registry.host}" in details and why in details
 
 
 def test_a_ca_given_for_one_volume_is_not_used_by_a_concurrent_publish_of_another(
@@ -294,22 +281,6 @@ def test_a_ca_given_for_one_volume_is_not_used_by_a_concurrent_publish_of_anothe
             assert tree(Path(paths[0]))["manifests/cm.yaml"] == f"file:a{i}"
             assert not Path(paths[1]).exists() or not any(Path(paths[1]).iterdir())
             unpublish(node, paths[0], volume_id=f"ca-{i}")
-
-
-def test_an_expired_registry_certificate_is_refused_by_the_node_naming_expiry(
-    tls_registries: TLSRegistries, node: csi_pb2_grpc.NodeStub, plugin: Any
-) -> None:
-    regs = tls_registries
-    image = push(regs.expired, "expired-node", trust=SourceTLS(skip_verify=True))
-    with pytest.raises(grpc.RpcError) as refused:
-        node.NodePublishVolume(
-            publish_request(
-                target(plugin), pinned(image), volume_id="tls-3", certificateData=regs.ca.pem
-            )
-        )
-    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    details = str(refused.value.details())
-    assert f"registry {regs.expired.host}" in details and "certificate has expired" in details
 
 
 def test_skipping_verification_still_verifies_content_by_digest(
