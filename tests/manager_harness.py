@@ -12,6 +12,7 @@ pods exist; these helpers decide when they finish.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -82,6 +83,18 @@ def running_controller(
         yield ctl
     finally:
         ctl.stop()
+
+
+def unique(prefix: str) -> str:
+    """A name no earlier test on the session's API server used."""
+    return f"{prefix}-{uuid.uuid4().hex[:5]}"
+
+
+def get_bd(kube: Kube, name: str) -> Obj:
+    """BundleDeployment ``name`` as the manager's storage version, which must exist."""
+    live = kube.get(actuate.bd_ref(name))
+    assert live is not None
+    return live
 
 
 def pods_of(kube: Kube, system_namespace: str, name: str) -> list[Obj]:

@@ -51,6 +51,13 @@ class Helper:
         text = answer if isinstance(answer, str) else json.dumps(answer)
         return cls(bin_dir, name, f"printf '%s' '{text}'; exit {status}")
 
+    @classmethod
+    def knowing(cls, bin_dir: Path, name: str, registry: RegistryServer) -> Helper:
+        """A helper that answers with ``registry``'s user name and password."""
+        return cls.answering(
+            bin_dir, name, {"Username": registry.username, "Secret": registry.password}
+        )
+
     def calls(self) -> list[str]:
         return self.asked.read_text().splitlines() if self.asked.exists() else []
 
@@ -89,9 +96,7 @@ def push(capsys: pytest.CaptureFixture[str], tmp_path: Path, ref: str, config: P
 def test_a_registrys_credential_helper_signs_the_push_and_the_inspect(
     auth_registry: RegistryServer, bin_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    helper = Helper.answering(
-        bin_dir, "rk-test", {"Username": auth_registry.username, "Secret": auth_registry.password}
-    )
+    helper = Helper.knowing(bin_dir, "rk-test", auth_registry)
     other = Helper.answering(bin_dir, "rk-default", {"Username": "nobody", "Secret": "wrong"})
     config = docker_config(
         tmp_path / "config.json",
@@ -113,9 +118,7 @@ def test_a_registrys_credential_helper_signs_the_push_and_the_inspect(
 def test_the_default_store_answers_for_every_registry_and_may_know_nothing(
     auth_registry: RegistryServer, bin_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    store = Helper.answering(
-        bin_dir, "rk-store", {"Username": auth_registry.username, "Secret": auth_registry.password}
-    )
+    store = Helper.knowing(bin_dir, "rk-store", auth_registry)
     config = docker_config(tmp_path / "config.json", {"auths": {}, "credsStore": "rk-store"})
     ref = f"{auth_registry.host}/helpers/store:v1"
     push(capsys, tmp_path, ref, config)

@@ -30,6 +30,7 @@ from rukpak.common import errors
 from tests import manager_harness as harness
 from tests.bundles import configmap, namespace, write_bundle
 from tests.crd_helpers import install_crds
+from tests.install_helpers import bd_v2
 from tests.polling import eventually
 
 SYSTEM_NS = f"rukpak-drift-{uuid.uuid4().hex[:6]}"
@@ -48,14 +49,7 @@ def running(kube: Kube, images: dict[str, str]) -> Iterator[controller.Controlle
         yield ctl
 
 
-def get_bd(kube: Kube, name: str) -> Obj:
-    live = kube.get(actuate.bd_ref(name))
-    assert live is not None
-    return live
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:5]}"
+get_bd, unique = harness.get_bd, harness.unique
 
 
 pytestmark = pytest.mark.cluster
@@ -69,20 +63,6 @@ def instance_may_restore(kube: Kube, running: controller.Controller) -> Iterator
     """The instance's ServiceAccount (which the manager restores as) may write anything."""
     harness.let_the_instance_write_anything(kube, SYSTEM_NS)
     yield
-
-
-def v1alpha2_bd(name: str, image: str, target: str, **spec: Any) -> Obj:
-    return {
-        "apiVersion": "core.rukpak.io/v1alpha2",
-        "kind": "BundleDeployment",
-        "metadata": {"name": name},
-        "spec": {
-            "installNamespace": target,
-            "provisionerClassName": "core-rukpak-io-plain",
-            "source": {"type": "image", "image": {"ref": image}},
-            **spec,
-        },
-    }
 
 
 def scaled(name: str, target: str, **data: str) -> Obj:
@@ -121,7 +101,7 @@ def install(
     name and its (played) run pod."""
     name = unique("author")
     target = str(docs[0]["metadata"]["name"])
-    kube.create(v1alpha2_bd(name, images["v1"], target, **spec))
+    kube.create(bd_v2(name, images["v1"], installNamespace=target, **spec))
     run = play_the_run(kube, name, tmp_path, docs)
     eventually(
         lambda: (c := condition(get_bd(kube, name), "Installed")) and c["status"] == "True",
@@ -129,6 +109,18 @@ def install(
         what="Installed from the record",
     )
     return name, run
+
+
+def install_greeting(
+    kube: Kube, tmp_path: Path, images: dict[str, str], prefix: str
+) -> tuple[str, str]:
+    """``install`` of ConfigMap ``greeting`` (hello: x) into a new namespace: the
+    BundleDeployment's name and the namespace's."""
+    target = unique(prefix)
+    name, _ = install(
+        kube, tmp_path, images, [namespace(target), configmap("greeting", target, hello="x")]
+    )
+    return name, target
 
 
 def write_as(kube: Kube, target: str, cm: str, **data: str) -> None:
@@ -149,10 +141,7 @@ def data_of(kube: Kube, target: str, cm: str) -> dict[str, str]:
 def test_another_writers_change_is_restored_and_named_in_a_condition_and_an_event(
     kube: Kube, instance_may_restore: None, images: dict[str, str], tmp_path: Path
 ) -> None:
-    target = unique("drift-ns")
-    name, _ = install(
-        kube, tmp_path, images, [namespace(target), configmap("greeting", target, hello="x")]
-    )
+    name, target = install_greeting(kube, tmp_path, images, "drift-ns")
     assert condition(get_bd(kube, name), "Drifted") is None  # it never drifted
 
     started = time.monotonic()
@@ -174,10 +163,7 @@ def test_another_writers_change_is_restored_and_named_in_a_condition_and_an_even
 def test_a_fight_is_one_event_not_one_per_write(
     kube: Kube, instance_may_restore: None, images: dict[str, str], tmp_path: Path
 ) -> None:
-    target = unique("fight-ns")
-    name, _ = install(
-        kube, tmp_path, images, [namespace(target), configmap("greeting", target, hello="x")]
-    )
+    name, target = install_greeting(kube, tmp_path, images, "fight-ns")
     writes = 5
     for value in range(writes):  # each change waits for its restore (the damper spaces them)
         write_as(kube, target, "greeting", hello=f"edit-{value}")
@@ -230,7 +216,7 @@ def test_an_ignored_field_on_the_targeted_object_is_left_to_its_writer(
 def test_a_bad_json_pointer_is_refused_at_admission_naming_the_field(
     kube: Kube, images: dict[str, str]
 ) -> None:
-    bad = v1alpha2_bd(unique("bad"), images["v1"], "default", ignore=[{"paths": ["spec/replicas"]}])
+    bad = bd_v2(unique("bad"), images["v1"], ignore=[{"paths": ["spec/replicas"]}])
     with pytest.raises(errors.RukpakError, match=r"spec.ignore\[0\].paths\[0\]"):
         kube.create(bad)
     assert kube.get(actuate.bd_ref(bad["metadata"]["name"])) is None

@@ -52,6 +52,7 @@ SUFFIX = uuid.uuid4().hex[:6]
 SYSTEM_NS = f"rukpak-mgr-{SUFFIX}"
 BD_CRD = f"bundledeployments.{model.GROUP}"
 IMAGE = harness.IMAGE
+get_bd, unique = harness.get_bd, harness.unique
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -88,12 +89,6 @@ def running(kube: Kube, images: dict[str, str]) -> Iterator[controller.Controlle
         yield ctl
 
 
-def get_bd(kube: Kube, name: str) -> Obj:
-    live = kube.get(actuate.bd_ref(name))
-    assert live is not None
-    return live
-
-
 def bundles_of(kube: Kube, name: str) -> list[Obj]:
     items, _ = kube.list(model.API_VERSION, model.BUNDLE, label_selector=f"{model.BD_LABEL}={name}")
     return items
@@ -107,10 +102,6 @@ def instance_of(kube: Kube, name: str) -> Obj | None:
 def cond_of(kube: Kube, name: str, kind: str) -> tuple[str, str] | None:
     c = condition(get_bd(kube, name), kind)
     return None if c is None else (str(c["status"]), str(c["reason"]))
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:5]}"
 
 
 def test_a_bundledeployment_becomes_a_resolved_bundle_and_an_instance_run(

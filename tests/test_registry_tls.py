@@ -152,29 +152,23 @@ def test_a_self_signed_registry_resolves_with_its_certificate_or_without_verific
         resolve({"ref": image.ref, "certificateData": regs.ca.pem}, resolver)  # another CA
 
 
-def test_an_expired_certificate_is_refused_naming_the_host_and_expiry(
-    tls_registries: TLSRegistries, resolver: actuate.RegistryResolver
+@pytest.mark.parametrize(
+    ("served_by", "why"),
+    [("expired", "certificate has expired"), ("wrong_name", "mismatch")],
+    ids=["expired", "another host"],
+)
+def test_a_certificate_the_resolver_refuses_is_named_with_the_host_and_why(
+    tls_registries: TLSRegistries, resolver: actuate.RegistryResolver, served_by: str, why: str
 ) -> None:
-    regs = tls_registries
-    image = push(regs.expired, "expired", trust=SourceTLS(skip_verify=True))
+    registry: RegistryServer = getattr(tls_registries, served_by)
+    image = push(registry, served_by, trust=SourceTLS(skip_verify=True))
     with pytest.raises(errors.FailedPrecondition) as refused:
-        resolve({"ref": image.ref, "certificateData": regs.ca.pem}, resolver)
+        resolve({"ref": image.ref, "certificateData": tls_registries.ca.pem}, resolver)
     message = refused.value.message
-    assert f"registry {regs.expired.host}" in message and "certificate has expired" in message
-    assert regs.expired.count_requests("HEAD", r"/manifests/") == 0  # no request got through
+    assert f"registry {registry.host}" in message and why in message
+    assert registry.count_requests("HEAD", r"/manifests/") == 0  # no request got through
     skipping = resolve({"ref": image.ref, "insecureSkipTLSVerify": True}, resolver)
     assert skipping.resolved["image"]["ref"] == pinned(image)
-
-
-def test_a_certificate_for_another_host_is_a_hostname_mismatch(
-    tls_registries: TLSRegistries, resolver: actuate.RegistryResolver
-) -> None:
-    regs = tls_registries
-    image = push(regs.wrong_name, "wrong-name", trust=SourceTLS(skip_verify=True))
-    with pytest.raises(errors.FailedPrecondition) as refused:
-        resolve({"ref": image.ref, "certificateData": regs.ca.pem}, resolver)
-    message = refused.value.message
-    assert f"registry {regs.wrong_name.host}" in message and "mismatch" in message
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from tests.bench import Result, progress, timed
 from tests.bench.bench_apply import start_cluster
 from tests.bundles import configmap, namespace, write_bundle
 from tests.crd_helpers import install_crds
+from tests.install_helpers import bd_v2
 from tests.plan_helpers import as_is
 
 ROUNDS = 5
@@ -49,18 +50,7 @@ def _wait(check: Callable[[], Any], *, timeout: float, what: str, interval: floa
 
 def _install(kube: Kube, workdir: Path, name: str) -> None:
     """A v1alpha2 BundleDeployment of a Namespace and a ConfigMap, its run played."""
-    kube.create(
-        {
-            "apiVersion": "core.rukpak.io/v1alpha2",
-            "kind": "BundleDeployment",
-            "metadata": {"name": name},
-            "spec": {
-                "installNamespace": name,
-                "provisionerClassName": "core-rukpak-io-plain",
-                "source": {"type": "image", "image": {"ref": IMAGE}},
-            },
-        }
-    )
+    kube.create(bd_v2(name, IMAGE, installNamespace=name))
     run = _wait(
         lambda: next(iter(harness.pods_of(kube, SYSTEM_NS, name)), None),
         timeout=60,
