@@ -27,7 +27,7 @@ from typing import Any, cast
 import grpc
 import pytest
 
-from csi.proto import csi_pb2_grpc
+from csi.proto import csi_pb2, csi_pb2_grpc
 from provisioner.engine.kube.kube import Kube
 from provisioner.manager import actuate, resolution, sources
 from rukpak.common import errors
@@ -83,6 +83,15 @@ def push(registry: RegistryServer, text: str, *, trust: SourceTLS) -> PushedImag
             "v1",
             [[("manifests/", "dir"), ("manifests/cm.yaml", "file", text.encode())]],
         )
+
+
+def refusal(
+    node: csi_pb2_grpc.NodeStub, request: csi_pb2.NodePublishVolumeRequest
+) -> tuple[grpc.StatusCode, str]:
+    """The code and details the node plugin refuses NodePublishVolume of ``request`` with."""
+    with pytest.raises(grpc.RpcError) as refused:
+        node.NodePublishVolume(request)
+    return refused.value.code(), str(refused.value.details())
 
 
 def pinned(image: PushedImage) -> str:
@@ -239,14 +248,11 @@ def test_a_registry_certificate_the_node_refuses_is_named_with_the_host_and_why(
     registry: RegistryServer = getattr(regs, served_by)
     image = push(registry, f"refused-{served_by}", trust=SourceTLS(skip_verify=True))
     ca: tls_helpers.CA = getattr(regs, given)
-    with pytest.raises(grpc.RpcError) as refused:
-        node.NodePublishVolume(
-            publish_request(
-                target(plugin), pinned(image), volume_id=f"tls-{served_by}", certificateData=ca.pem
-            )
-        )
-    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    details = str(refused.value.details())
+    request = publish_request(
+        target(plugin), pinned(image), volume_id=f"tls-{served_by}", certificateData=ca.pem
+    )
+    code, details = refusal(node, request)
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
     assert f"registry {registry.host}" in details and why in details
 
 
@@ -293,16 +299,11 @@ def test_skipping_verification_still_verifies_content_by_digest(
     data = bytearray(blob.read_bytes())
     data[-12:] = bytes(b ^ 0xFF for b in data[-12:])  # same size, other bytes
     blob.write_bytes(bytes(data))
-    with pytest.raises(grpc.RpcError) as refused:
-        node.NodePublishVolume(
-            publish_request(
-                target(plugin),
-                pinned(tampered),
-                volume_id="skip-2",
-                insecureSkipTLSVerify="true",
-            )
-        )
-    assert refused.value.code() == grpc.StatusCode.DATA_LOSS, refused.value.details()
+    request = publish_request(
+        target(plugin), pinned(tampered), volume_id="skip-2", insecureSkipTLSVerify="true"
+    )
+    code, details = refusal(node, request)
+    assert code == grpc.StatusCode.DATA_LOSS, details
 
 
 @pytest.mark.parametrize(
@@ -318,10 +319,9 @@ def test_bad_tls_volume_attributes_are_invalid_argument(
 ) -> None:
     request = publish_request(target(plugin), image)
     request.volume_context.update(attributes)
-    with pytest.raises(grpc.RpcError) as refused:
-        node.NodePublishVolume(request)
-    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert words in str(refused.value.details())
+    code, details = refusal(node, request)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert words in details
 
 
 # --- http and git sources: insecureSkipVerify, and refusals named ---------------------
