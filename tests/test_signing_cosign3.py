@@ -107,6 +107,15 @@ def test_what_cosign3_signs_rukpak_finds_as_a_bundle_and_verifies(
     assert verdict is not None and verdict.digest == pushed.manifest_digest
 
 
+def rukpak_verify(public: Path, pushed: PushedImage) -> subprocess.CompletedProcess[str]:
+    """``rukpak bundle verify --insecure --key PUBLIC`` of the pinned image, as a process."""
+    cli = [str(Path(sys.executable).parent / "rukpak"), "bundle", "verify", "--insecure"]
+    return subprocess.run(
+        [*cli, "--key", str(public), pinned(pushed)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
 def test_rukpak_bundle_verify_accepts_what_cosign3_signed_and_refuses_another_key(
     registry: RegistryServer,
     release3: Cosign3,
@@ -114,18 +123,11 @@ def test_rukpak_bundle_verify_accepts_what_cosign3_signed_and_refuses_another_ke
 ) -> None:
     pushed = image(registry, "signing3/cli")
     release3.sign(pushed)
-    cli = [str(Path(sys.executable).parent / "rukpak"), "bundle", "verify", "--insecure"]
-    done = subprocess.run(
-        [*cli, "--key", str(release3.public), pinned(pushed)],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    done = rukpak_verify(release3.public, pushed)
     assert done.returncode == 0, done.stderr
     assert f"verified: {registry.host}/signing3/cli@{pushed.manifest_digest}" in done.stdout
     other = release3.cosign.key_pair("other3")[1]
-    done = subprocess.run(
-        [*cli, "--key", str(other), pinned(pushed)],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    done = rukpak_verify(other, pushed)
     assert done.returncode == 1
     assert "no signature verifies with key" in done.stderr
 

@@ -198,11 +198,10 @@ def serving(
 
 
 @dataclass(frozen=True)
-class Served(Generic[S]):
-    """The servers a TLS test started with ``certs`` (a test's dataclass extends it with
-    what else its servers hold)."""
+class Served(ServerCerts, Generic[S]):
+    """The servers a TLS test started with its certificates (a test's dataclass extends it
+    with what else its servers hold)."""
 
-    certs: ServerCerts
     private: S  # signed by ``ca``
     self_signed: S
     expired: S  # signed by ``ca``, expired an hour ago
@@ -210,7 +209,9 @@ class Served(Generic[S]):
     @classmethod
     def of(cls, certs: ServerCerts, started: dict[str, S], **more: Any) -> Self:
         return cls(
-            certs=certs,
+            ca=certs.ca,
+            other_ca=certs.other_ca,
+            roles=certs.roles,
             private=started["private"],
             self_signed=started["self_signed"],
             expired=started["expired"],
@@ -218,14 +219,5 @@ class Served(Generic[S]):
         )
 
     @property
-    def ca(self) -> CA:
-        return self.certs.ca
-
-    @property
-    def other_ca(self) -> CA:
-        """A CA that signed none of them."""
-        return self.certs.other_ca
-
-    @property
     def self_signed_pem(self) -> str:
-        return pem_of(self.certs.roles["self_signed"])
+        return pem_of(self.roles["self_signed"])
