@@ -71,17 +71,12 @@ def crd_hook(base_url: str) -> Obj:
     }
 
 
-@pytest.fixture(scope="module")
-def server(kube: Kube) -> Iterator[webhook.Server]:
-    with webhook_harness.serving(
-        kube,
-        NAMESPACE,
-        CONFIGURATION,
-        crd_hook,
-        webhook.existing_from(kube),
-        metrics=METRICS,
-    ) as srv:
-        yield srv
+server = webhook_harness.server_fixture(
+    NAMESPACE,
+    CONFIGURATION,
+    crd_hook,
+    lambda kube: {"existing": webhook.existing_from(kube), "metrics": METRICS},
+)
 
 
 def crd(plural: str, *, versions: list[Obj], owned: bool = True, **annotations: str) -> Obj:

@@ -62,17 +62,24 @@ def cycles_hook(base_url: str) -> Obj:
     return hook
 
 
-@pytest.fixture(scope="module")
-def server(kube: Kube) -> Iterator[webhook.Server]:
-    with webhook_harness.serving(
-        kube,
-        NAMESPACE,
-        CONFIGURATION,
-        cycles_hook,
-        lambda old, new: {},
-        deployments=webhook.deployments_from(kube),
-    ) as srv:
-        yield srv
+server = webhook_harness.server_fixture(
+    NAMESPACE,
+    CONFIGURATION,
+    cycles_hook,
+    lambda kube: {
+        "existing": lambda old, new: {},
+        "deployments": webhook.deployments_from(kube),
+        "probe": lambda: admitted(kube),
+    },
+)
+
+
+def admitted(kube: Kube) -> bool:
+    """A BundleDeployment with no dependencies, created through the webhook and deleted."""
+    name = unique("probe")
+    kube.create(bd(name))
+    kube.delete(ref(name))
+    return True
 
 
 def unique(prefix: str) -> str:

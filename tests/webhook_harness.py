@@ -14,9 +14,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
+
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from provisioner.manager import certs, webhook
+from tests.polling import eventually
 
 
 @contextmanager
@@ -38,11 +41,17 @@ def serving(
     configuration: str,
     hook: Callable[[str], Obj],
     existing: webhook.Existing,
+    *,
+    probe: Callable[[], object] | None = None,
     **server: Any,
 ) -> Iterator[webhook.Server]:
     """``webhook.Server(existing, **server)`` started on a loopback port, and the
     ValidatingWebhookConfiguration ``configuration`` of the one webhook ``hook(base_url)``
-    gives (``base_url``: the server's ``https://127.0.0.1:<port>``), until the block ends."""
+    gives (``base_url``: the server's ``https://127.0.0.1:<port>``), until the block ends.
+
+    The API server takes up the published caBundle a moment after the patch; until then
+    its calls fail TLS. With ``probe`` (a write the webhook admits), the block starts once
+    a probe went through."""
     bundle = certs.ensure(kube, namespace, ["127.0.0.1"])
     srv = webhook.Server(existing, bundle, host="127.0.0.1", port=0, **server)
     srv.start()
@@ -59,7 +68,27 @@ def serving(
             }
         )
         assert certs.publish_ca(kube, configuration, bundle.ca)
+        if probe is not None:
+            eventually(probe, timeout=30, what=f"the API server calling {configuration}")
         yield srv
     finally:
         kube.delete(ref)
         srv.stop()
+
+
+def server_fixture(
+    namespace: str,
+    configuration: str,
+    hook: Callable[[str], Obj],
+    server: Callable[[Kube], dict[str, Any]],
+) -> Any:
+    """A module-scoped ``server`` fixture: ``serving`` with the webhook ``hook`` and the
+    arguments ``server(kube)`` gives (``existing``, ``probe`` and the server's options)."""
+
+    def serve(kube: Kube) -> Iterator[webhook.Server]:
+        options = server(kube)
+        existing = options.pop("existing")
+        with serving(kube, namespace, configuration, hook, existing, **options) as srv:
+            yield srv
+
+    return pytest.fixture(scope="module", name="server")(serve)
