@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 import yaml
@@ -107,6 +107,19 @@ class HostPlugin:
             self.stop()
             raise RuntimeError(f"plugin did not start:\n{self.log()}") from None
         return self
+
+    @contextlib.contextmanager
+    def registered(self, api_client: client.ApiClient) -> Iterator[Self]:
+        """The CSIDriver object applied and the plugin started until the block ends; then
+        the plugin stopped, the CSIDriver deleted and the plugin's state removed."""
+        apply_csidriver(api_client)
+        self.start()
+        try:
+            yield self
+        finally:
+            self.stop()
+            client.StorageV1Api(api_client).delete_csi_driver(DRIVER)
+            self.remove_state()
 
     def _alive(self) -> bool:
         if self.process is None or self.process.poll() is not None:

@@ -51,6 +51,13 @@ class Helper:
         text = answer if isinstance(answer, str) else json.dumps(answer)
         return cls(bin_dir, name, f"printf '%s' '{text}'; exit {status}")
 
+    @classmethod
+    def knowing(cls, bin_dir: Path, name: str, registry: RegistryServer) -> Helper:
+        """A helper that answers with ``registry``'s user name and password."""
+        return cls.answering(
+            bin_dir, name, {"Username": registry.username, "Secret": registry.password}
+        )
+
     def calls(self) -> list[str]:
         return self.asked.read_text().splitlines() if self.asked.exists() else []
 
@@ -74,24 +81,29 @@ def docker_config(path: Path, document: object) -> Path:
     return path
 
 
+def push(capsys: pytest.CaptureFixture[str], tmp_path: Path, ref: str, config: Path) -> str:
+    """``rukpak bundle push`` of a small bundle as ``ref`` with the registry config
+    ``config``, which must succeed; what it wrote on stderr."""
+    code, _, err = rukpak(
+        capsys, "bundle", "push", "--from-dir", bundle(tmp_path / "b"), ref,
+        "--registry-config", config,
+    )  # fmt: skip
+    assert code == 0, err
+    return err
+
+
 @pytest.mark.registry
 def test_a_registrys_credential_helper_signs_the_push_and_the_inspect(
     auth_registry: RegistryServer, bin_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    helper = Helper.answering(
-        bin_dir, "rk-test", {"Username": auth_registry.username, "Secret": auth_registry.password}
-    )
+    helper = Helper.knowing(bin_dir, "rk-test", auth_registry)
     other = Helper.answering(bin_dir, "rk-default", {"Username": "nobody", "Secret": "wrong"})
     config = docker_config(
         tmp_path / "config.json",
         {"credHelpers": {auth_registry.host: "rk-test"}, "credsStore": "rk-default"},
     )
     ref = f"{auth_registry.host}/helpers/per-registry:v1"
-    code, _, err = rukpak(
-        capsys, "bundle", "push", "--from-dir", bundle(tmp_path / "b"), ref,
-        "--registry-config", config,
-    )  # fmt: skip
-    assert code == 0, err
+    push(capsys, tmp_path, ref, config)
     assert helper.calls() == [f"get {auth_registry.host}"]  # once, for its host; on stdin
     assert other.calls() == []  # credHelpers wins over credsStore
     code, out, err = rukpak(
@@ -106,16 +118,10 @@ def test_a_registrys_credential_helper_signs_the_push_and_the_inspect(
 def test_the_default_store_answers_for_every_registry_and_may_know_nothing(
     auth_registry: RegistryServer, bin_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    store = Helper.answering(
-        bin_dir, "rk-store", {"Username": auth_registry.username, "Secret": auth_registry.password}
-    )
+    store = Helper.knowing(bin_dir, "rk-store", auth_registry)
     config = docker_config(tmp_path / "config.json", {"auths": {}, "credsStore": "rk-store"})
     ref = f"{auth_registry.host}/helpers/store:v1"
-    code, _, err = rukpak(
-        capsys, "bundle", "push", "--from-dir", bundle(tmp_path / "b"), ref,
-        "--registry-config", config,
-    )  # fmt: skip
-    assert code == 0, err
+    push(capsys, tmp_path, ref, config)
     assert store.calls() == [f"get {auth_registry.host}"]
 
     Helper.answering(bin_dir, "rk-empty", dockerconfig.NOT_FOUND, status=1)
@@ -139,11 +145,7 @@ def test_the_user_name_token_makes_the_secret_an_identity_token(
         tmp_path / "config.json", {"credHelpers": {token_registry.host: "rk-token"}}
     )
     ref = f"{token_registry.host}/helpers/token:v1"
-    code, _, err = rukpak(
-        capsys, "bundle", "push", "--from-dir", bundle(tmp_path / "b"), ref,
-        "--registry-config", config,
-    )  # fmt: skip
-    assert code == 0, err
+    err = push(capsys, tmp_path, ref, config)
     assert refresh not in err
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine.apply import appliedrecord, apply, inventory, inventorystore
+from provisioner.engine.apply import apply, inventorystore
 from provisioner.engine.bundle import formats
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
@@ -38,6 +38,7 @@ from rukpak.common import errors
 from rukpak.oci import client as oci_client
 from rukpak.oci.reference import Reference
 from tests import e2e_helpers as e2e
+from tests import manager_harness as harness
 from tests.bundles import configmap, crd, namespace, write_bundle
 from tests.crd_helpers import install_crds
 from tests.install_helpers import bd_v2
@@ -47,7 +48,6 @@ pytestmark = pytest.mark.cluster
 
 SUFFIX = uuid.uuid4().hex[:6]
 SYSTEM_NS = f"rukpak-deporder-{SUFFIX}"
-IMAGE = "registry.example/rukpak-python:test"
 GROUP = f"deporder{SUFFIX}.example.com"
 
 CONTENT: dict[str, formats.Bundle] = {}
@@ -57,26 +57,8 @@ CONTENT: dict[str, formats.Bundle] = {}
 @pytest.fixture(scope="module")
 def running(kube: Kube) -> Iterator[controller.Controller]:
     install_crds(kube)
-    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NS}})
-    for account in ("default", "rukpak-instance"):
-        kube.apply(
-            {
-                "apiVersion": "v1",
-                "kind": "ServiceAccount",
-                "metadata": {"name": account, "namespace": SYSTEM_NS},
-            }
-        )
-    settings = model.Settings(image=IMAGE, system_namespace=SYSTEM_NS, host_network=True)
-    ctl = controller.Controller(
-        kube,
-        settings,
-        resolve=actuate.RegistryResolver(oci_client.RegistryClient(retries=0)),
-        resync=2.0,
-        watch_timeout=10,
-    )
-    ctl.start()
-    yield ctl
-    ctl.stop()
+    with harness.running_controller(kube, SYSTEM_NS) as ctl:
+        yield ctl
 
 
 def push(registry: Any, root: Path, name: str, tag: str, docs: list[Obj]) -> str:
@@ -93,16 +75,8 @@ def bd_ref(name: str) -> ObjectRef:
     return actuate.bd_ref(name, model.API_VERSION_V2)
 
 
-def run_pods(kube: Kube, name: str) -> list[Obj]:
-    """The BundleDeployment's run pods not being deleted."""
-    items, _ = kube.list(
-        "v1", "Pod", namespace=SYSTEM_NS, label_selector=f"{model.BD_LABEL}={name}"
-    )
-    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
-
-
 def active_run(kube: Kube, name: str) -> Obj | None:
-    return next((p for p in run_pods(kube, name) if runs.is_active(p)), None)
+    return next((p for p in harness.pods_of(kube, SYSTEM_NS, name) if runs.is_active(p)), None)
 
 
 def play_run(kube: Kube, name: str, namespace_: str) -> Obj | None:
@@ -111,19 +85,9 @@ def play_run(kube: Kube, name: str, namespace_: str) -> Obj | None:
     run = active_run(kube, name)
     if run is None:
         return None
-    image = run["spec"]["volumes"][0]["csi"]["volumeAttributes"]["image"]
-    bundle = CONTENT[image.rsplit("@", 1)[1]]
+    bundle = CONTENT[harness.mounted(run).rsplit("@", 1)[1]]
     options = apply.Options(name=name, namespace=namespace_, system_namespace=SYSTEM_NS)
-    result = apply.install(kube, bundle, options)
-    record = runs.InstallRecord(
-        run["metadata"]["name"],
-        run["metadata"]["annotations"][model.BUNDLE_ANNOTATION],
-        appliedrecord.of(result.applied),
-    )
-    body = inventory.record_configmap(name, record.document(), system_namespace=SYSTEM_NS)
-    kube.apply(body, manager=inventory.RECORD_MANAGER)
-    pod_ref = ObjectRef("", "v1", "Pod", SYSTEM_NS, run["metadata"]["name"])
-    kube.merge_patch_status(pod_ref, {"status": {"phase": "Succeeded"}})
+    harness.play_run(kube, run, bundle, options)
     return run
 
 

@@ -18,52 +18,18 @@ from provisioner.engine.objects import Obj
 from provisioner.manager import (
     conversion,
     dependencies,
-    inline,
     model,
     plan,
     revisions,
-    runs,
     sources,
     webhook,
 )
 from rukpak.common import errors
-from tests.plan_helpers import bd_v2
-
-SETTINGS = model.Settings(image="registry.example/rukpak:1", system_namespace="rukpak-system")
-T0 = "2026-11-25T12:00:00Z"
-D1 = "registry.example/hello@sha256:" + "1" * 64
-D2 = "registry.example/hello@sha256:" + "2" * 64
+from tests.plan_helpers import D1, D2, T0, bd_v2, installed, record_of, step
 
 
 def provider(*, generation: int = 1, digest: str = D1, status: Obj | None = None) -> Obj:
     return bd_v2(generation=generation, pin=(generation, T0), digest=digest, status=status)
-
-
-def step(bd: Obj, observed: plan.Observed) -> tuple[list[plan.Action], Obj]:
-    """One plan, and ``bd`` with the status it wrote."""
-    actions = inline.plan_inline(bd, observed, settings=SETTINGS)
-    out = {**bd, "status": dict(bd.get("status") or {})}
-    for action in actions:
-        if isinstance(action, plan.WriteStatus):
-            out["status"].update(action.status)
-    return actions, out
-
-
-def run_of(actions: list[plan.Action]) -> runs.InstallRecord:
-    run = next(a.pod for a in actions if isinstance(a, plan.CreatePod))
-    return runs.InstallRecord(
-        by=model.name_of(run),
-        bundle=run["metadata"]["annotations"][model.BUNDLE_ANNOTATION],
-        applied={"a": "x"},
-    )
-
-
-def installed(bd: Obj) -> tuple[Obj, runs.InstallRecord]:
-    """Planned until its run starts, then its record reported: installed and healthy."""
-    actions, bd = step(bd, plan.Observed(now=T0))
-    record = run_of(actions)
-    _, bd = step(bd, plan.Observed(record=record, health=Health(True), now=T0))
-    return bd, record
 
 
 def changed(old: Obj, generation: int = 2, digest: str = D2) -> Obj:
@@ -104,7 +70,7 @@ def test_a_new_revision_being_installed_is_upgrading_to_its_number() -> None:
 def test_the_new_revision_installed_and_healthy_is_ready_again() -> None:
     dep, record = installed(provider())
     actions, pending = step(changed(dep), plan.Observed(record=record, now=T0))
-    _, done = step(pending, plan.Observed(record=run_of(actions), health=Health(True), now=T0))
+    _, done = step(pending, plan.Observed(record=record_of(actions), health=Health(True), now=T0))
     assert done["status"]["installedRevision"] == 2
     assert state_of(done) == ""
 
@@ -113,7 +79,7 @@ def test_the_new_revision_installed_but_not_healthy_is_not_ready() -> None:
     dep, record = installed(provider())
     actions, pending = step(changed(dep), plan.Observed(record=record, now=T0))
     unhealthy = Health(False, "Deployment apps/x is not available")
-    _, done = step(pending, plan.Observed(record=run_of(actions), health=unhealthy, now=T0))
+    _, done = step(pending, plan.Observed(record=record_of(actions), health=unhealthy, now=T0))
     assert dependencies.upgrading(done) == ""
     assert state_of(done) == "hello: Healthy=False (Unhealthy)"
 

@@ -1,5 +1,5 @@
 """Drift that names its author, and ignore rules, with the manager running against a real
-kube-apiserver (the harness of ``test_manager_controller``: the controller in-process, the
+kube-apiserver (``tests.manager_harness``: the controller in-process, the
 test playing the instance run's part, as no kubelet runs here).
 
 Another field manager (``kubectl-edit``, by server-side apply as ``kubectl apply
@@ -14,26 +14,43 @@ from __future__ import annotations
 
 import itertools
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from provisioner.engine.apply import appliedrecord, apply, inventory
+from provisioner.engine.apply import apply
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
 from provisioner.instance import process
-from provisioner.manager import actuate, controller, model, runs
+from provisioner.manager import actuate, controller
 from rukpak.common import errors
-from tests import test_manager_controller as harness
-from tests.bundles import configmap, namespace, role_binding, write_bundle
+from tests import manager_harness as harness
+from tests.bundles import configmap, namespace, write_bundle
+from tests.crd_helpers import install_crds
+from tests.install_helpers import bd_v2
 from tests.polling import eventually
 
-SYSTEM_NS = harness.SYSTEM_NS
-get_bd, instance_of, unique = harness.get_bd, harness.instance_of, harness.unique
-# the module fixtures of the controller's tests: its CRDs, images and running controller
-crds, images, running = harness.crds, harness.images, harness.running
+SYSTEM_NS = f"rukpak-drift-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture(scope="module")
+def images(registry: Any) -> dict[str, str]:
+    """Tags of the hello bundle (only their names matter: the test plays the runs)."""
+    return harness.hello_tags(registry, "rukpak-drift")
+
+
+@pytest.fixture(scope="module")
+def running(kube: Kube, images: dict[str, str]) -> Iterator[controller.Controller]:
+    install_crds(kube)
+    with harness.running_controller(kube, SYSTEM_NS) as ctl:
+        yield ctl
+
+
+get_bd, unique = harness.get_bd, harness.unique
+
 
 pytestmark = pytest.mark.cluster
 
@@ -44,23 +61,8 @@ IGNORE = [{"paths": ["/data/mode"], "target": {"kind": "ConfigMap", "labelSelect
 @pytest.fixture(scope="module")
 def instance_may_restore(kube: Kube, running: controller.Controller) -> Iterator[None]:
     """The instance's ServiceAccount (which the manager restores as) may write anything."""
-    account = {"kind": "ServiceAccount", "name": "rukpak-instance", "namespace": SYSTEM_NS}
-    kube.apply(role_binding(f"{SYSTEM_NS}-instance", "cluster-admin", [account]))
+    harness.let_the_instance_write_anything(kube, SYSTEM_NS)
     yield
-
-
-def v1alpha2_bd(name: str, image: str, target: str, **spec: Any) -> Obj:
-    return {
-        "apiVersion": "core.rukpak.io/v1alpha2",
-        "kind": "BundleDeployment",
-        "metadata": {"name": name},
-        "spec": {
-            "installNamespace": target,
-            "provisionerClassName": "core-rukpak-io-plain",
-            "source": {"type": "image", "image": {"ref": image}},
-            **spec,
-        },
-    }
 
 
 def scaled(name: str, target: str, **data: str) -> Obj:
@@ -71,7 +73,11 @@ def scaled(name: str, target: str, **data: str) -> Obj:
 
 def play_the_run(kube: Kube, name: str, tmp_path: Path, docs: list[Obj]) -> Obj:
     """Do what the BD's run would on a kubelet, with the ignore rules its pod was given."""
-    run = eventually(lambda: instance_of(kube, name), timeout=30, what="the instance run pod")
+    run = eventually(
+        lambda: next(iter(harness.pods_of(kube, SYSTEM_NS, name)), None),
+        timeout=30,
+        what="the instance run pod",
+    )
     args = process_args(run)
     options = apply.Options(
         name=name,
@@ -79,16 +85,7 @@ def play_the_run(kube: Kube, name: str, tmp_path: Path, docs: list[Obj]) -> Obj:
         system_namespace=SYSTEM_NS,
         ignore=process.ignore_rules(args.get("--ignore", "")),
     )
-    result = apply.install(kube, write_bundle(tmp_path, {"00.yaml": docs}), options)
-    record = runs.InstallRecord(
-        run["metadata"]["name"],
-        run["metadata"]["annotations"][model.BUNDLE_ANNOTATION],
-        appliedrecord.of(result.applied),
-    )
-    body = inventory.record_configmap(name, record.document(), system_namespace=SYSTEM_NS)
-    kube.apply(body, manager=inventory.RECORD_MANAGER)
-    pod_ref = ObjectRef("", "v1", "Pod", SYSTEM_NS, run["metadata"]["name"])
-    kube.merge_patch_status(pod_ref, {"status": {"phase": "Succeeded"}})
+    harness.play_run(kube, run, write_bundle(tmp_path, {"00.yaml": docs}), options)
     return run
 
 
@@ -104,7 +101,7 @@ def install(
     name and its (played) run pod."""
     name = unique("author")
     target = str(docs[0]["metadata"]["name"])
-    kube.create(v1alpha2_bd(name, images["v1"], target, **spec))
+    kube.create(bd_v2(name, images["v1"], installNamespace=target, **spec))
     run = play_the_run(kube, name, tmp_path, docs)
     eventually(
         lambda: (c := condition(get_bd(kube, name), "Installed")) and c["status"] == "True",
@@ -112,6 +109,18 @@ def install(
         what="Installed from the record",
     )
     return name, run
+
+
+def install_greeting(
+    kube: Kube, tmp_path: Path, images: dict[str, str], prefix: str
+) -> tuple[str, str]:
+    """``install`` of ConfigMap ``greeting`` (hello: x) into a new namespace: the
+    BundleDeployment's name and the namespace's."""
+    target = unique(prefix)
+    name, _ = install(
+        kube, tmp_path, images, [namespace(target), configmap("greeting", target, hello="x")]
+    )
+    return name, target
 
 
 def write_as(kube: Kube, target: str, cm: str, **data: str) -> None:
@@ -132,10 +141,7 @@ def data_of(kube: Kube, target: str, cm: str) -> dict[str, str]:
 def test_another_writers_change_is_restored_and_named_in_a_condition_and_an_event(
     kube: Kube, instance_may_restore: None, images: dict[str, str], tmp_path: Path
 ) -> None:
-    target = unique("drift-ns")
-    name, _ = install(
-        kube, tmp_path, images, [namespace(target), configmap("greeting", target, hello="x")]
-    )
+    name, target = install_greeting(kube, tmp_path, images, "drift-ns")
     assert condition(get_bd(kube, name), "Drifted") is None  # it never drifted
 
     started = time.monotonic()
@@ -157,10 +163,7 @@ def test_another_writers_change_is_restored_and_named_in_a_condition_and_an_even
 def test_a_fight_is_one_event_not_one_per_write(
     kube: Kube, instance_may_restore: None, images: dict[str, str], tmp_path: Path
 ) -> None:
-    target = unique("fight-ns")
-    name, _ = install(
-        kube, tmp_path, images, [namespace(target), configmap("greeting", target, hello="x")]
-    )
+    name, target = install_greeting(kube, tmp_path, images, "fight-ns")
     writes = 5
     for value in range(writes):  # each change waits for its restore (the damper spaces them)
         write_as(kube, target, "greeting", hello=f"edit-{value}")
@@ -213,7 +216,7 @@ def test_an_ignored_field_on_the_targeted_object_is_left_to_its_writer(
 def test_a_bad_json_pointer_is_refused_at_admission_naming_the_field(
     kube: Kube, images: dict[str, str]
 ) -> None:
-    bad = v1alpha2_bd(unique("bad"), images["v1"], "default", ignore=[{"paths": ["spec/replicas"]}])
+    bad = bd_v2(unique("bad"), images["v1"], ignore=[{"paths": ["spec/replicas"]}])
     with pytest.raises(errors.RukpakError, match=r"spec.ignore\[0\].paths\[0\]"):
         kube.create(bad)
     assert kube.get(actuate.bd_ref(bad["metadata"]["name"])) is None

@@ -29,14 +29,8 @@ MANIFEST = "02_configmap.yaml"
 @pytest.fixture(scope="module")
 def plugin(kube_cluster: Any, api_client: client.ApiClient) -> Iterator[e2e.HostPlugin]:
     """Our plugin registered with the kubelet, and the CSIDriver object applied."""
-    e2e.apply_csidriver(api_client)
-    started = e2e.HostPlugin.for_cluster(kube_cluster).start()
-    try:
+    with e2e.HostPlugin.for_cluster(kube_cluster).registered(api_client) as started:
         yield started
-    finally:
-        started.stop()
-        client.StorageV1Api(api_client).delete_csi_driver(e2e.DRIVER)
-        started.remove_state()
 
 
 @pytest.fixture(scope="module")

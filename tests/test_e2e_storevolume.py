@@ -54,22 +54,16 @@ class StorePlugin(e2e.HostPlugin):
 def plugin(
     kube_cluster: Any, api_client: client.ApiClient, namespace: str
 ) -> Iterator[StorePlugin]:
-    e2e.apply_csidriver(api_client)
     base = e2e.HostPlugin.for_cluster(kube_cluster)
-    started: StorePlugin = StorePlugin(
+    plugin = StorePlugin(
         kubelet_dir=base.kubelet_dir,
         registration_dir=base.registration_dir,
         plugins_dir=base.plugins_dir,
         node_id=base.node_id,
         allow=f"{namespace}/{READER}",
     )
-    started.start()
-    try:
+    with plugin.registered(api_client) as started:
         yield started
-    finally:
-        started.stop()
-        client.StorageV1Api(api_client).delete_csi_driver(e2e.DRIVER)
-        started.remove_state()
 
 
 @pytest.fixture(scope="module")

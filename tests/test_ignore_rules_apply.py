@@ -34,53 +34,60 @@ def data(kube: Kube, name: str, cm: str) -> dict[str, str]:
     return dict(live.get("data") or {})
 
 
-def intrude(kube: Kube, name: str, cm: str, value: str) -> None:
-    """``kubectl apply --server-side --force-conflicts --field-manager kubectl-edit``."""
-    body = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": cm, "namespace": name},
-        "data": {"mode": value},
-    }
-    kube.apply(body, manager="kubectl-edit")
+def modes(kube: Kube, name: str) -> dict[str, str]:
+    """The ``mode`` of ConfigMaps one and two, each checked to hold ``keep: b`` beside it
+    and nothing else."""
+    found: dict[str, str] = {}
+    for cm in ("one", "two"):
+        values = data(kube, name, cm)
+        assert values.keys() == {"mode", "keep"} and values["keep"] == "b", (cm, values)
+        found[cm] = values["mode"]
+    return found
+
+
+def install(kube: Kube, tmp_path: Path, name: str, mode: str) -> apply.Result:
+    """Install the bundle of ``mode`` as deployment ``name``, with the ignore rules."""
+    opts = apply.Options(name=name, namespace=name, ignore=RULES)
+    return apply.install(kube, bundle(tmp_path, name, mode), opts)
+
+
+def intrude(kube: Kube, name: str, cm: str, **values: str) -> None:
+    """``kubectl apply --server-side --force-conflicts --field-manager kubectl-edit`` of
+    ``values`` into ConfigMap ``cm``'s data."""
+    kube.apply(configmap(cm, name, **values), manager="kubectl-edit")
 
 
 def test_an_ignored_field_is_created_then_left_to_the_writer_that_changed_it(
     kube: Kube, name: str, tmp_path: Path
 ) -> None:
-    opts = apply.Options(name=name, namespace=name, ignore=RULES)
-    apply.install(kube, bundle(tmp_path, name, "a"), opts)
-    assert data(kube, name, "one") == {"mode": "a", "keep": "b"}  # created with it
+    install(kube, tmp_path, name, "a")
+    assert modes(kube, name) == {"one": "a", "two": "a"}  # created with it
 
     for cm in ("one", "two"):
-        intrude(kube, name, cm, "theirs")
-    apply.install(kube, bundle(tmp_path, name, "a"), opts)
-    assert data(kube, name, "one") == {"mode": "theirs", "keep": "b"}  # the target: left
-    assert data(kube, name, "two") == {"mode": "a", "keep": "b"}  # not the target: taken back
+        intrude(kube, name, cm, mode="theirs")
+    install(kube, tmp_path, name, "a")
+    # the target is left to the writer; the other one is taken back
+    assert modes(kube, name) == {"one": "theirs", "two": "a"}
 
     # a new revision changing the ignored field still leaves it to the other writer
-    apply.install(kube, bundle(tmp_path, name, "c"), opts)
-    assert data(kube, name, "one") == {"mode": "theirs", "keep": "b"}
-    assert data(kube, name, "two") == {"mode": "c", "keep": "b"}
+    install(kube, tmp_path, name, "c")
+    assert modes(kube, name) == {"one": "theirs", "two": "c"}
 
 
 def test_an_ignored_field_nobody_else_owns_keeps_its_value(
     kube: Kube, name: str, tmp_path: Path
 ) -> None:
-    opts = apply.Options(name=name, namespace=name, ignore=RULES)
-    apply.install(kube, bundle(tmp_path, name, "a"), opts)
-    apply.install(kube, bundle(tmp_path, name, "c"), opts)
+    install(kube, tmp_path, name, "a")
+    install(kube, tmp_path, name, "c")
     # leaving it out of the apply would have removed it (we were its only owner)
-    assert data(kube, name, "one") == {"mode": "a", "keep": "b"}
-    assert data(kube, name, "two") == {"mode": "c", "keep": "b"}
+    assert modes(kube, name) == {"one": "a", "two": "c"}
 
 
 def test_the_drift_watcher_leaves_an_ignored_field_and_corrects_the_rest(
     kube: Kube, name: str, tmp_path: Path
 ) -> None:
     """``rukpak apply --watch`` and the helm provisioner honour the same rules."""
-    opts = apply.Options(name=name, namespace=name, ignore=RULES)
-    result = apply.install(kube, bundle(tmp_path, name, "a"), opts)
+    result = install(kube, tmp_path, name, "a")
     events: list[str] = []
     watcher = drift.DriftWatcher(
         kube, name, result.applied, report=events.append, watch_timeout=5, rules=RULES
@@ -89,8 +96,8 @@ def test_the_drift_watcher_leaves_an_ignored_field_and_corrects_the_rest(
     try:
         informer = watcher.informer("v1", "ConfigMap")
         assert informer.wait_synced(10)
-        intrude(kube, name, "one", "theirs")  # ignored on "one": left alone
-        intrude(kube, name, "two", "theirs")  # not on "two": corrected (and our marker)
+        intrude(kube, name, "one", mode="theirs")  # ignored on "one": left alone
+        intrude(kube, name, "two", mode="theirs")  # not on "two": corrected (and our marker)
         eventually(lambda: data(kube, name, "two")["mode"] == "a", what="two corrected")
         eventually(lambda: watcher.corrections >= 1, what="the correction counted")
         assert data(kube, name, "one")["mode"] == "theirs"
@@ -98,13 +105,7 @@ def test_the_drift_watcher_leaves_an_ignored_field_and_corrects_the_rest(
         assert "two" in events[0] and "one" not in events[0].split(":")[0], events
         # a change of a field of "one" that is not ignored is still corrected, and the
         # correction leaves the ignored field as the other writer set it
-        body = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": "one", "namespace": name},
-            "data": {"mode": "theirs", "keep": "edited"},  # (its mode kept as it set it)
-        }
-        kube.apply(body, manager="kubectl-edit")
+        intrude(kube, name, "one", mode="theirs", keep="edited")  # (its mode kept as set)
         eventually(lambda: data(kube, name, "one")["keep"] == "b", what="one corrected")
         assert data(kube, name, "one")["mode"] == "theirs"
     finally:

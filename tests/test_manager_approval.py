@@ -25,6 +25,7 @@ from provisioner.manager import actuate, approval, controller, generate, model
 from rukpak.oci import client as oci_client
 from rukpak.oci.reference import Reference
 from tests import e2e_helpers as e2e
+from tests import manager_harness as harness
 from tests.bundles import configmap, namespace, write_bundle
 from tests.crd_helpers import install_crds
 from tests.install_helpers import bd_v2
@@ -34,32 +35,13 @@ pytestmark = pytest.mark.cluster
 
 SUFFIX = uuid.uuid4().hex[:6]
 SYSTEM_NS = f"rukpak-approval-{SUFFIX}"
-IMAGE = "registry.example/rukpak-python:test"
 
 
 @pytest.fixture(scope="module")
 def running(kube: Kube) -> Iterator[controller.Controller]:
     install_crds(kube)
-    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NS}})
-    for account in ("default", "rukpak-instance"):
-        kube.apply(
-            {
-                "apiVersion": "v1",
-                "kind": "ServiceAccount",
-                "metadata": {"name": account, "namespace": SYSTEM_NS},
-            }
-        )
-    settings = model.Settings(image=IMAGE, system_namespace=SYSTEM_NS, host_network=True)
-    ctl = controller.Controller(
-        kube,
-        settings,
-        resolve=actuate.RegistryResolver(oci_client.RegistryClient(retries=0)),
-        resync=2.0,
-        watch_timeout=10,
-    )
-    ctl.start()
-    yield ctl
-    ctl.stop()
+    with harness.running_controller(kube, SYSTEM_NS) as ctl:
+        yield ctl
 
 
 def push(registry: Any, root: Path, ref: str, greeting: str) -> str:
@@ -83,20 +65,12 @@ def live(kube: Kube, name: str) -> Obj:
 
 
 def pods_of(kube: Kube, name: str, *, preview: bool) -> list[Obj]:
-    items, _ = kube.list(
-        "v1", "Pod", namespace=SYSTEM_NS, label_selector=f"{model.BD_LABEL}={name}"
-    )
     return [
         p
-        for p in items
-        if not p["metadata"].get("deletionTimestamp")
-        and ((p["metadata"].get("annotations") or {}).get(generate.PREVIEW_ANNOTATION) == "true")
+        for p in harness.pods_of(kube, SYSTEM_NS, name)
+        if ((p["metadata"].get("annotations") or {}).get(generate.PREVIEW_ANNOTATION) == "true")
         == preview
     ]
-
-
-def mounted(pod: Obj) -> str:
-    return str(pod["spec"]["volumes"][0]["csi"]["volumeAttributes"]["image"])
 
 
 def finish_preview(kube: Kube, name: str, digest: str) -> Obj:
@@ -104,26 +78,15 @@ def finish_preview(kube: Kube, name: str, digest: str) -> Obj:
     manager then writes into the status."""
     pod = eventually(
         lambda: next(
-            (p for p in pods_of(kube, name, preview=True) if mounted(p).endswith(digest)), None
+            (p for p in pods_of(kube, name, preview=True) if harness.mounted(p).endswith(digest)),
+            None,
         ),
         timeout=30,
         what=f"the preview run of {digest}",
     )
     summary = {"objects": 2, "clusterScoped": 1, "escalations": []}
-    terminated = {
-        "exitCode": 0,
-        "reason": "Completed",
-        "message": json.dumps(summary),
-        "startedAt": "2026-01-01T00:00:00Z",
-        "finishedAt": "2026-01-01T00:00:01Z",
-    }
     ref = ObjectRef("", "v1", "Pod", SYSTEM_NS, pod["metadata"]["name"])
-    kube.merge_patch_status(
-        ref,
-        {"status": {"phase": "Succeeded", "containerStatuses": [
-            {"name": "instance", "image": IMAGE, "imageID": "", "ready": False,
-             "restartCount": 0, "state": {"terminated": terminated}}]}},
-    )  # fmt: skip
+    harness.end_container(kube, ref, "instance", message=json.dumps(summary))
     return eventually(
         lambda: (
             p
@@ -154,7 +117,7 @@ def test_unpausing_installs_the_digest_the_preview_reviewed_not_where_the_tag_mo
         timeout=30,
         what="the instance run once approved",
     )
-    assert mounted(run) == f"{ref.rsplit(':', 1)[0]}@{reviewed}"
+    assert harness.mounted(run) == f"{ref.rsplit(':', 1)[0]}@{reviewed}"
     kube.delete(bd_ref(name))
 
 
@@ -205,7 +168,7 @@ def test_an_approval_of_a_digest_the_tag_moved_from_installs_nothing_until_the_n
         timeout=30,
         what="the instance run of the approved digest",
     )
-    assert mounted(run) == f"{ref.rsplit(':', 1)[0]}@{second}"
+    assert harness.mounted(run) == f"{ref.rsplit(':', 1)[0]}@{second}"
     done = eventually(
         lambda: c if (c := approved_cond(kube, name)) and c[0] == "True" else None,
         timeout=30,

@@ -29,21 +29,19 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine.apply import appliedrecord, apply, inventory, inventorystore
+from provisioner.engine.apply import apply, inventory, inventorystore
 from provisioner.engine.bundle import words
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
 from provisioner.instance import unpack
-from provisioner.manager import actuate, controller, healthwatch, model, runs
+from provisioner.manager import actuate, controller, healthwatch, model
 from rukpak.common import errors
-from rukpak.oci import client as oci_client
-from tests import e2e_helpers as e2e
+from tests import manager_harness as harness
 from tests.bundles import (
     bundle_deployment,
     bundle_doc,
     configmap,
     namespace,
-    role_binding,
     write_bundle,
 )
 from tests.crd_helpers import install_crds
@@ -53,7 +51,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SUFFIX = uuid.uuid4().hex[:6]
 SYSTEM_NS = f"rukpak-mgr-{SUFFIX}"
 BD_CRD = f"bundledeployments.{model.GROUP}"
-IMAGE = "registry.example/rukpak-python:test"
+IMAGE = harness.IMAGE
+get_bd, unique = harness.get_bd, harness.unique
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -66,23 +65,7 @@ def crds(kube: Kube) -> None:
 def images(registry: Any) -> dict[str, str]:
     """Tags of the hello bundle: v1 and v2 (the same content under two tags), and
     "missing": a tag of the same repository that is never pushed."""
-    refs = {tag: f"{registry.host}/rukpak-mgr/hello:{tag}" for tag in ("v1", "v2")}
-    for ref in refs.values():
-        e2e.push_bundle(e2e.HELLO_BUNDLE, ref)
-    return {**refs, "missing": f"{registry.host}/rukpak-mgr/hello:no-such-tag"}
-
-
-def prepare_system_namespace(kube: Kube, namespace: str) -> None:
-    """The system namespace and its ServiceAccounts (no controller-manager here)."""
-    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-    for account in ("default", "rukpak-instance"):
-        kube.apply(
-            {
-                "apiVersion": "v1",
-                "kind": "ServiceAccount",
-                "metadata": {"name": account, "namespace": namespace},
-            }
-        )
+    return harness.hello_tags(registry, "rukpak-mgr")
 
 
 def finish_unpack(
@@ -96,57 +79,14 @@ def finish_unpack(
     result = result or unpack.Result(kinds={"ConfigMap": 1, "Namespace": 1})
     ref = ObjectRef("", "v1", "Pod", namespace, bundle)
     pod = eventually(lambda: kube.get(ref), timeout=30, what=f"the unpack pod of {bundle}")
-    terminated = {
-        "exitCode": 0 if result.ok else 1,
-        "reason": "Completed" if result.ok else "Error",
-        "message": result.to_json(),
-        "startedAt": "2026-01-01T00:00:00Z",
-        "finishedAt": "2026-01-01T00:00:01Z",
-    }
-    container = {
-        "name": "unpack",
-        "image": IMAGE,
-        "imageID": "",
-        "ready": False,
-        "restartCount": 0,
-        "state": {"terminated": terminated},
-    }
-    kube.merge_patch_status(
-        ref,
-        {
-            "status": {
-                "phase": "Succeeded" if result.ok else "Failed",
-                "containerStatuses": [container],
-            }
-        },
-    )
+    harness.end_container(kube, ref, "unpack", message=result.to_json(), ok=result.ok)
     return pod
 
 
 @pytest.fixture(scope="module")
 def running(kube: Kube, images: dict[str, str]) -> Iterator[controller.Controller]:
-    prepare_system_namespace(kube, SYSTEM_NS)
-    settings = model.Settings(
-        image=IMAGE,
-        system_namespace=SYSTEM_NS,
-        host_network=True,
-    )
-    ctl = controller.Controller(
-        kube,
-        settings,
-        resolve=actuate.RegistryResolver(oci_client.RegistryClient(retries=0)),
-        resync=2.0,
-        watch_timeout=10,
-    )
-    ctl.start()
-    yield ctl
-    ctl.stop()
-
-
-def get_bd(kube: Kube, name: str) -> Obj:
-    live = kube.get(actuate.bd_ref(name))
-    assert live is not None
-    return live
+    with harness.running_controller(kube, SYSTEM_NS) as ctl:
+        yield ctl
 
 
 def bundles_of(kube: Kube, name: str) -> list[Obj]:
@@ -156,20 +96,12 @@ def bundles_of(kube: Kube, name: str) -> list[Obj]:
 
 def instance_of(kube: Kube, name: str) -> Obj | None:
     """The BD's live instance run pod (not being deleted), if any."""
-    items, _ = kube.list(
-        "v1", "Pod", namespace=SYSTEM_NS, label_selector=f"{model.BD_LABEL}={name}"
-    )
-    live = [p for p in items if not p["metadata"].get("deletionTimestamp")]
-    return live[0] if live else None
+    return next(iter(harness.pods_of(kube, SYSTEM_NS, name)), None)
 
 
 def cond_of(kube: Kube, name: str, kind: str) -> tuple[str, str] | None:
     c = condition(get_bd(kube, name), kind)
     return None if c is None else (str(c["status"]), str(c["reason"]))
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:5]}"
 
 
 def test_a_bundledeployment_becomes_a_resolved_bundle_and_an_instance_run(
@@ -465,16 +397,7 @@ def play_the_run(kube: Kube, name: str, tmp_path: Path, target: str) -> Obj:
         tmp_path, {"00.yaml": [namespace(target), configmap("greeting", target, hello="x")]}
     )
     options = apply.Options(name=name, namespace=target, system_namespace=SYSTEM_NS)
-    result = apply.install(kube, bundle, options)
-    record = runs.InstallRecord(
-        run["metadata"]["name"],
-        run["metadata"]["annotations"][model.BUNDLE_ANNOTATION],
-        appliedrecord.of(result.applied),
-    )
-    body = inventory.record_configmap(name, record.document(), system_namespace=SYSTEM_NS)
-    kube.apply(body, manager=inventory.RECORD_MANAGER)
-    pod_ref = ObjectRef("", "v1", "Pod", SYSTEM_NS, run["metadata"]["name"])
-    kube.merge_patch_status(pod_ref, {"status": {"phase": "Succeeded"}})
+    harness.play_run(kube, run, bundle, options)
     return run
 
 
@@ -496,8 +419,7 @@ def test_drift_is_restored_by_the_manager_as_the_instance_and_a_fight_is_damped(
 ) -> None:
     name = unique("drift")
     target = unique("target")
-    instance = {"kind": "ServiceAccount", "name": "rukpak-instance", "namespace": SYSTEM_NS}
-    kube.apply(role_binding(f"{SYSTEM_NS}-instance", "cluster-admin", [instance]))
+    harness.let_the_instance_write_anything(kube, SYSTEM_NS)
     kube.create(bundle_deployment(name, images["v1"], installNamespace=target))
     finish_unpack(kube, model.bundle_name(eventually(lambda: kube.get(actuate.bd_ref(name)))))
     run = play_the_run(kube, name, tmp_path, target)
@@ -651,7 +573,7 @@ def test_a_missing_tag_stays_pending_with_the_registrys_answer(
 @pytest.fixture
 def manager_process(kube_apiserver: Any, kube: Kube) -> Iterator[Any]:
     system_ns = unique("rukpak-proc")
-    prepare_system_namespace(kube, system_ns)
+    harness.prepare_system_namespace(kube, system_ns)
     env = {**os.environ, "KUBECONFIG": str(kube_apiserver.kubeconfig), "POD_NAME": "manager-0"}
     args = [sys.executable, "-m", "provisioner", "manager", "--image", IMAGE]
     args += ["--system-namespace", system_ns, "--leader-elect", "--resync", "2"]

@@ -22,44 +22,13 @@ from provisioner.manager import (
     sources,
 )
 from rukpak.sources import volume
-from tests.plan_helpers import bd_v2, kinds
+from tests.plan_helpers import D1, D2, INLINE_SETTINGS, T0, bd_v2, installed, kinds, step
 
-SETTINGS = model.Settings(image="registry.example/rukpak:1", system_namespace="rukpak-system")
-T0 = "2026-11-25T12:00:00Z"
-D1 = "registry.example/hello@sha256:" + "1" * 64
-D2 = "registry.example/hello@sha256:" + "2" * 64
+SETTINGS = INLINE_SETTINGS
 
 
 def bd(*, generation: int = 1, digest: str = D1, status: Obj | None = None, **spec: Any) -> Obj:
     return bd_v2(generation=generation, pin=(generation, T0), digest=digest, status=status, **spec)
-
-
-def step(the_bd: Obj, observed: plan.Observed) -> tuple[list[plan.Action], Obj]:
-    """One plan, and ``the_bd`` with the status (and annotations) it wrote."""
-    actions = inline.plan_inline(the_bd, observed, settings=SETTINGS)
-    out = {**the_bd, "status": dict(the_bd.get("status") or {})}
-    for action in actions:
-        if isinstance(action, plan.WriteStatus):
-            out["status"].update(action.status)
-        if isinstance(action, plan.SetRollback):
-            value = revisions.rollback_annotation(action.revision, action.generation, action.reason)
-            meta = dict(out["metadata"])
-            meta["annotations"] = {**meta["annotations"], revisions.ROLLBACK_ANNOTATION: value}
-            out["metadata"] = meta
-    return actions, out
-
-
-def installed(the_bd: Obj, now: str = T0) -> tuple[Obj, runs.InstallRecord]:
-    """Plan until the run starts, then report its record: the BD as the manager leaves it."""
-    actions, the_bd = step(the_bd, plan.Observed(now=now))
-    run = next(a.pod for a in actions if isinstance(a, plan.CreatePod))
-    record = runs.InstallRecord(
-        by=model.name_of(run),
-        bundle=run["metadata"]["annotations"][model.BUNDLE_ANNOTATION],
-        applied={"a": "x", "b": "y"},
-    )
-    _, the_bd = step(the_bd, plan.Observed(record=record, health=Health(True), now=now))
-    return the_bd, record
 
 
 def upgrade(old: Obj, digest: str, generation: int, **spec: Any) -> Obj:

@@ -22,6 +22,7 @@ from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, condition
 from provisioner.manager import certs, webhook
 from provisioner.runtime.metrics import Metrics
 from rukpak.common import errors
+from tests import webhook_harness
 from tests.polling import eventually
 
 pytestmark = [pytest.mark.cluster]
@@ -45,52 +46,37 @@ CONFIGURATION = f"rukpak-crd-validator-{SUFFIX}"
 
 @pytest.fixture(scope="module")
 def kube(kube_apiserver: Any) -> Iterator[Kube]:
-    client = Kube.from_kubeconfig(str(kube_apiserver.kubeconfig))
-    client.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-    yield client
-    client.close()
+    with webhook_harness.client_with_namespace(kube_apiserver, NAMESPACE) as client:
+        yield client
 
 
-@pytest.fixture(scope="module")
-def server(kube: Kube) -> Iterator[webhook.Server]:
-    bundle = certs.ensure(kube, NAMESPACE, ["127.0.0.1"])
-    srv = webhook.Server(
-        webhook.existing_from(kube), bundle, host="127.0.0.1", port=0, metrics=METRICS
-    )
-    srv.start()
-    ref = ObjectRef(
-        "admissionregistration.k8s.io", "v1", "ValidatingWebhookConfiguration", "", CONFIGURATION
-    )
-    kube.apply(
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": CONFIGURATION},
-            "webhooks": [
-                {
-                    "name": "crd-validation.core.rukpak.io",
-                    "clientConfig": {"url": f"https://127.0.0.1:{srv.port}{webhook.PATH}"},
-                    "rules": [
-                        {
-                            "apiGroups": ["apiextensions.k8s.io"],
-                            "apiVersions": ["v1"],
-                            "operations": ["CREATE", "UPDATE"],
-                            "resources": ["customresourcedefinitions"],
-                        }
-                    ],
-                    "objectSelector": {"matchLabels": {SELECTOR_LABEL: SUFFIX}},
-                    "failurePolicy": "Fail",
-                    "sideEffects": "None",
-                    "admissionReviewVersions": ["v1"],
-                    "timeoutSeconds": 10,
-                }
-            ],
-        }
-    )
-    assert certs.publish_ca(kube, CONFIGURATION, bundle.ca)
-    yield srv
-    kube.delete(ref)
-    srv.stop()
+def crd_hook(base_url: str) -> Obj:
+    """The CRD webhook, limited to this module's CRDs."""
+    return {
+        "name": "crd-validation.core.rukpak.io",
+        "clientConfig": {"url": f"{base_url}{webhook.PATH}"},
+        "rules": [
+            {
+                "apiGroups": ["apiextensions.k8s.io"],
+                "apiVersions": ["v1"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["customresourcedefinitions"],
+            }
+        ],
+        "objectSelector": {"matchLabels": {SELECTOR_LABEL: SUFFIX}},
+        "failurePolicy": "Fail",
+        "sideEffects": "None",
+        "admissionReviewVersions": ["v1"],
+        "timeoutSeconds": 10,
+    }
+
+
+server = webhook_harness.server_fixture(
+    NAMESPACE,
+    CONFIGURATION,
+    crd_hook,
+    lambda kube: {"existing": webhook.existing_from(kube), "metrics": METRICS},
+)
 
 
 def crd(plural: str, *, versions: list[Obj], owned: bool = True, **annotations: str) -> Obj:

@@ -26,9 +26,8 @@ from typing import Any, cast
 
 import grpc
 import pytest
-from cryptography import x509
 
-from csi.proto import csi_pb2_grpc
+from csi.proto import csi_pb2, csi_pb2_grpc
 from provisioner.engine.kube.kube import Kube
 from provisioner.manager import actuate, resolution, sources
 from rukpak.common import errors
@@ -58,42 +57,18 @@ NOT_PEM = "this is not a certificate"
 
 
 @dataclasses.dataclass(frozen=True)
-class TLSRegistries:
-    ca: tls_helpers.CA
-    other_ca: tls_helpers.CA  # signed none of them
-    private: RegistryServer  # signed by ``ca``
-    self_signed: RegistryServer
-    self_signed_pem: str
-    expired: RegistryServer  # signed by ``ca``, expired an hour ago
+class TLSRegistries(tls_helpers.Served[RegistryServer]):
     wrong_name: RegistryServer  # signed by ``ca`` for registry.invalid only
 
 
 @pytest.fixture(scope="module")
 def tls_registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TLSRegistries]:
     work = tmp_path_factory.mktemp("tls-registries")
-    ca = tls_helpers.make_ca()
-    own = tls_helpers.issue(None, work / "pki", "self-signed")
-    certs = {
-        "private": tls_helpers.issue(ca, work / "pki", "private"),
-        "self_signed": own,
-        "expired": tls_helpers.issue(ca, work / "pki", "expired", expired=True),
-        "wrong_name": tls_helpers.issue(
-            ca, work / "pki", "wrong-name", names=(x509.DNSName("registry.invalid"),)
-        ),
-    }
-    started: dict[str, RegistryServer] = {}
-    try:
-        for name, cert in certs.items():
-            started[name] = RegistryServer.start(work / name, tls=cert)
-        yield TLSRegistries(
-            ca=ca,
-            other_ca=tls_helpers.make_ca("another-ca"),
-            self_signed_pem=tls_helpers.pem_of(own),
-            **started,
-        )
-    finally:
-        for server in started.values():
-            server.stop()
+    certs = tls_helpers.server_certs(work / "pki", wrong_name=True)
+    with tls_helpers.serving(
+        certs.roles, lambda role, cert: RegistryServer.start(work / role, tls=cert)
+    ) as started:
+        yield TLSRegistries.of(certs, started, wrong_name=started["wrong_name"])
 
 
 _repos = iter(range(10_000))
@@ -108,6 +83,15 @@ def push(registry: RegistryServer, text: str, *, trust: SourceTLS) -> PushedImag
             "v1",
             [[("manifests/", "dir"), ("manifests/cm.yaml", "file", text.encode())]],
         )
+
+
+def refusal(
+    node: csi_pb2_grpc.NodeStub, request: csi_pb2.NodePublishVolumeRequest
+) -> tuple[grpc.StatusCode, str]:
+    """The code and details the node plugin refuses NodePublishVolume of ``request`` with."""
+    with pytest.raises(grpc.RpcError) as refused:
+        node.NodePublishVolume(request)
+    return refused.value.code(), str(refused.value.details())
 
 
 def pinned(image: PushedImage) -> str:
@@ -177,29 +161,23 @@ def test_a_self_signed_registry_resolves_with_its_certificate_or_without_verific
         resolve({"ref": image.ref, "certificateData": regs.ca.pem}, resolver)  # another CA
 
 
-def test_an_expired_certificate_is_refused_naming_the_host_and_expiry(
-    tls_registries: TLSRegistries, resolver: actuate.RegistryResolver
+@pytest.mark.parametrize(
+    ("served_by", "why"),
+    [("expired", "certificate has expired"), ("wrong_name", "mismatch")],
+    ids=["expired", "another host"],
+)
+def test_a_certificate_the_resolver_refuses_is_named_with_the_host_and_why(
+    tls_registries: TLSRegistries, resolver: actuate.RegistryResolver, served_by: str, why: str
 ) -> None:
-    regs = tls_registries
-    image = push(regs.expired, "expired", trust=SourceTLS(skip_verify=True))
+    registry: RegistryServer = getattr(tls_registries, served_by)
+    image = push(registry, served_by, trust=SourceTLS(skip_verify=True))
     with pytest.raises(errors.FailedPrecondition) as refused:
-        resolve({"ref": image.ref, "certificateData": regs.ca.pem}, resolver)
+        resolve({"ref": image.ref, "certificateData": tls_registries.ca.pem}, resolver)
     message = refused.value.message
-    assert f"registry {regs.expired.host}" in message and "certificate has expired" in message
-    assert regs.expired.count_requests("HEAD", r"/manifests/") == 0  # no request got through
+    assert f"registry {registry.host}" in message and why in message
+    assert registry.count_requests("HEAD", r"/manifests/") == 0  # no request got through
     skipping = resolve({"ref": image.ref, "insecureSkipTLSVerify": True}, resolver)
     assert skipping.resolved["image"]["ref"] == pinned(image)
-
-
-def test_a_certificate_for_another_host_is_a_hostname_mismatch(
-    tls_registries: TLSRegistries, resolver: actuate.RegistryResolver
-) -> None:
-    regs = tls_registries
-    image = push(regs.wrong_name, "wrong-name", trust=SourceTLS(skip_verify=True))
-    with pytest.raises(errors.FailedPrecondition) as refused:
-        resolve({"ref": image.ref, "certificateData": regs.ca.pem}, resolver)
-    message = refused.value.message
-    assert f"registry {regs.wrong_name.host}" in message and "mismatch" in message
 
 
 @pytest.mark.parametrize(
@@ -253,20 +231,29 @@ def test_a_volume_with_its_own_tls_is_published_in_bind_mode_even_when_fuse_is_a
         unpublish(node, path, volume_id="tls-fuse")
 
 
-def test_with_another_ca_the_publish_names_the_host_and_unknown_authority(
-    tls_registries: TLSRegistries, node: csi_pb2_grpc.NodeStub, plugin: Any
+@pytest.mark.parametrize(
+    ("served_by", "given", "why"),
+    [("private", "other_ca", "unknown authority"), ("expired", "ca", "certificate has expired")],
+    ids=["another CA", "expired"],
+)
+def test_a_registry_certificate_the_node_refuses_is_named_with_the_host_and_why(
+    tls_registries: TLSRegistries,
+    node: csi_pb2_grpc.NodeStub,
+    plugin: Any,
+    served_by: str,
+    given: str,
+    why: str,
 ) -> None:
     regs = tls_registries
-    image = push(regs.private, "untrusted", trust=SourceTLS(ca_pem=regs.ca.pem))
-    with pytest.raises(grpc.RpcError) as refused:
-        node.NodePublishVolume(
-            publish_request(
-                target(plugin), pinned(image), volume_id="tls-2", certificateData=regs.other_ca.pem
-            )
-        )
-    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    details = str(refused.value.details())
-    assert f"registry {regs.private.host}" in details and "unknown authority" in details
+    registry: RegistryServer = getattr(regs, served_by)
+    image = push(registry, f"refused-{served_by}", trust=SourceTLS(skip_verify=True))
+    ca: tls_helpers.CA = getattr(regs, given)
+    request = publish_request(
+        target(plugin), pinned(image), volume_id=f"tls-{served_by}", certificateData=ca.pem
+    )
+    code, details = refusal(node, request)
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"registry {registry.host}" in details and why in details
 
 
 def test_a_ca_given_for_one_volume_is_not_used_by_a_concurrent_publish_of_another(
@@ -296,22 +283,6 @@ def test_a_ca_given_for_one_volume_is_not_used_by_a_concurrent_publish_of_anothe
             unpublish(node, paths[0], volume_id=f"ca-{i}")
 
 
-def test_an_expired_registry_certificate_is_refused_by_the_node_naming_expiry(
-    tls_registries: TLSRegistries, node: csi_pb2_grpc.NodeStub, plugin: Any
-) -> None:
-    regs = tls_registries
-    image = push(regs.expired, "expired-node", trust=SourceTLS(skip_verify=True))
-    with pytest.raises(grpc.RpcError) as refused:
-        node.NodePublishVolume(
-            publish_request(
-                target(plugin), pinned(image), volume_id="tls-3", certificateData=regs.ca.pem
-            )
-        )
-    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    details = str(refused.value.details())
-    assert f"registry {regs.expired.host}" in details and "certificate has expired" in details
-
-
 def test_skipping_verification_still_verifies_content_by_digest(
     tls_registries: TLSRegistries, node: csi_pb2_grpc.NodeStub, plugin: Any
 ) -> None:
@@ -328,16 +299,11 @@ def test_skipping_verification_still_verifies_content_by_digest(
     data = bytearray(blob.read_bytes())
     data[-12:] = bytes(b ^ 0xFF for b in data[-12:])  # same size, other bytes
     blob.write_bytes(bytes(data))
-    with pytest.raises(grpc.RpcError) as refused:
-        node.NodePublishVolume(
-            publish_request(
-                target(plugin),
-                pinned(tampered),
-                volume_id="skip-2",
-                insecureSkipTLSVerify="true",
-            )
-        )
-    assert refused.value.code() == grpc.StatusCode.DATA_LOSS, refused.value.details()
+    request = publish_request(
+        target(plugin), pinned(tampered), volume_id="skip-2", insecureSkipTLSVerify="true"
+    )
+    code, details = refusal(node, request)
+    assert code == grpc.StatusCode.DATA_LOSS, details
 
 
 @pytest.mark.parametrize(
@@ -353,10 +319,9 @@ def test_bad_tls_volume_attributes_are_invalid_argument(
 ) -> None:
     request = publish_request(target(plugin), image)
     request.volume_context.update(attributes)
-    with pytest.raises(grpc.RpcError) as refused:
-        node.NodePublishVolume(request)
-    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert words in str(refused.value.details())
+    code, details = refusal(node, request)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert words in details
 
 
 # --- http and git sources: insecureSkipVerify, and refusals named ---------------------

@@ -9,6 +9,7 @@ another image's index is refused.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from rukpak.oci.manifest import Descriptor, Index
 from rukpak.oci.reference import Reference
 from rukpak.signing import cosign as cosign_format
 from rukpak.signing import discover, keys, sigstore, verify
+from rukpak.signing import policy as policy_format
 from rukpak.signing import sign as signer
 from rukpak.signing.gate import SignatureDenied
 from tests.csi_helpers import PushedImage, simple_image
@@ -33,33 +35,45 @@ pytestmark = pytest.mark.registry
 __all__ = ["cosign3"]  # the session fixture, used by name
 
 
-@pytest.fixture(scope="module")
-def keys3(cosign3: Cosign) -> tuple[Path, Path]:
-    return cosign3.key_pair("release3")
+@dataclasses.dataclass(frozen=True)
+class Cosign3:
+    """cosign 3 with a key pair (``release3``) and a signing config that names no service
+    (it signs offline with the key)."""
+
+    cosign: Cosign
+    private: Path
+    public: Path
+    config: Path
+
+    def sign(self, pushed: PushedImage) -> None:
+        self.cosign.run(
+            "sign", "--yes", "--key", str(self.private), "--signing-config", str(self.config),
+            "--allow-http-registry", "--allow-insecure-registry", pinned(pushed),
+        )  # fmt: skip
+
+    def verify(self, pushed: PushedImage) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.cosign.binary), "verify", "--key", str(self.public),
+             "--insecure-ignore-tlog", "--allow-http-registry", "--allow-insecure-registry",
+             pinned(pushed)],
+            capture_output=True, text=True, timeout=120, check=False,
+            env={"HOME": str(self.cosign.home), "PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+
+    def private_key(self) -> keys.PrivateKey:
+        return keys.load_private_key(self.private.read_bytes(), PASSWORD.encode())
+
+    def policy(self, registry: RegistryServer) -> policy_format.Policy:
+        """A ClusterBundlePolicy of ``signing3/*`` on ``registry`` trusting the public key."""
+        return policy_for(f"{registry.host}/signing3/*", key_authority(self.public.read_bytes()))
 
 
 @pytest.fixture(scope="module")
-def signing_config(cosign3: Cosign) -> Path:
-    """A signing config that names no service: cosign 3 signs offline with a key."""
-    out = cosign3.home / "signing-config.json"
-    cosign3.run("signing-config", "create", "--out", str(out))
-    return out
-
-
-def sign3(cosign3: Cosign, pushed: PushedImage, key: Path, config: Path) -> None:
-    cosign3.run(
-        "sign", "--yes", "--key", str(key), "--signing-config", str(config),
-        "--allow-http-registry", "--allow-insecure-registry", pinned(pushed),
-    )  # fmt: skip
-
-
-def verify3(cosign3: Cosign, pushed: PushedImage, public: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(cosign3.binary), "verify", "--key", str(public), "--insecure-ignore-tlog",
-         "--allow-http-registry", "--allow-insecure-registry", pinned(pushed)],
-        capture_output=True, text=True, timeout=120, check=False,
-        env={"HOME": str(cosign3.home), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+def release3(cosign3: Cosign) -> Cosign3:
+    private, public = cosign3.key_pair("release3")
+    config = cosign3.home / "signing-config.json"
+    cosign3.run("signing-config", "create", "--out", str(config))
+    return Cosign3(cosign3, private, public, config)
 
 
 def image(registry: RegistryServer, repo: str) -> PushedImage:
@@ -78,53 +92,53 @@ def fallback_index(c: RegistryClient, pushed: PushedImage) -> Index:
 
 
 def test_what_cosign3_signs_rukpak_finds_as_a_bundle_and_verifies(
-    registry: RegistryServer, cosign3: Cosign, keys3: tuple[Path, Path], signing_config: Path
+    registry: RegistryServer, release3: Cosign3
 ) -> None:
     pushed = image(registry, "signing3/by-cosign")
-    sign3(cosign3, pushed, keys3[0], signing_config)
+    release3.sign(pushed)
     with RegistryClient(timeout=10) as c:
         index = fallback_index(c, pushed)
         found = discover.signatures(c, Reference.parse(pushed.ref), pushed.manifest_digest)
     assert [m.artifact_type for m in index.manifests] == [sigstore.BUNDLE_V03]
     assert len(found.signatures) == 1, found.skipped
     assert found.signatures[0].subject_digest == pushed.manifest_digest
-    policy = policy_for(f"{registry.host}/signing3/*", key_authority(keys3[1].read_bytes()))
+    policy = release3.policy(registry)
     verdict = gate_of(policy).check(pushed.ref)
     assert verdict is not None and verdict.digest == pushed.manifest_digest
 
 
+def rukpak_verify(public: Path, pushed: PushedImage) -> subprocess.CompletedProcess[str]:
+    """``rukpak bundle verify --insecure --key PUBLIC`` of the pinned image, as a process."""
+    cli = [str(Path(sys.executable).parent / "rukpak"), "bundle", "verify", "--insecure"]
+    return subprocess.run(
+        [*cli, "--key", str(public), pinned(pushed)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
 def test_rukpak_bundle_verify_accepts_what_cosign3_signed_and_refuses_another_key(
     registry: RegistryServer,
-    cosign3: Cosign,
-    keys3: tuple[Path, Path],
-    signing_config: Path,
+    release3: Cosign3,
     tmp_path: Path,
 ) -> None:
     pushed = image(registry, "signing3/cli")
-    sign3(cosign3, pushed, keys3[0], signing_config)
-    cli = [str(Path(sys.executable).parent / "rukpak"), "bundle", "verify", "--insecure"]
-    done = subprocess.run(
-        [*cli, "--key", str(keys3[1]), pinned(pushed)],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    release3.sign(pushed)
+    done = rukpak_verify(release3.public, pushed)
     assert done.returncode == 0, done.stderr
     assert f"verified: {registry.host}/signing3/cli@{pushed.manifest_digest}" in done.stdout
-    other = cosign3.key_pair("other3")[1]
-    done = subprocess.run(
-        [*cli, "--key", str(other), pinned(pushed)],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    other = release3.cosign.key_pair("other3")[1]
+    done = rukpak_verify(other, pushed)
     assert done.returncode == 1
     assert "no signature verifies with key" in done.stderr
 
 
 def test_what_rukpak_signs_as_a_bundle_cosign3_verifies(
-    registry: RegistryServer, cosign3: Cosign, keys3: tuple[Path, Path]
+    registry: RegistryServer, release3: Cosign3
 ) -> None:
     pushed = image(registry, "signing3/by-rukpak")
-    before = verify3(cosign3, pushed, keys3[1])
+    before = release3.verify(pushed)
     assert before.returncode != 0  # nothing signed yet: cosign refuses
-    key = keys.load_private_key(keys3[0].read_bytes(), PASSWORD.encode())
+    key = release3.private_key()
     with RegistryClient(timeout=10) as c:
         signed = signer.sign_bundle(c, pushed.ref, key)
         index = fallback_index(c, pushed)
@@ -132,17 +146,17 @@ def test_what_rukpak_signs_as_a_bundle_cosign3_verifies(
     with RegistryClient(timeout=10) as c:  # the image's tag still names the image
         assert c.resolve(Reference.parse(pushed.ref)).digest == pushed.manifest_digest
     assert [m.digest for m in index.manifests] == [signed.signature_ref.rsplit("@", 1)[1]]
-    done = verify3(cosign3, pushed, keys3[1])
+    done = release3.verify(pushed)
     assert done.returncode == 0, done.stderr
     assert pushed.manifest_digest in done.stdout
 
 
 def test_both_formats_side_by_side_are_found_and_each_verifies(
-    registry: RegistryServer, cosign3: Cosign, keys3: tuple[Path, Path], signing_config: Path
+    registry: RegistryServer, release3: Cosign3
 ) -> None:
     pushed = image(registry, "signing3/both")
-    sign3(cosign3, pushed, keys3[0], signing_config)
-    key = keys.load_private_key(keys3[0].read_bytes(), PASSWORD.encode())
+    release3.sign(pushed)
+    key = release3.private_key()
     with RegistryClient(timeout=10) as c:
         signer.sign(c, pushed.ref, key)  # cosign 2's format, in the .sig tag
         signer.sign_bundle(c, pushed.ref, key)  # a second bundle, beside cosign 3's
@@ -150,15 +164,15 @@ def test_both_formats_side_by_side_are_found_and_each_verifies(
         index = fallback_index(c, pushed)
     assert len(index.manifests) == 2
     assert sorted(s.subject_digest is not None for s in found.signatures) == [False, True, True]
-    policy = policy_for(f"{registry.host}/signing3/*", key_authority(keys3[1].read_bytes()))
+    policy = release3.policy(registry)
     assert gate_of(policy).check(pushed.ref) is not None
 
 
 def test_a_bundle_listed_for_another_image_is_refused(
-    registry: RegistryServer, keys3: tuple[Path, Path]
+    registry: RegistryServer, release3: Cosign3
 ) -> None:
     signed_image, victim = image(registry, "signing3/a"), image(registry, "signing3/b")
-    key = keys.load_private_key(keys3[0].read_bytes(), PASSWORD.encode())
+    key = release3.private_key()
     with RegistryClient(timeout=10) as c:
         signer.sign_bundle(c, signed_image.ref, key)
         index = fallback_index(c, signed_image)
@@ -176,7 +190,7 @@ def test_a_bundle_listed_for_another_image_is_refused(
         c.push_manifest(tag, index.to_json(), mediatypes.OCI_INDEX)
         found = discover.signatures(c, victim_ref, victim.manifest_digest)
     assert len(found.signatures) == 1
-    policy = policy_for(f"{registry.host}/signing3/*", key_authority(keys3[1].read_bytes()))
+    policy = release3.policy(registry)
     outcome = verify.check(policy, found, victim.manifest_digest, read_secret=no_secret)
     assert not outcome.ok
     copied = f"a signature of {signed_image.manifest_digest}, not of {victim.manifest_digest}"
@@ -189,17 +203,15 @@ def no_secret(name: str) -> bytes:
 
 def test_the_node_plugins_publish_spine_serves_what_cosign3_signed(
     registry: RegistryServer,
-    cosign3: Cosign,
-    keys3: tuple[Path, Path],
-    signing_config: Path,
+    release3: Cosign3,
     tmp_path: Path,
 ) -> None:
     pushed = image(registry, "signing3/spine")
-    policy = policy_for(f"{registry.host}/signing3/*", key_authority(keys3[1].read_bytes()))
+    policy = release3.policy(registry)
     with spine(tmp_path, policy) as pub:
         with pytest.raises(SignatureDenied):  # not signed yet
             publish(pub, tmp_path, pushed.ref, name="before")
-        sign3(cosign3, pushed, keys3[0], signing_config)
+        release3.sign(pushed)
         tree = publish(pub, tmp_path, pushed.ref, name="after")
         assert tree == pub.images.tree_path(pushed.manifest_digest)
         assert (tree / "manifests" / "cm.yaml").read_text() == "signing3/spine"

@@ -46,6 +46,7 @@ from tests.csi_helpers import (
     tree,
     unpublish,
 )
+from tests.registry import ServingCert
 
 plugin = plugin_fixture("source-tls")
 node = node_fixture()
@@ -53,13 +54,7 @@ MANIFEST = "kind: ConfigMap\n"
 
 
 @dataclasses.dataclass(frozen=True)
-class Servers:
-    ca: tls_helpers.CA
-    other_ca: tls_helpers.CA  # signed none of them
-    private: source_servers.SourceServer  # signed by ``ca``
-    self_signed: source_servers.SourceServer
-    self_signed_pem: str
-    expired: source_servers.SourceServer  # signed by ``ca``, expired an hour ago
+class Servers(tls_helpers.Served[source_servers.SourceServer]):
     commit: str  # of the repository ``repo`` every server serves
     tarball: bytes  # ``/files/b.tgz`` on every server
 
@@ -71,32 +66,18 @@ class Servers:
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     work = tmp_path_factory.mktemp("source-tls")
-    ca = tls_helpers.make_ca("rukpak-test-source-ca")
-    own = tls_helpers.issue(None, work / "pki", "self-signed")
-    certs = {
-        "private": tls_helpers.issue(ca, work / "pki", "private"),
-        "self_signed": own,
-        "expired": tls_helpers.issue(ca, work / "pki", "expired", expired=True),
-    }
+    certs = tls_helpers.server_certs(work / "pki", ca_name="rukpak-test-source-ca")
     root = work / "git"
     commit = source_servers.make_repo(root / "repo", {"manifests/a.yaml": MANIFEST})
     data = source_servers.tarball({"manifests/a.yaml": MANIFEST})
-    started: dict[str, source_servers.SourceServer] = {}
-    try:
-        for name, cert in certs.items():
-            started[name] = source_servers.SourceServer(git_root=root, tls=cert).start()
-            started[name].files["b.tgz"] = data
-        yield Servers(
-            ca=ca,
-            other_ca=tls_helpers.make_ca("another-ca"),
-            self_signed_pem=tls_helpers.pem_of(own),
-            commit=commit,
-            tarball=data,
-            **started,
-        )
-    finally:
-        for server in started.values():
-            server.stop()
+
+    def start(role: str, cert: ServingCert) -> source_servers.SourceServer:
+        server = source_servers.SourceServer(git_root=root, tls=cert).start()
+        server.files["b.tgz"] = data
+        return server
+
+    with tls_helpers.serving(certs.roles, start) as started:
+        yield Servers.of(certs, started, commit=commit, tarball=data)
 
 
 def file_url(server: source_servers.SourceServer) -> str:

@@ -1,7 +1,7 @@
 """``spec.dependsOn`` cycles refused at admission, on a real kube-apiserver that calls the
 manager's webhook over HTTPS.
 
-The webhook server runs in-process on a loopback port (as in ``test_manager_webhook``),
+The webhook server runs in-process on a loopback port (``tests.webhook_harness``),
 reading the other BundleDeployments through the API (``webhook.deployments_from``); a
 ValidatingWebhookConfiguration shaped as ``deploy/webhook`` ships it (v1alpha2, matchPolicy
 Equivalent) points the API server at ``webhook.BD_PATH``, limited by an object selector to
@@ -21,8 +21,9 @@ import yaml
 
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.manager import actuate, certs, model, webhook
+from provisioner.manager import actuate, model, webhook
 from rukpak.common import errors
+from tests import webhook_harness
 from tests.crd_helpers import install_crds
 from tests.install_helpers import bd_v2
 
@@ -46,43 +47,39 @@ def shipped_hook() -> Obj:
 
 @pytest.fixture(scope="module")
 def kube(kube_apiserver: Any) -> Iterator[Kube]:
-    client = Kube.from_kubeconfig(str(kube_apiserver.kubeconfig))
-    install_crds(client)
-    client.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-    yield client
-    client.close()
+    with webhook_harness.client_with_namespace(kube_apiserver, NAMESPACE) as client:
+        install_crds(client)
+        yield client
 
 
-@pytest.fixture(scope="module")
-def server(kube: Kube) -> Iterator[webhook.Server]:
-    bundle = certs.ensure(kube, NAMESPACE, ["127.0.0.1"])
-    srv = webhook.Server(
-        lambda old, new: {},
-        bundle,
-        host="127.0.0.1",
-        port=0,
-        deployments=webhook.deployments_from(kube),
-    )
-    srv.start()
+def cycles_hook(base_url: str) -> Obj:
+    """The shipped BundleDeployment webhook, limited to this module's BundleDeployments; a
+    webhook that does not answer fails the test."""
     hook = shipped_hook()
-    hook["clientConfig"] = {"url": f"https://127.0.0.1:{srv.port}{webhook.BD_PATH}"}
+    hook["clientConfig"] = {"url": f"{base_url}{webhook.BD_PATH}"}
     hook["objectSelector"] = {"matchLabels": {SELECTOR_LABEL: SUFFIX}}
-    hook["failurePolicy"] = "Fail"  # a webhook that does not answer fails the test
-    ref = ObjectRef(
-        "admissionregistration.k8s.io", "v1", "ValidatingWebhookConfiguration", "", CONFIGURATION
-    )
-    kube.apply(
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": CONFIGURATION},
-            "webhooks": [hook],
-        }
-    )
-    assert certs.publish_ca(kube, CONFIGURATION, bundle.ca)
-    yield srv
-    kube.delete(ref)
-    srv.stop()
+    hook["failurePolicy"] = "Fail"
+    return hook
+
+
+server = webhook_harness.server_fixture(
+    NAMESPACE,
+    CONFIGURATION,
+    cycles_hook,
+    lambda kube: {
+        "existing": lambda old, new: {},
+        "deployments": webhook.deployments_from(kube),
+        "probe": lambda: admitted(kube),
+    },
+)
+
+
+def admitted(kube: Kube) -> bool:
+    """A BundleDeployment with no dependencies, created through the webhook and deleted."""
+    name = unique("probe")
+    kube.create(bd(name))
+    kube.delete(ref(name))
+    return True
 
 
 def unique(prefix: str) -> str:

@@ -3,15 +3,20 @@
 A private CA (:func:`make_ca`) signs serving certificates (:func:`issue`), which may be
 expired or name another host; ``issue(None, ...)`` makes one that signs itself. Each is
 written as PEM files a registry serves (``tests.registry.ServingCert``); the CA's PEM is
-what a source gives as ``certificateData``.
+what a source gives as ``certificateData``. :func:`server_certs` makes the set the TLS
+tests serve (a private CA's, a self-signed, an expired one) and :func:`serving` starts a
+server of each, stopped together.
 """
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Generic, Protocol, Self, TypeVar
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -139,3 +144,80 @@ def issue(
 def pem_of(pair: ServingCert) -> str:
     """The certificate of ``pair`` in PEM (a self-signed one is its own CA)."""
     return pair.cert.read_text()
+
+
+@dataclass(frozen=True)
+class ServerCerts:
+    """The certificates of the TLS tests' servers: ``roles`` names each server's
+    (``private`` and ``expired`` signed by ``ca``, ``self_signed``; ``wrong_name`` signed by
+    ``ca`` for registry.invalid only, when asked for); ``other_ca`` signed none of them."""
+
+    ca: CA
+    other_ca: CA
+    roles: dict[str, ServingCert]
+
+
+def server_certs(
+    pki: Path, *, ca_name: str = "rukpak-test-registry-ca", wrong_name: bool = False
+) -> ServerCerts:
+    """Issue the TLS tests' server certificates into ``pki``."""
+    ca = make_ca(ca_name)
+    roles = {
+        "private": issue(ca, pki, "private"),
+        "self_signed": issue(None, pki, "self-signed"),
+        "expired": issue(ca, pki, "expired", expired=True),
+    }
+    if wrong_name:
+        roles["wrong_name"] = issue(
+            ca, pki, "wrong-name", names=(x509.DNSName("registry.invalid"),)
+        )
+    return ServerCerts(ca=ca, other_ca=make_ca("another-ca"), roles=roles)
+
+
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=Stoppable)
+
+
+@contextmanager
+def serving(
+    roles: dict[str, ServingCert], start: Callable[[str, ServingCert], S]
+) -> Iterator[dict[str, S]]:
+    """A server per role, ``start(role, certificate)``; every one started is stopped when
+    the block ends (also when a later one fails to start)."""
+    started: dict[str, S] = {}
+    try:
+        for role, cert in roles.items():
+            started[role] = start(role, cert)
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+@dataclass(frozen=True)
+class Served(ServerCerts, Generic[S]):
+    """The servers a TLS test started with its certificates (a test's dataclass extends it
+    with what else its servers hold)."""
+
+    private: S  # signed by ``ca``
+    self_signed: S
+    expired: S  # signed by ``ca``, expired an hour ago
+
+    @classmethod
+    def of(cls, certs: ServerCerts, started: dict[str, S], **more: Any) -> Self:
+        return cls(
+            ca=certs.ca,
+            other_ca=certs.other_ca,
+            roles=certs.roles,
+            private=started["private"],
+            self_signed=started["self_signed"],
+            expired=started["expired"],
+            **more,
+        )
+
+    @property
+    def self_signed_pem(self) -> str:
+        return pem_of(self.roles["self_signed"])

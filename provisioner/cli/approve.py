@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from provisioner.cli import deployments
 from provisioner.runtime import flags
 from rukpak.common import errors
+from rukpak.sources import pins
 
 if TYPE_CHECKING:
     from provisioner.engine.objects import Obj
@@ -45,8 +46,6 @@ ESCALATION = "EscalationNeedsApproval"
 PIN_ANNOTATION = "core.rukpak.io/pinned"
 """``provisioner.manager.inline.PIN_ANNOTATION``: the generation the recorded pin is for."""
 _DIGEST = re.compile(r"^(sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128}|[0-9a-f]{40}|[0-9a-f]{64})$")
-_IMAGE_DIGEST = re.compile(r"@(sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128})$")
-_HTTP_PIN = re.compile(r"#sha256=([0-9a-f]{64})$")
 
 
 def register(subparsers: Any) -> None:
@@ -84,29 +83,20 @@ def digests_of(status: Obj) -> list[str]:
     """The content digests the pin in ``status`` names: image digests, git commits, http
     content digests (``sha256:<hex>``), one per source."""
     found: list[str] = []
-    pins: list[Any] = []
+    todo: list[Any] = []
     if isinstance(status.get("resolvedSource"), dict):
-        pins.append(status["resolvedSource"])
+        todo.append(status["resolvedSource"])
     if isinstance(status.get("resolvedSources"), list):
-        pins.extend(status["resolvedSources"])
-    while pins:
-        pin = pins.pop(0)
+        todo.extend(status["resolvedSources"])
+    while todo:
+        pin = todo.pop(0)
         if not isinstance(pin, dict):
             continue
         if isinstance(pin.get("sources"), list):
-            pins.extend(pin["sources"])
-        body = pin.get(str(pin.get("type")))
-        if not isinstance(body, dict):
-            continue
-        image = _IMAGE_DIGEST.search(str(body.get("ref") or ""))
-        http = _HTTP_PIN.search(str(body.get("url") or ""))
-        commit = body.get("ref", {}).get("commit") if isinstance(body.get("ref"), dict) else None
-        if image:
-            found.append(image.group(1))
-        elif http:
-            found.append(f"sha256:{http.group(1)}")
-        elif isinstance(commit, str) and commit:
-            found.append(commit)
+            todo.extend(pin["sources"])
+        digest = pins.content_digest(pin.get(str(pin.get("type"))))
+        if digest is not None:
+            found.append(digest)
     return found
 
 

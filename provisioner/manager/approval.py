@@ -30,11 +30,9 @@ Two rules follow:
 
 from __future__ import annotations
 
-import re
-from typing import Any
-
 from provisioner.engine.objects import Obj, meta_of
 from provisioner.manager import model, sources
+from rukpak.sources import pins
 
 APPROVED_ANNOTATION = "core.rukpak.io/approved-digest"
 """The digests (or the preview's revision) approved for installation while paused."""
@@ -47,8 +45,6 @@ REASON_ESCALATION = "EscalationNeedsApproval"
 REASON_NO_ESCALATION = "NoNewPermissions"
 APPROVE_ESCALATIONS = "ApproveEscalations"
 """``spec.upgradePolicy``: upgrades that grant more wait for an approval."""
-_IMAGE_DIGEST = re.compile(r"@(sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128})$")
-_HTTP_PIN = re.compile(r"#sha256=([0-9a-f]{64})$")
 
 Verdict = tuple[str, str, str]
 
@@ -64,19 +60,9 @@ def digests_of(resolved: Obj) -> list[str]:
     for _, pin in (
         sources.parts(resolved) if resolved.get("type") == sources.MULTI else [("", resolved)]
     ):
-        body: Any = pin.get(str(pin.get("type")))
-        if not isinstance(body, dict):
-            continue
-        ref = body.get("ref")
-        image = _IMAGE_DIGEST.search(ref) if isinstance(ref, str) else None
-        http = _HTTP_PIN.search(str(body.get("url") or ""))
-        commit = ref.get("commit") if isinstance(ref, dict) else None
-        if image:
-            found.append(image.group(1))
-        elif http:
-            found.append(f"sha256:{http.group(1)}")
-        elif isinstance(commit, str) and commit:
-            found.append(commit)
+        digest = pins.content_digest(pin.get(str(pin.get("type"))))
+        if digest is not None:
+            found.append(digest)
     return found
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Unpack
 
 from rukpak.common import errors
 from rukpak.sources import storeprotocol as protocol
@@ -38,27 +38,11 @@ class StoreClient:
     def socket_path(self) -> Path:
         return self.mount / protocol.SOCKET_NAME
 
-    def fetch(
-        self,
-        ref: str,
-        *,
-        dockerconfigjson: str | None = None,
-        username: str | None = None,
-        password: str | None = None,
-        retain_for: str = "",
-        retain: Sequence[str] = (),
-    ) -> Path:
+    def fetch(self, ref: str, **options: Unpack[protocol.RequestOptions]) -> Path:
         """The directory where ``ref`` (pinned by digest) appears in the mount, once the
         plugin checked the credential; the plugin's error (a ``rukpak.common.errors``
         value of the code it answered) otherwise."""
-        line = protocol.encode_request(
-            ref,
-            dockerconfigjson=dockerconfigjson,
-            username=username,
-            password=password,
-            retain_for=retain_for,
-            retain=retain,
-        )
+        line = protocol.encode_request(ref, **options)
         answer = self.ask(line)
         if not answer.ok:
             raise answer.error()

@@ -41,7 +41,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from rukpak.common import errors
 from rukpak.oci.auth import Credential, Credentials
@@ -238,23 +238,30 @@ def _credentials(doc: dict[str, Any], ref: Reference) -> Credentials | None:
     return None
 
 
-def encode_request(
-    ref: str,
-    *,
-    dockerconfigjson: str | None = None,
-    username: str | None = None,
-    password: str | None = None,
-    retain_for: str = "",
-    retain: Sequence[str] = (),
-) -> bytes:
+class RequestOptions(TypedDict, total=False):
+    """What a request may carry beside its ``ref``: a pull credential (a
+    ``.dockerconfigjson``, or a user name and password, not both) and, with ``retain_for``
+    (a holder's name), the refs that holder keeps (``retain``)."""
+
+    dockerconfigjson: str | None
+    username: str | None
+    password: str | None
+    retain_for: str
+    retain: Sequence[str]
+
+
+def encode_request(ref: str, **options: Unpack[RequestOptions]) -> bytes:
     """One request line (newline-terminated)."""
     doc: dict[str, Any] = {"ref": ref}
+    dockerconfigjson = options.get("dockerconfigjson")
     if dockerconfigjson is not None:
         doc["dockerconfigjson"] = dockerconfigjson
+    username, password = options.get("username"), options.get("password")
     if username is not None or password is not None:
         doc["username"], doc["password"] = username or "", password or ""
+    retain_for = options.get("retain_for", "")
     if retain_for:
-        doc["retainFor"], doc["retain"] = retain_for, list(retain)
+        doc["retainFor"], doc["retain"] = retain_for, list(options.get("retain", ()))
     return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
 
 

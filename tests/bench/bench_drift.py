@@ -2,9 +2,10 @@
 
 Where it sits: a module of ``tests.bench`` (``python -m tests.bench drift``). It starts
 etcd + kube-apiserver in the work dir (``bench_apply.start_cluster``, stopped by pid),
-installs the CRDs and runs the manager's controller in this process, as
-``tests/test_drift_author.py`` does (no kubelet: the benchmark plays each instance run,
-installing with the apply engine and leaving the record the run would). Per round, on a
+installs the CRDs and runs the manager's controller in this process with
+``tests.manager_harness``, as ``tests/test_drift_author.py`` does (no kubelet: the benchmark
+plays each instance run, installing with the apply engine and leaving the record the run
+would). Per round, on a
 BundleDeployment of its own (the same one twice would be damped on purpose): a field
 manager ``kubectl-edit`` changes a field of an installed ConfigMap by server-side apply;
 timed until the BundleDeployment's ``DriftCorrected`` event is listed (the events are
@@ -19,15 +20,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from provisioner.engine.apply import appliedrecord, apply, inventory
-from provisioner.engine.bundle import formats
+from provisioner.engine.apply import apply
 from provisioner.engine.kube.kube import Kube
-from provisioner.engine.objects import Obj, ObjectRef, condition
-from provisioner.manager import actuate, controller, model, runs
+from provisioner.engine.objects import condition
+from provisioner.manager import actuate
+from tests import manager_harness as harness
 from tests.bench import Result, progress, timed
 from tests.bench.bench_apply import start_cluster
-from tests.bundles import configmap, namespace, role_binding, write_bundle
+from tests.bundles import configmap, namespace, write_bundle
 from tests.crd_helpers import install_crds
+from tests.install_helpers import bd_v2
+from tests.plan_helpers import as_is
 
 ROUNDS = 5
 SYSTEM_NS = "rukpak-bench-drift"
@@ -45,60 +48,19 @@ def _wait(check: Callable[[], Any], *, timeout: float, what: str, interval: floa
     raise TimeoutError(f"{what}: not within {timeout:.0f}s")
 
 
-def _as_is(ref: str, /, *, credentials: Any = None) -> str:
-    return ref
-
-
-def _prepare(kube: Kube) -> None:
-    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NS}})
-    for account in ("default", "rukpak-instance"):
-        kube.apply(
-            {
-                "apiVersion": "v1",
-                "kind": "ServiceAccount",
-                "metadata": {"name": account, "namespace": SYSTEM_NS},
-            }
-        )
-    instance = {"kind": "ServiceAccount", "name": "rukpak-instance", "namespace": SYSTEM_NS}
-    kube.apply(role_binding(f"{SYSTEM_NS}-instance", "cluster-admin", [instance]))
-
-
-def _run_pod(kube: Kube, name: str) -> Obj | None:
-    items, _ = kube.list(
-        "v1", "Pod", namespace=SYSTEM_NS, label_selector=f"{model.BD_LABEL}={name}"
-    )
-    return items[0] if items else None
-
-
 def _install(kube: Kube, workdir: Path, name: str) -> None:
     """A v1alpha2 BundleDeployment of a Namespace and a ConfigMap, its run played."""
-    kube.create(
-        {
-            "apiVersion": "core.rukpak.io/v1alpha2",
-            "kind": "BundleDeployment",
-            "metadata": {"name": name},
-            "spec": {
-                "installNamespace": name,
-                "provisionerClassName": "core-rukpak-io-plain",
-                "source": {"type": "image", "image": {"ref": IMAGE}},
-            },
-        }
+    kube.create(bd_v2(name, IMAGE, installNamespace=name))
+    run = _wait(
+        lambda: next(iter(harness.pods_of(kube, SYSTEM_NS, name)), None),
+        timeout=60,
+        what=f"the run of {name}",
     )
-    run = _wait(lambda: _run_pod(kube, name), timeout=60, what=f"the run of {name}")
-    bundle: formats.Bundle = write_bundle(
+    bundle = write_bundle(
         workdir / name, {"00.yaml": [namespace(name), configmap("cfg", name, mode="ours")]}
     )
     options = apply.Options(name=name, namespace=name, system_namespace=SYSTEM_NS)
-    result = apply.install(kube, bundle, options)
-    record = runs.InstallRecord(
-        run["metadata"]["name"],
-        run["metadata"]["annotations"][model.BUNDLE_ANNOTATION],
-        appliedrecord.of(result.applied),
-    )
-    body = inventory.record_configmap(name, record.document(), system_namespace=SYSTEM_NS)
-    kube.apply(body, manager=inventory.RECORD_MANAGER)
-    pod = ObjectRef("", "v1", "Pod", SYSTEM_NS, run["metadata"]["name"])
-    kube.merge_patch_status(pod, {"status": {"phase": "Succeeded"}})
+    harness.play_run(kube, run, bundle, options)
 
     def installed() -> bool:
         live = kube.get(actuate.bd_ref(name)) or {}
@@ -130,16 +92,11 @@ def run(workdir: Path) -> list[Result]:
     try:
         kube = Kube.from_kubeconfig(str(cluster.kubeconfig))
         install_crds(kube)
-        _prepare(kube)
-        settings = model.Settings(
-            image="registry.example/rukpak:bench", system_namespace=SYSTEM_NS, host_network=True
-        )
-        ctl = controller.Controller(kube, settings, resolve=_as_is, resync=2.0, watch_timeout=10)
-        ctl.start()
-        try:
+        with harness.running_controller(
+            kube, SYSTEM_NS, image="registry.example/rukpak:bench", resolve=as_is
+        ):
+            harness.let_the_instance_write_anything(kube, SYSTEM_NS)
             took = [_round(kube, workdir, i) for i in range(ROUNDS)]
-        finally:
-            ctl.stop()
         progress(f"drift: Drifted event after {[round(t, 3) for t in took]}s")
         return [
             timed(

@@ -24,10 +24,11 @@ Pure: no client, no clock.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from provisioner.engine.apply import fieldsets
 from provisioner.engine.apply.ownership import applied_fields, lost_reason
 from provisioner.engine.objects import FIELD_MANAGER, OWNER_LABEL, Obj, meta_of, split_api_version
 from rukpak.common import errors
@@ -234,27 +235,20 @@ def ignored(pointers: Iterable[Pointer], path: Pointer) -> bool:
 def owned_pointers(fields_v1: Any, obj: Obj | None) -> frozenset[Pointer]:
     """The leaf fields of ``fieldsV1`` set as pointers into ``obj`` (list entries named by
     key or value become their index in ``obj``; one not found keeps its raw key)."""
-    if not isinstance(fields_v1, dict):
-        return frozenset()
-    return frozenset(_walk(fields_v1, obj, ()))
+    return frozenset(_pointer(keys, obj) for keys in fieldsets.leaves(fields_v1))
 
 
-def _walk(node: dict[str, Any], value: Any, path: Pointer) -> Iterator[Pointer]:
-    children = {k: v for k, v in node.items() if k != "."}
-    if not children:
-        if path:
-            yield path
-        return
-    for key, child in children.items():
-        kind, _, text = key.partition(":")
-        if kind == "f":
-            below = value.get(text) if isinstance(value, dict) else None
-            token = text
+def _pointer(keys: tuple[fieldsets.Key, ...], value: Any) -> Pointer:
+    tokens: list[str] = []
+    for key in keys:
+        if key.kind == "f":
+            value = value.get(key.text) if isinstance(value, dict) else None
+            tokens.append(key.text)
         else:
-            index = _index(kind, text, value)
-            below = value[index] if index is not None and isinstance(value, list) else None
-            token = str(index) if index is not None else key
-        yield from _walk(child if isinstance(child, dict) else {}, below, (*path, token))
+            index = _index(key.kind, key.text, value)
+            value = value[index] if index is not None and isinstance(value, list) else None
+            tokens.append(str(index) if index is not None else key.raw)
+    return tuple(tokens)
 
 
 def _index(kind: str, text: str, items: Any) -> int | None:

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from provisioner.engine.apply import fieldsets
 from provisioner.engine.objects import FIELD_MANAGER, Obj, meta_of
 from rukpak.common.backoff import Backoff
 
@@ -112,28 +113,23 @@ def _join(path: str, name: str) -> str:
 # -- naming what another writer took -------------------------------------------------------
 
 
-def fields_of(fields_v1: Any, path: str = "") -> Iterator[str]:
+def fields_of(fields_v1: Any) -> Iterator[str]:
     """The leaf paths a ``fieldsV1`` set names, as ``spec.template.spec.containers[name=x]``."""
-    if not isinstance(fields_v1, dict):
-        return
-    children = {k: v for k, v in fields_v1.items() if k != "."}
-    if not children:
-        if path:
-            yield path
-        return
-    for key, child in children.items():
-        kind, _, text = key.partition(":")
-        if kind == "f":
-            yield from fields_of(child, _join(path, text))
-        elif kind == "k":
-            try:
-                wanted = json.loads(text)
-            except ValueError:
-                wanted = {}
-            label = ",".join(f"{k}={v}" for k, v in sorted(wanted.items()))
-            yield from fields_of(child, f"{path}[{label}]")
-        else:
-            yield from fields_of(child, f"{path}[{text}]")
+    for keys in fieldsets.leaves(fields_v1):
+        path = ""
+        for key in keys:
+            if key.kind == "f":
+                path = _join(path, key.text)
+            elif key.kind == "k":
+                try:
+                    wanted = json.loads(key.text)
+                except ValueError:
+                    wanted = {}
+                label = ",".join(f"{k}={v}" for k, v in sorted(wanted.items()))
+                path = f"{path}[{label}]"
+            else:
+                path = f"{path}[{key.text}]"
+        yield path
 
 
 def others_owning(live: Obj | None, taken: frozenset[str]) -> list[tuple[str, str]]:
