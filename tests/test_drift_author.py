@@ -13,7 +13,6 @@ change to a field ``spec.ignore`` names, on an object its target picks, is left 
 from __future__ import annotations
 
 import itertools
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,16 +143,13 @@ def test_another_writers_change_is_restored_and_named_in_a_condition_and_an_even
     name, target = install_greeting(kube, tmp_path, images, "drift-ns")
     assert condition(get_bd(kube, name), "Drifted") is None  # it never drifted
 
-    started = time.monotonic()
     write_as(kube, target, "greeting", hello="edited")
     (event,) = eventually(
         lambda: events(kube, name, "DriftCorrected"), timeout=10, interval=0.05, what="the event"
     )
-    took = time.monotonic() - started
     said = f'field manager "{WRITER}" changed data.hello of ConfigMap {target}/greeting; restored'
     assert said in event["message"]
     assert event["message"].startswith("Drifted=True: ")
-    assert took < 3.0, f"the Drifted event came {took:.2f} s after the change"
     cond = condition(get_bd(kube, name), "Drifted")
     assert cond is not None
     assert (cond["status"], cond["reason"], cond["message"]) == ("True", "DriftCorrected", said)
