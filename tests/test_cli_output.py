@@ -10,10 +10,8 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -236,21 +234,14 @@ def test_the_flags_defaults_are_the_engines() -> None:
     assert apply.Options.concurrency == apply_cli.DEFAULT_CONCURRENCY
 
 
-HELP_BUDGET = 0.3
-"""Seconds ``rukpak --help`` may take (docs/benchmarks.md, CLI)."""
-
-
-def test_help_starts_within_its_budget() -> None:
+def test_building_the_parser_imports_none_of_the_heavy_modules() -> None:
+    """What keeps ``rukpak --help`` quick (its time: ``python -m tests.bench cli``)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "-m", "provisioner.cli.main", "--help"]
-    timings = []
-    for _ in range(5):
-        started = time.perf_counter()
-        done = subprocess.run(argv, capture_output=True, env=env, timeout=60)
-        timings.append(time.perf_counter() - started)
-        assert done.returncode == 0
-    # the median, so one run slowed by a busy machine does not decide
-    assert statistics.median(timings) <= HELP_BUDGET, timings
+    done = subprocess.run(
+        [sys.executable, "-m", "provisioner.cli.main", "--help"], capture_output=True, env=env,
+        timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
     imported = subprocess.run(
         [sys.executable, "-c", "import sys, provisioner.cli.main as m; m.build_parser(); "
          "print(' '.join(sorted(sys.modules)))"],
