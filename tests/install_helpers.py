@@ -455,6 +455,64 @@ def standing_system(rukpak_system: RukpakSystem) -> RukpakSystem:
     return switch_to_standing(rukpak_system)
 
 
+PROVISIONER = "rukpak-provisioner"
+
+
+def provisioner_log(system: RukpakSystem) -> str:
+    """The standing provisioners' log (every replica's)."""
+    return system.kubectl(
+        "logs", "-n", NAMESPACE, "-l", f"app.kubernetes.io/name={PROVISIONER}",
+        "--tail=-1", "--prefix", timeout=30, check=False,
+    )  # fmt: skip
+
+
+def taken_standing(system: RukpakSystem, run: str) -> bool:
+    """Whether a standing provisioner took run ``run`` (an instance run or a Bundle check
+    named as its pod would have been)."""
+    return f"run={run}" in provisioner_log(system)
+
+
+def pods_scheduled(system: RukpakSystem) -> set[str]:
+    """Pods of the system namespace the scheduler ever placed (its Scheduled events)."""
+    out = system.kubectl(
+        "get", "events", "-n", NAMESPACE, "--field-selector", "reason=Scheduled",
+        "-o", "jsonpath={range .items[*]}{.involvedObject.name}{'\\n'}{end}",
+    )  # fmt: skip
+    return set(out.split())
+
+
+def workload_prefixes(system: RukpakSystem) -> tuple[str, ...]:
+    """Name prefixes of the pods the install itself runs (its Deployments and DaemonSets):
+    any other pod placed in the system namespace was started for a change."""
+    return tuple(
+        f"{d['metadata']['name']}-"
+        for d in system.documents()
+        if d["kind"] in ("Deployment", "DaemonSet")
+    )
+
+
+def pods_for_changes(system: RukpakSystem, before: set[str]) -> list[str]:
+    """Pods placed in the system namespace since ``before`` (``pods_scheduled``) that are
+    none of the install's own: run pods, unpack pods."""
+    prefixes = workload_prefixes(system)
+    return sorted(p for p in pods_scheduled(system) - before if not p.startswith(prefixes))
+
+
+@pytest.fixture(autouse=True)
+def _no_pod_per_change(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test of the default install (``standing_system``) proves, beside what it
+    asserts, that no pod was started for any change it made: runs and Bundle checks are
+    taken by the standing provisioner."""
+    if "standing_system" not in request.fixturenames:
+        yield
+        return
+    system: RukpakSystem = request.getfixturevalue("standing_system")
+    before = pods_scheduled(system)
+    yield
+    started = pods_for_changes(system, before)
+    assert started == [], f"pods were started for a change on the standing install: {started}"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests of the installed system last: see the module docstring."""
     items.sort(key=lambda item: "rukpak_system" in getattr(item, "fixturenames", ()))
