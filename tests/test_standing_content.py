@@ -187,3 +187,27 @@ def test_a_source_mounted_outside_the_bundle_directory_is_refused(tmp_path: Path
         worker.content(pod),
     ):
         pass
+
+
+class RefusingStore:
+    def fetch_volume(self, attributes: dict[str, str], secrets: dict[str, str]) -> Path:
+        raise errors.NotFound(f"manifest {attributes['image']} not found")
+
+
+def test_content_the_store_refuses_is_named_in_kubelets_failedmount_words(tmp_path: Path) -> None:
+    worker = standing({}, tmp_path)
+    worker.store = RefusingStore()  # type: ignore[assignment]
+    image = "registry.example.com/hello@sha256:" + "0" * 64
+    volume = {
+        "name": "bundle",
+        "csi": {"driver": "csi.rukpak.io", "volumeAttributes": {"image": image}},
+    }
+    with (
+        pytest.raises(standing_worker.Unserved) as refused,
+        worker.content({"spec": {"volumes": [volume]}}),
+    ):
+        pass
+    assert refused.value.message == (
+        'MountVolume.SetUp failed for volume "bundle" : rpc error: code = NotFound desc = '
+        f"the node store could not serve {image}: manifest {image} not found"
+    )
