@@ -417,7 +417,19 @@ def test_the_manager_exports_controller_runtime_metrics_to_an_authorized_scraper
     ):
         assert f"# TYPE {name} {kind}\n" in before, name
     assert 'workqueue_depth{name="rukpak-manager"}' in before
-    assert 'controller_runtime_max_concurrent_reconciles{controller="bundle"} 2.0' in before
+    workers = next(
+        (
+            float(a.split("=", 1)[1])
+            for d in system.documents()
+            if (d["kind"], d["metadata"]["name"]) == ("Deployment", inst.MANAGER)
+            for a in d["spec"]["template"]["spec"]["containers"][0].get("args") or []
+            if a.startswith("--workers=")
+        ),
+        2.0,  # the manager's default
+    )
+    assert (
+        f'controller_runtime_max_concurrent_reconciles{{controller="bundle"}} {workers}' in before
+    )
     assert 'rest_client_requests_total{code="200",host=' in before
 
     def sample(text: str, prefix: str) -> float:
