@@ -1,8 +1,8 @@
 """pytest plugin: RukPak installed on the local cluster from the shipped manifests.
 
-Where it sits: the end-to-end tests of the installed system (``test_e2e_install``,
-``test_e2e_daemonset``, ``test_e2e_instance`` and the manager's e2e tests) take the
-session fixture ``rukpak_system``. It builds and pushes the project's image
+Where it sits: the end-to-end tests of the installed system take the session fixture
+``standing_system`` (the default install) or, where the run pod itself is the subject,
+``rukpak_system``. It builds and pushes the project's image
 (``tests.image_helpers``), writes a kustomize overlay made only of ``deploy/``, the
 shipped components ``kubelet-root`` and ``host-network``, the image and this node's
 values (kubelet root, plugin cache dir, API server address), renders it with the
@@ -18,8 +18,11 @@ the node plugin last, and the test waits until no CSI volume of ours is mounted.
 Tests using ``rukpak_system`` run after every other test of the session
 (``pytest_collection_modifyitems``): the installed DaemonSet owns the kubelet's
 ``csi.rukpak.io`` registration, which the host-process plugin of the other e2e tests
-would otherwise fight over. The installed system runs a pod per change (``run-pods``);
-``standing_system`` switches it to the default install once, for the tests that run last.
+would otherwise fight over. The installed system first runs a pod per change (``run-pods``,
+for ``test_e2e_instance``, the run-pod test of ``test_e2e_runs`` and ``test_e2e_daemonset``);
+``standing_system`` switches it to the default install once, for every test of a behaviour,
+which run last; after each of those, ``_no_pod_per_change`` checks that no pod was started
+in the system namespace for any change the test made.
 
 Enable with ``pytest_plugins = [..., "tests.install_helpers"]``.
 """
