@@ -260,10 +260,12 @@ def move_provisioner(system: inst.RukpakSystem, node: str) -> None:
     only_on(system, node)
     try:
         system.kubectl("delete", "pods", "-n", inst.NAMESPACE, "-l", PROVISIONER, "--wait=false")
+        # and the old one gone: until its kubelet stops it, it is a provisioner like any
+        # other and may take the next run
         eventually(
-            lambda: provisioner_node(system) == node,
+            lambda: provisioner_node(system) == node and len(pods(system, PROVISIONER)) == 1,
             timeout=180,
-            what=f"the standing provisioner Ready on {node}",
+            what=f"the standing provisioner Ready on {node}, the old one gone",
         )
     finally:
         for other in system.cluster.node_names:

@@ -9,6 +9,7 @@ The store volume itself is proven against the real node plugin in
 from __future__ import annotations
 
 import base64
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -211,3 +212,23 @@ def test_content_the_store_refuses_is_named_in_kubelets_failedmount_words(tmp_pa
         'MountVolume.SetUp failed for volume "bundle" : rpc error: code = NotFound desc = '
         f"the node store could not serve {image}: manifest {image} not found"
     )
+
+
+class PatchingKube(FakeKube):
+    def __init__(self) -> None:
+        super().__init__({})
+        self.patched: list[dict[str, Any]] = []
+
+    def merge_patch(self, ref: ObjectRef, patch: dict[str, Any]) -> dict[str, Any]:
+        self.patched.append(patch)
+        return {}
+
+
+def test_a_stopping_provisioner_claims_no_new_run(tmp_path: Path) -> None:
+    worker = standing({}, tmp_path)
+    kube = worker.kube = PatchingKube()  # type: ignore[assignment]
+    worker.stopping = threading.Event()
+    worker.stopping.set()
+    cm = {"metadata": {"name": "run-1", "resourceVersion": "3", "annotations": {}}}
+    assert worker.take(cm) is False
+    assert kube.patched == [], "left Pending for a provisioner that goes on"

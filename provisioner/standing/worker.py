@@ -200,6 +200,8 @@ class Standing:
     def take(self, cm: Obj) -> bool:
         """Claim ``cm`` and run it; False when another worker claimed it first."""
         name = str(meta_of(cm).get("name") or "")
+        if self.stopping.is_set():  # stopping: leave it to a provisioner that goes on
+            return False
         patch = runs.claim_patch(cm, holder=self.identity, node=self.node, now=datetime.now(UTC))
         try:
             self.kube.merge_patch(self._ref(name), patch)
