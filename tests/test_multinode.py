@@ -643,7 +643,12 @@ def test_the_leaders_node_is_lost_and_the_other_replica_takes_over(
         system.kube.create(inst.bundle_deployment(after, ref2))
         eventually(lambda: installed(system, after), timeout=300, what=f"{after} Installed")
         assert inst.greeting(system, after) == "after"
-        assert set(ready_provisioner_nodes(system)) - {lost}, "a provisioner on a node left"
+        # (it takes runs as soon as it starts; Ready follows at its next probe)
+        eventually(
+            lambda: set(ready_provisioner_nodes(system)) - {lost},
+            timeout=60,
+            what="a Ready provisioner on a node that is left",
+        )
         # what was installed before was not applied again
         assert (system.kube.get(settings) or {})["metadata"]["resourceVersion"] == version
         assert installed(system, name)
