@@ -1,8 +1,8 @@
 """pytest plugin: RukPak installed on the local cluster from the shipped manifests.
 
-Where it sits: the end-to-end tests of the installed system (``test_e2e_install``,
-``test_e2e_daemonset``, ``test_e2e_instance`` and the manager's e2e tests) take the
-session fixture ``rukpak_system``. It builds and pushes the project's image
+Where it sits: the end-to-end tests of the installed system take the session fixture
+``standing_system`` (the default install) or, where the run pod itself is the subject,
+``rukpak_system``. It builds and pushes the project's image
 (``tests.image_helpers``), writes a kustomize overlay made only of ``deploy/``, the
 shipped components ``kubelet-root`` and ``host-network``, the image and this node's
 values (kubelet root, plugin cache dir, API server address), renders it with the
@@ -18,8 +18,11 @@ the node plugin last, and the test waits until no CSI volume of ours is mounted.
 Tests using ``rukpak_system`` run after every other test of the session
 (``pytest_collection_modifyitems``): the installed DaemonSet owns the kubelet's
 ``csi.rukpak.io`` registration, which the host-process plugin of the other e2e tests
-would otherwise fight over. The installed system runs a pod per change (``run-pods``);
-``standing_system`` switches it to the default install once, for the tests that run last.
+would otherwise fight over. The installed system first runs a pod per change (``run-pods``,
+for ``test_e2e_instance``, the run-pod test of ``test_e2e_runs`` and ``test_e2e_daemonset``);
+``standing_system`` switches it to the default install once, for every test of a behaviour,
+which run last; after each of those, ``_no_pod_per_change`` checks that no pod was started
+in the system namespace for any change the test made.
 
 Enable with ``pytest_plugins = [..., "tests.install_helpers"]``.
 """
@@ -453,6 +456,64 @@ def standing_system(rukpak_system: RukpakSystem) -> RukpakSystem:
     per change), once for the session: its tests run after every other test of the
     installed system (``tests.conftest``), so nothing switches back."""
     return switch_to_standing(rukpak_system)
+
+
+PROVISIONER = "rukpak-provisioner"
+
+
+def provisioner_log(system: RukpakSystem) -> str:
+    """The standing provisioners' log (every replica's)."""
+    return system.kubectl(
+        "logs", "-n", NAMESPACE, "-l", f"app.kubernetes.io/name={PROVISIONER}",
+        "--tail=-1", "--prefix", timeout=30, check=False,
+    )  # fmt: skip
+
+
+def taken_standing(system: RukpakSystem, run: str) -> bool:
+    """Whether a standing provisioner took run ``run`` (an instance run or a Bundle check
+    named as its pod would have been)."""
+    return f"run={run}" in provisioner_log(system)
+
+
+def pods_scheduled(system: RukpakSystem) -> set[str]:
+    """Pods of the system namespace the scheduler ever placed (its Scheduled events)."""
+    out = system.kubectl(
+        "get", "events", "-n", NAMESPACE, "--field-selector", "reason=Scheduled",
+        "-o", "jsonpath={range .items[*]}{.involvedObject.name}{'\\n'}{end}",
+    )  # fmt: skip
+    return set(out.split())
+
+
+def workload_prefixes(system: RukpakSystem) -> tuple[str, ...]:
+    """Name prefixes of the pods the install itself runs (its Deployments and DaemonSets):
+    any other pod placed in the system namespace was started for a change."""
+    return tuple(
+        f"{d['metadata']['name']}-"
+        for d in system.documents()
+        if d["kind"] in ("Deployment", "DaemonSet")
+    )
+
+
+def pods_for_changes(system: RukpakSystem, before: set[str]) -> list[str]:
+    """Pods placed in the system namespace since ``before`` (``pods_scheduled``) that are
+    none of the install's own: run pods, unpack pods."""
+    prefixes = workload_prefixes(system)
+    return sorted(p for p in pods_scheduled(system) - before if not p.startswith(prefixes))
+
+
+@pytest.fixture(autouse=True)
+def _no_pod_per_change(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test of the default install (``standing_system``) proves, beside what it
+    asserts, that no pod was started for any change it made: runs and Bundle checks are
+    taken by the standing provisioner."""
+    if "standing_system" not in request.fixturenames:
+        yield
+        return
+    system: RukpakSystem = request.getfixturevalue("standing_system")
+    before = pods_scheduled(system)
+    yield
+    started = pods_for_changes(system, before)
+    assert started == [], f"pods were started for a change on the standing install: {started}"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

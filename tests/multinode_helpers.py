@@ -73,7 +73,8 @@ def multinode_system(
     multinode_cluster: LocalCluster, request: pytest.FixtureRequest
 ) -> Iterator[install_helpers.RukpakSystem]:
     """RukPak installed on the multi-node cluster from ``deploy/`` with the kubelet-root
-    component only, the plugin's cache at the same path on every node (each its own)."""
+    component only (the default install: the standing provisioner, no pod per change), the
+    plugin's cache at the same path on every node (each its own)."""
     workdir = Path(tempfile.mkdtemp(prefix="rk-mn-install-"))
     system = install_system(multinode_cluster, workdir, request=request)
     try:
@@ -90,14 +91,15 @@ def install_system(
     cluster: LocalCluster, workdir: Path, *, request: pytest.FixtureRequest | None = None
 ) -> install_helpers.RukpakSystem:
     """Build and push the image, install ``deploy/`` with the kubelet-root component only
-    (and the cluster's plain-HTTP registries), wait for the rollouts."""
+    (the default install: runs taken by the standing provisioner; and the cluster's
+    plain-HTTP registries), wait for the rollouts."""
     ref = f"{cluster.registry_host}/rukpak/rukpak-python:e2e"
     image = image_helpers.build_and_push(ref, request=request, insecure=(cluster.registry_host,))
     return install_helpers.install(
         cluster,
         workdir,
         image,
-        components=("run-pods", "kubelet-root"),
+        components=("kubelet-root",),
         state_dir=machines.common_dir(cluster.workdir) / "rukpak-csi",
         # every registry the tests start lives at the control plane's address
         patches=insecure_registry(cluster.registry_host.rsplit(":", 1)[0]),

@@ -9,6 +9,10 @@ node's CSINode; a pod reads a bundle manifest from an inline volume and, deleted
 no mount behind; the volume is read-only on the node too; deleting the DaemonSet stops
 the plugin through its SIGTERM path, removes its sockets and leaves nothing mounted,
 and re-applying it from the same rendered manifests brings a deleted plugin back.
+
+It stays on ``rukpak_system`` (before the switch to the default install): its subject is
+the node plugin, which it deletes and brings back; on the default install that would cut
+the standing provisioner's store volume under the tests that run after it.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ and reaches the API server on loopback (``in_cluster_env``). The pod succeeds; t
 bundle's objects carry the owner label; the inventory ConfigMap holds the install
 record the pod wrote; the Lease is released. (The manager's own runs are tested
 through BundleDeployments in ``test_e2e_install`` and ``test_e2e_runs``.)
+
+It stays on ``rukpak_system`` (the ``run-pods`` component) because its subject is the run
+pod itself: the pod, its volume and its identity, as the ``run-pods`` install runs them.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """End to end: a bundle of 10,000 objects installs, pivots and deletes with one install record.
 
-On the local cluster with RukPak installed from ``deploy/``: a plain bundle of a
-Namespace and 10,000 ConfigMaps, pushed as an image, installed by one
+On the local cluster with RukPak installed from ``deploy/`` (``standing_system``: the
+standing provisioner applies it; no pod is started for any change, checked after each
+test): a plain bundle of a Namespace and 10,000 ConfigMaps, pushed as an image, installed by one
 BundleDeployment. The install record (``runs.InstallRecord`` on the inventory
 ConfigMap, compressed) names every object and stays far below the 1 MiB object
 limit; a pivot to a bundle where one ConfigMap changed rewrites that one and leaves
@@ -61,9 +62,9 @@ def _installed(system: inst.RukpakSystem, name: str) -> dict[str, str]:
 
 
 def test_ten_thousand_objects_install_pivot_and_delete_with_one_record(
-    rukpak_system: inst.RukpakSystem, tmp_path: Path
+    standing_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
-    system = rukpak_system
+    system = standing_system
     kube = system.kube
     suffix = uuid.uuid4().hex[:6]
     ns, name = f"large-{suffix}", f"large-{suffix}"

@@ -1,5 +1,7 @@
 """End to end: revisions, offline rollback, progress deadlines and dependencies of
-v1alpha2 BundleDeployments on the local kubelet, from the manifests users apply.
+v1alpha2 BundleDeployments on the local kubelet, from the manifests users apply: the
+default install (``standing_system``), every run taken by the standing provisioner and no
+pod started for any change (``install_helpers`` checks that after each test).
 
 Each rollback test pushes its bundles to a registry of its own (a real docker-registry on
 loopback), then stops that registry before going back: the kept revision must come from
@@ -12,7 +14,8 @@ the node cache alone. Checked here:
   ``Progressing`` False (ProgressDeadlineExceeded) and, with ``rollbackOnFailure``, the
   previous revision comes back from the node cache, registry stopped;
 - a git BundleDeployment rolls back through an instance run (the manager restarted)
-  with its git server stopped: the node plugin retains both commits' trees;
+  taken by the standing provisioner, with its git server stopped: the node plugin
+  retains both commits' trees;
 - ``dependsOn``: a chain of three installs in order, each waiting with
   ``DependencyNotReady`` naming what it waits for; a write closing a cycle is refused
   at admission naming its path;
@@ -160,9 +163,9 @@ def delete(system: inst.RukpakSystem, *names: str) -> None:
 
 
 def test_rollback_reinstalls_the_previous_revision_with_the_registry_stopped(
-    rukpak_system: inst.RukpakSystem, own_registry: RegistryServer, tmp_path: Path
+    standing_system: inst.RukpakSystem, own_registry: RegistryServer, tmp_path: Path
 ) -> None:
-    system = rukpak_system
+    system = standing_system
     name = ns = f"rollback-{SUFFIX}"
     install_then_change(system, own_registry, tmp_path, name, ("one", "two"))
     eventually(lambda: ready(system, name, 2), timeout=180, what="revision 2 installed")
@@ -187,6 +190,7 @@ def test_rollback_reinstalls_the_previous_revision_with_the_registry_stopped(
     assert record is not None and record.bundle == kept[0]["name"]
     assert not system.kube.get(ObjectRef("", "v1", "Pod", inst.NAMESPACE, record.by))
     assert not events_about(system, inst.NAMESPACE, record.by), "the run pod existed"
+    assert not inst.taken_standing(system, record.by), "a standing provisioner ran it"
     assert status(system, name)["previousRevision"] == 2
     assert cond(system, name, "Progressing")[1] == "RolledBack"
     # the next spec change ends the rollback; naming revision 2 by digest needs no registry
@@ -210,12 +214,12 @@ def retained_by(system: inst.RukpakSystem, owner: str) -> list[str]:
 
 
 def test_a_git_bundle_rolls_back_through_a_run_with_its_git_server_stopped(
-    rukpak_system: inst.RukpakSystem, tmp_path: Path
+    standing_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
     """The run path of a rollback (a restarted manager kept no objects) for git content:
-    the instance pod's git volume is served from the node cache, which retains both
-    commits' trees for the BundleDeployment."""
-    system = rukpak_system
+    the standing provisioner asks the node store for the commit's tree, served from the node
+    cache, which retains both commits' trees for the BundleDeployment."""
+    system = standing_system
     name, ns = f"git-rollback-{SUFFIX}", f"git-rollback-{SUFFIX}"
     repo = tmp_path / "repos" / "hello.git"
     commits = [make_repo(repo, hello_files(system, tmp_path / "one", ns, "one"))]
@@ -250,14 +254,14 @@ def test_a_git_bundle_rolls_back_through_a_run_with_its_git_server_stopped(
     assert "RevertedWithoutRun" not in events_of(system, name, "RevertedWithoutRun")
     record = install_record(system, name)
     assert record is not None and record.bundle == kept[0]["name"]
-    assert events_about(system, inst.NAMESPACE, record.by), "a run pod installed it"
+    assert inst.taken_standing(system, record.by), "the standing provisioner installed it"
     delete(system, name)
 
 
 def test_a_missed_progress_deadline_rolls_back_from_the_node_cache(
-    rukpak_system: inst.RukpakSystem, own_registry: RegistryServer, tmp_path: Path
+    standing_system: inst.RukpakSystem, own_registry: RegistryServer, tmp_path: Path
 ) -> None:
-    system = rukpak_system
+    system = standing_system
     name = ns = f"deadline-{SUFFIX}"
     install_then_change(
         system,
@@ -290,9 +294,9 @@ def test_a_missed_progress_deadline_rolls_back_from_the_node_cache(
 
 
 def test_depends_on_installs_a_chain_in_order_refuses_a_cycle_and_deletes_in_reverse(
-    rukpak_system: inst.RukpakSystem, tmp_path: Path
+    standing_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
-    system = rukpak_system
+    system = standing_system
     names = [f"chain-{i}-{SUFFIX}" for i in range(3)]
     refs = []
     for index, bd_name in enumerate(names):
@@ -354,9 +358,9 @@ def test_depends_on_installs_a_chain_in_order_refuses_a_cycle_and_deletes_in_rev
 
 
 def test_a_health_check_fails_naming_its_object_then_passes(
-    rukpak_system: inst.RukpakSystem, tmp_path: Path
+    standing_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
-    system = rukpak_system
+    system = standing_system
     name, ns = f"checked-{SUFFIX}", f"checked-{SUFFIX}"
     inst.hello_bundle(tmp_path / "b", namespace=ns, image=system.busybox_image, greeting="one")
     ref = f"{system.registry_host}/lifecycle-{SUFFIX}/checked:v1"
@@ -434,9 +438,9 @@ def secret_reader_bundle(root: Path, ns: str, *, exec_too: bool = False) -> Path
 
 
 def test_a_paused_bundle_granting_secrets_is_previewed_then_approved(
-    rukpak_system: inst.RukpakSystem, tmp_path: Path
+    standing_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
-    system = rukpak_system
+    system = standing_system
     name = ns = f"preview-{SUFFIX}"
     role = ObjectRef("rbac.authorization.k8s.io", "v1", "ClusterRole", "", f"{ns}-secrets")
     refs = []

@@ -1,15 +1,17 @@
 """End to end: the manager's Bundle and BundleDeployment controllers on the local kubelet.
 
-RukPak is installed from ``deploy/`` by the ``rukpak_system`` fixture
-(``tests.install_helpers``): the manager runs as the installed Deployment, unpack
-and instance pods run on the node and mount bundle images through the installed
-CSI plugin. Bundle images are pushed to the cluster's registry. Checked here:
+RukPak is installed from ``deploy/`` as users install it (the ``standing_system``
+fixture, ``tests.install_helpers``): the manager runs as the installed Deployment, and
+every Bundle check and instance run is taken by the standing provisioner, which reads
+bundle images through the installed CSI plugin's store volume; no pod is started for any
+change (checked after each test). Bundle images are pushed to the cluster's registry.
+Checked here:
 
 - standalone Bundles: another provisioner class keeps an empty status; a missing
   tag stays Pending naming the reference; a missing digest stays Pending with
   the node plugin's FailedMount answer; no ``manifests/``, an empty one and one
   with a subdirectory each reach upstream's exact message; a valid bundle
-  becomes Unpacked and no unpack pod remains;
+  becomes Unpacked, checked by the standing provisioner;
 - a BundleDeployment: installed (activeBundle, upstream's messages), pivoted
   on a template change while the leading manager pod is killed (the other replica
   finishes it; the old Bundle deleted once the new one is installed),
@@ -64,11 +66,11 @@ def push(system: inst.RukpakSystem, tag: str, entries: list[csi_helpers.Entry]) 
 
 
 @pytest.fixture(scope="module")
-def system(rukpak_system: inst.RukpakSystem) -> Iterator[inst.RukpakSystem]:
-    yield rukpak_system
-    for name in rukpak_system.kubectl("get", "bundles", "-o", "name", check=False).split():
+def system(standing_system: inst.RukpakSystem) -> Iterator[inst.RukpakSystem]:
+    yield standing_system
+    for name in standing_system.kubectl("get", "bundles", "-o", "name", check=False).split():
         if SUFFIX in name:
-            rukpak_system.kubectl("delete", name, "--wait=false", check=False)
+            standing_system.kubectl("delete", name, "--wait=false", check=False)
 
 
 # -- standalone Bundles ---------------------------------------------------------------------
@@ -97,11 +99,10 @@ def test_an_invalid_bundle_fails_with_upstreams_message(
     name = f"bad-{uuid.uuid4().hex[:6]}-{SUFFIX}"
     system.kube.create(bundle_doc(name, push(system, name, entries)))
     assert final(system, name) == ("Failing", "UnpackFailed", message)
-    pod = ObjectRef("", "v1", "Pod", inst.NAMESPACE, name)
-    eventually(lambda: system.kube.get(pod) is None, timeout=60, what="the unpack pod gone")
+    assert inst.taken_standing(system, name), "the check did not run standing"
 
 
-def test_a_valid_bundle_is_unpacked_by_a_pod_on_the_node(
+def test_a_valid_bundle_is_checked_by_the_standing_provisioner_on_the_node(
     system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
     name = f"hello-{SUFFIX}"
@@ -116,8 +117,7 @@ def test_a_valid_bundle_is_unpacked_by_a_pod_on_the_node(
     assert message.startswith("Successfully unpacked the image Bundle: ")
     live = system.kube.get(actuate.bundle_ref(name)) or {}
     assert "@sha256:" in live["status"]["resolvedSource"]["image"]["ref"]
-    pod = ObjectRef("", "v1", "Pod", inst.NAMESPACE, name)
-    eventually(lambda: system.kube.get(pod) is None, timeout=60, what="the unpack pod gone")
+    assert inst.taken_standing(system, name), "the check did not run standing"
 
 
 def test_a_bundle_of_another_class_keeps_an_empty_status(system: inst.RukpakSystem) -> None:

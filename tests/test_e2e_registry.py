@@ -1,13 +1,14 @@
 """End to end: a registry+v1 operator bundle (provisioner class core-rukpak-io-registry).
 
-RukPak is installed from ``deploy/`` by the ``rukpak_system`` fixture
-(``tests.install_helpers``). The operator bundle is F's fixture
+RukPak is installed from ``deploy/`` as users install it (the ``standing_system``
+fixture, ``tests.install_helpers``): the standing provisioner takes every run and
+no pod is started for any change (checked after each test). The operator bundle is F's fixture
 ``tests/data/registry-v1/cache-operator`` (three CRDs, a CSV with cluster
 permissions and three Deployments), copied and given the cluster's busybox image so
 its Deployments can become Available on the local kubelet, then pushed with
 ``rukpak bundle build --push`` (which packs ``metadata/`` too). Checked: a standalone
-Bundle of the registry class is Unpacked by an unpack pod running the registry+v1
-loader; a BundleDeployment of that class is Installed, the CRDs exist and the
+Bundle of the registry class is Unpacked by the standing provisioner running the
+registry+v1 loader; a BundleDeployment of that class is Installed, the CRDs exist and the
 operator's Deployments become Available; deleting it removes them.
 """
 
@@ -68,11 +69,13 @@ def registry_bd(name: str, ref: str) -> Obj:
 
 
 @pytest.fixture(scope="module")
-def operator_ref(rukpak_system: inst.RukpakSystem, tmp_path_factory: pytest.TempPathFactory) -> str:
+def operator_ref(
+    standing_system: inst.RukpakSystem, tmp_path_factory: pytest.TempPathFactory
+) -> str:
     root = runnable_operator(
-        tmp_path_factory.mktemp("registry") / "cache-operator", rukpak_system.busybox_image
+        tmp_path_factory.mktemp("registry") / "cache-operator", standing_system.busybox_image
     )
-    ref = f"{rukpak_system.registry_host}/e2e-registry-{SUFFIX}/cache-operator:v0.1.0"
+    ref = f"{standing_system.registry_host}/e2e-registry-{SUFFIX}/cache-operator:v0.1.0"
     e2e.push_bundle(root, ref)
     return ref
 
@@ -83,10 +86,10 @@ def _cond(obj: Obj | None, kind: str) -> tuple[str, str, str]:
 
 
 def test_a_registry_bundle_is_unpacked_with_the_registry_v1_loader(
-    rukpak_system: inst.RukpakSystem, operator_ref: str
+    standing_system: inst.RukpakSystem, operator_ref: str
 ) -> None:
     name = f"cache-operator-{SUFFIX}"
-    kube = rukpak_system.kube
+    kube = standing_system.kube
     kube.create(bundle_doc(name, operator_ref, cls=model.REGISTRY_CLASS))
     try:
         phase = eventually(
@@ -115,10 +118,10 @@ def test_a_registry_bundle_is_unpacked_with_the_registry_v1_loader(
 
 
 def test_a_registry_bundledeployment_installs_the_operator_and_uninstalls_it(
-    rukpak_system: inst.RukpakSystem, operator_ref: str
+    standing_system: inst.RukpakSystem, operator_ref: str
 ) -> None:
     name = f"cache-op-{SUFFIX}"
-    kube = rukpak_system.kube
+    kube = standing_system.kube
     kube.create(registry_bd(name, operator_ref))
 
     def installed() -> Obj | None:

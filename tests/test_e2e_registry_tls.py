@@ -1,13 +1,15 @@
 """End to end: a v1alpha2 BundleDeployment whose image is on a registry with a private CA
 installs through the local kubelet when its source gives the CA as ``certificateData``.
 
-RukPak is installed from ``deploy/`` (``rukpak_system``); the registry is a
+RukPak is installed from ``deploy/`` (``standing_system``: the standing provisioner
+takes every run, no pod is started for any change (checked after each test)); the registry is a
 docker-registry serving HTTPS on the host's loopback with a certificate signed by a CA
 this test makes, reachable from the manager and the node plugin (both run with
 hostNetwork here). certificateData that is not PEM is a condition naming the field; with
 another CA's certificate the condition names the registry and
-"unknown authority"; with the right one the manager pins the tag, the instance pod's
-volume carries the CA to the node plugin, and the bundle installs.
+"unknown authority"; with the right one the manager pins the tag, the run's
+volume (asked of the store volume by the standing provisioner) carries the CA to the node
+plugin, and the bundle installs.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ SUFFIX = uuid.uuid4().hex[:6]
 
 
 def test_a_bundledeployment_with_certificate_data_installs_from_a_private_ca_registry(
-    rukpak_system: inst.RukpakSystem, tmp_path: Path
+    standing_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
-    system = rukpak_system
+    system = standing_system
     name = ns = f"tls-{SUFFIX}"
     ca, other_ca = tls_helpers.make_ca(), tls_helpers.make_ca("another-ca")
     serving = tls_helpers.issue(ca, tmp_path / "pki", "registry")

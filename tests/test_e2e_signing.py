@@ -1,8 +1,11 @@
 """End to end: signed bundles on the local kubelet, RukPak installed from ``deploy/``.
 
 A ClusterBundlePolicy whose key lives in a Secret of the system namespace selects one
-repository of the test registry. Checked here, with the DaemonSet and the manager as
-users install them:
+repository of the test registry. Checked here, with the DaemonSet, the manager and the
+standing provisioner as users install them (``standing_system``: the standing provisioner
+asks the store volume for each run's content, which the node plugin checks against the
+policies as it checks a pod's volume; no pod is started for any change, checked after each
+test):
 
 - the manager says the policy is Valid, and says what is wrong with one whose Secret is
   missing (``kubectl get clusterbundlepolicies`` shows both);
@@ -111,9 +114,9 @@ def signature_refusal(read: Callable[[], dict[str, Any] | None], condition: str)
 
 
 @pytest.fixture(scope="module")
-def signed(rukpak_system: inst.RukpakSystem, core: client.CoreV1Api) -> Iterator[Signed]:
+def signed(standing_system: inst.RukpakSystem, core: client.CoreV1Api) -> Iterator[Signed]:
     """The policy (enforce, key in a Secret) in force: Valid, and loaded by the plugin."""
-    system = rukpak_system
+    system = standing_system
     key = ec.generate_private_key(ec.SECP256R1())
     repo = f"{system.registry_host}/e2e-signed-{SUFFIX}"
     core.create_namespaced_secret(
@@ -154,9 +157,9 @@ def namespace(core: client.CoreV1Api) -> Iterator[str]:
 
 
 def test_the_manager_says_which_policies_are_valid(
-    signed: Signed, rukpak_system: inst.RukpakSystem
+    signed: Signed, standing_system: inst.RukpakSystem
 ) -> None:
-    system = rukpak_system
+    system = standing_system
     assert valid(system, POLICY) == (
         "True",
         "Valid",
@@ -271,9 +274,9 @@ def test_a_bundle_signed_with_cosign_mounts(
 
 
 def test_a_bundledeployment_of_an_unsigned_image_fails_to_unpack_until_it_is_signed(
-    signed: Signed, rukpak_system: inst.RukpakSystem, tmp_path: Path
+    signed: Signed, standing_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
-    system = rukpak_system
+    system = standing_system
     name, ref = signed.deploy_unsigned(tmp_path, "v2", inst.bd_v2)
     unpacked = signature_refusal(lambda: inst.live_v2(system, name), "Unpacked")
     assert unpacked["status"] == "False"
@@ -301,9 +304,9 @@ def test_a_bundledeployment_of_an_unsigned_image_fails_to_unpack_until_it_is_sig
 
 
 def test_a_v1alpha1_bundledeployment_says_its_bundle_is_not_valid(
-    signed: Signed, rukpak_system: inst.RukpakSystem, tmp_path: Path
+    signed: Signed, standing_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
-    system = rukpak_system
+    system = standing_system
     name, _ = signed.deploy_unsigned(tmp_path, "v1", bundles.bundle_deployment)
     bd = ObjectRef(model.GROUP, model.VERSION, model.BUNDLE_DEPLOYMENT, "", name)
     found = signature_refusal(lambda: system.kube.get(bd), "HasValidBundle")

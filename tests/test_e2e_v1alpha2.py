@@ -1,11 +1,14 @@
 """End to end: v1alpha2 BundleDeployments (content named inline, no Bundles) on the local
 kubelet, beside v1alpha1 ones, from the manifests users apply.
 
-RukPak is installed from ``deploy/`` (``rukpak_system``): the manager serves the
-conversion webhook and plans each object in the version it was created in. Checked here:
+RukPak is installed from ``deploy/`` as users install it (``standing_system``): the
+manager serves the conversion webhook and plans each object in the version it was created
+in; the standing provisioner takes every run and no pod is started for any change
+(checked after each test). Checked here:
 
 - a v1alpha2 BundleDeployment with an image tag is pinned by digest, installed by an
-  instance run that mounts the pinned image (Unpacked, HasValidBundle, Installed,
+  instance run the standing provisioner takes, reading the pinned image from the store
+  volume (Unpacked, HasValidBundle, Installed,
   Healthy in upstream's words), has no Bundle objects, reads as v1alpha1 through the
   manager's conversion, and deleting it removes what it installed;
 - ``requireImmutableRefs`` refuses a tag before anything is fetched;
@@ -89,9 +92,9 @@ def install_hello(
 
 
 def test_a_v1alpha2_bundledeployment_installs_without_bundles_and_uninstalls(
-    rukpak_system: inst.RukpakSystem, tmp_path: Path
+    standing_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
-    system = rukpak_system
+    system = standing_system
     name, ref, revision = install_hello(system, tmp_path / "b", "inline", "inline")
     ns = name
     assert revision.startswith(f"{name}-")
@@ -114,9 +117,9 @@ def test_a_v1alpha2_bundledeployment_installs_without_bundles_and_uninstalls(
 
 
 def test_require_immutable_refs_refuses_a_tag_before_fetching(
-    rukpak_system: inst.RukpakSystem,
+    standing_system: inst.RukpakSystem,
 ) -> None:
-    system = rukpak_system
+    system = standing_system
     name = f"immutable-{SUFFIX}"
     ref = f"{system.registry_host}/e2e-v2-{SUFFIX}/never:v1"
     system.kube.create(bd_v2(name, ref, requireImmutableRefs=True))
@@ -133,12 +136,12 @@ def test_require_immutable_refs_refuses_a_tag_before_fetching(
 
 
 def test_broken_v1alpha2_bundles_fail_in_upstream_v0_24s_words(
-    rukpak_system: inst.RukpakSystem,
+    standing_system: inst.RukpakSystem,
 ) -> None:
     """Upstream v0.24's suite: a tag that does not exist is an ``Unpacked`` condition naming
     the image descriptor; a bundle without ``manifests/``, an empty one and one with a
     subdirectory are Installed=False InstallFailed in the plain provisioner's words."""
-    system = rukpak_system
+    system = standing_system
     host, repo = system.registry_host, f"e2e-v2-{SUFFIX}"
     images: dict[str, list[csi_helpers.Entry]] = {
         "no-manifests": [("README", "file", "no manifests here")],
@@ -189,9 +192,9 @@ def test_broken_v1alpha2_bundles_fail_in_upstream_v0_24s_words(
 
 
 def test_poll_interval_follows_a_tag_and_without_it_the_pin_holds(
-    rukpak_system: inst.RukpakSystem, tmp_path: Path
+    standing_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
-    system = rukpak_system
+    system = standing_system
     polled, fixed = f"polled-{SUFFIX}", f"fixed-{SUFFIX}"
     ns_polled, ns_fixed = f"polled-{SUFFIX}", f"fixed-{SUFFIX}"
     ref_polled = push_hello(system, tmp_path / "p1", "polled", "live", ns_polled, "one")
@@ -214,9 +217,9 @@ def test_poll_interval_follows_a_tag_and_without_it_the_pin_holds(
 
 
 def test_a_paused_bundledeployment_applies_nothing_and_previews(
-    rukpak_system: inst.RukpakSystem, tmp_path: Path
+    standing_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
-    system = rukpak_system
+    system = standing_system
     paused, after = f"paused-{SUFFIX}", f"after-{SUFFIX}"
     ns = f"paused-{SUFFIX}"
     ref = push_hello(system, tmp_path / "b", "paused", "v1", ns, "p")
@@ -265,9 +268,9 @@ def create_of_sources(system: inst.RukpakSystem, name: str, sources: dict[str, s
 
 
 def test_several_sources_each_mount_at_their_destination_and_install_together(
-    rukpak_system: inst.RukpakSystem, tmp_path: Path
+    standing_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
-    system = rukpak_system
+    system = standing_system
     name = ns = f"multi-{SUFFIX}"
     create_of_sources(system, name, push_split_hello(system, tmp_path, ns, "multi"))
     eventually(lambda: installed(system, name), timeout=180, what="Installed")
@@ -282,9 +285,9 @@ def test_several_sources_each_mount_at_their_destination_and_install_together(
 
 
 def test_two_sources_with_the_same_object_fail_naming_both(
-    rukpak_system: inst.RukpakSystem, tmp_path: Path
+    standing_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
-    system = rukpak_system
+    system = standing_system
     name = ns = f"clash-{SUFFIX}"
     config = push_split_hello(system, tmp_path, ns, "clash")["config"]
     create_of_sources(system, name, {"one": config, "two": config})
@@ -334,9 +337,9 @@ def tokens_of(system: inst.RukpakSystem, namespace: str, role: str, binding: str
 
 
 def test_content_url_serves_the_bundle_to_a_bundle_reader_only(
-    rukpak_system: inst.RukpakSystem, tmp_path: Path
+    standing_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
-    system = rukpak_system
+    system = standing_system
     name, ref, _ = install_hello(system, tmp_path / "b", "content", "content")
     url = str((live(system, name).get("status") or {}).get("contentURL") or "")
     assert url == f"https://127.0.0.1:9443/bundles/{name}.tgz"
@@ -371,10 +374,10 @@ def test_content_url_serves_the_bundle_to_a_bundle_reader_only(
 
 
 def test_the_manager_exports_controller_runtime_metrics_to_an_authorized_scraper(
-    rukpak_system: inst.RukpakSystem, tmp_path: Path
+    standing_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
     """Both replicas answer on the node's port 9443; the leader's figures move with work."""
-    system = rukpak_system
+    system = standing_system
     ca = webhook_ca(system)
     tokens = tokens_of(system, f"scrapers-{SUFFIX}", "rukpak-metrics-reader", f"metrics-{SUFFIX}")
     token = tokens["allowed"]
@@ -414,7 +417,19 @@ def test_the_manager_exports_controller_runtime_metrics_to_an_authorized_scraper
     ):
         assert f"# TYPE {name} {kind}\n" in before, name
     assert 'workqueue_depth{name="rukpak-manager"}' in before
-    assert 'controller_runtime_max_concurrent_reconciles{controller="bundle"} 2.0' in before
+    workers = next(
+        (
+            float(a.split("=", 1)[1])
+            for d in system.documents()
+            if (d["kind"], d["metadata"]["name"]) == ("Deployment", inst.MANAGER)
+            for a in d["spec"]["template"]["spec"]["containers"][0].get("args") or []
+            if a.startswith("--workers=")
+        ),
+        2.0,  # the manager's default
+    )
+    assert (
+        f'controller_runtime_max_concurrent_reconciles{{controller="bundle"}} {workers}' in before
+    )
     assert 'rest_client_requests_total{code="200",host=' in before
 
     def sample(text: str, prefix: str) -> float:
@@ -471,12 +486,12 @@ def test_the_manager_exports_controller_runtime_metrics_to_an_authorized_scraper
 
 
 def test_a_private_image_installs_with_the_pull_secret_its_source_names(
-    rukpak_system: inst.RukpakSystem, tmp_path: Path
+    standing_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
     """``spec.source.image.pullSecret`` (upstream's field): the manager pins the tag with
     the Secret's login, and the instance's volume presents it to the node plugin; without
     it the registry's refusal is the condition's message."""
-    system = rukpak_system
+    system = standing_system
     name = ns = f"private-{SUFFIX}"
     registry = RegistryServer.start(tmp_path / "registry", auth="htpasswd")
     secret_name = f"pull-{SUFFIX}"

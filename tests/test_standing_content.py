@@ -9,6 +9,7 @@ The store volume itself is proven against the real node plugin in
 from __future__ import annotations
 
 import base64
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -187,3 +188,47 @@ def test_a_source_mounted_outside_the_bundle_directory_is_refused(tmp_path: Path
         worker.content(pod),
     ):
         pass
+
+
+class RefusingStore:
+    def fetch_volume(self, attributes: dict[str, str], secrets: dict[str, str]) -> Path:
+        raise errors.NotFound(f"manifest {attributes['image']} not found")
+
+
+def test_content_the_store_refuses_is_named_in_kubelets_failedmount_words(tmp_path: Path) -> None:
+    worker = standing({}, tmp_path)
+    worker.store = RefusingStore()  # type: ignore[assignment]
+    image = "registry.example.com/hello@sha256:" + "0" * 64
+    volume = {
+        "name": "bundle",
+        "csi": {"driver": "csi.rukpak.io", "volumeAttributes": {"image": image}},
+    }
+    with (
+        pytest.raises(standing_worker.Unserved) as refused,
+        worker.content({"spec": {"volumes": [volume]}}),
+    ):
+        pass
+    assert refused.value.message == (
+        'MountVolume.SetUp failed for volume "bundle" : rpc error: code = NotFound desc = '
+        f"the node store could not serve {image}: manifest {image} not found"
+    )
+
+
+class PatchingKube(FakeKube):
+    def __init__(self) -> None:
+        super().__init__({})
+        self.patched: list[dict[str, Any]] = []
+
+    def merge_patch(self, ref: ObjectRef, patch: dict[str, Any]) -> dict[str, Any]:
+        self.patched.append(patch)
+        return {}
+
+
+def test_a_stopping_provisioner_claims_no_new_run(tmp_path: Path) -> None:
+    worker = standing({}, tmp_path)
+    kube = worker.kube = PatchingKube()  # type: ignore[assignment]
+    worker.stopping = threading.Event()
+    worker.stopping.set()
+    cm = {"metadata": {"name": "run-1", "resourceVersion": "3", "annotations": {}}}
+    assert worker.take(cm) is False
+    assert kube.patched == [], "left Pending for a provisioner that goes on"

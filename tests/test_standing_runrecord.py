@@ -275,3 +275,28 @@ def test_the_run_view_decodes_each_version_of_a_run_configmap_once() -> None:
     }
     view = runrecord.RunView(Cache(), Cache(claimed))
     assert runs.phase(view.items()[0]) == "Running"  # a new version is decoded again
+
+
+def test_a_check_whose_content_was_not_served_waits_with_the_mount_failure_then_is_retried() -> (
+    None
+):
+    cm = runrecord.from_pod(run_pod())
+    cm["metadata"]["resourceVersion"] = "7"
+    claimed = merged(cm, runrecord.claim_patch(cm, holder="standing-0", node="n1", now=NOW))
+    said = runrecord.mount_message("bundle", "NOT_FOUND", "the node store could not serve x")
+    assert said == (
+        'MountVolume.SetUp failed for volume "bundle" : '
+        "rpc error: code = NotFound desc = the node store could not serve x"
+    )
+    back = merged(claimed, runrecord.mount_failed_patch(said, now=NOW))
+    seen = runrecord.as_pod(back)
+    assert runs.phase(seen) == "Pending" and runrecord.mount_failure(seen) == said
+    # not taken again at once (no hot loop over content that is not there), but later
+    assert not runrecord.claimable(back, NOW + timedelta(seconds=1))
+    assert runrecord.claimable(back, NOW + timedelta(seconds=runrecord.MOUNT_RETRY + 1))
+    # taken again: no longer waiting on its content; given back: the old answer is gone
+    again = merged(back, runrecord.claim_patch(back, holder="s-1", node="n2", now=NOW))
+    assert runrecord.mount_failure(runrecord.as_pod(again)) == ""
+    released = merged(again, runrecord.release_patch())
+    assert runrecord.MOUNT_FAILED not in released["metadata"]["annotations"]
+    assert runrecord.claimable(released, NOW)

@@ -1,9 +1,10 @@
 """End to end: upstream RukPak v0.16's behaviours and words, on the installed system.
 
-RukPak is installed from ``deploy/`` by the ``rukpak_system`` fixture
+RukPak is installed from ``deploy/`` by the ``standing_system`` fixture
 (``tests.install_helpers``): the manager, its webhook registered by the shipped
-ValidatingWebhookConfiguration, the node plugin and the instance runs on the local
-kubelet. Each test plays one case of upstream's e2e suite (``test/e2e/
+ValidatingWebhookConfiguration, the node plugin and the standing provisioner taking
+every run on the local kubelet (no pod is started for any change, checked after each
+test). Each test plays one case of upstream's e2e suite (``test/e2e/
 plain_provisioner_test.go``, ``crdvalidator_test.go``) and checks what upstream checks:
 
 - a BundleDeployment targeting a Bundle whose kinds the cluster does not serve projects a
@@ -76,11 +77,11 @@ def _owned_crds(system: inst.RukpakSystem, name: str) -> list[str]:
 
 
 def test_a_bundledeployment_targeting_an_invalid_bundle_projects_a_failed_installation(
-    rukpak_system: inst.RukpakSystem, tmp_path: Path
+    standing_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
     """Upstream's "a BundleDeployment targets an invalid Bundle" (plain-v0:invalid-missing-crds):
     the OLM kinds are not served."""
-    system = rukpak_system
+    system = standing_system
     ns = f"olm-{SUFFIX}"
     olm = [
         ("operators.coreos.com/v1alpha1", "CatalogSource"),
@@ -121,11 +122,11 @@ def test_a_bundledeployment_targeting_an_invalid_bundle_projects_a_failed_instal
 
 
 def test_a_bundledeployment_whose_bundle_fails_unpacking_has_no_valid_bundle(
-    rukpak_system: inst.RukpakSystem,
+    standing_system: inst.RukpakSystem,
 ) -> None:
     """Upstream's invalid configMaps bundle (a ``.gitignore`` among the manifests) behind a
     BundleDeployment: ``HasValidBundle`` False, UnpackFailed, in upstream's words."""
-    system = rukpak_system
+    system = standing_system
     cm_name = f"invalid-{SUFFIX}"
     system.kube.create(
         {
@@ -190,9 +191,9 @@ def _patch_versions(
 
 
 def test_a_crd_update_breaking_existing_resources_is_denied_in_upstreams_words(
-    rukpak_system: inst.RukpakSystem, tmp_path: Path
+    standing_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
-    system = rukpak_system
+    system = standing_system
     group = f"deny{SUFFIX}.example.com"
     ns = f"deny-{SUFFIX}"
     ref, crd = _widgets_bundle(system, tmp_path, group, ns)
@@ -241,11 +242,11 @@ def test_a_crd_update_breaking_existing_resources_is_denied_in_upstreams_words(
 
 @pytest.mark.parametrize("policy", ["Delete", "Orphan"])
 def test_a_deleted_bundledeployment_leaves_no_crd_and_is_not_found(
-    rukpak_system: inst.RukpakSystem, tmp_path: Path, policy: str
+    standing_system: inst.RukpakSystem, tmp_path: Path, policy: str
 ) -> None:
     """Upstream's "a BundleDeployment has been deleted": the CRDs labelled as its own are
     eventually gone, and at that moment the BundleDeployment is NotFound."""
-    system = rukpak_system
+    system = standing_system
     group = f"{policy.lower()}{SUFFIX}.example.com"
     ns = f"{policy.lower()}-{SUFFIX}"
     ref, crd = _widgets_bundle(system, tmp_path, group, ns)
@@ -278,11 +279,11 @@ CSV_FILE = "manifests/cache-operator.clusterserviceversion.yaml"
 
 
 def test_a_registry_bundle_without_all_namespaces_fails_in_upstreams_words(
-    rukpak_system: inst.RukpakSystem, tmp_path: Path
+    standing_system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
     """Upstream v0.16's registry provisioner suite: the conversion's reason right after its
     prefix; where (the CSV, its document and line) follows."""
-    system = rukpak_system
+    system = standing_system
     root = tmp_path / "cache-operator"
     shutil.copytree(REGISTRY_FIXTURE, root)
     csv = yaml.safe_load((root / CSV_FILE).read_text())

@@ -41,6 +41,14 @@ NODE = "core.rukpak.io/run-node"
 HOLDER = "core.rukpak.io/run-holder"
 RENEWED = "core.rukpak.io/run-renewed"
 FINISHED = "core.rukpak.io/run-finished-at"
+MOUNT_FAILED = "core.rukpak.io/run-mount-failed"
+"""On a Pending Bundle check whose content the node store could not serve: what the store
+said, in the words of the FailedMount event kubelet records for a pod's volume."""
+RETRY_AFTER = "core.rukpak.io/run-retry-after"
+"""Before this time no worker takes the run again (a check whose content was not served)."""
+MOUNT_RETRY = 10.0
+"""Seconds before a check whose content was not served is tried again (the standing
+provisioner's sweep offers it within ``CLAIM_TTL / 2`` after that)."""
 POD_KEY = "pod"
 MESSAGE_KEY = "message"
 VIEW_CACHE = 1024
@@ -222,15 +230,48 @@ def claimable(cm: Obj, now: datetime) -> bool:
     if meta_of(cm).get("deletionTimestamp"):
         return False
     if state == "Pending":
-        return True
+        retry = _parse((meta_of(cm).get("annotations") or {}).get(RETRY_AFTER, ""))
+        return retry is None or now >= retry
     if state != "Running":
         return False
-    renewed = (meta_of(cm).get("annotations") or {}).get(RENEWED, "")
+    at = _parse((meta_of(cm).get("annotations") or {}).get(RENEWED, ""))
+    return at is None or (now - at).total_seconds() > CLAIM_TTL
+
+
+def _parse(text: str) -> datetime | None:
     try:
-        at = datetime.strptime(renewed, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
     except ValueError:
-        return True
-    return (now - at).total_seconds() > CLAIM_TTL
+        return None
+
+
+def mount_message(volume: str, code: str, message: str) -> str:
+    """A FailedMount event's message as kubelet writes it for ``volume``, from an error's
+    gRPC ``code`` (``NOT_FOUND``) and message."""
+    name = "".join(part.title() for part in code.split("_"))
+    return (
+        f'MountVolume.SetUp failed for volume "{volume}" : '
+        f"rpc error: code = {name} desc = {message}"
+    )
+
+
+def mount_failed_patch(message: str, *, now: datetime) -> Obj:
+    """The merge patch that gives a claimed Bundle check back because its content could not
+    be served: ``Pending`` with the store's answer (``MOUNT_FAILED``), not taken again
+    before ``MOUNT_RETRY`` seconds, as kubelet retries a volume that failed to mount."""
+    retry = datetime.fromtimestamp(now.timestamp() + MOUNT_RETRY, UTC)
+    patch = release_patch()
+    patch["metadata"]["annotations"] |= {MOUNT_FAILED: message, RETRY_AFTER: now_text(retry)}
+    return patch
+
+
+def mount_failure(pod: Obj) -> str:
+    """The store's answer on a run's pod view (``as_pod``) whose content was not served
+    ("" for a pod, or a run that is not waiting for its content)."""
+    annotations = meta_of(pod).get("annotations") or {}
+    if (pod.get("status") or {}).get("phase") != "Pending":
+        return ""
+    return str(annotations.get(MOUNT_FAILED) or "")
 
 
 def claim_patch(cm: Obj, *, holder: str, node: str, now: datetime) -> Obj:
@@ -255,7 +296,14 @@ def release_patch() -> Obj:
     expiry."""
     return {
         "metadata": {
-            "annotations": {PHASE: "Pending", HOLDER: None, NODE: None, RENEWED: None},
+            "annotations": {
+                PHASE: "Pending",
+                HOLDER: None,
+                NODE: None,
+                RENEWED: None,
+                MOUNT_FAILED: None,
+                RETRY_AFTER: None,
+            },
         }
     }
 

@@ -579,6 +579,8 @@ class Controller(Reconciler):
                 ):
                     when = str(event.get("lastTimestamp") or event.get("eventTime") or "")
                     failures.append((when, str(event.get("message") or "")))
+            if served := runrecord.mount_failure(pod):  # a run the store could not serve
+                failures.append(("~", served))
         return bundle, bundleplan.Observed(
             pod=pod,
             mount_failures=tuple(m for _, m in sorted(failures)),

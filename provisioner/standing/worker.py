@@ -54,6 +54,12 @@ from rukpak.sources.storeprotocol import SOCKET_NAME
 
 log = logging.getLogger("rukpak.standing")
 
+
+class Unserved(errors.Unavailable):
+    """The node store could not serve a run's content volume; the message is the
+    FailedMount message kubelet would record for a pod's volume."""
+
+
 UNFINISHED = "\0unfinished"
 """What ``execute`` says of a run whose instance stopped before installing anything."""
 DEFAULT_CONCURRENCY = 8
@@ -194,6 +200,8 @@ class Standing:
     def take(self, cm: Obj) -> bool:
         """Claim ``cm`` and run it; False when another worker claimed it first."""
         name = str(meta_of(cm).get("name") or "")
+        if self.stopping.is_set():  # stopping: leave it to a provisioner that goes on
+            return False
         patch = runs.claim_patch(cm, holder=self.identity, node=self.node, now=datetime.now(UTC))
         try:
             self.kube.merge_patch(self._ref(name), patch)
@@ -204,6 +212,14 @@ class Standing:
         renewer.start()
         try:
             succeeded, message = self.execute(name, runs.pod_of(cm))
+        except Unserved as exc:
+            # a Bundle's check whose content the store could not serve waits, as its pod
+            # would wait on its volume: Pending with the store's answer, tried again later
+            log.info(process.kv("content not served", run=name, error=exc.message))
+            with contextlib.suppress(errors.NotFound):
+                patch = runs.mount_failed_patch(exc.message, now=datetime.now(UTC))
+                self.kube.merge_patch(self._ref(name), patch)
+            return True
         finally:
             done.set()
         if succeeded and message == UNFINISHED:
@@ -235,6 +251,8 @@ class Standing:
                 rules = process.ignore_rules(str(getattr(args, "ignore", "") or ""))
                 content = stack.enter_context(self.content(pod, str(args.bundle_dir)))
             except errors.RukpakError as exc:
+                if args.command == "unpack" and isinstance(exc, Unserved):
+                    raise
                 return False, exc.message
             if args.command == "unpack":  # a Bundle's check: no API access, only the content
                 result = unpack.validate(content, format=args.format)
@@ -335,7 +353,9 @@ class Standing:
             try:
                 path = self.store.fetch_volume(attributes, secrets)
             except errors.RukpakError as exc:
-                raise type(exc)(f"the node store could not serve {what}: {exc.message}") from None
+                said = f"the node store could not serve {what}: {exc.message}"
+                volume_name = str(volume.get("name") or "bundle")
+                raise Unserved(runs.mount_message(volume_name, exc.code, said)) from None
             yield path
             return
         items = runs.configmap_items(volume)
