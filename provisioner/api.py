@@ -71,11 +71,11 @@ from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import FIELD_MANAGER, OWNER_LABEL, Obj, ObjectRef
 from provisioner.engine.preview.diff import Change
 from provisioner.engine.preview.diff import plan as diff
-from provisioner.manager import actions
+from provisioner.manager.acting.events import record as record_event
 from provisioner.manager.conversion import origin as created_in
 from provisioner.manager.conversion import to_v1alpha2 as as_v1alpha2
-from provisioner.manager.events import record as record_event
-from provisioner.manager.generate import desired_bundle
+from provisioner.manager.planning import actions
+from provisioner.manager.planning.generate import desired_bundle
 from provisioner.runtime.leader import lead
 from provisioner.runtime.lease import LeaseLock
 from provisioner.runtime.queue import WorkQueue

@@ -4,7 +4,7 @@ Where it sits: the cluster tests that need our CRDs served (``test_manager_crds`
 ``test_manager_controller``, ``test_source_configmaps``, ``test_conversion``) call
 ``install_crds`` from a module fixture. The BundleDeployment CRD converts between
 v1alpha1 and v1alpha2 through a webhook; where no manager runs, ``install_crds`` serves
-the manager's own webhook (``provisioner.manager.webhook.Server``) in this process on a
+the manager's own webhook (``provisioner.manager.serving.webhook.Server``) in this process on a
 loopback port and points the CRD at it (as ``deploy/components/host-network`` points it
 at the manager's). The server is stopped when the test process exits.
 """
@@ -21,7 +21,8 @@ import yaml
 
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
-from provisioner.manager import certs, model, webhook
+from provisioner.manager import model
+from provisioner.manager.serving import certs, webhook
 from tests.polling import eventually
 
 _lock = threading.Lock()

@@ -21,7 +21,9 @@ from provisioner.engine.apply import appliedrecord, apply, inventory
 from provisioner.engine.bundle import formats
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.manager import actuate, controller, model, runs
+from provisioner.manager import controller, model
+from provisioner.manager.acting import actuate
+from provisioner.manager.planning import runs
 from rukpak.oci import client as oci_client
 from tests import e2e_helpers as e2e
 from tests.bundles import role_binding

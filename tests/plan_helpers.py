@@ -14,8 +14,9 @@ from typing import Any
 
 from provisioner.engine.health.health import Health
 from provisioner.engine.objects import Obj
-from provisioner.manager import generate as build
-from provisioner.manager import inline, model, plan, revisions, runs, sources
+from provisioner.manager import model
+from provisioner.manager.planning import generate as build
+from provisioner.manager.planning import inline, plan, revisions, runs, sources
 from rukpak.oci.auth import Credentials
 
 DIGEST = "registry.example/hello@sha256:" + "a" * 64

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.engine.objects import Obj
-from provisioner.manager import actuate, model
+from provisioner.manager import model
+from provisioner.manager.acting import actuate
 from rukpak.common import prestage as words
 from rukpak.oci import client as oci_client
 from rukpak.oci.reference import Reference

@@ -20,7 +20,9 @@ import yaml
 
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.manager import actuate, controller, generate, model
+from provisioner.manager import controller, model
+from provisioner.manager.acting import actuate
+from provisioner.manager.planning import generate
 from tests import plan_helpers
 from tests.bundles import bundle_deployment
 from tests.cluster import bins

@@ -33,7 +33,9 @@ from provisioner.engine.apply import apply, inventorystore
 from provisioner.engine.bundle import formats
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
-from provisioner.manager import actuate, controller, model, runs
+from provisioner.manager import controller, model
+from provisioner.manager.acting import actuate
+from provisioner.manager.planning import runs
 from rukpak.common import errors
 from rukpak.oci import client as oci_client
 from rukpak.oci.reference import Reference

@@ -1,4 +1,4 @@
-"""Dependencies judged without a cluster (``provisioner.manager.dependencies``), pure: a
+"""Dependencies judged without a cluster (``provisioner.manager.planning.dependencies``), pure: a
 dependency counts as ready only once settled (its new revision installed), and the cycle
 finder that the admission webhook and the ``DependencyCycle`` condition share, and the
 webhook's review of a BundleDeployment write (``webhook.bd_review``).
@@ -15,15 +15,9 @@ import pytest
 
 from provisioner.engine.health.health import Health
 from provisioner.engine.objects import Obj
-from provisioner.manager import (
-    conversion,
-    dependencies,
-    model,
-    plan,
-    revisions,
-    sources,
-    webhook,
-)
+from provisioner.manager import conversion, model
+from provisioner.manager.planning import dependencies, plan, revisions, sources
+from provisioner.manager.serving import webhook
 from rukpak.common import errors
 from tests.plan_helpers import D1, D2, T0, bd_v2, installed, record_of, step
 

@@ -24,7 +24,8 @@ from provisioner.engine.apply import apply
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
 from provisioner.instance import process
-from provisioner.manager import actuate, controller
+from provisioner.manager import controller
+from provisioner.manager.acting import actuate
 from rukpak.common import errors
 from tests import manager_harness as harness
 from tests.bundles import configmap, namespace, write_bundle

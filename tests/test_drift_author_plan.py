@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from provisioner.engine.objects import Obj
-from provisioner.manager import plan
+from provisioner.manager.planning import plan
 from tests.plan_helpers import B, cond, status_of
 from tests.test_manager_plan import SETTINGS, _ready, record
 

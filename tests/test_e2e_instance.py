@@ -30,7 +30,7 @@ import pytest
 from provisioner.engine.apply import inventory, lifecycle
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, ObjectRef
-from provisioner.manager import runs
+from provisioner.manager.planning import runs
 from provisioner.runtime import lease
 from rukpak.common import errors
 from tests import e2e_helpers as e2e

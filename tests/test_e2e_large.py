@@ -22,7 +22,8 @@ import yaml
 
 from provisioner.engine.apply import inventory
 from provisioner.engine.objects import ObjectRef
-from provisioner.manager import actuate, runs
+from provisioner.manager.acting import actuate
+from provisioner.manager.planning import runs
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
 from tests.polling import eventually

@@ -37,7 +37,9 @@ import yaml
 
 from provisioner.engine.apply import inventory
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.manager import actuate, model, runs
+from provisioner.manager import model
+from provisioner.manager.acting import actuate
+from provisioner.manager.planning import runs
 from rukpak.common import errors
 from tests import bundles
 from tests import e2e_helpers as e2e

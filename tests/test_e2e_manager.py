@@ -32,7 +32,7 @@ import yaml
 
 from provisioner.engine.bundle import words
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.manager import actuate
+from provisioner.manager.acting import actuate
 from tests import bundles, csi_helpers
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst

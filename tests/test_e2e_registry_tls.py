@@ -21,7 +21,8 @@ import pytest
 import yaml
 
 from provisioner.engine.objects import ObjectRef
-from provisioner.manager import actuate, model
+from provisioner.manager import model
+from provisioner.manager.acting import actuate
 from rukpak.oci import tls as source_tls
 from tests import bundles, csi_helpers, tls_helpers
 from tests import install_helpers as inst

@@ -23,7 +23,8 @@ import pytest
 import yaml
 
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.manager import actuate, model
+from provisioner.manager import model
+from provisioner.manager.acting import actuate
 from provisioner.runtime import lease
 from tests import bundles
 from tests import e2e_helpers as e2e

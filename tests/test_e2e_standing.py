@@ -33,7 +33,8 @@ import pytest
 
 from provisioner.engine.objects import ObjectRef
 from provisioner.instance import runrecord
-from provisioner.manager import actuate, model
+from provisioner.manager import model
+from provisioner.manager.acting import actuate
 from provisioner.runtime import lease
 from tests import bundles, csi_helpers
 from tests import e2e_helpers as e2e

@@ -36,7 +36,8 @@ import pytest
 import yaml
 
 from provisioner.engine.objects import ObjectRef
-from provisioner.manager import actuate, model
+from provisioner.manager import model
+from provisioner.manager.acting import actuate
 from tests import bundles, csi_helpers
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst

@@ -26,7 +26,7 @@ from provisioner.engine.apply import appliedrecord, inventory
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef
 from provisioner.instance import process as instance
-from provisioner.manager import runs
+from provisioner.manager.planning import runs
 from provisioner.runtime import lease
 from tests.bundles import configmap, namespace, write_bundle
 from tests.polling import eventually

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from provisioner.manager import certs, webhook
+from provisioner.manager.serving import certs, webhook
 from provisioner.runtime import liveness
 from provisioner.runtime.queue import WorkQueue
 from provisioner.runtime.workers import Workers

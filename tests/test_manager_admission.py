@@ -9,7 +9,7 @@ import datetime
 from collections.abc import Mapping, Sequence
 
 from provisioner.engine.objects import OWNER_LABEL, Obj
-from provisioner.manager import certs, webhook
+from provisioner.manager.serving import certs, webhook
 from tests import bundles
 
 

@@ -21,7 +21,9 @@ import pytest
 from provisioner.cli import main as cli
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
-from provisioner.manager import actuate, approval, controller, generate, model
+from provisioner.manager import controller, model
+from provisioner.manager.acting import actuate
+from provisioner.manager.planning import approval, generate
 from rukpak.oci import client as oci_client
 from rukpak.oci.reference import Reference
 from tests import e2e_helpers as e2e

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from provisioner.manager import content, model, webhook
+from provisioner.manager import model
+from provisioner.manager.serving import content, webhook
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,9 @@ from provisioner.engine.bundle import words
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
 from provisioner.instance import unpack
-from provisioner.manager import actuate, controller, healthwatch, model
+from provisioner.manager import controller, model
+from provisioner.manager.acting import actuate
+from provisioner.manager.watching import healthwatch
 from rukpak.common import errors
 from tests import manager_harness as harness
 from tests.bundles import (

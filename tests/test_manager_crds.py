@@ -16,7 +16,8 @@ import yaml
 
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.manager import actuate, model
+from provisioner.manager import model
+from provisioner.manager.acting import actuate
 from rukpak.common import errors
 from tests.crd_helpers import install_crds
 

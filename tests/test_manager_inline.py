@@ -1,5 +1,6 @@
-"""The planner of v1alpha2 BundleDeployments (``provisioner.manager.inline``), pure: what it
-pins and when, what it refuses before fetching, the instance run it builds for one and for
+"""The planner of v1alpha2 BundleDeployments (``provisioner.manager.planning.inline``),
+pure: what it pins and when, what it refuses before fetching, the instance run it builds for
+one and for
 several sources, and the conditions it reports. The same flows on the local kubelet are in
 ``test_e2e_v1alpha2``."""
 
@@ -13,7 +14,8 @@ import pytest
 
 from provisioner.engine.bundle import words
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.manager import generate, inline, model, plan, resolution, runs, sources
+from provisioner.manager import model, resolution
+from provisioner.manager.planning import generate, inline, plan, runs, sources
 from rukpak.common import errors
 from tests.plan_helpers import bd_v2, kinds
 

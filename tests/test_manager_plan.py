@@ -13,8 +13,9 @@ import pytest
 
 from provisioner.engine.bundle import words
 from provisioner.engine.objects import Obj
-from provisioner.manager import generate as build
-from provisioner.manager import model, plan, runs, sources
+from provisioner.manager import model
+from provisioner.manager.planning import generate as build
+from provisioner.manager.planning import plan, runs, sources
 from tests.plan_helpers import DIGEST, B, bd, bundle, cond, kinds, status_of
 
 SETTINGS = model.Settings(image="registry.example/rukpak:v1", host_network=True)

@@ -10,7 +10,8 @@ import json
 from typing import Any
 
 from provisioner.engine.objects import Obj
-from provisioner.manager import approval, generate, inline, model, plan, runs
+from provisioner.manager import model
+from provisioner.manager.planning import approval, generate, inline, plan, runs
 from tests.plan_helpers import bd_v2, kinds
 
 SETTINGS = model.Settings(image="registry.example/rukpak:1", system_namespace="rukpak-system")

@@ -1,5 +1,5 @@
-"""``spec.healthChecks`` probed per BundleDeployment (``provisioner.manager.probes``): parsed
-once per generation, restarted by a new install, folded into the per-kind health, and the
+"""``spec.healthChecks`` probed per BundleDeployment (``provisioner.manager.watching.probes``):
+parsed once per generation, restarted by a new install, folded into the per-kind health, and the
 wait until the next probe. A fake clock stands in for time; the checks themselves are
 ``engine.healthchecks``' (``test_engine_healthchecks``)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from provisioner.engine.health.health import Health
 from provisioner.engine.objects import Obj
-from provisioner.manager import probes
+from provisioner.manager.watching import probes
 
 DEPLOYMENT: Obj = {
     "apiVersion": "apps/v1",

@@ -10,8 +10,10 @@ from typing import Any
 
 from provisioner.engine.apply import appliedrecord
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef
-from provisioner.manager import model, plan, runs, runwatch
-from provisioner.manager.generate import instance_run_pod
+from provisioner.manager import model
+from provisioner.manager.planning import plan, runs
+from provisioner.manager.planning.generate import instance_run_pod
+from provisioner.manager.watching import runwatch
 from tests.plan_helpers import bd_v2
 
 SETTINGS = model.Settings(image="registry.example/rukpak:1", system_namespace="rukpak-system")

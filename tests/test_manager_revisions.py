@@ -1,6 +1,6 @@
 """Revisions, rollbacks, progress deadlines and dependencies of BundleDeployments, pure:
-``provisioner.manager.revisions``, ``provisioner.manager.dependencies`` and what the
-v1alpha2 planner (``inline``) does with them. The same flows on the local kubelet are in
+``provisioner.manager.planning.revisions``, ``provisioner.manager.planning.dependencies`` and
+what the v1alpha2 planner (``inline``) does with them. The same flows on the local kubelet are in
 ``test_e2e_lifecycle``."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import Any
 from provisioner.engine.apply import revisionlog
 from provisioner.engine.health.health import Health
 from provisioner.engine.objects import Obj
-from provisioner.manager import (
+from provisioner.manager import model
+from provisioner.manager.planning import (
     dependencies,
     generate,
     inline,
-    model,
     plan,
     revisions,
     runs,

@@ -15,7 +15,8 @@ import pytest
 
 from provisioner.engine.apply import appliedrecord, inventory
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef
-from provisioner.manager import generate, model, plan, runs, sources
+from provisioner.manager import model
+from provisioner.manager.planning import generate, plan, runs, sources
 from tests.plan_helpers import DIGEST, B, bundle, cond, kinds
 
 SETTINGS = model.Settings(image="registry.example/rukpak:v1")

@@ -173,7 +173,7 @@ def test_verified_replaces_the_old_condition_and_keeps_its_time_while_it_holds()
 
 
 def test_a_bundles_verified_condition_outlives_its_later_statuses() -> None:
-    from provisioner.manager import bundleplan
+    from provisioner.manager.planning import bundleplan
 
     verified = {"type": "Verified", "status": "True", "reason": "Verified", "message": "by p"}
     bundle = {

@@ -17,7 +17,8 @@ from provisioner import __main__ as provisioner_main
 from provisioner.engine.bundle import words
 from provisioner.engine.objects import Obj
 from provisioner.instance import unpack
-from provisioner.manager import bundleplan, model
+from provisioner.manager import model
+from provisioner.manager.planning import bundleplan
 
 SETTINGS = model.Settings(image="registry.example/rukpak:v1", system_namespace="rukpak-system")
 DIGEST = "registry.example/hello@sha256:" + "a" * 64

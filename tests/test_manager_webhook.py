@@ -19,7 +19,7 @@ import pytest
 
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, condition
-from provisioner.manager import certs, webhook
+from provisioner.manager.serving import certs, webhook
 from provisioner.runtime.metrics import Metrics
 from rukpak.common import errors
 from tests import webhook_harness

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from provisioner.manager import webhook
+from provisioner.manager.serving import webhook
 from provisioner.runtime import liveness
 from tests import install_helpers as inst
 

@@ -48,7 +48,9 @@ import yaml
 from kubernetes import client
 
 from provisioner.engine.objects import ObjectRef
-from provisioner.manager import actuate, model, revisions
+from provisioner.manager import model
+from provisioner.manager.acting import actuate
+from provisioner.manager.planning import revisions
 from rukpak.oci.client import RegistryClient
 from rukpak.oci.reference import Reference
 from tests import e2e_helpers as e2e

@@ -333,14 +333,14 @@ def test_two_asks_of_one_digest_fetch_it_once(registry: RegistryServer, tmp_path
 def test_a_bundledeployments_own_timeout_overrides_the_flag_when_it_is_sane(
     value: str | None, expected: float
 ) -> None:
-    from provisioner.manager import prestage as gate
+    from provisioner.manager.acting import prestage as gate
 
     notes = {} if value is None else {words.TIMEOUT_ANNOTATION: value}
     assert gate.timeout_of({"metadata": {"annotations": notes}}, 30.0) == expected
 
 
 def test_an_ask_round_trips_with_its_generation() -> None:
-    from provisioner.manager import prestage as gate
+    from provisioner.manager.acting import prestage as gate
 
     image = f"registry.example/app@{D1}"
     value = gate.ask_value([image], 7, "2026-01-01T00:00:00.000Z")

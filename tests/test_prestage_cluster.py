@@ -1,5 +1,5 @@
 """Pre-staged pivots against a real kube-apiserver and a real registry: the manager's gate
-(``provisioner.manager.prestage``) holds a v1alpha2 BundleDeployment's pin until the node
+(``provisioner.manager.acting.prestage``) holds a v1alpha2 BundleDeployment's pin until the node
 plugin's watch (``csi.node.prestagewatch``) has fetched the new digest into its node's
 image cache and said so on its Node; a node that never answers holds it only until the
 timeout.
@@ -24,7 +24,8 @@ from csi.node.prestage import Prestager
 from csi.node.prestagewatch import PrestageMetrics, PrestageWatch
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.manager import actuate, controller, model, prestage
+from provisioner.manager import controller, model
+from provisioner.manager.acting import actuate, prestage
 from rukpak.common import prestage as words
 from rukpak.common.metrics import OwnRegistry
 from rukpak.image.cache import ImageCache

@@ -29,7 +29,9 @@ import pytest
 
 from csi.proto import csi_pb2, csi_pb2_grpc
 from provisioner.engine.kube.kube import Kube
-from provisioner.manager import actuate, resolution, sources
+from provisioner.manager import resolution
+from provisioner.manager.acting import actuate
+from provisioner.manager.planning import sources
 from rukpak.common import errors
 from rukpak.oci import tls as source_tls
 from rukpak.oci.client import RegistryClient

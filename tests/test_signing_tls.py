@@ -20,7 +20,8 @@ from typing import Any, cast
 import pytest
 
 from provisioner.engine.kube.kube import Kube
-from provisioner.manager import actuate, resolution, signatures
+from provisioner.manager import resolution, signatures
+from provisioner.manager.acting import actuate
 from rukpak.common import errors
 from rukpak.oci import tls as source_tls
 from rukpak.oci.client import RegistryClient

@@ -20,8 +20,10 @@ import pytest
 
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.manager import actuate, bundleplan, model, resolution, sources
+from provisioner.manager import model, resolution
+from provisioner.manager.acting import actuate
 from provisioner.manager.model import Settings
+from provisioner.manager.planning import bundleplan, sources
 from rukpak.common import errors
 from tests import plan_helpers
 from tests.crd_helpers import install_crds

@@ -15,7 +15,7 @@ from dulwich.repo import Repo
 
 from csi.node.publish import Publisher
 from csi.volume.request import PublishRequest
-from provisioner.manager import sources
+from provisioner.manager.planning import sources
 from rukpak.common import errors
 from rukpak.image.cache import ImageCache
 from rukpak.image.cachestate import Holder

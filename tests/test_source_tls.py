@@ -31,7 +31,9 @@ import pytest
 
 from csi.proto import csi_pb2_grpc
 from provisioner.engine.kube.kube import Kube
-from provisioner.manager import content, resolution, sources
+from provisioner.manager import resolution
+from provisioner.manager.planning import sources
+from provisioner.manager.serving import content
 from rukpak.common import errors
 from rukpak.oci.tls import SourceTLS
 from rukpak.sources import git, http

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from provisioner.engine.objects import ObjectRef
-from provisioner.manager import generate, model, sources
+from provisioner.manager import model
 from provisioner.manager.model import Settings
+from provisioner.manager.planning import generate, sources
 from provisioner.standing import worker as standing_worker
 from provisioner.standing.worker import Standing
 from rukpak.common import errors

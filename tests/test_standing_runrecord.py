@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from provisioner.instance import runrecord
-from provisioner.manager import generate, model, runs, sources
+from provisioner.manager import model
 from provisioner.manager.model import Settings
-from provisioner.manager.sources import volume
+from provisioner.manager.planning import generate, runs, sources
+from provisioner.manager.planning.sources import volume
 
 SETTINGS = Settings(image="rukpak:test")
 DIGEST = "sha256:" + "d" * 64

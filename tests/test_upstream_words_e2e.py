@@ -30,7 +30,8 @@ import yaml
 
 from provisioner.engine.bundle import words
 from provisioner.engine.objects import OWNER_KIND, OWNER_KIND_LABEL, OWNER_LABEL, Obj, ObjectRef
-from provisioner.manager import actuate, model
+from provisioner.manager import model
+from provisioner.manager.acting import actuate
 from rukpak.common import errors
 from tests import bundles
 from tests import e2e_helpers as e2e

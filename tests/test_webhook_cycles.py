@@ -21,7 +21,9 @@ import yaml
 
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.manager import actuate, model, webhook
+from provisioner.manager import model
+from provisioner.manager.acting import actuate
+from provisioner.manager.serving import webhook
 from rukpak.common import errors
 from tests import webhook_harness
 from tests.crd_helpers import install_crds

@@ -20,7 +20,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from provisioner.manager import certs, webhook
+from provisioner.manager.serving import certs, webhook
 from provisioner.runtime.metrics import Metrics
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

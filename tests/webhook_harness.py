@@ -18,7 +18,7 @@ import pytest
 
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.manager import certs, webhook
+from provisioner.manager.serving import certs, webhook
 from tests.polling import eventually
 
 

@@ -6,14 +6,14 @@ BundleDeployment would install and grant). An approval names content, not a spec
 with the digests the preview reviewed (``D``, or all of them when no ``D`` is given), with the
 resourceVersion it read as a precondition, so a BundleDeployment that changes between the
 check and the patch is refused by the API server (409). ``spec.paused`` stays true: the
-manager (``provisioner.manager.approval``) installs the previewed pin only while it names
+manager (``provisioner.manager.planning.approval``) installs the previewed pin only while it names
 exactly those digests; a tag that moved meanwhile gets a new preview and ``Approved`` False
 (PreviewChanged), and later changes wait for an approval of their own.
 
 Before writing, it checks on what the manager recorded in the status that there is a
 preview to approve: ``status.preview`` is there, did not fail, is of the current generation;
 the pin (``status.resolvedSource`` or ``status.resolvedSources``, see
-``provisioner.manager.inline``) was made for this generation; and, with ``D``, it reviewed
+``provisioner.manager.planning.inline``) was made for this generation; and, with ``D``, it reviewed
 ``D`` (an image digest, a git commit, an http content digest). ``check`` is pure and tested
 on its own.
 
@@ -40,11 +40,11 @@ if TYPE_CHECKING:
     from provisioner.engine.objects import Obj
 
 APPROVED_ANNOTATION = "core.rukpak.io/approved-digest"
-"""``provisioner.manager.approval.APPROVED_ANNOTATION``: what is approved while paused."""
+"""``provisioner.manager.planning.approval.APPROVED_ANNOTATION``: what is approved while paused."""
 ESCALATION = "EscalationNeedsApproval"
-"""``provisioner.manager.approval.REASON_ESCALATION``: an upgrade waits for an approval."""
+"""``provisioner.manager.planning.approval.REASON_ESCALATION``: an upgrade waits for an approval."""
 PIN_ANNOTATION = "core.rukpak.io/pinned"
-"""``provisioner.manager.inline.PIN_ANNOTATION``: the generation the recorded pin is for."""
+"""``provisioner.manager.planning.inline.PIN_ANNOTATION``: the recorded pin's generation."""
 _DIGEST = re.compile(r"^(sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128}|[0-9a-f]{40}|[0-9a-f]{64})$")
 
 

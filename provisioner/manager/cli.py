@@ -21,7 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 from provisioner.engine.kube.kube import Kube
-from provisioner.manager import actuate, certs, content, controller, model, prestage, webhook
+from provisioner.manager import controller, model
+from provisioner.manager.acting import actuate, prestage
+from provisioner.manager.serving import certs, content, webhook
 from provisioner.runtime import flags, liveness, service, signals
 from provisioner.runtime.metrics import Metrics, object_conditions
 from rukpak.common import errors

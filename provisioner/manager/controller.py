@@ -43,23 +43,11 @@ from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, meta_of, owner_of
 from provisioner.engine.objects import labels_of as _labels
 from provisioner.instance import runrecord
-from provisioner.manager import (
-    actuate,
-    bundleplan,
-    conversion,
-    dependencies,
-    healthwatch,
-    inline,
-    model,
-    plan,
-    prestage,
-    probes,
-    revisions,
-    runs,
-    runwatch,
-    signatures,
-)
+from provisioner.manager import conversion, model, signatures
+from provisioner.manager.acting import actuate, prestage
 from provisioner.manager.model import Settings
+from provisioner.manager.planning import bundleplan, dependencies, inline, plan, revisions, runs
+from provisioner.manager.watching import healthwatch, probes, runwatch
 from provisioner.runtime.metrics import Metrics
 from provisioner.runtime.queue import WorkQueue
 from provisioner.runtime.workers import Reconciler

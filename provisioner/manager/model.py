@@ -29,6 +29,11 @@ API_VERSION_V2 = f"{GROUP}/{VERSION_V2}"
 BUNDLE = "Bundle"
 BUNDLE_DEPLOYMENT = "BundleDeployment"
 
+REASON_SIGNATURE = "SignatureVerificationFailed"
+"""A Bundle's or BundleDeployment's image refused by a ClusterBundlePolicy (our reason)."""
+VERIFIED = "Verified"
+"""The condition naming the policies and identities that verified a pinned image."""
+
 FINALIZER = "core.rukpak.io/uninstall"
 BD_LABEL = "core.rukpak.io/bundle-deployment"
 """On generated Bundles and instance run pods: the owning BundleDeployment."""

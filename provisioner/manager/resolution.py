@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from provisioner.engine.bundle import words
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.manager import sources
+from provisioner.manager.planning import sources
 from rukpak.common import errors
 from rukpak.oci import tls as source_tls
 from rukpak.oci.auth import Credentials

@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.manager import bundleplan
+from provisioner.manager import model
 from provisioner.manager.resolution import ImageResolver
 from rukpak.common import errors
 from rukpak.oci.auth import Credentials
@@ -43,11 +43,11 @@ from rukpak.signing.policy import KeyAuthority
 
 log = logging.getLogger("rukpak.manager")
 
-REASON = bundleplan.REASON_SIGNATURE
+REASON = model.REASON_SIGNATURE
 """The reason of ``Unpacked`` (and of ``HasValidBundle``) when a policy refused the image."""
 API_VERSION = f"{signing.GROUP}/{signing.VERSION}"
 VALID = "Valid"
-VERIFIED = "Verified"
+VERIFIED = model.VERIFIED
 """A v1alpha2 BundleDeployment's condition, and a v1alpha1 Bundle's (where a v1alpha1
 BundleDeployment's image is pinned): did the policies selecting its images verify them."""
 REASON_VERIFIED = "Verified"

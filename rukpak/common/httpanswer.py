@@ -3,7 +3,7 @@ and a server on a daemon thread.
 
 Where it sits: below the processes' small HTTP endpoints: the node plugin's metrics and
 ``/healthz`` (``csi.plugin.metrics``), the registry mirror (``csi.mirror.server``), the
-manager's webhook server (``provisioner.manager.webhook``) and the probe server of
+manager's webhook server (``provisioner.manager.serving.webhook``) and the probe server of
 processes without one (``provisioner.runtime.liveness``). Each answer carries its exact
 ``Content-Length``, so keep-alive clients never wait for a close.
 """

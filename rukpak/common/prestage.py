@@ -2,7 +2,7 @@
 
 Where it sits: the shared core, below both sides (no Kubernetes client here, only the
 keys, the formats and pure functions over them). The manager
-(``provisioner.manager.prestage``) asks, before a BundleDeployment pivots to a new pin,
+(``provisioner.manager.acting.prestage``) asks, before a BundleDeployment pivots to a new pin,
 that the nodes which will need the new content fetch it first; each node plugin
 (``csi.node.prestage``) follows those asks, fetches, and answers on its own Node object.
 See docs/prestage.md.

@@ -112,9 +112,10 @@ class CacheState:
                 atexit.register(self.flush)
 
     def flush(self) -> None:
-        """Write pending changes now (not durably); nothing when there are none."""
+        """Write pending changes now (not durably); nothing when there are none, or when
+        the cache's directory is gone (a cache removed whole, e.g. a temp one at exit)."""
         with self.lock:
-            if self._dirty:
+            if self._dirty and self.path.parent.is_dir():
                 self._commit(durable=False)
 
     def _commit(self, *, durable: bool) -> None:

@@ -3,7 +3,7 @@
 Where it sits: a pin (a BundleDeployment's ``status.resolvedSource``, one per source) names
 its content exactly: an image by digest (``ref@sha256:<hex>``), an http tarball by the
 ``#sha256=<hex>`` fragment ``http.fetch`` pins it with, a git repository by commit. The
-manager (``provisioner.manager.approval``) records these digests beside a preview, and
+manager (``provisioner.manager.planning.approval``) records these digests beside a preview, and
 ``rukpak approve`` (``provisioner.cli.approve``) checks the one a user names against them:
 both read a pin's digest here, so they agree on what counts as the same content.
 """

@@ -23,7 +23,7 @@ from typing import Any
 from provisioner.engine.apply import apply
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import condition
-from provisioner.manager import actuate
+from provisioner.manager.acting import actuate
 from tests import manager_harness as harness
 from tests.bench import Result, progress, timed
 from tests.bench.bench_apply import start_cluster

@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 
 from provisioner.engine.objects import ObjectRef
-from provisioner.manager import actuate, model
+from provisioner.manager import model
+from provisioner.manager.acting import actuate
 from tests import install_helpers as inst
 from tests.bench import Result, bench_install
 

@@ -1,7 +1,7 @@
 """A BundleDeployment's revision history as the API stores it: ``status.revisions`` and the
 rollback annotation, pure.
 
-Sits in the engine so that both the manager (``provisioner.manager.revisions``, which
+Sits in the engine so that both the manager (``provisioner.manager.planning.revisions``, which
 decides what the history holds) and the command line (``rukpak history``, ``rukpak
 rollback``) read and write the same documents.
 """

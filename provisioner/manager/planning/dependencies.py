@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from provisioner.engine.apply import revisionlog
 from provisioner.engine.objects import Obj, condition, meta_of, name_of
-from provisioner.manager import conversion, model, revisions
+from provisioner.manager import conversion, model
+from provisioner.manager.planning import revisions
 
 Lookup = Callable[[str], Obj | None]
 

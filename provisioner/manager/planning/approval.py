@@ -31,7 +31,8 @@ Two rules follow:
 from __future__ import annotations
 
 from provisioner.engine.objects import Obj, meta_of
-from provisioner.manager import model, sources
+from provisioner.manager import model
+from provisioner.manager.planning import sources
 from rukpak.sources import pins
 
 APPROVED_ANNOTATION = "core.rukpak.io/approved-digest"

@@ -51,8 +51,10 @@ from provisioner.engine.apply import crdsafety
 from provisioner.engine.bundle import words
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, meta_of
-from provisioner.manager import certs, conversion, dependencies
-from provisioner.manager import content as bundle_content
+from provisioner.manager import conversion
+from provisioner.manager.planning import dependencies
+from provisioner.manager.serving import certs
+from provisioner.manager.serving import content as bundle_content
 from provisioner.runtime import liveness
 from provisioner.runtime import metrics as runtime_metrics
 from rukpak.common import errors, httpanswer

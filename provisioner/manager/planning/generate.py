@@ -17,8 +17,9 @@ import json
 from typing import Any
 
 from provisioner.engine.objects import Obj, meta_of
-from provisioner.manager import conversion, model, revisions, sources
+from provisioner.manager import conversion, model
 from provisioner.manager.model import Settings
+from provisioner.manager.planning import revisions, sources
 from rukpak.sources import volume
 
 INSTANCE_CONTAINER = "instance"

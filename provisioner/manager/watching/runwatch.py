@@ -34,7 +34,9 @@ from provisioner.engine.apply.ownership import applied_fields
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, meta_of, owner_of
 from provisioner.instance import runrecord
-from provisioner.manager import healthwatch, model, runs
+from provisioner.manager import model
+from provisioner.manager.planning import runs
+from provisioner.manager.watching import healthwatch
 from rukpak.common import errors
 
 log = logging.getLogger("rukpak.manager")

@@ -19,9 +19,10 @@ from typing import Any
 from provisioner.engine.apply import appliedrecord, inventory
 from provisioner.engine.bundle import words
 from provisioner.engine.objects import Obj, ObjectRef, meta_of
-from provisioner.manager import actions, conversion, model
-from provisioner.manager.generate import instance_run_pod
+from provisioner.manager import conversion, model
 from provisioner.manager.model import Settings
+from provisioner.manager.planning import actions
+from provisioner.manager.planning.generate import instance_run_pod
 
 ACTIVE_PHASES = frozenset({"", "Pending", "Running"})
 RUN_SLOT_WAIT = 30.0

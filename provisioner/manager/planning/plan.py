@@ -56,26 +56,27 @@ from provisioner.engine.apply import appliedrecord
 from provisioner.engine.bundle import words
 from provisioner.engine.health.health import Health as Health
 from provisioner.engine.objects import Obj, meta_of
-from provisioner.manager import bundleplan, dependencies, model, runs, sources
-from provisioner.manager.actions import Action as Action
-from provisioner.manager.actions import AddFinalizer as AddFinalizer
-from provisioner.manager.actions import CreateBundle as CreateBundle
-from provisioner.manager.actions import CreatePod as CreatePod
-from provisioner.manager.actions import DeleteBundle as DeleteBundle
-from provisioner.manager.actions import DeleteLease as DeleteLease
-from provisioner.manager.actions import DeletePod as DeletePod
-from provisioner.manager.actions import MarkUninstall as MarkUninstall
-from provisioner.manager.actions import RecordEvent as RecordEvent
-from provisioner.manager.actions import RemoveFinalizer as RemoveFinalizer
-from provisioner.manager.actions import Requeue as Requeue
-from provisioner.manager.actions import ResolveSource as ResolveSource
-from provisioner.manager.actions import RestoreDrift as RestoreDrift
-from provisioner.manager.actions import Revert as Revert
-from provisioner.manager.actions import SetRollback as SetRollback
-from provisioner.manager.actions import Uninstall as Uninstall
-from provisioner.manager.actions import WriteStatus as WriteStatus
-from provisioner.manager.generate import desired_bundle, instance_run_pod
+from provisioner.manager import model
 from provisioner.manager.model import Settings
+from provisioner.manager.planning import bundleplan, dependencies, runs, sources
+from provisioner.manager.planning.actions import Action as Action
+from provisioner.manager.planning.actions import AddFinalizer as AddFinalizer
+from provisioner.manager.planning.actions import CreateBundle as CreateBundle
+from provisioner.manager.planning.actions import CreatePod as CreatePod
+from provisioner.manager.planning.actions import DeleteBundle as DeleteBundle
+from provisioner.manager.planning.actions import DeleteLease as DeleteLease
+from provisioner.manager.planning.actions import DeletePod as DeletePod
+from provisioner.manager.planning.actions import MarkUninstall as MarkUninstall
+from provisioner.manager.planning.actions import RecordEvent as RecordEvent
+from provisioner.manager.planning.actions import RemoveFinalizer as RemoveFinalizer
+from provisioner.manager.planning.actions import Requeue as Requeue
+from provisioner.manager.planning.actions import ResolveSource as ResolveSource
+from provisioner.manager.planning.actions import RestoreDrift as RestoreDrift
+from provisioner.manager.planning.actions import Revert as Revert
+from provisioner.manager.planning.actions import SetRollback as SetRollback
+from provisioner.manager.planning.actions import Uninstall as Uninstall
+from provisioner.manager.planning.actions import WriteStatus as WriteStatus
+from provisioner.manager.planning.generate import desired_bundle, instance_run_pod
 
 HAS_VALID_BUNDLE = "HasValidBundle"
 INSTALLED = "Installed"

@@ -35,18 +35,10 @@ from typing import Any
 
 from provisioner.engine.bundle import words
 from provisioner.engine.objects import Obj, condition, json_annotation, meta_of
-from provisioner.manager import (
-    approval,
-    conversion,
-    generate,
-    model,
-    plan,
-    revisions,
-    runs,
-    signatures,
-    sources,
-)
-from provisioner.manager.actions import (
+from provisioner.manager import conversion, model
+from provisioner.manager.model import Settings
+from provisioner.manager.planning import approval, generate, plan, revisions, runs, sources
+from provisioner.manager.planning.actions import (
     Action,
     AddFinalizer,
     CreatePod,
@@ -55,10 +47,9 @@ from provisioner.manager.actions import (
     ResolveSource,
     SetRollback,
 )
-from provisioner.manager.model import Settings
 
 UNPACKED = "Unpacked"
-VERIFIED = signatures.VERIFIED
+VERIFIED = model.VERIFIED
 """Written with the pin by ``actuate.resolve_source`` (``signatures``), carried over here."""
 PIN_ANNOTATION = "core.rukpak.io/pinned"
 """``{"generation": G, "at": RFC 3339}``: which generation ``status.resolvedSource`` pins."""

@@ -25,18 +25,9 @@ from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, meta_of
 from provisioner.engine.preview import preview
 from provisioner.instance import runrecord
-from provisioner.manager import (
-    bundleplan,
-    events,
-    inline,
-    model,
-    plan,
-    prestage,
-    resolution,
-    revisions,
-    signatures,
-    sources,
-)
+from provisioner.manager import model, resolution, signatures
+from provisioner.manager.acting import events, prestage
+from provisioner.manager.planning import bundleplan, inline, plan, revisions, sources
 from provisioner.runtime import lease
 from rukpak.common import errors
 from rukpak.oci import client as oci_client

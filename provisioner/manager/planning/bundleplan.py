@@ -33,13 +33,14 @@ from typing import Literal
 
 from provisioner.engine.objects import Obj, meta_of
 from provisioner.instance.unpack import Result
-from provisioner.manager import model, sources
-from provisioner.manager.actions import CreatePod as CreatePod
-from provisioner.manager.actions import DeletePod as DeletePod
-from provisioner.manager.actions import RecordEvent as RecordEvent
-from provisioner.manager.actions import Requeue as Requeue
-from provisioner.manager.generate import UNPACK_CONTAINER, unpack_pod
+from provisioner.manager import model
 from provisioner.manager.model import Settings
+from provisioner.manager.planning import sources
+from provisioner.manager.planning.actions import CreatePod as CreatePod
+from provisioner.manager.planning.actions import DeletePod as DeletePod
+from provisioner.manager.planning.actions import RecordEvent as RecordEvent
+from provisioner.manager.planning.actions import Requeue as Requeue
+from provisioner.manager.planning.generate import UNPACK_CONTAINER, unpack_pod
 
 UNPACKED = "Unpacked"
 PHASE_PENDING = "Pending"
@@ -50,7 +51,7 @@ REASON_PENDING = "UnpackPending"
 REASON_UNPACKING = "Unpacking"
 REASON_SUCCESSFUL = "UnpackSuccessful"
 REASON_FAILED = "UnpackFailed"
-REASON_SIGNATURE = "SignatureVerificationFailed"
+REASON_SIGNATURE = model.REASON_SIGNATURE
 """A ClusterBundlePolicy refused the image (``signatures``); the Bundle is Failing."""
 FINAL_PHASES = frozenset({PHASE_UNPACKED, PHASE_FAILING})
 PENDING_POLL = 5.0

@@ -31,7 +31,8 @@ from typing import Any
 
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
-from provisioner.manager import inline, model, sources
+from provisioner.manager import model
+from provisioner.manager.planning import inline, sources
 from rukpak.common import errors
 from rukpak.image import cache as images
 from rukpak.oci import client as oci_client

@@ -36,7 +36,8 @@ from datetime import UTC, datetime
 
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, meta_of
-from provisioner.manager import events, model
+from provisioner.manager import model
+from provisioner.manager.acting import events
 from rukpak.common import errors
 from rukpak.common import prestage as words
 

@@ -39,7 +39,8 @@ from provisioner.engine.apply.revisionlog import of_status as of_status
 from provisioner.engine.apply.revisionlog import rollback_annotation as rollback_annotation
 from provisioner.engine.apply.revisionlog import rollback_of as rollback_of
 from provisioner.engine.objects import Obj
-from provisioner.manager import model, sources
+from provisioner.manager import model
+from provisioner.manager.planning import sources
 
 HISTORY_LIMIT = 5
 """Revisions kept without ``spec.revisionHistoryLimit``."""
