@@ -1,10 +1,16 @@
-"""Helpers for tests that run the plugin in FUSE mode: the /dev/fuse holder process."""
+"""Helpers for tests that run the plugin in FUSE mode: the /dev/fuse holder process, and a
+plugin started with one of its own."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+from csi.fuse.service import unmount_meta
+from tests.csi_helpers import PluginProcess, terminate
 
 
 def start_holder(mountpoint: Path, sock: Path) -> subprocess.Popen[bytes]:
@@ -18,3 +24,24 @@ def start_holder(mountpoint: Path, sock: Path) -> subprocess.Popen[bytes]:
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == b"ready"
     return proc
+
+
+@contextlib.contextmanager
+def fuse_plugin(workdir: Path, *args: str) -> Iterator[PluginProcess]:
+    """A started plugin with FUSE mode on (``args`` added to its flags) and a /dev/fuse
+    holder of its own; after it, the plugin stopped, its mounts and FUSE metadata removed
+    (after a kill -9 nobody else does) and the holder stopped."""
+    holder = start_holder(workdir / "fusemnt", workdir / "holder.sock")
+    try:
+        proc = PluginProcess(
+            workdir / "plugin",
+            extra_args=("--fuse", "--fuse-holder-socket", str(workdir / "holder.sock"), *args),
+        )
+        try:
+            yield proc.start()
+        finally:
+            proc.stop()
+            proc.unmount_all()
+            unmount_meta(proc.state_dir / "fuse" / "meta")
+    finally:
+        terminate(holder)

@@ -23,7 +23,6 @@ import pytest
 from csi import mounter
 from csi.fuse import index, overlay
 from csi.fuse.filestore import FileStore
-from csi.fuse.service import unmount_meta
 from csi.proto import csi_pb2_grpc
 from provisioner.cli import main as cli
 from rukpak.common import errors
@@ -35,11 +34,10 @@ from tests.csi_helpers import (
     publish_request,
     push_image,
     target,
-    terminate,
     tree,
     unpublish,
 )
-from tests.fuse_helpers import start_holder
+from tests.fuse_helpers import fuse_plugin
 from tests.polling import logged
 from tests.registry import RegistryServer
 
@@ -48,18 +46,8 @@ pytestmark = [pytest.mark.registry]
 
 @pytest.fixture
 def plugin(tmp_path: Path) -> Iterator[PluginProcess]:
-    holder = start_holder(tmp_path / "fusemnt", tmp_path / "holder.sock")
-    proc = PluginProcess(
-        tmp_path / "plugin",
-        extra_args=("--fuse", "--fuse-holder-socket", str(tmp_path / "holder.sock")),
-    )
-    try:
-        yield proc.start()
-    finally:
-        proc.stop()
-        proc.unmount_all()
-        unmount_meta(proc.state_dir / "fuse" / "meta")  # after a kill -9 nobody else does
-        terminate(holder)
+    with fuse_plugin(tmp_path) as proc:
+        yield proc
 
 
 @pytest.fixture

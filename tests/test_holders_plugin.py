@@ -14,17 +14,15 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from csi.fuse.service import unmount_meta
 from csi.proto import csi_pb2_grpc
 from tests.csi_helpers import (
     PluginProcess,
     publish_request,
     simple_image,
     target,
-    terminate,
     unpublish,
 )
-from tests.fuse_helpers import start_holder
+from tests.fuse_helpers import fuse_plugin
 from tests.registry import RegistryServer
 
 pytestmark = [pytest.mark.registry]
@@ -33,18 +31,8 @@ pytestmark = [pytest.mark.registry]
 @pytest.fixture
 def plugin(tmp_path: Path) -> Iterator[PluginProcess]:
     """A plugin serving bind and FUSE mode, with a /dev/fuse holder of its own."""
-    holder = start_holder(tmp_path / "fusemnt", tmp_path / "holder.sock")
-    proc = PluginProcess(
-        tmp_path / "plugin",
-        extra_args=("--fuse", "--fuse-holder-socket", str(tmp_path / "holder.sock")),
-    )
-    try:
-        yield proc.start()
-    finally:
-        proc.stop()
-        proc.unmount_all()
-        unmount_meta(proc.state_dir / "fuse" / "meta")
-        terminate(holder)
+    with fuse_plugin(tmp_path) as proc:
+        yield proc
 
 
 def scrape(plugin: PluginProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
