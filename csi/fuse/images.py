@@ -56,7 +56,7 @@ from rukpak.common.fsio import (
     write_bytes_atomic,
     write_json_atomic,
 )
-from rukpak.image import cachesync, layerio, layerstream, retention, seams
+from rukpak.image import layerio, layerstream, retention, seams
 from rukpak.image.grants import Grants
 from rukpak.image.locks import KeyedLocks
 from rukpak.image.seams import PullerFactory, PullPolicy
@@ -65,6 +65,7 @@ from rukpak.oci import digest as digests
 from rukpak.oci.auth import Credentials
 from rukpak.oci.manifest import Manifest, Platform
 from rukpak.oci.reference import Reference
+from rukpak.store import commit
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,11 @@ class FuseImages:
         self.on_forget: list[Callable[[str], None]] = []  # more to drop with an evicted tree
         self.on_indexed: list[Callable[[str, index.Index], None]] = []  # a tree is ready
         self.collector = Collector(
-            self.files, self.trees_dir, budget_bytes=settings.budget_bytes, forget=self._forget_tree
+            self.files,
+            self.trees_dir,
+            budget_bytes=settings.budget_bytes,
+            forget=self._forget_tree,
+            retained=self.retained,
         )
         self._drop_torn_after_reboot()
 
@@ -359,7 +364,7 @@ class FuseImages:
         broken JSON. Such a tree is pulled again when next published.
         """
         marker = self.root / "boot_id"
-        now = cachesync.boot_id()
+        now = commit.boot_id()
         try:
             before = marker.read_text().strip()
         except OSError:
