@@ -66,6 +66,7 @@ from rukpak.oci.auth import Credentials
 from rukpak.oci.manifest import Manifest, Platform
 from rukpak.oci.reference import Reference
 from rukpak.store import commit
+from rukpak.store import ensure as keeping
 
 log = logging.getLogger(__name__)
 
@@ -174,10 +175,11 @@ class FuseImages:
         """The saved index of ``image`` for ``platform``, pulling as the policy says. Idempotent."""
         ref = Reference.parse(image)
         key = f"{ref}|{platform}"
-        with self._ref_locks.hold(key):
+
+        def committed() -> str | None:
             with self._tags_lock:
                 tagged = self._tags.get(key)
-            cached = self.grants.reusable(  # as bind mode: the same policy, the same checks
+            return self.grants.reusable(  # as bind mode: the same policy, the same checks
                 ref,
                 tagged if tagged and self.has_tree(tagged) else None,
                 private=self._is_private,
@@ -185,14 +187,8 @@ class FuseImages:
                 platform=platform,
                 policy=pull_policy,
             )
-            if cached is not None:
-                name = digests.hex_of(cached)
-                self.collector.touch(name)
-                if name in self.lazy.broken:  # its last completion failed: try again
-                    with self._tags_lock:
-                        self._incomplete.add(name)
-                self._observer.cache_result(hit=True)
-                return Ready(cached, name, cache_hit=True)
+
+        def fetch() -> keeping.Found:
             puller = self._puller_factory(credentials)
             try:
                 digest, manifest = self.grants.resolve(puller, ref, platform, credentials)
@@ -211,8 +207,21 @@ class FuseImages:
                     # A cache of resolutions: not fsynced on the publish path (a torn file
                     # after a power loss is set aside and the tags resolved again).
                     write_json_atomic(self.tags_path, self._tags, durable=False)
-            self._observer.cache_result(hit=hit)
-            return Ready(digest, digests.hex_of(digest), cache_hit=hit)
+            return keeping.Found(digest, hit)
+
+        def take(found: keeping.Found) -> Ready:
+            name = digests.hex_of(found.digest)
+            if found.hit:
+                self.collector.touch(name)
+                if name in self.lazy.broken:  # its last completion failed: try again
+                    with self._tags_lock:
+                        self._incomplete.add(name)
+            self._observer.cache_result(hit=found.hit)
+            return Ready(found.digest, name, cache_hit=found.hit)
+
+        return keeping.ensure(  # the node's one ensure (rukpak.store.ensure)
+            self._ref_locks.hold(key), committed=committed, fetch=fetch, take=take
+        )
 
     def retain(self, owner: str, refs: Iterable[str], platform: Platform) -> list[str]:
         """Make the trees of ``refs`` (image references pinned by digest) on ``platform``

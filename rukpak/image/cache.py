@@ -82,6 +82,7 @@ from rukpak.oci.auth import Credentials
 from rukpak.oci.manifest import Descriptor, Manifest, Platform
 from rukpak.oci.reference import Reference
 from rukpak.store import commit
+from rukpak.store import ensure as keeping
 from rukpak.store import holders as holding
 
 __all__ = ["Holder", "ImageCache", "KeyedLocks", "PullPolicy", "Puller", "Unpacked"]
@@ -342,12 +343,13 @@ class ImageCache:
 
         Idempotent; concurrent calls for one image pull it once. With ``holder``,
         the tree is recorded as used by it before this returns, so eviction
-        cannot remove it in between.
+        cannot remove it in between (the node's one ``ensure``, ``rukpak.store.ensure``).
         """
         ref = Reference.parse(image)
         key = f"{ref}|{platform}"
-        with self._ref_locks.hold(key):
-            cached = self.grants.reusable(
+
+        def committed() -> str | None:
+            return self.grants.reusable(
                 ref,
                 self._cached_digest(key),
                 private=self._is_private,
@@ -355,8 +357,8 @@ class ImageCache:
                 platform=platform,
                 policy=pull_policy,
             )
-            if cached is not None:
-                return self._done(cached, holder, hit=True)
+
+        def fetch() -> keeping.Found:
             puller = self._puller_factory(credentials)
             try:
                 digest, manifest = self.grants.resolve(puller, ref, platform, credentials)
@@ -368,7 +370,14 @@ class ImageCache:
             finally:
                 seams.close(puller)
             self.state.set_tag(key, digest)
-            return self._done(digest, holder, hit=hit)
+            return keeping.Found(digest, hit)
+
+        return keeping.ensure(
+            self._ref_locks.hold(key),
+            committed=committed,
+            fetch=fetch,
+            take=lambda found: self._done(found.digest, holder, hit=found.hit),
+        )
 
     def _is_private(self, digest: str) -> bool:
         """Trees pulled with credentials that anonymous access could not read; a tree

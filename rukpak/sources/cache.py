@@ -38,6 +38,7 @@ from rukpak.image.members import Limits
 from rukpak.sources import auth as sourceauth
 from rukpak.sources import git, http
 from rukpak.sources.volume import FetchSource
+from rukpak.store import ensure as keeping
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +88,21 @@ class SourceCache:
         The fetch answers DeadlineExceeded, naming the server, once ``deadline`` has passed.
         """
         digest = key_digest(source)
-        with self._locks.hold(digest):
-            hit = self.images.has_tree(digest)
-            if not hit:
-                self._fetch(source, digest, deadline)
+
+        def fetch() -> keeping.Found:
+            self._fetch(source, digest, deadline)
+            return keeping.Found(digest, hit=False)
+
+        def take(found: keeping.Found) -> Unpacked:
             self.images.take(digest, holder, what=source.label())
-        return Unpacked(digest=digest, path=self.images.tree_path(digest), cache_hit=hit)
+            return Unpacked(digest=digest, path=self.images.tree_path(digest), cache_hit=found.hit)
+
+        return keeping.ensure(  # the node's one ensure (rukpak.store.ensure)
+            self._locks.hold(digest),
+            committed=lambda: digest if self.images.has_tree(digest) else None,
+            fetch=fetch,
+            take=take,
+        )
 
     def _fetch(self, source: FetchSource, digest: str, deadline: Deadline | None) -> None:
         started = time.monotonic()
