@@ -57,6 +57,7 @@ from rukpak.common.fsio import (
     write_json_atomic,
 )
 from rukpak.image import layerio, layerstream, retention, seams
+from rukpak.image.cache import ImageAsk
 from rukpak.image.grants import Grants
 from rukpak.image.locks import KeyedLocks
 from rukpak.image.seams import PullerFactory, PullPolicy
@@ -173,49 +174,42 @@ class FuseImages:
         credentials: Credentials | None = None,
     ) -> Ready:
         """The saved index of ``image`` for ``platform``, pulling as the policy says. Idempotent."""
-        ref = Reference.parse(image)
-        key = f"{ref}|{platform}"
+        ask = ImageAsk(Reference.parse(image), platform, credentials, pull_policy)
+        key = ask.key
 
         def committed() -> str | None:
             with self._tags_lock:
                 tagged = self._tags.get(key)
-            return self.grants.reusable(  # as bind mode: the same policy, the same checks
-                ref,
-                tagged if tagged and self.has_tree(tagged) else None,
-                private=self._is_private,
-                credentials=credentials,
-                platform=platform,
-                policy=pull_policy,
-            )
+            cached = tagged if tagged and self.has_tree(tagged) else None
+            # as bind mode: the same policy, the same checks
+            return ask.committed(self.grants, cached, private=self._is_private)
+
+        def pull(puller: seams.Puller, digest: str, manifest: Manifest, private: bool) -> None:
+            with self.collector.pulling():
+                self._pull(_Job(puller, ask.ref, digest, manifest, private, credentials))
 
         def fetch() -> keeping.Found:
-            puller = self._puller_factory(credentials)
-            try:
-                digest, manifest = self.grants.resolve(puller, ref, platform, credentials)
-                with self._digest_locks.hold(digest):
-                    hit = self.has_tree(digest)
-                    if not hit:
-                        private = self.grants.pulled_privately(ref, digest, platform, credentials)
-                        with self.collector.pulling():
-                            self._pull(_Job(puller, ref, digest, manifest, private, credentials))
-                    self.collector.touch(digests.hex_of(digest))
-            finally:
-                seams.close(puller)
+            found = ask.fetch(
+                self.grants,
+                self._puller_factory,
+                guard=self._digest_locks.hold,
+                has_tree=self.has_tree,
+                pull=pull,
+            )
             with self._tags_lock:
-                if self._tags.get(key) != digest:  # unchanged (pullPolicy Always): no write
-                    self._tags[key] = digest
+                if self._tags.get(key) != found.digest:  # unchanged (pullPolicy Always)
+                    self._tags[key] = found.digest
                     # A cache of resolutions: not fsynced on the publish path (a torn file
                     # after a power loss is set aside and the tags resolved again).
                     write_json_atomic(self.tags_path, self._tags, durable=False)
-            return keeping.Found(digest, hit)
+            return found
 
         def take(found: keeping.Found) -> Ready:
             name = digests.hex_of(found.digest)
-            if found.hit:
-                self.collector.touch(name)
-                if name in self.lazy.broken:  # its last completion failed: try again
-                    with self._tags_lock:
-                        self._incomplete.add(name)
+            self.collector.touch(name)
+            if found.hit and name in self.lazy.broken:  # its last completion failed: retry
+                with self._tags_lock:
+                    self._incomplete.add(name)
             self._observer.cache_result(hit=found.hit)
             return Ready(found.digest, name, cache_hit=found.hit)
 

@@ -56,7 +56,8 @@ import io
 import logging
 import os
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -85,7 +86,7 @@ from rukpak.store import commit
 from rukpak.store import ensure as keeping
 from rukpak.store import holders as holding
 
-__all__ = ["Holder", "ImageCache", "KeyedLocks", "PullPolicy", "Puller", "Unpacked"]
+__all__ = ["Holder", "ImageAsk", "ImageCache", "KeyedLocks", "PullPolicy", "Puller", "Unpacked"]
 
 log = logging.getLogger(__name__)
 
@@ -345,36 +346,33 @@ class ImageCache:
         the tree is recorded as used by it before this returns, so eviction
         cannot remove it in between (the node's one ``ensure``, ``rukpak.store.ensure``).
         """
-        ref = Reference.parse(image)
-        key = f"{ref}|{platform}"
-
-        def committed() -> str | None:
-            return self.grants.reusable(
-                ref,
-                self._cached_digest(key),
-                private=self._is_private,
-                credentials=credentials,
-                platform=platform,
-                policy=pull_policy,
-            )
+        ask = ImageAsk(Reference.parse(image), platform, credentials, pull_policy)
+        key = ask.key
 
         def fetch() -> keeping.Found:
-            puller = self._puller_factory(credentials)
-            try:
-                digest, manifest = self.grants.resolve(puller, ref, platform, credentials)
-                with self._digest_locks.hold(digest), self.leases.lease([digest]):
-                    hit = self.has_tree(digest)
-                    if not hit:
-                        private = self.grants.pulled_privately(ref, digest, platform, credentials)
-                        self._pull(puller, ref, digest, manifest, private=private)
-            finally:
-                seams.close(puller)
-            self.state.set_tag(key, digest)
-            return keeping.Found(digest, hit)
+            def guard(digest: str) -> AbstractContextManager[object]:
+                stack = ExitStack()
+                stack.enter_context(self._digest_locks.hold(digest))
+                stack.enter_context(self.leases.lease([digest]))
+                return stack
+
+            found = ask.fetch(
+                self.grants,
+                self._puller_factory,
+                guard=guard,
+                has_tree=self.has_tree,
+                pull=lambda puller, digest, manifest, private: self._pull(
+                    puller, ask.ref, digest, manifest, private=private
+                ),
+            )
+            self.state.set_tag(key, found.digest)
+            return found
 
         return keeping.ensure(
             self._ref_locks.hold(key),
-            committed=committed,
+            committed=lambda: ask.committed(
+                self.grants, self._cached_digest(key), private=self._is_private
+            ),
             fetch=fetch,
             take=lambda found: self._done(found.digest, holder, hit=found.hit),
         )
@@ -523,6 +521,62 @@ class ImageCache:
     def evict(self, *, keep: Collection[str] = ()) -> list[str]:
         """Evict until under budget, now (:meth:`rukpak.image.eviction.Evictor.evict`)."""
         return self.evictor.evict(keep=keep)
+
+
+@dataclass(frozen=True)
+class ImageAsk:
+    """One request for an image's tree, the steps of ``ensure`` every image store shares
+    (this cache and the FUSE store, ``csi.fuse.images``): the same reuse policy and
+    private-tree checks (``rukpak.image.grants``), the same resolve-then-pull-once."""
+
+    ref: Reference
+    platform: Platform
+    credentials: Credentials | None
+    policy: PullPolicy
+
+    @property
+    def key(self) -> str:
+        """The lock and tag key: one per (reference, platform)."""
+        return f"{self.ref}|{self.platform}"
+
+    def committed(
+        self, grants_: grants.Grants, cached: str | None, *, private: Callable[[str], bool]
+    ) -> str | None:
+        """The digest of ``cached`` when the pull policy and its privacy let it be served
+        to these credentials without a pull."""
+        return grants_.reusable(
+            self.ref,
+            cached,
+            private=private,
+            credentials=self.credentials,
+            platform=self.platform,
+            policy=self.policy,
+        )
+
+    def fetch(
+        self,
+        grants_: grants.Grants,
+        puller_factory: PullerFactory,
+        *,
+        guard: Callable[[str], AbstractContextManager[object]],
+        has_tree: Callable[[str], bool],
+        pull: Callable[[Puller, str, Manifest, bool], None],
+    ) -> keeping.Found:
+        """Resolve the reference, then, under ``guard(digest)`` (the digest's lock),
+        ``pull(puller, digest, manifest, private)`` unless the store has the tree."""
+        puller = puller_factory(self.credentials)
+        try:
+            digest, manifest = grants_.resolve(puller, self.ref, self.platform, self.credentials)
+            with guard(digest):
+                hit = has_tree(digest)
+                if not hit:
+                    private = grants_.pulled_privately(
+                        self.ref, digest, self.platform, self.credentials
+                    )
+                    pull(puller, digest, manifest, private)
+        finally:
+            seams.close(puller)
+        return keeping.Found(digest, hit)
 
 
 def _fetcher(puller: Puller, ref: Reference, desc: Descriptor) -> Fetch:
