@@ -1,4 +1,4 @@
-"""Durability of committed trees off the publish path (``rukpak.image.cachesync``).
+"""Durability of committed trees off the publish path (``rukpak.store.commit``).
 
 A real registry and a real cache directory: a committed tree's marker names this
 boot until the background ``syncfs`` marks it ``synced``; at start, a tree that was
@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from rukpak.image import cachesync
 from rukpak.image.cache import ImageCache
 from rukpak.image.seams import Puller, PullPolicy
 from rukpak.oci.auth import Credentials
 from rukpak.oci.client import RegistryClient
 from rukpak.oci.manifest import Platform
+from rukpak.store import commit as cachesync
 from tests.csi_helpers import simple_image
 from tests.polling import eventually
 from tests.registry import RegistryServer

@@ -237,7 +237,7 @@ def _no_puller(_credentials: Credentials | None) -> Puller:
 def test_after_a_reboot_torn_lazy_indexes_go_and_whole_ones_stay(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rukpak.image import cachesync
+    from rukpak.store import commit as cachesync
 
     monkeypatch.setattr(cachesync, "boot_id", lambda: "boot-1")
     images = FuseImages(tmp_path, puller_factory=_no_puller)

@@ -1,5 +1,9 @@
 """Garbage collection of the FUSE file store: unused trees go, then files no tree names.
 
+The policy (budget, holders, retention, least recently used first) is the node's one
+collector's (``rukpak.store.collect``), the one bind mode's eviction runs; this module
+is its backend for the FUSE store.
+
 Where it sits: the FUSE publisher (``csi.fuse.publisher``) asks for a collection
 after each publish and unpublish (:meth:`Collector.request`, one background
 thread at most, as the bind cache's eviction in ``rukpak.image.cache``); below it
@@ -27,11 +31,13 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from csi.fuse.filestore import FileStore
 from rukpak.common.background import Chore
+from rukpak.store import collect as collection
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +59,10 @@ def referenced(trees_dir: Path) -> set[str]:
 
 
 class Collector:
-    """Evicts unused trees over budget and deletes unreferenced files."""
+    """Evicts unused trees over budget and deletes unreferenced files: the node's one
+    collector (``rukpak.store.collect``) with this store as its backend (a unit is a tree
+    index; its last use is the index's mtime; removing it unlinks the index, then the
+    files no remaining index names go)."""
 
     def __init__(
         self,
@@ -62,19 +71,25 @@ class Collector:
         *,
         budget_bytes: int,
         forget: Callable[[str], None],
+        retained: Callable[[], set[str]] = set,
     ) -> None:
+        """``retained``: the trees an owner retains now (``FuseImages.retained``)."""
         self.files = files
         self.trees_dir = trees_dir
         self.budget_bytes = budget_bytes
         self._forget = forget  # drops what else knows a tree (tags, lazy plan, credentials)
+        self._retained = retained
         self._gate = threading.Condition()
         self._pulls = 0
         self._deleting = False
-        self._chore = Chore(
-            "fuse-gc", lambda: self.collect(self._held()), failure="FUSE store collection failed"
-        )
-        self._run_lock = threading.Lock()
         self._held: Callable[[], Collection[str]] = frozenset
+        self._deleted = 0  # files the last pass deleted
+        self._now = 0.0
+        self._run_lock = threading.Lock()
+        self._chore = Chore("fuse-gc", self.collect, failure="FUSE store collection failed")
+        self.collector = collection.Collector(
+            self, budget=lambda: self.budget_bytes, name="fuse-gc"
+        )
         # Files nothing names can exist at start (a crash mid-pull) and after a failed
         # pull or an eviction; otherwise a run need not walk the store at all.
         self._orphans = True
@@ -106,31 +121,73 @@ class Collector:
         self._held = held
         self._chore.wake()
 
-    def collect(self, held: Collection[str]) -> tuple[list[str], int]:
+    def collect(self, held: Collection[str] | None = None) -> tuple[list[str], int]:
         """Evict unused trees while over budget, then delete unreferenced files.
 
+        ``held``: trees in use besides what the last :meth:`request` named.
         Returns the evicted tree names and the number of files deleted. Files
         are left for a later run while a pull is in progress.
         """
         with self._run_lock:
-            evicted = self._evict(set(held))
-            if not evicted and not self._orphans:
-                return evicted, 0
-            with self._gate:
-                if self._pulls:
-                    self._orphans = True
-                    return evicted, 0
-                self._deleting = True
-                self._orphans = False
-            try:
-                deleted = self._delete_unreferenced()
-            except BaseException:
+            evicted = self.collector.collect(keep=() if held is None else held)
+            deleted, self._deleted = self._deleted, 0
+        return evicted, deleted
+
+    # --- the collector's backend (rukpak.store.collect.Backend) -------------------------
+
+    def locked(self) -> AbstractContextManager[object]:
+        return contextlib.nullcontext()  # holds are recorded before a tree is touched
+
+    def usage(self) -> int:
+        return self.files.disk_usage()
+
+    def held(self) -> set[str]:
+        return set(self._held())
+
+    def retained(self) -> set[str]:
+        return set(self._retained())
+
+    def units(self) -> Iterable[collection.Unit]:
+        self._now = time.time()
+        units = []
+        for path in self.trees_dir.glob("*.json"):
+            with contextlib.suppress(OSError):
+                units.append(collection.Unit(path.stem, path.stat().st_mtime))
+        return units
+
+    def busy(self, unit: collection.Unit) -> bool:
+        return self._now - unit.last_used < RECENT
+
+    def detach(self, unit: collection.Unit) -> None:
+        (self.trees_dir / f"{unit.name}.json").unlink(missing_ok=True)
+        self._forget(unit.name)
+
+    def remaining(self) -> int:
+        """What the evicted trees alone held is only known after the walk: recount."""
+        return self._usage_without_unreferenced()
+
+    def settle(self) -> None:
+        pass
+
+    def finish(self, evicted: list[str]) -> None:
+        if not evicted and not self._orphans:
+            return
+        with self._gate:
+            if self._pulls:
                 self._orphans = True
-                raise
-            finally:
-                with self._gate:
-                    self._deleting = False
-                    self._gate.notify_all()
+                return
+            self._deleting = True
+            self._orphans = False
+        try:
+            deleted = self._delete_unreferenced()
+        except BaseException:
+            self._orphans = True
+            raise
+        finally:
+            with self._gate:
+                self._deleting = False
+                self._gate.notify_all()
+        self._deleted = deleted
         if evicted or deleted:
             log.info(
                 "msg=%r trees=%s files=%d bytes_now=%d",
@@ -139,27 +196,6 @@ class Collector:
                 deleted,
                 self.files.disk_usage(),
             )
-        return evicted, deleted
-
-    def _evict(self, held: set[str]) -> list[str]:
-        if self.files.disk_usage() <= self.budget_bytes:
-            return []
-        trees = []
-        for path in self.trees_dir.glob("*.json"):
-            with contextlib.suppress(OSError):
-                trees.append((path.stat().st_mtime, path.stem))
-        evicted: list[str] = []
-        now = time.time()
-        for mtime, name in sorted(trees):  # least recently used first
-            if name in held or now - mtime < RECENT:
-                continue
-            (self.trees_dir / f"{name}.json").unlink(missing_ok=True)
-            self._forget(name)
-            evicted.append(name)
-            # What the evicted trees alone held is only known after the walk: recount.
-            if self._usage_without_unreferenced() <= self.budget_bytes:
-                break
-        return evicted
 
     def _usage_without_unreferenced(self) -> int:
         names = referenced(self.trees_dir)

@@ -7,8 +7,8 @@ filesystem (``csi.fuse.fs``), which serves reads from it. Layout under ``root``:
     ingest/                 files being written (invisible; wiped at start)
     files/sha256/<hex>      one file per distinct content, mode 0444
 
-It follows the blob store's recipe (``rukpak.image.store``): bytes are hashed as
-they arrive, the finished file is fsynced and renamed into place, so a crash
+It follows the node's one commit recipe (``rukpak.store.commit.place``): bytes are
+hashed as they arrive, the finished file is fsynced and renamed into place, so a crash
 leaves nothing or a complete file; content that is already present is
 success and the new copy is dropped. N versions of a bundle that differ in one
 file therefore cost one extra file. Unlike the blob store the digest is often
@@ -20,7 +20,6 @@ does).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import os
 import secrets
@@ -29,11 +28,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rukpak.common import errors
-from rukpak.common.fsio import fsync_dir, unlink_size
+from rukpak.common.fsio import unlink_size
 from rukpak.oci import digest as digests
+from rukpak.store import commit
 
 ALGORITHM = "sha256"
-_libc = ctypes.CDLL(None, use_errno=True)
 CHUNK = 1 << 20
 
 
@@ -134,17 +133,12 @@ class FileStore:
                     return
                 final = self.path(digest)
                 if not final.is_file():
-                    if durable:
-                        os.fsync(fd)
                     os.fchmod(fd, 0o444)
+                # the node's one recipe: fsync (durable), rename, fsync the directory;
+                # content already present is success and this copy goes
+                commit.place(tmp, final, fd=fd, durable=durable)
             finally:
                 os.close(fd)
-            if final.is_file():
-                tmp.unlink()
-            else:
-                os.replace(tmp, final)
-                if durable:
-                    fsync_dir(self.files_dir)
             sink.digest = digest
         except BaseException:
             tmp.unlink(missing_ok=True)
@@ -152,13 +146,7 @@ class FileStore:
 
     def sync(self) -> None:
         """Make every file written so far durable: one syncfs of the store's filesystem."""
-        fd = os.open(self.files_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            if _libc.syncfs(fd) != 0:
-                code = ctypes.get_errno()
-                raise OSError(code, f"syncfs {self.files_dir}: {os.strerror(code)}")
-        finally:
-            os.close(fd)
+        commit.sync_filesystem(self.files_dir)
 
     def put_bytes(self, data: bytes) -> str:
         """Store small content already in memory; returns its digest."""

@@ -56,7 +56,8 @@ from rukpak.common.fsio import (
     write_bytes_atomic,
     write_json_atomic,
 )
-from rukpak.image import cachesync, layerio, layerstream, retention, seams
+from rukpak.image import layerio, layerstream, retention, seams
+from rukpak.image.cache import ImageAsk
 from rukpak.image.grants import Grants
 from rukpak.image.locks import KeyedLocks
 from rukpak.image.seams import PullerFactory, PullPolicy
@@ -65,6 +66,8 @@ from rukpak.oci import digest as digests
 from rukpak.oci.auth import Credentials
 from rukpak.oci.manifest import Manifest, Platform
 from rukpak.oci.reference import Reference
+from rukpak.store import commit
+from rukpak.store import ensure as keeping
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +151,11 @@ class FuseImages:
         self.on_forget: list[Callable[[str], None]] = []  # more to drop with an evicted tree
         self.on_indexed: list[Callable[[str, index.Index], None]] = []  # a tree is ready
         self.collector = Collector(
-            self.files, self.trees_dir, budget_bytes=settings.budget_bytes, forget=self._forget_tree
+            self.files,
+            self.trees_dir,
+            budget_bytes=settings.budget_bytes,
+            forget=self._forget_tree,
+            retained=self.retained,
         )
         self._drop_torn_after_reboot()
 
@@ -167,47 +174,48 @@ class FuseImages:
         credentials: Credentials | None = None,
     ) -> Ready:
         """The saved index of ``image`` for ``platform``, pulling as the policy says. Idempotent."""
-        ref = Reference.parse(image)
-        key = f"{ref}|{platform}"
-        with self._ref_locks.hold(key):
+        ask = ImageAsk(Reference.parse(image), platform, credentials, pull_policy)
+        key = ask.key
+
+        def committed() -> str | None:
             with self._tags_lock:
                 tagged = self._tags.get(key)
-            cached = self.grants.reusable(  # as bind mode: the same policy, the same checks
-                ref,
-                tagged if tagged and self.has_tree(tagged) else None,
-                private=self._is_private,
-                credentials=credentials,
-                platform=platform,
-                policy=pull_policy,
+            cached = tagged if tagged and self.has_tree(tagged) else None
+            # as bind mode: the same policy, the same checks
+            return ask.committed(self.grants, cached, private=self._is_private)
+
+        def pull(puller: seams.Puller, digest: str, manifest: Manifest, private: bool) -> None:
+            with self.collector.pulling():
+                self._pull(_Job(puller, ask.ref, digest, manifest, private, credentials))
+
+        def fetch() -> keeping.Found:
+            found = ask.fetch(
+                self.grants,
+                self._puller_factory,
+                guard=self._digest_locks.hold,
+                has_tree=self.has_tree,
+                pull=pull,
             )
-            if cached is not None:
-                name = digests.hex_of(cached)
-                self.collector.touch(name)
-                if name in self.lazy.broken:  # its last completion failed: try again
-                    with self._tags_lock:
-                        self._incomplete.add(name)
-                self._observer.cache_result(hit=True)
-                return Ready(cached, name, cache_hit=True)
-            puller = self._puller_factory(credentials)
-            try:
-                digest, manifest = self.grants.resolve(puller, ref, platform, credentials)
-                with self._digest_locks.hold(digest):
-                    hit = self.has_tree(digest)
-                    if not hit:
-                        private = self.grants.pulled_privately(ref, digest, platform, credentials)
-                        with self.collector.pulling():
-                            self._pull(_Job(puller, ref, digest, manifest, private, credentials))
-                    self.collector.touch(digests.hex_of(digest))
-            finally:
-                seams.close(puller)
             with self._tags_lock:
-                if self._tags.get(key) != digest:  # unchanged (pullPolicy Always): no write
-                    self._tags[key] = digest
+                if self._tags.get(key) != found.digest:  # unchanged (pullPolicy Always)
+                    self._tags[key] = found.digest
                     # A cache of resolutions: not fsynced on the publish path (a torn file
                     # after a power loss is set aside and the tags resolved again).
                     write_json_atomic(self.tags_path, self._tags, durable=False)
-            self._observer.cache_result(hit=hit)
-            return Ready(digest, digests.hex_of(digest), cache_hit=hit)
+            return found
+
+        def take(found: keeping.Found) -> Ready:
+            name = digests.hex_of(found.digest)
+            self.collector.touch(name)
+            if found.hit and name in self.lazy.broken:  # its last completion failed: retry
+                with self._tags_lock:
+                    self._incomplete.add(name)
+            self._observer.cache_result(hit=found.hit)
+            return Ready(found.digest, name, cache_hit=found.hit)
+
+        return keeping.ensure(  # the node's one ensure (rukpak.store.ensure)
+            self._ref_locks.hold(key), committed=committed, fetch=fetch, take=take
+        )
 
     def retain(self, owner: str, refs: Iterable[str], platform: Platform) -> list[str]:
         """Make the trees of ``refs`` (image references pinned by digest) on ``platform``
@@ -359,7 +367,7 @@ class FuseImages:
         broken JSON. Such a tree is pulled again when next published.
         """
         marker = self.root / "boot_id"
-        now = cachesync.boot_id()
+        now = commit.boot_id()
         try:
             before = marker.read_text().strip()
         except OSError:

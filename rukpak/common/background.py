@@ -2,7 +2,7 @@
 request path" job of the node plugin.
 
 Where it sits: under the image cache's eviction (``rukpak.image.eviction``), its record
-writer (``rukpak.image.cachestate``) and tree syncer (``rukpak.image.cachesync``), and the
+writer (``rukpak.image.cachestate``) and tree syncer (``rukpak.store.commit``), and the
 FUSE store's collector (``csi.fuse.collect``). :meth:`Chore.wake` asks for one more
 run; wake-ups that come while a run is going make exactly one more run after it. The
 thread ends when nothing is asked and starts again on the next wake-up, so an idle

@@ -20,9 +20,10 @@ mismatch fails the pull, discarding both the ingest and the staging tree. Layers
 already in the store unpack from there. A pull whose stream breaks is retried
 once the old way: download every blob (with the client's retries), then unpack.
 
-Commit: the staging tree is sealed and renamed into ``unpacked/``, and
+Commit: the node's one recipe (``rukpak.store.commit.Trees``, shared with the git and
+http trees): the staging tree is sealed and renamed into ``unpacked/``, and
 ``unpacked/<hex>.sealed`` is written last. Durability follows in the background
-(``rukpak.image.cachesync``: ``syncfs``, then the marker says ``synced``), for the
+(``rukpak.store.commit.Syncer``: ``syncfs``, then the marker says ``synced``), for the
 tree and for the layer blobs streamed with it (committed without fsync); a tree
 not synced before a reboot is distrusted and removed at start, and so are blobs
 no remaining tree lists. At start also
@@ -52,21 +53,18 @@ reference → digest → state, so they cannot deadlock.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
-import secrets
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
 from rukpak.common import errors
-from rukpak.common.fsio import write_json_atomic
 from rukpak.image import (
     artifact,
-    cachesync,
     eviction,
     extract,
     grants,
@@ -84,13 +82,15 @@ from rukpak.oci import digest as digests
 from rukpak.oci.auth import Credentials
 from rukpak.oci.manifest import Descriptor, Manifest, Platform
 from rukpak.oci.reference import Reference
+from rukpak.store import commit
+from rukpak.store import ensure as keeping
 from rukpak.store import holders as holding
 
-__all__ = ["Holder", "ImageCache", "KeyedLocks", "PullPolicy", "Puller", "Unpacked"]
+__all__ = ["Holder", "ImageAsk", "ImageCache", "KeyedLocks", "PullPolicy", "Puller", "Unpacked"]
 
 log = logging.getLogger(__name__)
 
-SEALED = ".sealed"
+SEALED = commit.SEALED
 """Suffix of a committed tree's marker, ``unpacked/<hex>.sealed``, written last."""
 
 
@@ -135,6 +135,11 @@ class ImageCache:
         self.state = CacheState(root / "state.json")
         self._state_lock = self.state.lock
         self.registry = holders or holding.Holders(root / "holders", durable=durable)
+        # The one commit recipe (rukpak.store.commit), shared with the git and http trees.
+        self.trees = commit.Trees(
+            self.unpacked_dir, durable=durable, seal=tree.seal_dirs, remove=eviction.remove_tree
+        )
+        self.syncer = self.trees.syncer
         self._adopt_legacy_holders()
         self._clock = settings.clock  # unix seconds: when retention was set, and how old it is
         self.evictor = eviction.Evictor(
@@ -148,7 +153,6 @@ class ImageCache:
             retain_ttl=settings.retain_ttl,
             clock=settings.clock,
         )
-        self.syncer = cachesync.TreeSyncer(self.unpacked_dir, self._marker)
         self._remove_unfinished_trees()
 
     @property
@@ -161,46 +165,16 @@ class ImageCache:
         return self._limits
 
     def _remove_unfinished_trees(self) -> None:
-        """Delete what a crash left behind, whatever it holds; never fails start.
-
-        Staging trees (``.tmp-``) go, and so do trees without their sealed marker
-        (renamed into place but the marker never written: not known to be on
-        disk). A tree without a marker that a target holds (written by an older
-        plugin) is adopted: a marker is written for it. Blobs no remaining tree
+        """Delete what a crash left behind, whatever it holds; never fails start
+        (:meth:`rukpak.store.commit.Trees.recover`: staging trees, trees without their
+        marker unless held, trees not synced before a reboot). Blobs no remaining tree
         lists go too.
         """
-        held = self.registry.held(store=holding.TREE)
-        names = {e.name for e in self.unpacked_dir.iterdir()}
-        for name in sorted(names):
-            entry = self.unpacked_dir / name
-            if ".tmp-" in name:
-                log.info("msg=%r path=%s", "removing unfinished tree", entry)
-                eviction.remove_tree(entry)
-            elif name.endswith(SEALED):
-                tree_name = name[: -len(SEALED)]
-                if tree_name not in names:
-                    entry.unlink(missing_ok=True)
-                    continue
-                marker = _read_marker(entry)
-                if cachesync.lost_in_reboot(marker):
-                    log.warning(
-                        "msg=%r path=%s",
-                        "removing a tree that was not yet on disk when the node went down",
-                        self.unpacked_dir / tree_name,
-                    )
-                    entry.unlink(missing_ok=True)
-                    eviction.remove_tree(self.unpacked_dir / tree_name)
-                    self.state.forget_tree(tree_name)
-                elif marker.get("boot_id") and not marker.get("synced"):
-                    self.syncer.request(f"sha256:{tree_name}")
-            elif name + SEALED not in names and digests.is_valid(f"sha256:{name}"):
-                if name in held:
-                    log.info("msg=%r path=%s", "adopting a held tree without marker", entry)
-                    write_json_atomic(entry.with_name(name + SEALED), {"digest": f"sha256:{name}"})
-                    continue
-                log.warning("msg=%r path=%s", "removing a tree that was never sealed", entry)
-                eviction.remove_tree(entry)
-                self.state.forget_tree(name)
+        self.trees.recover(
+            held=self.registry.held(store=holding.TREE),
+            forget=self.state.forget_tree,
+            is_tree=lambda name: digests.is_valid(f"sha256:{name}"),
+        )
         # Streamed blobs are committed without fsync and made durable with their tree:
         # a blob no kept tree lists may predate a power loss (or belong to a pull that
         # failed); it is only a cache, so it goes.
@@ -370,33 +344,38 @@ class ImageCache:
 
         Idempotent; concurrent calls for one image pull it once. With ``holder``,
         the tree is recorded as used by it before this returns, so eviction
-        cannot remove it in between.
+        cannot remove it in between (the node's one ``ensure``, ``rukpak.store.ensure``).
         """
-        ref = Reference.parse(image)
-        key = f"{ref}|{platform}"
-        with self._ref_locks.hold(key):
-            cached = self.grants.reusable(
-                ref,
-                self._cached_digest(key),
-                private=self._is_private,
-                credentials=credentials,
-                platform=platform,
-                policy=pull_policy,
+        ask = ImageAsk(Reference.parse(image), platform, credentials, pull_policy)
+        key = ask.key
+
+        def fetch() -> keeping.Found:
+            def guard(digest: str) -> AbstractContextManager[object]:
+                stack = ExitStack()
+                stack.enter_context(self._digest_locks.hold(digest))
+                stack.enter_context(self.leases.lease([digest]))
+                return stack
+
+            found = ask.fetch(
+                self.grants,
+                self._puller_factory,
+                guard=guard,
+                has_tree=self.has_tree,
+                pull=lambda puller, digest, manifest, private: self._pull(
+                    puller, ask.ref, digest, manifest, private=private
+                ),
             )
-            if cached is not None:
-                return self._done(cached, holder, hit=True)
-            puller = self._puller_factory(credentials)
-            try:
-                digest, manifest = self.grants.resolve(puller, ref, platform, credentials)
-                with self._digest_locks.hold(digest), self.leases.lease([digest]):
-                    hit = self.has_tree(digest)
-                    if not hit:
-                        private = self.grants.pulled_privately(ref, digest, platform, credentials)
-                        self._pull(puller, ref, digest, manifest, private=private)
-            finally:
-                seams.close(puller)
-            self.state.set_tag(key, digest)
-            return self._done(digest, holder, hit=hit)
+            self.state.set_tag(key, found.digest)
+            return found
+
+        return keeping.ensure(
+            self._ref_locks.hold(key),
+            committed=lambda: ask.committed(
+                self.grants, self._cached_digest(key), private=self._is_private
+            ),
+            fetch=fetch,
+            take=lambda found: self._done(found.digest, holder, hit=found.hit),
+        )
 
     def _is_private(self, digest: str) -> bool:
         """Trees pulled with credentials that anonymous access could not read; a tree
@@ -490,31 +469,16 @@ class ImageCache:
             else:
                 self._put(puller, ref, d)
             layers.append(extract.Layer(self.store.path(d.digest), d.media_type, d.digest, source))
-        staging = self.unpacked_dir / f"{digests.hex_of(digest)}.tmp-{secrets.token_hex(4)}"
-        staging.mkdir(mode=0o755)
-        try:
+        with self.trees.stage(digest) as staging:
             stats = extract.extract_layers(staging, layers, image=str(ref), limits=self._limits)
             for warning in stats.warnings:
                 log.warning("msg=%r image=%s detail=%r", "layer entry refused", ref, warning)
-            tree.seal_dirs(staging)  # the extractor created the files read-only
-            os.replace(staging, self.tree_path(digest))
-        except BaseException:
-            eviction.remove_tree(staging)
-            raise
-        # Written last: a tree without its marker was never committed (see start-up).
-        if self.durable:  # synced in the background; distrusted after a reboot until then
-            marker = self.syncer.commit_marker(digest, files=stats.entries, bytes=stats.bytes)
-            write_json_atomic(self._marker(digest), marker, durable=False)
-            self.syncer.request(digest)
-        else:
-            write_json_atomic(
-                self._marker(digest),
-                {"digest": digest, "files": stats.entries, "bytes": stats.bytes},
-            )
+            # the extractor created the files read-only; the recipe seals the directories
+            self.trees.commit(staging, digest, files=stats.entries, bytes=stats.bytes)
         return stats
 
     def _marker(self, digest: str) -> Path:
-        return self.unpacked_dir / f"{digests.hex_of(digest)}{SEALED}"
+        return self.trees.marker(digest)
 
     def _put_streamed(
         self, puller: Puller, streaming: StreamingPuller | None, ref: Reference, desc: Descriptor
@@ -559,16 +523,64 @@ class ImageCache:
         return self.evictor.evict(keep=keep)
 
 
+@dataclass(frozen=True)
+class ImageAsk:
+    """One request for an image's tree, the steps of ``ensure`` every image store shares
+    (this cache and the FUSE store, ``csi.fuse.images``): the same reuse policy and
+    private-tree checks (``rukpak.image.grants``), the same resolve-then-pull-once."""
+
+    ref: Reference
+    platform: Platform
+    credentials: Credentials | None
+    policy: PullPolicy
+
+    @property
+    def key(self) -> str:
+        """The lock and tag key: one per (reference, platform)."""
+        return f"{self.ref}|{self.platform}"
+
+    def committed(
+        self, grants_: grants.Grants, cached: str | None, *, private: Callable[[str], bool]
+    ) -> str | None:
+        """The digest of ``cached`` when the pull policy and its privacy let it be served
+        to these credentials without a pull."""
+        return grants_.reusable(
+            self.ref,
+            cached,
+            private=private,
+            credentials=self.credentials,
+            platform=self.platform,
+            policy=self.policy,
+        )
+
+    def fetch(
+        self,
+        grants_: grants.Grants,
+        puller_factory: PullerFactory,
+        *,
+        guard: Callable[[str], AbstractContextManager[object]],
+        has_tree: Callable[[str], bool],
+        pull: Callable[[Puller, str, Manifest, bool], None],
+    ) -> keeping.Found:
+        """Resolve the reference, then, under ``guard(digest)`` (the digest's lock),
+        ``pull(puller, digest, manifest, private)`` unless the store has the tree."""
+        puller = puller_factory(self.credentials)
+        try:
+            digest, manifest = grants_.resolve(puller, self.ref, self.platform, self.credentials)
+            with guard(digest):
+                hit = has_tree(digest)
+                if not hit:
+                    private = grants_.pulled_privately(
+                        self.ref, digest, self.platform, self.credentials
+                    )
+                    pull(puller, digest, manifest, private)
+        finally:
+            seams.close(puller)
+        return keeping.Found(digest, hit)
+
+
 def _fetcher(puller: Puller, ref: Reference, desc: Descriptor) -> Fetch:
     def fetch(dest: Path) -> None:
         puller.fetch_blob(ref, desc, dest)
 
     return fetch
-
-
-def _read_marker(path: Path) -> dict[str, object]:
-    try:
-        doc = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}

@@ -1,6 +1,9 @@
 """The image cache's eviction: least recently used trees no target holds and no owner
 retains, and their blobs.
 
+The policy (budget, holders, retention, least recently used first) is the node's one
+collector's (``rukpak.store.collect``); this module is its backend for the image cache.
+
 Where it sits: owned by the image cache (``rukpak.image.cache``), which asks for a
 background pass after every pull that may have grown the cache past its budget
 (``--cache-budget``). It reads and changes the cache's records
@@ -20,16 +23,16 @@ import functools
 import logging
 import os
 import secrets
-import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
-from rukpak.common.background import Chore
 from rukpak.image import tree
 from rukpak.image.cachestate import CacheState
 from rukpak.image.leases import Leases
 from rukpak.image.store import ContentStore
 from rukpak.oci import digest as digests
+from rukpak.store import collect
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +41,11 @@ RETAIN_TTL = 14 * 24 * 3600.0
 
 
 class Evictor:
-    """Keeps one cache under its budget; at most one pass runs at a time. ``retain_ttl``
-    and ``clock`` are the cache's (``rukpak.image.settings``)."""
+    """Keeps one cache under its budget through the node's one collector
+    (``rukpak.store.collect``), as its backend: a unit is an unpacked tree (named by its
+    hex digest; its size as recorded, its last use from the records) with the blobs no
+    other tree lists. ``retain_ttl`` and ``clock`` are the cache's
+    (``rukpak.image.settings``)."""
 
     def __init__(
         self,
@@ -63,8 +69,11 @@ class Evictor:
         self._budget = budget  # read at each pass: the cache's budget may change
         self.retain_ttl = retain_ttl
         self._clock = clock  # unix seconds; retention entries age by it
-        self._chore = Chore("evict", self.evict, failure="eviction failed")
-        self._pass_lock = threading.Lock()
+        self.collector = collect.Collector(self, budget=budget, name="evict")
+        # What the pass in progress detached (one pass at a time: the collector's).
+        self._doomed: list[Path] = []
+        self._blobs: set[str] = set()
+        self._expired: list[str] = []
 
     def usage(self) -> int:
         """Bytes held: blobs plus unpacked trees (as recorded)."""
@@ -73,7 +82,7 @@ class Evictor:
     def request(self) -> None:
         """Evict in the background, outside every publish (one evictor thread at most)."""
         if self.usage() > self._budget():
-            self._chore.wake()
+            self.collector.request()
 
     def evict(self, *, keep: Collection[str] = ()) -> list[str]:
         """Remove least recently used trees no target holds, no owner retains (within the
@@ -84,61 +93,71 @@ class Evictor:
         publish can pick it up afterwards; the slow deletion runs after the lock is
         released. Blobs are deleted only when no pull leases them.
         """
-        with self._pass_lock:  # one eviction at a time; publishes never wait for it
-            return self._evict(keep)
+        hexes = self.collector.collect(keep={digests.hex_of(d) for d in keep})
+        return [f"sha256:{hex_}" for hex_ in hexes]
+
+    # --- the collector's backend (rukpak.store.collect.Backend) -------------------------
+
+    def locked(self) -> AbstractContextManager[object]:
+        return self.state.lock
+
+    def held(self) -> set[str]:
+        return self._held()
+
+    def retained(self) -> set[str]:
+        now = self._clock()
+        self._expired = self.state.expire_retention(now, self.retain_ttl)
+        return self.state.retained(now, self.retain_ttl)
+
+    def units(self) -> Iterable[collect.Unit]:
+        trees = self.state.data["trees"]
+        return [
+            collect.Unit(hex_, float(trees[hex_].get("last_used", 0)))
+            for hex_ in self.state.lru_trees()
+        ]
+
+    def busy(self, unit: collect.Unit) -> bool:
+        return self.leases.leased(f"sha256:{unit.name}")
+
+    def detach(self, unit: collect.Unit) -> None:
+        grave = self.unpacked_dir / f"{unit.name}.tmp-evict-{secrets.token_hex(4)}"
+        try:
+            os.replace(self.unpacked_dir / unit.name, grave)
+        except FileNotFoundError:
+            pass
+        else:
+            self._doomed.append(grave)
+        record = self.state.forget_tree(unit.name)
+        self._blobs.update(b for b in record.get("blobs", []) if digests.is_valid(b))
+
+    def remaining(self) -> int:
+        pending = self._blobs - self.state.blobs_in_use()
+        return self.usage() - sum(self._blob_size(b) for b in pending)
+
+    def settle(self) -> None:
+        self._blobs -= self.state.blobs_in_use()
+        self.state.save()
+
+    def finish(self, evicted: list[str]) -> None:
+        doomed, self._doomed = self._doomed, []
+        blobs, self._blobs = self._blobs, set()
+        expired, self._expired = self._expired, []
+        for owner in expired:
+            log.info("msg=%r owner=%s", "retention expired", owner)
+        for hex_ in evicted:
+            self._marker(f"sha256:{hex_}").unlink(missing_ok=True)
+        for blob in sorted(blobs):
+            self.leases.unless_leased(blob, functools.partial(self.store.delete, blob))
+        for grave in doomed:
+            remove_tree(grave)
+        for hex_ in evicted:
+            log.info("msg=%r digest=sha256:%s", "evicted unused image", hex_)
 
     def _blob_size(self, digest: str) -> int:
         try:
             return self.store.path(digest).stat().st_size
         except OSError:
             return 0
-
-    def _evict(self, keep: Collection[str]) -> list[str]:
-        evicted: list[str] = []
-        doomed: list[Path] = []
-        blobs: set[str] = set()
-        budget = self._budget()
-        with self.state.lock:
-            if self.usage() <= budget:
-                return evicted
-            now = self._clock()
-            expired = self.state.expire_retention(now, self.retain_ttl)
-            held = (
-                self._held()
-                | self.state.retained(now, self.retain_ttl)
-                | {digests.hex_of(d) for d in keep}
-            )
-            for hex_ in self.state.lru_trees():
-                pending = blobs - self.state.blobs_in_use()
-                if self.usage() - sum(self._blob_size(b) for b in pending) <= budget:
-                    break
-                record = self.state.tree(f"sha256:{hex_}") or {}
-                digest = str(record.get("digest", f"sha256:{hex_}"))
-                if hex_ in held or self.leases.leased(digest):
-                    continue
-                grave = self.unpacked_dir / f"{hex_}.tmp-evict-{secrets.token_hex(4)}"
-                try:
-                    os.replace(self.unpacked_dir / hex_, grave)
-                except FileNotFoundError:
-                    pass
-                else:
-                    doomed.append(grave)
-                self.state.forget_tree(hex_)
-                blobs.update(b for b in record.get("blobs", []) if digests.is_valid(b))
-                evicted.append(digest)
-            blobs -= self.state.blobs_in_use()
-            self.state.save()
-        for owner in expired:
-            log.info("msg=%r owner=%s", "retention expired", owner)
-        for digest in evicted:
-            self._marker(digest).unlink(missing_ok=True)
-        for blob in sorted(blobs):
-            self.leases.unless_leased(blob, functools.partial(self.store.delete, blob))
-        for grave in doomed:
-            remove_tree(grave)
-        for digest in evicted:
-            log.info("msg=%r digest=%s", "evicted unused image", digest)
-        return evicted
 
 
 def remove_tree(path: Path) -> None:

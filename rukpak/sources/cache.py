@@ -5,11 +5,13 @@ the tree of a pinned ``FetchSource`` (``rukpak.sources.volume``); below it are t
 fetchers (``rukpak.sources.git``, ``rukpak.sources.http``) and the image extractor
 (``rukpak.image.extract``), so a repository or tarball meets exactly the rules and
 budgets of an image layer. Trees live in the image cache's ``unpacked/`` directory
-under a key digest, committed the same way (staging ``.tmp-`` dir removed at start,
-directories sealed, ``syncfs``, rename, ``.sealed`` marker last) and recorded through
-its public calls (``ImageCache.record_tree``, ``ImageCache.take``: the holder goes to the
-node's holder registry, ``rukpak.store.holders``), so holders, eviction and the start-up
-reconcile treat them like image trees.
+under a key digest, committed by the node's one recipe (``rukpak.store.commit.Trees``,
+the image cache's: staging ``.tmp-`` dir removed at start, directories sealed, rename,
+``.sealed`` marker last, ``syncfs`` in the background, distrusted after a reboot until
+then) and recorded through its public calls (``ImageCache.record_tree``,
+``ImageCache.take``: the holder goes to the node's holder registry,
+``rukpak.store.holders``), so holders, eviction and the start-up reconcile treat them
+like image trees.
 
 The key is the sha256 of (kind, location, pin, directory, credential fingerprint):
 content fetched with a credential is only ever served to a volume presenting the
@@ -23,15 +25,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import secrets
 import time
 from pathlib import Path
 
 from rukpak.common.backoff import Deadline
-from rukpak.common.fsio import fsync_dir, syncfs, write_json_atomic
 from rukpak.image import extract, tree
-from rukpak.image.cache import SEALED, ImageCache, Unpacked
+from rukpak.image.cache import ImageCache, Unpacked
 from rukpak.image.cachestate import Holder
 from rukpak.image.layerio import GZIP_MAGIC, ZSTD_MAGIC
 from rukpak.image.locks import KeyedLocks
@@ -39,6 +38,7 @@ from rukpak.image.members import Limits
 from rukpak.sources import auth as sourceauth
 from rukpak.sources import git, http
 from rukpak.sources.volume import FetchSource
+from rukpak.store import ensure as keeping
 
 log = logging.getLogger(__name__)
 
@@ -88,45 +88,43 @@ class SourceCache:
         The fetch answers DeadlineExceeded, naming the server, once ``deadline`` has passed.
         """
         digest = key_digest(source)
-        with self._locks.hold(digest):
-            hit = self.images.has_tree(digest)
-            if not hit:
-                self._fetch(source, digest, deadline)
+
+        def fetch() -> keeping.Found:
+            self._fetch(source, digest, deadline)
+            return keeping.Found(digest, hit=False)
+
+        def take(found: keeping.Found) -> Unpacked:
             self.images.take(digest, holder, what=source.label())
-        return Unpacked(digest=digest, path=self.images.tree_path(digest), cache_hit=hit)
+            return Unpacked(digest=digest, path=self.images.tree_path(digest), cache_hit=found.hit)
+
+        return keeping.ensure(  # the node's one ensure (rukpak.store.ensure)
+            self._locks.hold(digest),
+            committed=lambda: digest if self.images.has_tree(digest) else None,
+            fetch=fetch,
+            take=take,
+        )
 
     def _fetch(self, source: FetchSource, digest: str, deadline: Deadline | None) -> None:
         started = time.monotonic()
-        hex_ = digest.removeprefix("sha256:")
-        unpacked = self.images.unpacked_dir
-        work = unpacked / f"{hex_}.tmp-fetch-{secrets.token_hex(4)}"
-        staging = unpacked / f"{hex_}.tmp-{secrets.token_hex(4)}"
+        trees = self.images.trees  # the node's one commit recipe (rukpak.store.commit)
+        work = trees.scratch(digest, "fetch-")
         work.mkdir(mode=0o700)
         try:
             archive, media_type, warnings = self._archive(source, work, deadline)
-            staging.mkdir(mode=0o755)
-            stats = extract.extract_layers(
-                staging,
-                [extract.Layer(archive, media_type, "")],
-                image=source.label(),
-                limits=self.limits,
-            )
-            for warning in [*warnings, *stats.warnings]:
-                log.warning("msg=%r source=%s detail=%r", "entry refused", source.label(), warning)
-            tree.seal_dirs(staging)
-            if self.images.durable:
-                syncfs(staging)
-            os.replace(staging, self.images.tree_path(digest))
-            fsync_dir(unpacked)
-        except BaseException:
-            _remove(staging)
-            raise
+            with trees.stage(digest) as staging:
+                stats = extract.extract_layers(
+                    staging,
+                    [extract.Layer(archive, media_type, "")],
+                    image=source.label(),
+                    limits=self.limits,
+                )
+                for warning in [*warnings, *stats.warnings]:
+                    log.warning(
+                        "msg=%r source=%s detail=%r", "entry refused", source.label(), warning
+                    )
+                trees.commit(staging, digest, files=stats.entries, bytes=stats.bytes)
         finally:
             _remove(work)
-        write_json_atomic(
-            unpacked / f"{hex_}{SEALED}",
-            {"digest": digest, "files": stats.entries, "bytes": stats.bytes},
-        )
         self.images.record_tree(
             digest,
             {

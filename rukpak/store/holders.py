@@ -16,7 +16,7 @@ the file and of the directory); a release unlinks it, then the directory is sync
 Neither reads or rewrites any other record, so a publish costs the same with 1 or 1,000
 volumes held. The fsyncs run in a background thread (``sync``, one batch for every
 record changed meanwhile), as a tree's durability follows its commit
-(``rukpak.image.cachesync``): the publish returns after the rename, which a crash of the
+(``rukpak.store.commit``): the publish returns after the rename, which a crash of the
 plugin cannot undo; what a power loss could take in the milliseconds before the batch
 is the record of a mount the power loss ended anyway (and a record torn so is set aside
 at start, below). With ``durable=False`` (``--no-durable-commit``) nothing is fsynced.
