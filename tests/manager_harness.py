@@ -72,7 +72,11 @@ def running_controller(
     """The system namespace prepared and the controller running until the block ends;
     tags resolve against the registry unless ``resolve`` says otherwise."""
     prepare_system_namespace(kube, system_namespace)
-    settings = model.Settings(image=image, system_namespace=system_namespace, host_network=True)
+    # every BundleDeployment on the shared API server is this controller's, those other
+    # modules left too (their runs never end here): they must not take its run slots
+    settings = model.Settings(
+        image=image, system_namespace=system_namespace, host_network=True, max_concurrent_runs=512
+    )
     ctl = controller.Controller(
         kube,
         settings,
