@@ -57,10 +57,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     run after the host-process plugin's e2e tests and before those of ``rukpak_system``
     (tests.install_helpers): both own the kubelet's csi.rukpak.io registration while they run.
     Of those, the tests of the default install (``standing_system``) run last: the switch to
-    it is made once and never undone."""
+    it is made once and never undone. On the multi-node cluster, the pre-stage tests
+    (tests/test_multinode_prestage.py) run before tests/test_multinode.py, whose last tests
+    take nodes down for good: a DaemonSet there rolls out on every node."""
 
     def rank(item: pytest.Item) -> int:
         names = getattr(item, "fixturenames", ())
+        if "multinode_system" in names or "multinode_cluster" in names:
+            return 0 if "prestage" in item.nodeid.split("::")[0] else 1
         if "standing_system" in names:
             return 3
         return 2 if "rukpak_system" in names else 1 if "released_system" in names else 0
