@@ -28,16 +28,33 @@ typecheck: setup
 	$(VENV)/bin/mypy rukpak csi provisioner tests contrib/helm-provisioner/rukpak_helm
 
 ## test: the whole suite (lint, types, proto drift, unit and integration tests), then the
-## multi-node tests, then the kind tests, each in a pytest run of its own (one cluster at
-## a time on 2 cores); with PYTEST_ARGS, one run with exactly those arguments
+## multi-node tests, then the kind tests. The first part is two pytest runs side by side:
+## the tests of the local cluster (marker `cluster`, mostly waiting on the kubelet and the
+## API server) in the foreground, the others in the background (their output follows the
+## first run's); then the multi-node and kind runs, one cluster at a time. SERIAL=1 runs
+## the first part as one run. With PYTEST_ARGS, one run with exactly those arguments.
+SERIAL ?=
 test: setup proto-check lint typecheck k8s-bins helm cosign kind promtool
 	@check() { rc=$$1; shift; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest $$* collected no tests (exit 5): that is a failure, not a pass" >&2; fi; \
 	  return $$rc; }; \
+	first() { \
+	  if [ -n '$(SERIAL)' ]; then \
+	    $(PY) -m pytest -m 'not multinode and not kind'; check $$? -m 'not multinode and not kind'; return; \
+	  fi; \
+	  log=$$(mktemp "$${TMPDIR:-/tmp}/rukpak-make-test.XXXXXX"); \
+	  $(PY) -m pytest -o cache_dir=.pytest_cache/unit -m 'not cluster and not multinode and not kind' \
+	    >"$$log" 2>&1 & unit=$$!; \
+	  trap 'kill $$unit 2>/dev/null' INT TERM; \
+	  $(PY) -m pytest -m 'cluster and not multinode and not kind'; a=$$?; \
+	  wait $$unit; b=$$?; \
+	  echo "==== make test: the tests outside the local cluster, run beside it ===="; \
+	  cat "$$log"; rm -f "$$log"; \
+	  check $$a -m 'cluster and not multinode and not kind' && check $$b -m 'not cluster and not multinode and not kind'; }; \
 	if [ -n '$(strip $(PYTEST_ARGS))' ]; then \
 	  $(PY) -m pytest $(PYTEST_ARGS); check $$? $(PYTEST_ARGS); \
 	else \
-	  $(PY) -m pytest -m 'not multinode and not kind'; check $$? -m 'not multinode and not kind' \
+	  first \
 	  && { $(PY) -m pytest -m multinode; check $$? -m multinode; } \
 	  && { $(PY) -m pytest -m kind; check $$? -m kind; }; \
 	fi

@@ -91,6 +91,10 @@ base_key=$(
 )
 base=$CACHE/base-$base_key
 mkdir -p "$CACHE"
+# one build at a time per cache: make test runs two pytest processes side by side, and
+# make run builds in the background; both steps below reuse fixed paths under $CACHE
+exec 8>"$CACHE/.lock"
+flock 8
 
 # Unmount whatever a chroot step left mounted under $1 (proc), deepest first.
 unmount_under() {
