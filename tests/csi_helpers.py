@@ -12,6 +12,7 @@ import contextlib
 import errno
 import gzip
 import io
+import itertools
 import json
 import os
 import socket
@@ -158,6 +159,20 @@ def private_image(
     secret = dockerconfig(registry.host, registry.username, registry.password)
     creds = Credentials.from_dockerconfigjson(secret[".dockerconfigjson"])
     return secret, push_image(registry.host, repo, "v1", [entries], credentials=creds)
+
+
+_private_repos = itertools.count()
+
+
+def unique_private_image(
+    registry: RegistryServer, prefix: str
+) -> tuple[dict[str, str], PushedImage]:
+    """A :func:`private_image` in a new repository ``PREFIX<n>`` whose content no other
+    image has (so a digest of its own): ``secret.txt`` ("only for the owner") and
+    ``repo``, the repository's name."""
+    repo = f"{prefix}{next(_private_repos)}"
+    files = [("secret.txt", "file", b"only for the owner"), ("repo", "file", repo.encode())]
+    return private_image(registry, repo, files)
 
 
 # --- running the plugin process -----------------------------------------------------
