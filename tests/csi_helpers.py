@@ -22,7 +22,7 @@ import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 import pytest
@@ -289,14 +289,15 @@ def plugin_fixture(name: str) -> Any:
     return pytest.fixture(scope="module", name="plugin")(plugin)
 
 
-def node_fixture() -> Any:
-    """A module-scoped ``node`` fixture: a Node stub on the module's ``plugin`` socket."""
+def node_fixture(scope: Literal["module", "function"] = "module") -> Any:
+    """A ``node`` fixture: a Node stub on the ``plugin`` fixture's socket (``scope``: the
+    plugin fixture's, ``module`` or ``function``)."""
 
     def node(plugin: PluginProcess) -> Iterator[csi_pb2_grpc.NodeStub]:
         with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
             yield csi_pb2_grpc.NodeStub(channel)
 
-    return pytest.fixture(scope="module", name="node")(node)
+    return pytest.fixture(scope=scope, name="node")(node)
 
 
 def mount_capability(mode: str = "MULTI_NODE_READER_ONLY") -> csi_pb2.VolumeCapability:

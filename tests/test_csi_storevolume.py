@@ -33,6 +33,7 @@ from tests.csi_helpers import (
     code_of,
     dockerconfig,
     mount_capability,
+    node_fixture,
     push_image,
     running_plugin,
     simple_image,
@@ -55,10 +56,7 @@ def plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginProcess]:
         yield proc
 
 
-@pytest.fixture(scope="module")
-def node(plugin: PluginProcess) -> Iterator[csi_pb2_grpc.NodeStub]:
-    with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
-        yield csi_pb2_grpc.NodeStub(channel)
+node = node_fixture()
 
 
 def store_request(

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -31,29 +30,22 @@ from tests.csi_helpers import (
     Entry,
     PluginProcess,
     assert_read_only,
+    node_fixture,
     publish_request,
     push_image,
     target,
     tree,
     unpublish,
 )
-from tests.fuse_helpers import fuse_plugin
+from tests.fuse_helpers import fuse_plugin_fixture, publish_bind_and_fuse
 from tests.polling import logged
 from tests.registry import RegistryServer
 
 pytestmark = [pytest.mark.registry]
 
 
-@pytest.fixture
-def plugin(tmp_path: Path) -> Iterator[PluginProcess]:
-    with fuse_plugin(tmp_path) as proc:
-        yield proc
-
-
-@pytest.fixture
-def node(plugin: PluginProcess) -> Iterator[csi_pb2_grpc.NodeStub]:
-    with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
-        yield csi_pb2_grpc.NodeStub(channel)
+plugin = fuse_plugin_fixture()
+node = node_fixture(scope="function")
 
 
 def _bundle(registry: RegistryServer, repo: str) -> str:
@@ -82,13 +74,27 @@ def _stored(plugin: PluginProcess, content: bytes) -> Path:
     return found
 
 
+def _stored_once(
+    plugin: PluginProcess,
+    node: csi_pb2_grpc.NodeStub,
+    registry: RegistryServer,
+    repo: str,
+    content: bytes,
+) -> tuple[str, Path]:
+    """An image of one file holding ``content``, published in FUSE mode and unpublished:
+    the image and the stored file that the next publish presents."""
+    image = push_image(registry.host, repo, "v1", [[("cm.yaml", "file", content)]]).ref
+    first = target(plugin)
+    node.NodePublishVolume(publish_request(first, image, publishMode="fuse"))
+    unpublish(node, first)
+    return image, _stored(plugin, content)
+
+
 def test_a_fetched_tree_is_an_overlay_with_bind_modes_content_and_metadata(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
     image = _bundle(registry, "kernelspeed/same")
-    bind_target, fuse_target = target(plugin), target(plugin)
-    node.NodePublishVolume(publish_request(bind_target, image, publishMode="bind"))
-    node.NodePublishVolume(publish_request(fuse_target, image, publishMode="fuse"))
+    bind_target, fuse_target = publish_bind_and_fuse(plugin, node, image)
     mount = _mount_on(fuse_target)
     assert mount is not None and mount.fstype == "overlay"
     assert {"ro", "nosuid", "nodev"} <= set(mount.options)
@@ -121,13 +127,8 @@ def test_a_fetched_tree_is_an_overlay_with_bind_modes_content_and_metadata(
 def test_a_tree_whose_stored_file_is_missing_fails_clearly_and_mounts_nothing(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
-    image = push_image(
-        registry.host, "kernelspeed/missing", "v1", [[("cm.yaml", "file", b"gone soon")]]
-    ).ref
-    first = target(plugin)
-    node.NodePublishVolume(publish_request(first, image, publishMode="fuse"))
-    unpublish(node, first)
-    _stored(plugin, b"gone soon").unlink()
+    image, stored = _stored_once(plugin, node, registry, "kernelspeed/missing", b"gone soon")
+    stored.unlink()
     again = target(plugin)
     with pytest.raises(grpc.RpcError) as raised:
         node.NodePublishVolume(publish_request(again, image, publishMode="fuse"))
@@ -139,13 +140,7 @@ def test_a_tree_whose_stored_file_is_missing_fails_clearly_and_mounts_nothing(
 def test_a_damaged_stored_file_fails_the_first_publish_of_a_new_plugin(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
-    image = push_image(
-        registry.host, "kernelspeed/damaged", "v1", [[("cm.yaml", "file", b"the real content")]]
-    ).ref
-    first = target(plugin)
-    node.NodePublishVolume(publish_request(first, image, publishMode="fuse"))
-    unpublish(node, first)
-    stored = _stored(plugin, b"the real content")
+    image, stored = _stored_once(plugin, node, registry, "kernelspeed/damaged", b"the real content")
     stored.chmod(0o644)
     stored.write_bytes(b"the evil content")
     plugin.stop()

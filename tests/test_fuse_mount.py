@@ -31,6 +31,7 @@ from tests.csi_helpers import (
     assert_read_only,
     code_of,
     dockerconfig,
+    node_fixture,
     publish_request,
     push_image,
     simple_image,
@@ -39,7 +40,7 @@ from tests.csi_helpers import (
     tree,
     unpublish,
 )
-from tests.fuse_helpers import start_holder
+from tests.fuse_helpers import publish_bind_and_fuse, start_holder
 from tests.polling import logged
 from tests.registry import RegistryServer
 
@@ -80,10 +81,7 @@ def plugin(
         proc.unmount_all()
 
 
-@pytest.fixture
-def node(plugin: PluginProcess) -> Iterator[csi_pb2_grpc.NodeStub]:
-    with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
-        yield csi_pb2_grpc.NodeStub(channel)
+node = node_fixture(scope="function")
 
 
 def _bundle(registry: RegistryServer, repo: str, files: int = 40) -> str:
@@ -133,9 +131,7 @@ def test_fuse_volume_serves_the_same_tree_as_bind_mode(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
     image = _bundle(registry, "fuse/same")
-    bind_target, fuse_target = target(plugin), target(plugin)
-    node.NodePublishVolume(publish_request(bind_target, image, publishMode="bind"))
-    node.NodePublishVolume(publish_request(fuse_target, image, publishMode="fuse"))
+    bind_target, fuse_target = publish_bind_and_fuse(plugin, node, image)
     assert tree(Path(fuse_target)) == tree(Path(bind_target))
     run = Path(fuse_target, "bin/run")
     assert os.stat(run).st_mode & 0o777 == 0o444

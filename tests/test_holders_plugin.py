@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -20,18 +19,14 @@ from tests.csi_helpers import (
     target,
     unpublish,
 )
-from tests.fuse_helpers import fuse_plugin
+from tests.fuse_helpers import fuse_plugin_fixture
 from tests.metrics_helpers import Samples, scrape
 from tests.registry import RegistryServer
 
 pytestmark = [pytest.mark.registry]
 
 
-@pytest.fixture
-def plugin(tmp_path: Path) -> Iterator[PluginProcess]:
-    """A plugin serving bind and FUSE mode, with a /dev/fuse holder of its own."""
-    with fuse_plugin(tmp_path) as proc:
-        yield proc
+plugin = fuse_plugin_fixture()
 
 
 CACHE_FAMILIES = (
