@@ -61,12 +61,18 @@ def fuse_plugin_fixture() -> Any:
     return pytest.fixture(name="plugin")(plugin)
 
 
+def publish_fuse(plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, image: str) -> str:
+    """Publish ``image`` in FUSE mode at a fresh target; the target's path."""
+    fuse_target = target(plugin)
+    node.NodePublishVolume(publish_request(fuse_target, image, publishMode="fuse"))
+    return fuse_target
+
+
 def publish_bind_and_fuse(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, image: str
 ) -> tuple[str, str]:
     """Publish ``image`` twice, in bind mode and in FUSE mode, at fresh targets: the
     (bind, FUSE) targets."""
-    bind_target, fuse_target = target(plugin), target(plugin)
+    bind_target = target(plugin)
     node.NodePublishVolume(publish_request(bind_target, image, publishMode="bind"))
-    node.NodePublishVolume(publish_request(fuse_target, image, publishMode="fuse"))
-    return bind_target, fuse_target
+    return bind_target, publish_fuse(plugin, node, image)

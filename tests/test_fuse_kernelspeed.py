@@ -37,7 +37,7 @@ from tests.csi_helpers import (
     tree,
     unpublish,
 )
-from tests.fuse_helpers import fuse_plugin_fixture, publish_bind_and_fuse
+from tests.fuse_helpers import fuse_plugin_fixture, publish_bind_and_fuse, publish_fuse
 from tests.polling import logged
 from tests.registry import RegistryServer
 
@@ -84,8 +84,7 @@ def _stored_once(
     """An image of one file holding ``content``, published in FUSE mode and unpublished:
     the image and the stored file that the next publish presents."""
     image = push_image(registry.host, repo, "v1", [[("cm.yaml", "file", content)]]).ref
-    first = target(plugin)
-    node.NodePublishVolume(publish_request(first, image, publishMode="fuse"))
+    first = publish_fuse(plugin, node, image)
     unpublish(node, first)
     return image, _stored(plugin, content)
 
@@ -165,13 +164,11 @@ def test_a_lazy_tree_stays_on_fuse_until_fetched_then_publishes_as_an_overlay(
         (bundle / f"manifests/{n}.yaml").write_text(_configmap(n))
     ref = f"{registry.host}/kernelspeed/lazy:v1"
     assert cli.main(["bundle", "build", str(bundle), "--tag", ref, "--estargz", "--push"]) == 0
-    lazy = target(plugin)
-    node.NodePublishVolume(publish_request(lazy, ref, publishMode="fuse"))
+    lazy = publish_fuse(plugin, node, ref)
     mount = _mount_on(lazy)
     assert mount is not None and mount.fstype.startswith("fuse")
     logged(plugin.log, "lazy tree complete, layers verified", timeout=60)
-    fetched = target(plugin)
-    node.NodePublishVolume(publish_request(fetched, ref, publishMode="fuse"))
+    fetched = publish_fuse(plugin, node, ref)
     mount = _mount_on(fetched)
     assert mount is not None and mount.fstype == "overlay"
     assert tree(Path(fetched)) == tree(Path(lazy))
@@ -182,8 +179,7 @@ def test_overlays_outlive_a_kill_9_and_the_restarted_plugin_unpublishes_them(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
     image = _bundle(registry, "kernelspeed/restart")
-    volume = target(plugin)
-    node.NodePublishVolume(publish_request(volume, image, publishMode="fuse"))
+    volume = publish_fuse(plugin, node, image)
     expected = tree(Path(volume))
     plugin.kill()
     assert tree(Path(volume)) == expected  # no daemon serves it: the kernel does
@@ -269,8 +265,7 @@ def test_a_restarted_plugin_adopts_an_overlay_whose_record_was_lost(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
     image = _bundle(registry, "kernelspeed/adopt")
-    volume = target(plugin)
-    node.NodePublishVolume(publish_request(volume, image, publishMode="fuse"))
+    volume = publish_fuse(plugin, node, image)
     expected = tree(Path(volume))
     plugin.kill()
     (plugin.state_dir / "holders" / holders.file_name(volume)).unlink()  # its record lost
