@@ -89,6 +89,29 @@ def _stored_once(
     return image, _stored(plugin, content)
 
 
+def _published_then_killed(
+    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer, repo: str
+) -> tuple[str, str, dict[str, str]]:
+    """A bundle published in FUSE mode (an overlay), then the plugin killed with SIGKILL:
+    the image, the volume and the volume's tree before the kill."""
+    image = _bundle(registry, repo)
+    volume = publish_fuse(plugin, node, image)
+    expected = tree(Path(volume))
+    plugin.kill()
+    return image, volume, expected
+
+
+def _republished_and_unpublished(plugin: PluginProcess, image: str, volume: str) -> None:
+    """On the restarted plugin: publishing ``volume`` again is OK (twice is), and
+    unpublishing it leaves no mount and no metadata."""
+    with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
+        again = csi_pb2_grpc.NodeStub(channel)
+        again.NodePublishVolume(publish_request(volume, image, publishMode="fuse"))
+        unpublish(again, volume)
+    assert _mount_on(volume) is None
+    assert list(_meta(plugin).iterdir()) == []
+
+
 def test_a_fetched_tree_is_an_overlay_with_bind_modes_content_and_metadata(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
@@ -178,18 +201,10 @@ def test_a_lazy_tree_stays_on_fuse_until_fetched_then_publishes_as_an_overlay(
 def test_overlays_outlive_a_kill_9_and_the_restarted_plugin_unpublishes_them(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
-    image = _bundle(registry, "kernelspeed/restart")
-    volume = publish_fuse(plugin, node, image)
-    expected = tree(Path(volume))
-    plugin.kill()
+    image, volume, expected = _published_then_killed(plugin, node, registry, "kernelspeed/restart")
     assert tree(Path(volume)) == expected  # no daemon serves it: the kernel does
     plugin.start()
-    with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
-        again = csi_pb2_grpc.NodeStub(channel)
-        again.NodePublishVolume(publish_request(volume, image, publishMode="fuse"))  # twice is OK
-        unpublish(again, volume)
-    assert _mount_on(volume) is None
-    assert list(_meta(plugin).iterdir()) == []
+    _republished_and_unpublished(plugin, image, volume)
 
 
 def test_mountinfo_gives_the_filesystem_type_and_its_options() -> None:
@@ -264,17 +279,9 @@ def test_a_tree_too_large_for_the_metadata_tmpfs_is_resource_exhausted_and_leave
 def test_a_restarted_plugin_adopts_an_overlay_whose_record_was_lost(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
-    image = _bundle(registry, "kernelspeed/adopt")
-    volume = publish_fuse(plugin, node, image)
-    expected = tree(Path(volume))
-    plugin.kill()
+    image, volume, expected = _published_then_killed(plugin, node, registry, "kernelspeed/adopt")
     (plugin.state_dir / "holders" / holders.file_name(volume)).unlink()  # its record lost
     plugin.start()
     logged(plugin.log, "adopting an overlay without a record")
     assert tree(Path(volume)) == expected  # its metadata was kept, not swept
-    with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
-        again = csi_pb2_grpc.NodeStub(channel)
-        again.NodePublishVolume(publish_request(volume, image, publishMode="fuse"))
-        unpublish(again, volume)
-    assert _mount_on(volume) is None
-    assert list(_meta(plugin).iterdir()) == []
+    _republished_and_unpublished(plugin, image, volume)
