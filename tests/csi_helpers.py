@@ -12,6 +12,7 @@ import contextlib
 import errno
 import gzip
 import io
+import itertools
 import json
 import os
 import socket
@@ -21,7 +22,7 @@ import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 import pytest
@@ -160,6 +161,20 @@ def private_image(
     return secret, push_image(registry.host, repo, "v1", [entries], credentials=creds)
 
 
+_private_repos = itertools.count()
+
+
+def unique_private_image(
+    registry: RegistryServer, prefix: str
+) -> tuple[dict[str, str], PushedImage]:
+    """A :func:`private_image` in a new repository ``PREFIX<n>`` whose content no other
+    image has (so a digest of its own): ``secret.txt`` ("only for the owner") and
+    ``repo``, the repository's name."""
+    repo = f"{prefix}{next(_private_repos)}"
+    files = [("secret.txt", "file", b"only for the owner"), ("repo", "file", repo.encode())]
+    return private_image(registry, repo, files)
+
+
 # --- running the plugin process -----------------------------------------------------
 
 
@@ -274,14 +289,15 @@ def plugin_fixture(name: str) -> Any:
     return pytest.fixture(scope="module", name="plugin")(plugin)
 
 
-def node_fixture() -> Any:
-    """A module-scoped ``node`` fixture: a Node stub on the module's ``plugin`` socket."""
+def node_fixture(scope: Literal["module", "function"] = "module") -> Any:
+    """A ``node`` fixture: a Node stub on the ``plugin`` fixture's socket (``scope``: the
+    plugin fixture's, ``module`` or ``function``)."""
 
     def node(plugin: PluginProcess) -> Iterator[csi_pb2_grpc.NodeStub]:
         with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
             yield csi_pb2_grpc.NodeStub(channel)
 
-    return pytest.fixture(scope="module", name="node")(node)
+    return pytest.fixture(scope=scope, name="node")(node)
 
 
 def mount_capability(mode: str = "MULTI_NODE_READER_ONLY") -> csi_pb2.VolumeCapability:

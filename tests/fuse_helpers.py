@@ -1,5 +1,5 @@
-"""Helpers for tests that run the plugin in FUSE mode: the /dev/fuse holder process, and a
-plugin started with one of its own."""
+"""Helpers for tests that run the plugin in FUSE mode: the /dev/fuse holder process, a
+plugin started with one of its own, and an image published in both modes to compare."""
 
 from __future__ import annotations
 
@@ -8,9 +8,13 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from csi.fuse.service import unmount_meta
-from tests.csi_helpers import PluginProcess, terminate
+from csi.proto import csi_pb2_grpc
+from tests.csi_helpers import PluginProcess, publish_request, target, terminate
 
 
 def start_holder(mountpoint: Path, sock: Path) -> subprocess.Popen[bytes]:
@@ -45,3 +49,30 @@ def fuse_plugin(workdir: Path, *args: str) -> Iterator[PluginProcess]:
             unmount_meta(proc.state_dir / "fuse" / "meta")
     finally:
         terminate(holder)
+
+
+def fuse_plugin_fixture() -> Any:
+    """A ``plugin`` fixture: a :func:`fuse_plugin` of the test's own (function scope)."""
+
+    def plugin(tmp_path: Path) -> Iterator[PluginProcess]:
+        with fuse_plugin(tmp_path) as proc:
+            yield proc
+
+    return pytest.fixture(name="plugin")(plugin)
+
+
+def publish_fuse(plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, image: str) -> str:
+    """Publish ``image`` in FUSE mode at a fresh target; the target's path."""
+    fuse_target = target(plugin)
+    node.NodePublishVolume(publish_request(fuse_target, image, publishMode="fuse"))
+    return fuse_target
+
+
+def publish_bind_and_fuse(
+    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, image: str
+) -> tuple[str, str]:
+    """Publish ``image`` twice, in bind mode and in FUSE mode, at fresh targets: the
+    (bind, FUSE) targets."""
+    bind_target = target(plugin)
+    node.NodePublishVolume(publish_request(bind_target, image, publishMode="bind"))
+    return bind_target, publish_fuse(plugin, node, image)

@@ -285,6 +285,40 @@ def cond_v2(system: RukpakSystem, name: str, kind: str) -> tuple[str, str, str]:
     return str(c.get("status")), str(c.get("reason")), str(c.get("message"))
 
 
+def set_source_v2(system: RukpakSystem, name: str, source: dict[str, Any]) -> None:
+    """Merge-patch the ``spec.source`` of v1alpha2 BundleDeployment ``name``."""
+    ref = ObjectRef("core.rukpak.io", "v1alpha2", "BundleDeployment", "", name)
+    system.kube.merge_patch(ref, {"spec": {"source": source}})
+
+
+def installed_v2(system: RukpakSystem, name: str, *, what: str, timeout: float = 180) -> None:
+    """Wait until v1alpha2 BundleDeployment ``name`` is ``Installed`` (``what``: the
+    message if it never is)."""
+    eventually(lambda: cond_v2(system, name, "Installed")[0] == "True", timeout=timeout, what=what)
+
+
+def configmap_bundle(system: RukpakSystem, name: str, files: dict[str, str]) -> None:
+    """A new immutable ConfigMap ``name`` in the system namespace holding ``files``: a
+    bundle for :func:`configmaps_source`."""
+    system.kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "immutable": True,
+            "data": files,
+        }
+    )
+
+
+def configmaps_source(name: str) -> dict[str, Any]:
+    """A ``configMaps`` source reading ConfigMap ``name`` as the bundle's ``manifests``."""
+    return {
+        "type": "configMaps",
+        "configMaps": [{"configMap": {"name": name}, "path": "manifests"}],
+    }
+
+
 def delete_v2(system: RukpakSystem, *names: str, timeout: float = 150) -> None:
     """``kubectl delete`` the v1alpha2 BundleDeployments ``names``, one after the other,
     each waited for until it is gone (its objects go right after it: ``gone``)."""

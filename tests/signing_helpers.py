@@ -182,14 +182,18 @@ class Cosign:
             image,
         )
 
-    def verifies(self, image: str, key: Path) -> bool:
-        """Whether ``cosign verify --key`` accepts ``image`` (no transparency log)."""
-        done = subprocess.run(
+    def verify(self, image: str, key: Path) -> subprocess.CompletedProcess[str]:
+        """``cosign verify --key KEY IMAGE`` (no transparency log), however it ended."""
+        return subprocess.run(
             [str(self.binary), "verify", "--key", str(key), "--insecure-ignore-tlog",
              "--allow-http-registry", image],
             capture_output=True, text=True, timeout=120, check=False,
             env={"HOME": str(self.home), "PATH": "/usr/bin:/bin"},
         )  # fmt: skip
+
+    def verifies(self, image: str, key: Path) -> bool:
+        """Whether ``cosign verify --key`` accepts ``image`` (no transparency log)."""
+        done = self.verify(image, key)
         if done.returncode != 0 and "no matching signatures" not in done.stderr:
             raise AssertionError(
                 f"cosign verify failed otherwise ({done.returncode}): {done.stderr}"

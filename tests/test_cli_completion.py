@@ -30,8 +30,18 @@ def shell_env() -> dict[str, str]:
     return {**os.environ, "PATH": path, "PYTHONPATH": python_path}
 
 
-def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, env=shell_env(), timeout=60)
+def run(argv: list[str]) -> str:
+    """The output of ``argv``, run in :func:`shell_env`; it must succeed."""
+    done = subprocess.run(argv, capture_output=True, text=True, env=shell_env(), timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def written(tmp_path: Path, shell: str) -> Path:
+    """``complete.script(shell)`` written to a file for the shell to source."""
+    path = tmp_path / f"rukpak.{shell}"
+    path.write_text(complete.script(shell))
+    return path
 
 
 def needs(shell: str) -> str:
@@ -44,17 +54,14 @@ def needs(shell: str) -> str:
 @pytest.fixture(params=complete.SHELLS)
 def script(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Path]:
     shell = str(request.param)
-    printed = run([str(BIN / "rukpak"), "completion", shell])
-    assert printed.returncode == 0, printed.stderr
     path = tmp_path / f"rukpak.{shell}"
-    path.write_text(printed.stdout)
+    path.write_text(run([str(BIN / "rukpak"), "completion", shell]))
     return shell, path
 
 
 def test_each_shell_accepts_the_script_it_is_given(script: tuple[str, Path]) -> None:
     shell, path = script
-    checked = run([needs(shell), "-n", str(path)])
-    assert checked.returncode == 0, checked.stderr
+    run([needs(shell), "-n", str(path)])
     assert "rukpak" in path.read_text() and "kubectl-rukpak" in path.read_text()
 
 
@@ -65,9 +72,7 @@ def bash_complete(path: Path, line: str) -> list[str]:
         f"COMP_WORDS=({' '.join(repr(w) for w in words)}); COMP_CWORD={len(words) - 1}; "
         f'_python_argcomplete {words[0]}; printf "%s\\n" "${{COMPREPLY[@]}}"'
     )
-    done = run(["bash", "-c", probe])
-    assert done.returncode == 0, done.stderr
-    return done.stdout.split()
+    return run(["bash", "-c", probe]).split()
 
 
 @pytest.mark.parametrize(
@@ -83,39 +88,34 @@ def bash_complete(path: Path, line: str) -> list[str]:
 def test_bash_completes_commands_flags_and_choices(
     tmp_path: Path, line: str, expected: list[str]
 ) -> None:
-    (tmp_path / "rukpak.bash").write_text(complete.script("bash"))
-    assert bash_complete(tmp_path / "rukpak.bash", line) == expected
+    assert bash_complete(written(tmp_path, "bash"), line) == expected
 
 
 def test_zsh_registers_and_completes_both_commands(tmp_path: Path) -> None:
     zsh = needs("zsh")
-    (tmp_path / "rukpak.zsh").write_text(complete.script("zsh"))
+    path = written(tmp_path, "zsh")
     # compinit for compdef; _describe (which needs a live completion widget) replaced by
     # one that prints the candidates it is handed
     probe = (
-        f"autoload -U compinit; compinit -u -D; source {tmp_path / 'rukpak.zsh'}; "
+        f"autoload -U compinit; compinit -u -D; source {path}; "
         "print -r -- $_comps[rukpak] $_comps[kubectl-rukpak]; "
         "_describe() { print -rl -- ${(P)2}; }; "
         'words=(kubectl-rukpak bundle i); BUFFER="kubectl-rukpak bundle i"; '
         "CURSOR=${#BUFFER}; _python_argcomplete"
     )
-    done = run([zsh, "-f", "-c", probe])
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    lines = run([zsh, "-f", "-c", probe]).splitlines()
     assert lines[0] == "_python_argcomplete _python_argcomplete"
     assert [line.split(":")[0] for line in lines[1:]] == ["inspect"]
 
 
 def test_fish_completes_both_commands(tmp_path: Path) -> None:
     fish = needs("fish")
-    (tmp_path / "rukpak.fish").write_text(complete.script("fish"))
     probe = (
-        f"source {tmp_path / 'rukpak.fish'}; complete -C 'rukpak bundle i'; "
+        f"source {written(tmp_path, 'fish')}; complete -C 'rukpak bundle i'; "
         "complete -C 'kubectl-rukpak get -o y'"
     )
-    done = run([fish, "-c", probe])
-    assert done.returncode == 0, done.stderr
-    assert [line.split("\t")[0] for line in done.stdout.splitlines()] == ["inspect", "yaml"]
+    completed = run([fish, "-c", probe]).splitlines()
+    assert [line.split("\t")[0] for line in completed] == ["inspect", "yaml"]
 
 
 def test_only_the_three_shells_have_a_script(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,26 +12,16 @@ from pathlib import Path
 import grpc
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from csi.plugin import metrics
 from csi.proto import pluginregistration_pb2, pluginregistration_pb2_grpc
 from tests.csi_helpers import PluginProcess, running_plugin
+from tests.metrics_helpers import scrape
 from tests.polling import logged
 
 
 def healthz(plugin: PluginProcess) -> requests.Response:
     return requests.get(f"http://127.0.0.1:{plugin.metrics_port}/healthz", timeout=10)
-
-
-def samples(plugin: PluginProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of ``/metrics``: (name, sorted labels) → value."""
-    text = requests.get(f"http://127.0.0.1:{plugin.metrics_port}/metrics", timeout=10).text
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 @pytest.fixture
@@ -55,7 +45,7 @@ def test_healthz_fails_when_the_csi_socket_no_longer_answers(plugin: PluginProce
 
 def test_metrics_have_latency_histograms(plugin: PluginProcess) -> None:
     assert healthz(plugin).status_code == 200  # one Probe over the socket
-    values = samples(plugin)
+    values = scrape(plugin.metrics_port)
     assert values[("rukpak_csi_rpc_total", (("code", "OK"), ("method", "Probe")))] >= 1
     count = values[("rukpak_csi_rpc_duration_seconds_count", (("method", "Probe"),))]
     inf = values[("rukpak_csi_rpc_duration_seconds_bucket", (("le", "+Inf"), ("method", "Probe")))]
@@ -78,7 +68,7 @@ def test_the_deprecated_sidecar_name_still_counts_the_same_calls(plugin: PluginP
         "# HELP csi_sidecar_operations_seconds Deprecated: use csi_plugin_operations_seconds"
         in text
     )
-    values = samples(plugin)
+    values = scrape(plugin.metrics_port)
     calls = [labels for name, labels in values if name == "csi_plugin_operations_seconds_count"]
     assert calls
     for labels in calls:
@@ -86,7 +76,7 @@ def test_the_deprecated_sidecar_name_still_counts_the_same_calls(plugin: PluginP
 
 
 def test_the_plugin_reports_its_process(plugin: PluginProcess) -> None:
-    values = samples(plugin)
+    values = scrape(plugin.metrics_port)
     assert values[("process_resident_memory_bytes", ())] > 1024 * 1024
     assert values[("process_open_fds", ())] >= 3
     assert values[("process_start_time_seconds", ())] > 1.7e9
@@ -120,11 +110,11 @@ def test_a_refused_registration_is_logged_counted_and_fails_healthz(tmp_path: Pa
             logged(plugin.log, "kubelet refused registration")
             refused = healthz(plugin)
             assert refused.status_code == 503 and "refused" in refused.text
-            values = samples(plugin)
+            values = scrape(plugin.metrics_port)
             assert values[("rukpak_csi_registration_failures_total", ())] == 1
             assert values[("rukpak_csi_registered", ())] == 0
             stub.NotifyRegistrationStatus(
                 pluginregistration_pb2.RegistrationStatus(plugin_registered=True), timeout=5
             )
         assert healthz(plugin).status_code == 200
-        assert samples(plugin)[("rukpak_csi_registered", ())] == 1
+        assert scrape(plugin.metrics_port)[("rukpak_csi_registered", ())] == 1

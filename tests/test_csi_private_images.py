@@ -14,7 +14,6 @@ import grpc
 import pytest
 
 from csi.proto import csi_pb2_grpc
-from rukpak.oci.auth import Credentials
 from tests.csi_helpers import (
     PluginProcess,
     PushedImage,
@@ -23,9 +22,9 @@ from tests.csi_helpers import (
     node_fixture,
     plugin_fixture,
     publish_request,
-    push_image,
     simple_image,
     target,
+    unique_private_image,
 )
 from tests.registry import READONLY_USER, RegistryServer
 
@@ -51,24 +50,12 @@ def reader_secret(registry: RegistryServer) -> dict[str, str]:
     return dockerconfig(registry.host, READONLY_USER, password)
 
 
-_repos = iter(range(10_000))
-
-
 @pytest.fixture
 def cached_private(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, token_registry: RegistryServer
 ) -> PushedImage:
     """A private image, published once (so cached) by a pod with valid credentials."""
-    secret = owner_secret(token_registry)
-    creds = Credentials.from_dockerconfigjson(secret[".dockerconfigjson"])
-    repo = f"private/app{next(_repos)}"  # its own content, so its own digest
-    image = push_image(
-        token_registry.host,
-        repo,
-        "v1",
-        [[("secret.txt", "file", b"only for the owner"), ("repo", "file", repo.encode())]],
-        credentials=creds,
-    )
+    secret, image = unique_private_image(token_registry, "private/app")
     path = target(plugin)
     node.NodePublishVolume(publish_request(path, image.ref, secrets=secret))
     assert (Path(path) / "secret.txt").read_bytes() == b"only for the owner"

@@ -23,6 +23,7 @@ from tests.csi_helpers import (
     PluginProcess,
     PushedImage,
     assert_read_only,
+    node_fixture,
     publish_request,
     push_image,
     running_plugin,
@@ -50,10 +51,7 @@ def plugin(tmp_path: Path) -> Iterator[PluginProcess]:
         yield proc
 
 
-@pytest.fixture
-def node(plugin: PluginProcess) -> Iterator[csi_pb2_grpc.NodeStub]:
-    with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
-        yield csi_pb2_grpc.NodeStub(channel)
+node = node_fixture(scope="function")
 
 
 def publish(node: csi_pb2_grpc.NodeStub, plugin: PluginProcess, ref: str, every: str) -> Path:

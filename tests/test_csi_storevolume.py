@@ -24,7 +24,6 @@ import pytest
 
 from csi.proto import csi_pb2, csi_pb2_grpc
 from rukpak.common import errors
-from rukpak.oci.auth import Credentials
 from rukpak.sources import storeprotocol as protocol
 from rukpak.sources.storeclient import StoreClient
 from tests.csi_helpers import (
@@ -34,10 +33,12 @@ from tests.csi_helpers import (
     code_of,
     dockerconfig,
     mount_capability,
+    node_fixture,
     push_image,
     running_plugin,
     simple_image,
     target,
+    unique_private_image,
 )
 from tests.registry import READONLY_USER, RegistryServer
 from tests.source_servers import PASSWORD, USERNAME, SourceServer, make_repo, serving, tarball
@@ -55,10 +56,7 @@ def plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginProcess]:
         yield proc
 
 
-@pytest.fixture(scope="module")
-def node(plugin: PluginProcess) -> Iterator[csi_pb2_grpc.NodeStub]:
-    with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
-        yield csi_pb2_grpc.NodeStub(channel)
+node = node_fixture()
 
 
 def store_request(
@@ -119,23 +117,10 @@ def public_image(registry: RegistryServer) -> PushedImage:
     return simple_image(registry.host, "storevol/public", text="from the store")
 
 
-_repos = itertools.count()
-
-
 @pytest.fixture
 def private(token_registry: RegistryServer) -> tuple[str, PushedImage]:
     """A private image of its own (its own digest); the dockerconfigjson that reads it."""
-    assert token_registry.username and token_registry.password
-    secret = dockerconfig(token_registry.host, token_registry.username, token_registry.password)
-    creds = Credentials.from_dockerconfigjson(secret[".dockerconfigjson"])
-    repo = f"storevol/private{next(_repos)}"
-    image = push_image(
-        token_registry.host,
-        repo,
-        "v1",
-        [[("secret.txt", "file", b"only for the owner"), ("repo", "file", repo.encode())]],
-        credentials=creds,
-    )
+    secret, image = unique_private_image(token_registry, "storevol/private")
     return secret[".dockerconfigjson"], image
 
 

@@ -21,8 +21,6 @@ import pytest
 import yaml
 
 from provisioner.engine.objects import ObjectRef
-from provisioner.manager import model
-from provisioner.manager.acting import actuate
 from rukpak.oci import tls as source_tls
 from tests import bundles, csi_helpers, tls_helpers
 from tests import install_helpers as inst
@@ -59,9 +57,7 @@ def test_a_bundledeployment_with_certificate_data_installs_from_a_private_ca_reg
         )
         assert bad[0] == "False" and "source.image.certificateData" in bad[2], bad
         source["image"]["certificateData"] = other_ca.pem  # type: ignore[index]
-        system.kube.merge_patch(
-            actuate.bd_ref(name, model.API_VERSION_V2), {"spec": {"source": source}}
-        )
+        inst.set_source_v2(system, name, source)
         refused = eventually(
             lambda: (
                 c
@@ -73,14 +69,8 @@ def test_a_bundledeployment_with_certificate_data_installs_from_a_private_ca_reg
         )
         assert refused[0] == "False" and f"registry {registry.host}" in refused[2], refused
         source["image"]["certificateData"] = ca.pem  # type: ignore[index]
-        system.kube.merge_patch(
-            actuate.bd_ref(name, model.API_VERSION_V2), {"spec": {"source": source}}
-        )
-        eventually(
-            lambda: inst.cond_v2(system, name, "Installed")[0] == "True",
-            timeout=180,
-            what="installed with the registry's CA",
-        )
+        inst.set_source_v2(system, name, source)
+        inst.installed_v2(system, name, what="installed with the registry's CA")
         cm = system.kube.get(ObjectRef("", "v1", "ConfigMap", ns, "greeting")) or {}
         assert cm.get("data") == {"greeting": "private-ca"}
         resolved = inst.live_v2(system, name)["status"]["resolvedSource"]["image"]

@@ -290,11 +290,7 @@ def test_a_bundledeployment_of_an_unsigned_image_fails_to_unpack_until_it_is_sig
     assert refused[:2] == ("False", "SignatureVerificationFailed"), refused
     assert f"refused by ClusterBundlePolicy '{POLICY}'" in refused[2]
     signed.sign(ref)
-    eventually(
-        lambda: inst.cond_v2(system, name, "Installed")[0] == "True",
-        timeout=180,
-        what="Installed once the image is signed",
-    )
+    inst.installed_v2(system, name, what="Installed once the image is signed")
     verified = inst.cond_v2(system, name, "Verified")
     assert verified[:2] == ("True", "Verified"), verified
     by = f"(key {keys.fingerprint(signed.key.public_key())})"

@@ -83,10 +83,7 @@ class Sources:
                 "type": "http",
                 "http": {"url": f"{self.server.url}/files/hello.tgz", "auth": auth},
             }
-        return {
-            "type": "configMaps",
-            "configMaps": [{"configMap": {"name": CONFIGMAP}, "path": "manifests"}],
-        }
+        return inst.configmaps_source(CONFIGMAP)
 
 
 def _files(root: Path) -> dict[str, str]:
@@ -116,17 +113,10 @@ def sources(
             "stringData": {"username": USERNAME, "password": PASSWORD},
         }
     )
-    system.kube.create(
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": CONFIGMAP, "namespace": inst.NAMESPACE},
-            "immutable": True,
-            "data": {
-                name.removeprefix("manifests/"): text
-                for name, text in bundles["configMaps"].items()
-            },
-        }
+    inst.configmap_bundle(
+        system,
+        CONFIGMAP,
+        {name.removeprefix("manifests/"): text for name, text in bundles["configMaps"].items()},
     )
     sshd = SshServer(work / "sshd").start()
     system.kube.create(
@@ -235,19 +225,8 @@ def test_broken_sources_fail_with_a_message_naming_the_problem(
     # upstream's case: its subdir bundle's files flattened into one ConfigMap, a
     # .gitignore holding "!.gitignore" (a YAML local tag) among them
     invalid = f"invalid-{SUFFIX}"
-    system.kube.create(
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": invalid, "namespace": inst.NAMESPACE},
-            "immutable": True,
-            "data": {"cm.yaml": CM_YAML, ".gitignore": "!.gitignore\n"},
-        }
-    )
-    bad_cm = {
-        "type": "configMaps",
-        "configMaps": [{"configMap": {"name": invalid}, "path": "manifests"}],
-    }
+    inst.configmap_bundle(system, invalid, {"cm.yaml": CM_YAML, ".gitignore": "!.gitignore\n"})
+    bad_cm = inst.configmaps_source(invalid)
     cases = {"git": git, "http": http, "cm": cms, "cm-invalid": bad_cm}
     for kind, source in cases.items():
         _bundle(system, f"src-bad-{kind}-{SUFFIX}", source)
@@ -306,20 +285,8 @@ def test_a_configmap_in_use_by_a_bundle_cannot_be_deleted(
     system = standing_system
     name = f"in-use-{SUFFIX}"
     cm = f"in-use-{SUFFIX}"
-    system.kube.create(
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": cm, "namespace": inst.NAMESPACE},
-            "immutable": True,
-            "data": {"cm.yaml": CM_YAML},
-        }
-    )
-    source = {
-        "type": "configMaps",
-        "configMaps": [{"configMap": {"name": cm}, "path": "manifests"}],
-    }
-    _bundle(system, name, source)
+    inst.configmap_bundle(system, cm, {"cm.yaml": CM_YAML})
+    _bundle(system, name, inst.configmaps_source(cm))
     done = subprocess.run(
         [str(inst.kubectl_binary()), "--kubeconfig", str(system.kubeconfig), "delete",
          "configmap", cm, "-n", inst.NAMESPACE],

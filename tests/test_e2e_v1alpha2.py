@@ -523,14 +523,8 @@ def test_a_private_image_installs_with_the_pull_secret_its_source_names(
             }
         )
         source = {"type": "image", "image": {"ref": pushed.ref, "pullSecret": secret_name}}
-        system.kube.merge_patch(
-            actuate.bd_ref(name, model.API_VERSION_V2), {"spec": {"source": source}}
-        )
-        eventually(
-            lambda: inst.cond_v2(system, name, "Installed")[0] == "True",
-            timeout=180,
-            what="installed with the pull secret",
-        )
+        inst.set_source_v2(system, name, source)
+        inst.installed_v2(system, name, what="installed with the pull secret")
         cm = system.kube.get(ObjectRef("", "v1", "ConfigMap", ns, "greeting")) or {}
         assert cm.get("data") == {"greeting": "private"}
         resolved = inst.live_v2(system, name)["status"]["resolvedSource"]["image"]

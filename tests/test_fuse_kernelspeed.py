@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -31,29 +30,22 @@ from tests.csi_helpers import (
     Entry,
     PluginProcess,
     assert_read_only,
+    node_fixture,
     publish_request,
     push_image,
     target,
     tree,
     unpublish,
 )
-from tests.fuse_helpers import fuse_plugin
+from tests.fuse_helpers import fuse_plugin_fixture, publish_bind_and_fuse, publish_fuse
 from tests.polling import logged
 from tests.registry import RegistryServer
 
 pytestmark = [pytest.mark.registry]
 
 
-@pytest.fixture
-def plugin(tmp_path: Path) -> Iterator[PluginProcess]:
-    with fuse_plugin(tmp_path) as proc:
-        yield proc
-
-
-@pytest.fixture
-def node(plugin: PluginProcess) -> Iterator[csi_pb2_grpc.NodeStub]:
-    with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
-        yield csi_pb2_grpc.NodeStub(channel)
+plugin = fuse_plugin_fixture()
+node = node_fixture(scope="function")
 
 
 def _bundle(registry: RegistryServer, repo: str) -> str:
@@ -82,13 +74,49 @@ def _stored(plugin: PluginProcess, content: bytes) -> Path:
     return found
 
 
+def _stored_once(
+    plugin: PluginProcess,
+    node: csi_pb2_grpc.NodeStub,
+    registry: RegistryServer,
+    repo: str,
+    content: bytes,
+) -> tuple[str, Path]:
+    """An image of one file holding ``content``, published in FUSE mode and unpublished:
+    the image and the stored file that the next publish presents."""
+    image = push_image(registry.host, repo, "v1", [[("cm.yaml", "file", content)]]).ref
+    first = publish_fuse(plugin, node, image)
+    unpublish(node, first)
+    return image, _stored(plugin, content)
+
+
+def _published_then_killed(
+    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer, repo: str
+) -> tuple[str, str, dict[str, str]]:
+    """A bundle published in FUSE mode (an overlay), then the plugin killed with SIGKILL:
+    the image, the volume and the volume's tree before the kill."""
+    image = _bundle(registry, repo)
+    volume = publish_fuse(plugin, node, image)
+    expected = tree(Path(volume))
+    plugin.kill()
+    return image, volume, expected
+
+
+def _republished_and_unpublished(plugin: PluginProcess, image: str, volume: str) -> None:
+    """On the restarted plugin: publishing ``volume`` again is OK (twice is), and
+    unpublishing it leaves no mount and no metadata."""
+    with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
+        again = csi_pb2_grpc.NodeStub(channel)
+        again.NodePublishVolume(publish_request(volume, image, publishMode="fuse"))
+        unpublish(again, volume)
+    assert _mount_on(volume) is None
+    assert list(_meta(plugin).iterdir()) == []
+
+
 def test_a_fetched_tree_is_an_overlay_with_bind_modes_content_and_metadata(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
     image = _bundle(registry, "kernelspeed/same")
-    bind_target, fuse_target = target(plugin), target(plugin)
-    node.NodePublishVolume(publish_request(bind_target, image, publishMode="bind"))
-    node.NodePublishVolume(publish_request(fuse_target, image, publishMode="fuse"))
+    bind_target, fuse_target = publish_bind_and_fuse(plugin, node, image)
     mount = _mount_on(fuse_target)
     assert mount is not None and mount.fstype == "overlay"
     assert {"ro", "nosuid", "nodev"} <= set(mount.options)
@@ -121,13 +149,8 @@ def test_a_fetched_tree_is_an_overlay_with_bind_modes_content_and_metadata(
 def test_a_tree_whose_stored_file_is_missing_fails_clearly_and_mounts_nothing(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
-    image = push_image(
-        registry.host, "kernelspeed/missing", "v1", [[("cm.yaml", "file", b"gone soon")]]
-    ).ref
-    first = target(plugin)
-    node.NodePublishVolume(publish_request(first, image, publishMode="fuse"))
-    unpublish(node, first)
-    _stored(plugin, b"gone soon").unlink()
+    image, stored = _stored_once(plugin, node, registry, "kernelspeed/missing", b"gone soon")
+    stored.unlink()
     again = target(plugin)
     with pytest.raises(grpc.RpcError) as raised:
         node.NodePublishVolume(publish_request(again, image, publishMode="fuse"))
@@ -139,13 +162,7 @@ def test_a_tree_whose_stored_file_is_missing_fails_clearly_and_mounts_nothing(
 def test_a_damaged_stored_file_fails_the_first_publish_of_a_new_plugin(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
-    image = push_image(
-        registry.host, "kernelspeed/damaged", "v1", [[("cm.yaml", "file", b"the real content")]]
-    ).ref
-    first = target(plugin)
-    node.NodePublishVolume(publish_request(first, image, publishMode="fuse"))
-    unpublish(node, first)
-    stored = _stored(plugin, b"the real content")
+    image, stored = _stored_once(plugin, node, registry, "kernelspeed/damaged", b"the real content")
     stored.chmod(0o644)
     stored.write_bytes(b"the evil content")
     plugin.stop()
@@ -170,13 +187,11 @@ def test_a_lazy_tree_stays_on_fuse_until_fetched_then_publishes_as_an_overlay(
         (bundle / f"manifests/{n}.yaml").write_text(_configmap(n))
     ref = f"{registry.host}/kernelspeed/lazy:v1"
     assert cli.main(["bundle", "build", str(bundle), "--tag", ref, "--estargz", "--push"]) == 0
-    lazy = target(plugin)
-    node.NodePublishVolume(publish_request(lazy, ref, publishMode="fuse"))
+    lazy = publish_fuse(plugin, node, ref)
     mount = _mount_on(lazy)
     assert mount is not None and mount.fstype.startswith("fuse")
     logged(plugin.log, "lazy tree complete, layers verified", timeout=60)
-    fetched = target(plugin)
-    node.NodePublishVolume(publish_request(fetched, ref, publishMode="fuse"))
+    fetched = publish_fuse(plugin, node, ref)
     mount = _mount_on(fetched)
     assert mount is not None and mount.fstype == "overlay"
     assert tree(Path(fetched)) == tree(Path(lazy))
@@ -186,19 +201,10 @@ def test_a_lazy_tree_stays_on_fuse_until_fetched_then_publishes_as_an_overlay(
 def test_overlays_outlive_a_kill_9_and_the_restarted_plugin_unpublishes_them(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
-    image = _bundle(registry, "kernelspeed/restart")
-    volume = target(plugin)
-    node.NodePublishVolume(publish_request(volume, image, publishMode="fuse"))
-    expected = tree(Path(volume))
-    plugin.kill()
+    image, volume, expected = _published_then_killed(plugin, node, registry, "kernelspeed/restart")
     assert tree(Path(volume)) == expected  # no daemon serves it: the kernel does
     plugin.start()
-    with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
-        again = csi_pb2_grpc.NodeStub(channel)
-        again.NodePublishVolume(publish_request(volume, image, publishMode="fuse"))  # twice is OK
-        unpublish(again, volume)
-    assert _mount_on(volume) is None
-    assert list(_meta(plugin).iterdir()) == []
+    _republished_and_unpublished(plugin, image, volume)
 
 
 def test_mountinfo_gives_the_filesystem_type_and_its_options() -> None:
@@ -273,18 +279,9 @@ def test_a_tree_too_large_for_the_metadata_tmpfs_is_resource_exhausted_and_leave
 def test_a_restarted_plugin_adopts_an_overlay_whose_record_was_lost(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
-    image = _bundle(registry, "kernelspeed/adopt")
-    volume = target(plugin)
-    node.NodePublishVolume(publish_request(volume, image, publishMode="fuse"))
-    expected = tree(Path(volume))
-    plugin.kill()
+    image, volume, expected = _published_then_killed(plugin, node, registry, "kernelspeed/adopt")
     (plugin.state_dir / "holders" / holders.file_name(volume)).unlink()  # its record lost
     plugin.start()
     logged(plugin.log, "adopting an overlay without a record")
     assert tree(Path(volume)) == expected  # its metadata was kept, not swept
-    with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
-        again = csi_pb2_grpc.NodeStub(channel)
-        again.NodePublishVolume(publish_request(volume, image, publishMode="fuse"))
-        unpublish(again, volume)
-    assert _mount_on(volume) is None
-    assert list(_meta(plugin).iterdir()) == []
+    _republished_and_unpublished(plugin, image, volume)

@@ -31,6 +31,7 @@ from tests.csi_helpers import (
     assert_read_only,
     code_of,
     dockerconfig,
+    node_fixture,
     publish_request,
     push_image,
     simple_image,
@@ -39,7 +40,7 @@ from tests.csi_helpers import (
     tree,
     unpublish,
 )
-from tests.fuse_helpers import start_holder
+from tests.fuse_helpers import publish_bind_and_fuse, publish_fuse, start_holder
 from tests.polling import logged
 from tests.registry import RegistryServer
 
@@ -80,10 +81,7 @@ def plugin(
         proc.unmount_all()
 
 
-@pytest.fixture
-def node(plugin: PluginProcess) -> Iterator[csi_pb2_grpc.NodeStub]:
-    with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
-        yield csi_pb2_grpc.NodeStub(channel)
+node = node_fixture(scope="function")
 
 
 def _bundle(registry: RegistryServer, repo: str, files: int = 40) -> str:
@@ -94,13 +92,6 @@ def _bundle(registry: RegistryServer, repo: str, files: int = 40) -> str:
         )
     entries += [("manifests/link.yaml", "symlink", "000.yaml"), ("bin/run", "file", b"#!/bin/sh\n")]
     return push_image(registry.host, repo, "v1", [entries]).ref
-
-
-def _publish_fuse(plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, image: str) -> str:
-    """Publish ``image`` in FUSE mode at a fresh target; the target's path."""
-    fuse_target = target(plugin)
-    node.NodePublishVolume(publish_request(fuse_target, image, publishMode="fuse"))
-    return fuse_target
 
 
 def _push_lazy_bundle(tmp_path: Path, ref: str, count: int, *cli_args: str) -> dict[str, bytes]:
@@ -133,9 +124,7 @@ def test_fuse_volume_serves_the_same_tree_as_bind_mode(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
     image = _bundle(registry, "fuse/same")
-    bind_target, fuse_target = target(plugin), target(plugin)
-    node.NodePublishVolume(publish_request(bind_target, image, publishMode="bind"))
-    node.NodePublishVolume(publish_request(fuse_target, image, publishMode="fuse"))
+    bind_target, fuse_target = publish_bind_and_fuse(plugin, node, image)
     assert tree(Path(fuse_target)) == tree(Path(bind_target))
     run = Path(fuse_target, "bin/run")
     assert os.stat(run).st_mode & 0o777 == 0o444
@@ -155,7 +144,7 @@ def test_other_users_can_read_a_fuse_volume(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
     image = simple_image(registry.host, "fuse/others", text="shared").ref
-    fuse_target = _publish_fuse(plugin, node, image)
+    fuse_target = publish_fuse(plugin, node, image)
     parents = [
         p for p in Path(fuse_target).parents if p.is_relative_to("/tmp") and p != Path("/tmp")
     ]
@@ -179,7 +168,7 @@ def test_a_file_that_does_not_match_its_digest_is_eio_and_logged(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
     image = simple_image(registry.host, "fuse/corrupt", text="the real content").ref
-    fuse_target = _publish_fuse(plugin, node, image)
+    fuse_target = publish_fuse(plugin, node, image)
     files = plugin.state_dir / "fuse" / "store" / "files" / "sha256"
     (stored,) = [p for p in files.iterdir() if p.read_bytes() == b"the real content"]
     stored.chmod(0o644)
@@ -207,7 +196,7 @@ def test_reads_continue_across_a_kill_9_of_the_plugin(
     plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
     image = _bundle(registry, "fuse/restart", files=200)
-    fuse_target = _publish_fuse(plugin, node, image)
+    fuse_target = publish_fuse(plugin, node, image)
     expected = tree(Path(fuse_target))
     files = sorted(Path(fuse_target).rglob("*.yaml"))
     errors: list[str] = []
@@ -257,7 +246,7 @@ def test_an_estargz_bundle_is_published_from_its_toc_and_read_lazily(
 ) -> None:
     ref = f"{registry.host}/fuse/lazy:v1"
     texts = _push_lazy_bundle(tmp_path, ref, 30)
-    fuse_target = _publish_fuse(plugin, node, ref)
+    fuse_target = publish_fuse(plugin, node, ref)
     logged(plugin.log, "image indexed from its TOC")
     _assert_serves(fuse_target, texts)
     # The whole layer is then fetched in the background and checked against its digest.

@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
-import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from csi.proto import csi_pb2_grpc
 from tests.csi_helpers import (
@@ -22,26 +19,14 @@ from tests.csi_helpers import (
     target,
     unpublish,
 )
-from tests.fuse_helpers import fuse_plugin
+from tests.fuse_helpers import fuse_plugin_fixture
+from tests.metrics_helpers import Samples, scrape
 from tests.registry import RegistryServer
 
 pytestmark = [pytest.mark.registry]
 
 
-@pytest.fixture
-def plugin(tmp_path: Path) -> Iterator[PluginProcess]:
-    """A plugin serving bind and FUSE mode, with a /dev/fuse holder of its own."""
-    with fuse_plugin(tmp_path) as proc:
-        yield proc
-
-
-def scrape(plugin: PluginProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = requests.get(f"http://127.0.0.1:{plugin.metrics_port}/metrics", timeout=5).text
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+plugin = fuse_plugin_fixture()
 
 
 CACHE_FAMILIES = (
@@ -57,9 +42,9 @@ CACHE_FAMILIES = (
 
 
 def moved(
-    before: dict[tuple[str, tuple[tuple[str, str], ...]], float],
-    after: dict[tuple[str, tuple[tuple[str, str], ...]], float],
-) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    before: Samples,
+    after: Samples,
+) -> Samples:
     """The samples of ``CACHE_FAMILIES`` that grew between two scrapes, by how much."""
     return {
         key: after[key] - before.get(key, 0.0)
@@ -77,13 +62,13 @@ def test_a_fuse_publish_moves_the_metric_families_a_bind_publish_moves(
         node = csi_pb2_grpc.NodeStub(channel)
         grew = {}
         for mode, image in (("bind", bound), ("fuse", fused)):
-            before = scrape(plugin)
+            before = scrape(plugin.metrics_port)
             for n in range(2):  # a miss, then a hit
                 request = publish_request(
                     target(plugin), image.ref, volume_id=f"{mode}-{n}", publishMode=mode
                 )
                 node.NodePublishVolume(request)
-            grew[mode] = moved(before, scrape(plugin))
+            grew[mode] = moved(before, scrape(plugin.metrics_port))
     assert grew["fuse"].keys() == grew["bind"].keys(), "the same samples moved"
     for mode in ("bind", "fuse"):
         assert grew[mode][("rukpak_csi_image_cache_total", (("result", "hit"),))] == 1

@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from csi.proto import csi_pb2, csi_pb2_grpc
-from tests.csi_helpers import PluginProcess, publish_request, target, terminate
+from tests.csi_helpers import PluginProcess, node_fixture, publish_request, target, terminate
 from tests.deadline_helpers import COMMIT, MARGIN, PIN, SilentServer, silent_server
 from tests.fuse_helpers import start_holder
 
@@ -56,10 +56,7 @@ def plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginProcess]:
         terminate(holder)
 
 
-@pytest.fixture(scope="module")
-def node(plugin: PluginProcess) -> Iterator[csi_pb2_grpc.NodeStub]:
-    with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
-        yield csi_pb2_grpc.NodeStub(channel)
+node = node_fixture()
 
 
 def attributes(kind: str, host: str) -> dict[str, str]:

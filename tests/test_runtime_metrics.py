@@ -8,21 +8,12 @@ from __future__ import annotations
 import logging
 import threading
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from provisioner.runtime.metrics import Metrics, classify, object_conditions
 from provisioner.runtime.queue import WorkQueue
 from provisioner.runtime.workers import Workers
 from rukpak.common import errors
+from tests.metrics_helpers import exposed
 from tests.polling import eventually
-
-
-def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    for family in text_string_to_metric_families(metrics.exposition().decode()):
-        for sample in family.samples:
-            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return out
 
 
 def test_results_are_classified_as_controller_runtime_does() -> None:
@@ -58,7 +49,7 @@ def test_a_worker_reports_reconciles_errors_and_the_queue() -> None:
         eventually(lambda: seen.count("bad") == 2 and "good" in seen, timeout=10, what="reconciles")
         eventually(
             lambda: (
-                samples(metrics).get(
+                exposed(metrics).get(
                     (
                         "controller_runtime_reconcile_total",
                         (("controller", "widget"), ("result", "success")),
@@ -71,7 +62,7 @@ def test_a_worker_reports_reconciles_errors_and_the_queue() -> None:
         )
     finally:
         workers.stop()
-    got = samples(metrics)
+    got = exposed(metrics)
     widget = (("controller", "widget"),)
     assert (
         got[("controller_runtime_reconcile_total", (("controller", "widget"), ("result", "error")))]
@@ -100,10 +91,10 @@ def test_scrape_time_families_read_their_source_each_time() -> None:
         "rest_client_requests_total",
         (("code", "200"), ("host", "https://api.example:6443"), ("method", "GET")),
     )
-    assert samples(metrics)[key] == 3
+    assert exposed(metrics)[key] == 3
     answers[("GET", "200")] = 5
     counts[("Installed", "True")] = 1.0
-    got = samples(metrics)
+    got = exposed(metrics)
     assert got[key] == 5
     assert got[("rukpak_bundledeployments", (("condition", "Installed"), ("status", "True")))] == 1
 
@@ -141,7 +132,7 @@ def test_revisions_are_counted_by_outcome_and_rollbacks_in_force_apart() -> None
     assert Controller.rolled_back(leader) == {(): 1.0}  # type: ignore[arg-type]
     metrics = Metrics()
     metrics.gauge_of("rukpak_bundledeployments_rolled_back", "x", [], lambda: {(): 1.0})
-    assert samples(metrics)[("rukpak_bundledeployments_rolled_back", ())] == 1
+    assert exposed(metrics)[("rukpak_bundledeployments_rolled_back", ())] == 1
 
 
 def _bd(name: str, *conditions: tuple[str, str, str]) -> dict[str, object]:
@@ -172,7 +163,7 @@ def test_each_object_has_one_series_per_condition_with_status_and_reason() -> No
         ["bundledeployment", "condition", "status", "reason"],
         lambda: object_conditions(cache.items()),
     )
-    got = {k: v for k, v in samples(metrics).items() if k[0].endswith("_status_condition")}
+    got = {k: v for k, v in exposed(metrics).items() if k[0].endswith("_status_condition")}
     bad = (
         "rukpak_bundledeployment_status_condition",
         (
@@ -184,7 +175,7 @@ def test_each_object_has_one_series_per_condition_with_status_and_reason() -> No
     )
     assert got[bad] == 1 and len(got) == 3
     cache._items.pop(1)  # deleted
-    assert bad not in samples(metrics)
+    assert bad not in exposed(metrics)
 
 
 def test_a_repeated_condition_type_is_one_series_and_namespaces_are_kept_when_asked() -> None:

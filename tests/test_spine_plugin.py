@@ -23,6 +23,7 @@ from tests.csi_helpers import (
     PluginProcess,
     code_of,
     dockerconfig,
+    node_fixture,
     publish_request,
     push_image,
     target,
@@ -63,10 +64,7 @@ def plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PluginProcess]:
         terminate(holder)
 
 
-@pytest.fixture(scope="module")
-def node(plugin: PluginProcess) -> Iterator[csi_pb2_grpc.NodeStub]:
-    with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
-        yield csi_pb2_grpc.NodeStub(channel)
+node = node_fixture()
 
 
 @pytest.mark.parametrize(

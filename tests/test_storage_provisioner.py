@@ -21,9 +21,7 @@ from typing import Any
 
 import grpc
 import pytest
-import requests
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from csi.proto import csi_pb2, csi_pb2_grpc
 from provisioner.engine.kube.kube import Kube
@@ -36,6 +34,7 @@ from rukpak.common import errors
 from rukpak.common.backoff import Backoff
 from rukpak.oci.auth import Credentials
 from tests.csi_helpers import PluginProcess, mount_capability, push_image, simple_image
+from tests.metrics_helpers import Samples, scrape
 from tests.polling import eventually
 from tests.registry import RegistryServer
 from tests.storage_helpers import DRIVER, UID, claim, storage_class
@@ -169,15 +168,9 @@ class Role:
     suffix: str
     metrics_port: int
 
-    def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        """A scrape of the role's ``/metrics`` over HTTP: (name, sorted labels) -> value."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        text = requests.get(url, timeout=10).text
-        return {
-            (s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-        }
+    def samples(self) -> Samples:
+        """A scrape of the role's ``/metrics`` over HTTP."""
+        return scrape(self.metrics_port)
 
 
 @pytest.fixture

@@ -129,24 +129,17 @@ def test_a_bundledeployment_whose_bundle_fails_unpacking_has_no_valid_bundle(
     BundleDeployment: ``HasValidBundle`` False, UnpackFailed, in upstream's words."""
     system = standing_system
     cm_name = f"invalid-{SUFFIX}"
-    system.kube.create(
+    inst.configmap_bundle(
+        system,
+        cm_name,
         {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": cm_name, "namespace": inst.NAMESPACE},
-            "immutable": True,
-            "data": {
-                "cm.yaml": yaml.safe_dump(bundles.configmap("c", "default", a="b")),
-                ".gitignore": "!.gitignore\n",
-            },
-        }
+            "cm.yaml": yaml.safe_dump(bundles.configmap("c", "default", a="b")),
+            ".gitignore": "!.gitignore\n",
+        },
     )
     name = f"invalid-cm-{SUFFIX}"
     bd = inst.bundle_deployment(name, "unused")
-    bd["spec"]["template"]["spec"]["source"] = {
-        "type": "configMaps",
-        "configMaps": [{"configMap": {"name": cm_name}, "path": "manifests"}],
-    }
+    bd["spec"]["template"]["spec"]["source"] = inst.configmaps_source(cm_name)
     system.kube.create(bd)
     try:
         _, reason, message = eventually(

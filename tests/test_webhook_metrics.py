@@ -18,20 +18,10 @@ from typing import Any
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from provisioner.manager.serving import certs, webhook
 from provisioner.runtime.metrics import Metrics
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def samples(metrics: Metrics) -> Samples:
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(metrics.exposition().decode())
-        for s in family.samples
-    }
+from tests.metrics_helpers import exposed
 
 
 @pytest.fixture
@@ -92,7 +82,7 @@ def test_each_review_is_counted_by_webhook_code_and_verdict(
     assert post(base, ca, webhook.PATH, b"[]").status_code == 400
     assert post(base, ca, "/validate-anything", admission("CREATE")).status_code == 404
 
-    got = samples(metrics)
+    got = exposed(metrics)
 
     def verdicts(path: str, verdict: str) -> float:
         key = (("verdict", verdict), ("webhook", path))
@@ -141,4 +131,4 @@ def test_the_certificate_expiry_is_the_notafter_of_each_certificate() -> None:
         "rukpak_webhook_certificate_expiry_timestamp_seconds",
         (("certificate", "serving"),),
     )
-    assert samples(metrics)[key] == expiry["serving"]
+    assert exposed(metrics)[key] == expiry["serving"]

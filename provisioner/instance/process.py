@@ -259,9 +259,14 @@ class Instance:
         return EXIT_OK
 
     def _fail(self, message: str) -> int:
-        log.error(kv("failed", error=message))
-        termination.write(self.config.termination_log, message + "\n")
-        return EXIT_ERROR
+        return _failed(self.config.termination_log, message)
+
+
+def _failed(termination_log: Path | None, message: str) -> int:
+    """A fatal error: logged, written to the termination log; the exit status."""
+    log.error(kv("failed", error=message))
+    termination.write(termination_log, message + "\n")
+    return EXIT_ERROR
 
 
 # -- the command line -------------------------------------------------------------------
@@ -337,9 +342,7 @@ def run_instance(args: argparse.Namespace) -> int:
     try:
         rules = ignore_rules(args.ignore)
     except errors.RukpakError as err:
-        log.error(kv("failed", error=err.message))
-        termination.write(termination.where(args.termination_log), err.message + "\n")
-        return EXIT_ERROR
+        return _failed(termination.where(args.termination_log), err.message)
     config = Config(
         bundle_dir=args.bundle_dir,
         name=args.name,
@@ -359,9 +362,7 @@ def run_instance(args: argparse.Namespace) -> int:
         kube = flags.kube(args)
         instance = Instance(kube, config)
     except errors.RukpakError as err:
-        log.error(kv("failed", error=err.message))
-        termination.write(config.termination_log, err.message + "\n")
-        return EXIT_ERROR
+        return _failed(config.termination_log, err.message)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         instance.stop(signal.Signals(signum).name)

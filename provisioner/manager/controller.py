@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -139,36 +140,10 @@ class Controller(Reconciler):
             model.API_VERSION_V2, model.BUNDLE_DEPLOYMENT, on_change=self._bd_changed
         )
         self.bundles = caches.add(model.API_VERSION, model.BUNDLE, on_change=self._bundle_changed)
-        run_pods = caches.add(
-            "v1", "Pod", namespace=ns, label_selector=model.BD_LABEL, on_change=self._owned
+        self.pods = self._runs(model.BD_LABEL, on_change=self._owned)
+        self.unpack_pods = self._runs(  # a Bundle's checks
+            f"{model.OWNER_KIND_LABEL}={model.BUNDLE}", on_change=self._unpack_pod_changed
         )
-        self.pods: runrecord.Runs = run_pods
-        if settings.run_mode == "standing":  # runs without pods, read as the pods they replace
-            run_maps = caches.add(
-                "v1",
-                "ConfigMap",
-                namespace=ns,
-                label_selector=f"{model.BD_LABEL},{runrecord.RUN_LABEL}",
-                on_change=self._owned,
-            )
-            self.pods = runrecord.RunView(run_pods, run_maps)
-        unpack_pods = caches.add(
-            "v1",
-            "Pod",
-            namespace=ns,
-            label_selector=f"{model.OWNER_KIND_LABEL}={model.BUNDLE}",
-            on_change=self._unpack_pod_changed,
-        )
-        self.unpack_pods: runrecord.Runs = unpack_pods
-        if settings.run_mode == "standing":  # a Bundle's check without its pod, as for runs
-            unpack_maps = caches.add(
-                "v1",
-                "ConfigMap",
-                namespace=ns,
-                label_selector=f"{model.OWNER_KIND_LABEL}={model.BUNDLE},{runrecord.RUN_LABEL}",
-                on_change=self._unpack_pod_changed,
-            )
-            self.unpack_pods = runrecord.RunView(unpack_pods, unpack_maps)
         self.events = caches.add("v1", "Event", namespace=ns, on_change=self._event_seen)
         # signature policies: their status here, their check before an image is pinned
         self.policies = caches.add(
@@ -219,6 +194,24 @@ class Controller(Reconciler):
             stop=self.stopping,
             watch_timeout=watch_timeout,
         )
+
+    def _runs(self, label_selector: str, *, on_change: Callable[[Obj], None]) -> runrecord.Runs:
+        """The cache of the run pods ``label_selector`` selects in the system namespace; in
+        standing mode with the run ConfigMaps that stand in for pods, read as the pods."""
+        ns = self.settings.system_namespace
+        pods = self.caches.add(
+            "v1", "Pod", namespace=ns, label_selector=label_selector, on_change=on_change
+        )
+        if self.settings.run_mode != "standing":
+            return pods
+        run_maps = self.caches.add(
+            "v1",
+            "ConfigMap",
+            namespace=ns,
+            label_selector=f"{label_selector},{runrecord.RUN_LABEL}",
+            on_change=on_change,
+        )
+        return runrecord.RunView(pods, run_maps)
 
     # -- cache events -> work ---------------------------------------------------------------
 

@@ -113,6 +113,25 @@ def add_controller(
     )
 
 
+def add_health(parser: argparse.ArgumentParser, *, ready: str = "") -> None:
+    """``--health-port`` (0: none) and ``--health-bind``: where ``/livez`` and ``/healthz``
+    are served; ``ready`` says what readiness waits for, for the help text."""
+    readiness = f"readiness: {ready}" if ready else "readiness"
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        default=0,
+        help=f"serve /livez (liveness) and /healthz ({readiness}) over HTTP on this port, at "
+        "the address --health-bind names; 0 disables (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--health-bind",
+        default="0.0.0.0",
+        help="address of the health port: kubelet's probes dial the pod's address "
+        "(default: %(default)s)",
+    )
+
+
 # -- the registry ---------------------------------------------------------------------------
 
 

@@ -433,19 +433,7 @@ def register(subparsers: Any) -> None:
         default=DEFAULT_CONCURRENCY,
         help="runs applied at once (default: %(default)s)",
     )
-    p.add_argument(
-        "--health-port",
-        type=int,
-        default=0,
-        help="serve /livez (liveness) and /healthz (readiness: runs listed, the store volume "
-        "answering) over HTTP on this port; 0 disables (default: %(default)s)",
-    )
-    p.add_argument(
-        "--health-bind",
-        default="0.0.0.0",
-        help="address of the health port: kubelet's probes dial the pod's address "
-        "(default: %(default)s)",
-    )
+    flags.add_health(p, ready="runs listed, the store volume answering")
     flags.add_system_namespace(p, holds="the run ConfigMaps, pull Secrets and Leases")
     flags.add_cluster(p)
     p.set_defaults(func=run_standing)

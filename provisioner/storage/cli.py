@@ -79,19 +79,7 @@ def register(subparsers: Any) -> None:
         help="longest retry delay (default: %(default)ss)",
     )
     flags.add_controller(p, lease=LEASE_NAME, workers="sync", lease_namespace=True)
-    p.add_argument(
-        "--health-port",
-        type=int,
-        default=0,
-        help="serve /livez (liveness) and /healthz (readiness) over HTTP on this port, at "
-        "the address --health-bind names; 0 disables (default: %(default)s)",
-    )
-    p.add_argument(
-        "--health-bind",
-        default="0.0.0.0",
-        help="address of the health port: kubelet's probes dial the pod's address "
-        "(default: %(default)s)",
-    )
+    flags.add_health(p)
     p.add_argument(
         "--metrics-port",
         type=int,

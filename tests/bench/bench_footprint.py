@@ -29,12 +29,14 @@ OOM-killed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -108,6 +110,22 @@ def probe(url: str) -> tuple[int, str]:
     except OSError as err:
         return 0, str(err)
     return status, body.decode()
+
+
+@contextlib.contextmanager
+def provisioner(
+    cluster: LocalCluster, pod: str, log: Path, *args: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``python -m provisioner ARGS`` as pod ``pod`` of ``cluster`` (its output to ``log``)
+    for a ``with`` block; stopped after it."""
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "POD_NAME": pod}
+    with log.open("wb") as out:
+        command = [sys.executable, "-m", "provisioner", *args]
+        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            yield proc
+        finally:
+            terminate(proc)
 
 
 def holder_figures(workdir: Path) -> tuple[subprocess.Popen[bytes], Path, list[Result]]:
@@ -220,42 +238,37 @@ def storageclass_figures(
 ) -> list[Result]:
     plugin = PluginProcess(workdir / "controller", extra_args=("--controller",)).start()
     health = free_port()
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "POD_NAME": "provisioner-0"}
-    args = [sys.executable, "-m", "provisioner", "volumes", "--csi-address", str(plugin.socket)]
-    args += ["--driver-name", DRIVER, "--leader-elect", "--leader-election-namespace", NAMESPACE]
+    args = ["volumes", "--csi-address", str(plugin.socket), "--driver-name", DRIVER]
+    args += ["--leader-elect", "--leader-election-namespace", NAMESPACE]
     args += ["--health-port", str(health), "--health-bind", "127.0.0.1"]
-    log = (workdir / "volumes.log").open("wb")
-    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        eventually(
-            lambda: probe(f"http://127.0.0.1:{health}/healthz")[0] == 200,
-            timeout=60,
-            what="the provisioner ready",
-        )
-        cls = storage_class(parameters={"image": image, "pullPolicy": "IfNotPresent"})
-        kube.create(cls)
-        for i in range(CLAIMS):
-            body = claim()
-            meta = body["metadata"]
-            meta.update(name=f"claim-{i}", namespace=NAMESPACE)
-            for key in ("uid", "resourceVersion"):
-                meta.pop(key)
-            kube.create(body)
+        with provisioner(cluster, "provisioner-0", workdir / "volumes.log", *args) as proc:
+            eventually(
+                lambda: probe(f"http://127.0.0.1:{health}/healthz")[0] == 200,
+                timeout=60,
+                what="the provisioner ready",
+            )
+            kube.create(storage_class(parameters={"image": image, "pullPolicy": "IfNotPresent"}))
+            for i in range(CLAIMS):
+                body = claim()
+                meta = body["metadata"]
+                meta.update(name=f"claim-{i}", namespace=NAMESPACE)
+                for key in ("uid", "resourceVersion"):
+                    meta.pop(key)
+                kube.create(body)
 
-        def provisioned() -> bool:
-            volumes = kube.list("v1", "PersistentVolume")[0]
-            return sum(1 for v in volumes if v["spec"]["csi"]["driver"] == DRIVER) >= CLAIMS
+            def provisioned() -> bool:
+                volumes = kube.list("v1", "PersistentVolume")[0]
+                return sum(1 for v in volumes if v["spec"]["csi"]["driver"] == DRIVER) >= CLAIMS
 
-        eventually(provisioned, timeout=120, what=f"{CLAIMS} PersistentVolumes")
-        live = probe(f"http://127.0.0.1:{health}/livez")
-        assert live[0] == 200 and "leading" in live[1], live
-        assert plugin.process is not None
-        provisioner_hwm = proc_status_mib(proc.pid, "VmHWM")
-        plugin_hwm = proc_status_mib(plugin.process.pid, "VmHWM")
-        cpu = at_rest({"provisioner": proc.pid, "plugin": plugin.process.pid})
+            eventually(provisioned, timeout=120, what=f"{CLAIMS} PersistentVolumes")
+            live = probe(f"http://127.0.0.1:{health}/livez")
+            assert live[0] == 200 and "leading" in live[1], live
+            assert plugin.process is not None
+            provisioner_hwm = proc_status_mib(proc.pid, "VmHWM")
+            plugin_hwm = proc_status_mib(plugin.process.pid, "VmHWM")
+            cpu = at_rest({"provisioner": proc.pid, "plugin": plugin.process.pid})
     finally:
-        terminate(proc)
-        log.close()
         plugin.stop()
     note = f"after provisioning {CLAIMS} claims (CreateVolume: the tag resolved at the registry)"
     return [
@@ -279,24 +292,14 @@ def storageclass_figures(
 
 
 def manager_figures(workdir: Path, cluster: LocalCluster, kube: Kube) -> list[Result]:
-    procs: list[tuple[subprocess.Popen[bytes], int]] = []
-    logs = []
-    try:
+    with contextlib.ExitStack() as stack:
+        procs: list[tuple[subprocess.Popen[bytes], int]] = []
         for i in range(2):
             port = free_port()
-            env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "POD_NAME": f"m-{i}"}
-            args = [sys.executable, "-m", "provisioner", "manager", "--image", "rukpak:footprint"]
-            args += ["--system-namespace", NAMESPACE, "--leader-elect"]
-            args += ["--webhook-bind", "127.0.0.1", "--webhook-port", str(port)]
-            logs.append((workdir / f"manager-{i}.log").open("wb"))
-            procs.append(
-                (
-                    subprocess.Popen(
-                        args, cwd=REPO, env=env, stdout=logs[-1], stderr=subprocess.STDOUT
-                    ),
-                    port,
-                )
-            )
+            args = ["manager", "--image", "rukpak:footprint", "--system-namespace", NAMESPACE]
+            args += ["--leader-elect", "--webhook-bind", "127.0.0.1", "--webhook-port", str(port)]
+            log = workdir / f"manager-{i}.log"
+            procs.append((stack.enter_context(provisioner(cluster, f"m-{i}", log, *args)), port))
 
         def roles() -> dict[str, int] | None:
             answers = [probe(f"https://127.0.0.1:{port}/livez") for _, port in procs]
@@ -311,11 +314,6 @@ def manager_figures(workdir: Path, cluster: LocalCluster, kube: Kube) -> list[Re
         # at rest: watches open, Lease renewals (leader) and reads (standby) every 5 s
         cpu = at_rest({role: procs[i][0].pid for role, i in found.items()})
         hwm = {role: proc_status_mib(procs[i][0].pid, "VmHWM") for role, i in found.items()}
-    finally:
-        for proc, _ in procs:
-            terminate(proc)
-        for log in logs:
-            log.close()
     limit = limit_mib("deploy/manager/deployment.yaml", "manager")
     return [
         Result(
@@ -336,26 +334,20 @@ def standing_figures(workdir: Path, cluster: LocalCluster) -> list[Result]:
     (so it answers live, and not ready, saying why); its cost per BundleDeployment is
     ``standing``'s."""
     port = free_port()
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "POD_NAME": "standing-0"}
     store = workdir / "store"
     store.mkdir(parents=True)
-    args = [sys.executable, "-m", "provisioner", "standing", "--store-dir", str(store)]
-    args += ["--system-namespace", NAMESPACE, "--health-bind", "127.0.0.1"]
-    args += ["--health-port", str(port)]
-    with (workdir / "standing.log").open("wb") as log:
-        proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            eventually(
-                lambda: probe(f"http://127.0.0.1:{port}/livez")[0] == 200,
-                timeout=60,
-                what="the standing provisioner live",
-            )
-            code, body = probe(f"http://127.0.0.1:{port}/healthz")
-            assert code == 503 and "store volume" in body, (code, body)
-            cpu = at_rest({"standing": proc.pid})["standing"]
-            hwm = proc_status_mib(proc.pid, "VmHWM")
-        finally:
-            terminate(proc)
+    args = ["standing", "--store-dir", str(store), "--system-namespace", NAMESPACE]
+    args += ["--health-bind", "127.0.0.1", "--health-port", str(port)]
+    with provisioner(cluster, "standing-0", workdir / "standing.log", *args) as proc:
+        eventually(
+            lambda: probe(f"http://127.0.0.1:{port}/livez")[0] == 200,
+            timeout=60,
+            what="the standing provisioner live",
+        )
+        code, body = probe(f"http://127.0.0.1:{port}/healthz")
+        assert code == 503 and "store volume" in body, (code, body)
+        cpu = at_rest({"standing": proc.pid})["standing"]
+        hwm = proc_status_mib(proc.pid, "VmHWM")
     limit = limit_mib("deploy/standing/deployment.yaml", "provisioner")
     return [
         Result(

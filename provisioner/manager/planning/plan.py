@@ -55,7 +55,7 @@ from typing import Literal
 from provisioner.engine.apply import appliedrecord
 from provisioner.engine.bundle import words
 from provisioner.engine.health.health import Health as Health
-from provisioner.engine.objects import Obj, meta_of
+from provisioner.engine.objects import Obj, condition, meta_of
 from provisioner.manager import model
 from provisioner.manager.model import Settings
 from provisioner.manager.planning import bundleplan, dependencies, runs, sources
@@ -494,12 +494,7 @@ def field_conflict(bd: Obj, observed: Observed) -> Verdict | None:
             f"{who}; re-applied {observed.fights} times in the last 10 minutes, backing off "
             "(remove the field from the bundle, or stop the other writer)",
         )
-    had = any(
-        c.get("type") == FIELD_CONFLICT
-        for c in (bd.get("status") or {}).get("conditions") or []
-        if isinstance(c, dict)
-    )
-    if not had:
+    if condition(bd, FIELD_CONFLICT) is None:
         return None
     return "False", "NoConflict", "no other writer keeps changing fields this bundle applies"
 
@@ -528,12 +523,7 @@ def drifted(bd: Obj, observed: Observed) -> Verdict | None:
                 "spec.ignore)",
             )
         return "True", "DriftCorrected", said
-    had = any(
-        c.get("type") == DRIFTED
-        for c in (bd.get("status") or {}).get("conditions") or []
-        if isinstance(c, dict)
-    )
-    if not had:
+    if condition(bd, DRIFTED) is None:
         return None
     return "False", "NoDrift", "no drift of the installed objects in the last 10 minutes"
 

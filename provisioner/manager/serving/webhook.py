@@ -164,10 +164,7 @@ def configmap_review(body: Obj, users: Users) -> Obj:
     except errors.RukpakError as err:
         log.warning("msg='cannot read configmap users; admitting' error=%r", err.message)
         denial = ""
-    response: Obj = {"uid": str(request.get("uid") or ""), "allowed": not denial}
-    if denial:
-        response["status"] = {"code": 403, "reason": "Forbidden", "message": denial}
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+    return _admission_review(request, denial)
 
 
 BD_PATH = "/validate-bundledeployment"
@@ -197,11 +194,9 @@ def bd_review(body: Obj, lookup: dependencies.Lookup) -> Obj:
     except errors.RukpakError as err:
         log.warning("msg='cannot read bundledeployments; admitting' error=%r", err.message)
         denial = ""
-    response: Obj = {"uid": str(request.get("uid") or ""), "allowed": not denial}
     if denial:
-        response["status"] = {"code": 403, "reason": "Forbidden", "message": denial}
         log.info("msg='denied' bundledeployment=%s", request.get("name"))
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+    return _admission_review(request, denial)
 
 
 def existing_from(kube: Kube) -> Existing:
@@ -221,22 +216,23 @@ def existing_from(kube: Kube) -> Existing:
 def review(body: Obj, existing: Existing) -> Obj:
     """The AdmissionReview response to an AdmissionReview request."""
     request = body.get("request") or {}
-    uid = str(request.get("uid") or "")
     denial = decide(
         str(request.get("operation") or ""),
         request.get("oldObject"),
         request.get("object"),
         existing,
     )
-    response: Obj = {"uid": uid, "allowed": not denial}
+    if denial:
+        log.info("msg='denied' crd=%s", request.get("name"))
+    return _admission_review(request, denial)
+
+
+def _admission_review(request: Obj, denial: str) -> Obj:
+    """The AdmissionReview answering ``request``: allowed, or refused (403) for ``denial``."""
+    response: Obj = {"uid": str(request.get("uid") or ""), "allowed": not denial}
     if denial:
         response["status"] = {"code": 403, "reason": "Forbidden", "message": denial}
-        log.info("msg='denied' crd=%s", request.get("name"))
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "response": response,
-    }
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
 def verdict(path: str, code: int, doc: Obj) -> str:
