@@ -231,3 +231,37 @@ def test_without_a_synced_cache_the_gate_lists_the_nodes_and_polls() -> None:
     ]  # fmt: skip
     kube.list = lambda *a, **k: (listed, "1")  # type: ignore[method-assign]
     assert g.hold(kube, bd(), [IMAGE], generation=3) == prestage.POLL_SECONDS  # type: ignore[arg-type]
+
+
+# --- on by default --------------------------------------------------------------------------
+
+
+def test_the_manager_pre_stages_by_default_and_zero_turns_it_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import argparse
+
+    from provisioner.manager import cli
+
+    monkeypatch.delenv("PRESTAGE_TIMEOUT", raising=False)
+
+    def parse(*argv: str) -> argparse.Namespace:
+        parser = argparse.ArgumentParser()
+        cli.register(parser.add_subparsers())
+        return parser.parse_args(["manager", *argv])
+
+    assert parse().prestage_timeout == prestage.DEFAULT_TIMEOUT == 120.0
+    assert parse("--prestage-timeout", "0").prestage_timeout == 0.0
+    monkeypatch.setenv("PRESTAGE_TIMEOUT", "0")
+    assert parse().prestage_timeout == 0.0
+
+
+def test_deploy_runs_the_manager_with_pre_staging_on() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    deployment = yaml.safe_load((root / "deploy/manager/deployment.yaml").read_text())
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--prestage-timeout={prestage.DEFAULT_TIMEOUT:g}" in args
