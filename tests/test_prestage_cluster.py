@@ -4,6 +4,11 @@ plugin's watch (``csi.node.prestagewatch``) has fetched the new digest into its 
 image cache and said so on its Node; a node that never answers holds it only until the
 timeout.
 
+The manager follows the answering Nodes with an informer (``watching.nodewatch``): a Node's
+answer wakes the held pivot at once, and deciding sends no request. The manager's client
+counts its Node requests by thread (``CountingKube``) to prove it: with no following Node a
+pivot makes none, and a held pivot makes none while it waits (no polling).
+
 The manager's controller and the plugin's watch run in-process (a real image cache under
 tmp_path); no kubelet runs here, so the Nodes are API objects the test creates. The same
 flow on three real nodes from deploy/ is ``test_multinode_prestage``.
@@ -11,7 +16,9 @@ flow on three real nodes from deploy/ is ``test_multinode_prestage``.
 
 from __future__ import annotations
 
+import builtins
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,8 +71,44 @@ def push(root: Path, ref: str, greeting: str, *, padding: int = 0) -> str:
     return f"{ref.rsplit(':', 1)[0]}@{digest}"
 
 
+ANSWERING_NODE = f"prestage-answering-{SUFFIX}"
+
+
+class CountingKube(Kube):
+    """The manager's client, counting its reads of Nodes by the thread that sent them (the
+    Node informer's are ``informer-Node``; any other is the pivot path)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.node_reads: builtins.list[str] = []
+
+    def list(
+        self, api_version: str, kind: str, *, namespace: str = "", label_selector: str = ""
+    ) -> tuple[list[Obj], str]:
+        if kind == "Node":
+            self.node_reads.append(threading.current_thread().name)
+        return super().list(api_version, kind, namespace=namespace, label_selector=label_selector)
+
+    def get(self, ref: ObjectRef) -> Obj | None:
+        if ref.kind == "Node":
+            self.node_reads.append(threading.current_thread().name)
+        return super().get(ref)
+
+    def pivot_reads(self) -> builtins.list[str]:
+        """Node reads not made by the Node informer."""
+        return [t for t in self.node_reads if t != "informer-Node"]
+
+
 @pytest.fixture(scope="module")
-def manager(kube: Kube) -> Iterator[controller.Controller]:
+def manager_kube(kube_apiserver: Any) -> Iterator[CountingKube]:
+    counting = CountingKube.from_kubeconfig(str(kube_apiserver.kubeconfig))
+    assert isinstance(counting, CountingKube)
+    yield counting
+    counting.close()
+
+
+@pytest.fixture(scope="module")
+def manager(kube: Kube, manager_kube: CountingKube) -> Iterator[controller.Controller]:
     install_crds(kube)
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NS}})
     for account in ("default", "rukpak-instance"):
@@ -80,14 +123,15 @@ def manager(kube: Kube) -> Iterator[controller.Controller]:
         image="registry.example/rukpak:test", system_namespace=SYSTEM_NS, host_network=True
     )
     ctl = controller.Controller(
-        kube,
+        manager_kube,
         settings,
         resolve=actuate.RegistryResolver(oci_client.RegistryClient(retries=0)),
-        resync=2.0,
+        resync=3600.0,  # no periodic look: a held pivot goes on by a wake or its timer
         watch_timeout=10,
-        prestage_gate=prestage.Gate(timeout=TIMEOUT, poll=0.2),
+        prestage_gate=prestage.Gate(timeout=TIMEOUT),
     )
     ctl.start()
+    assert ctl.nodes is not None and ctl.nodes.informer.wait_synced(30)
     yield ctl
     ctl.stop()
 
@@ -169,6 +213,99 @@ def reasons(kube: Kube, name: str) -> list[tuple[str, str]]:
 def said_prestaged(kube: Kube, name: str) -> list[tuple[str, str]] | None:
     said = reasons(kube, name)
     return said if sum(r == "Prestaged" for r, _ in said) >= 2 else None  # one, then two
+
+
+def test_with_no_node_following_asks_a_pivot_goes_on_without_a_node_request(
+    kube: Kube,
+    manager: controller.Controller,
+    manager_kube: CountingKube,
+    registry: Any,
+    tmp_path: Path,
+) -> None:
+    """(Runs before the plugin fixture labels its Node.)"""
+    assert manager.nodes is not None
+    following = [o["metadata"]["name"] for o in manager.nodes.informer.items()]
+    assert following == [], f"Nodes left labelled {words.ENABLED_LABEL} by other tests"
+    before = len(manager_kube.pivot_reads())
+    name = f"prestage-none-{SUFFIX}"
+    one = push(tmp_path / "one", f"{registry.host}/prestage/none-{SUFFIX}:v1", "none")
+    kube.apply(bd_v2(name, one))
+    bd = eventually(
+        lambda: b if pinned_ref(b := live(kube, name)) == one else None,
+        timeout=30,
+        what="the pin",
+    )
+    assert words.REQUEST_ANNOTATION not in (bd["metadata"].get("annotations") or {})
+    assert manager_kube.pivot_reads()[before:] == []  # the gate read its cache only
+    assert not any(r.startswith("Prestag") for r, _ in reasons(kube, name))
+
+
+def test_a_held_pivot_goes_on_as_soon_as_a_node_writes_its_answer(
+    kube: Kube,
+    manager: controller.Controller,
+    manager_kube: CountingKube,
+    registry: Any,
+    tmp_path: Path,
+) -> None:
+    """A Node with no plugin: the test writes its answer. The BD's own timeout (10 minutes)
+    is far longer than the test waits: only the answer's watch event can release it."""
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": ANSWERING_NODE, "labels": {words.ENABLED_LABEL: "true"}},
+        }
+    )
+    try:
+        assert manager.nodes is not None
+        manager.nodes.informer.wait(
+            lambda: (
+                manager.nodes is not None
+                and manager.nodes.informer.get("", ANSWERING_NODE) is not None
+            ),
+            timeout=20,
+        )
+        one = push(tmp_path / "one", f"{registry.host}/prestage/held-{SUFFIX}:v1", "held")
+        digest = one.rsplit("@", 1)[1]
+        name = f"prestage-held-{SUFFIX}"
+        body = bd_v2(name, one)
+        body["metadata"]["annotations"] = {words.TIMEOUT_ANNOTATION: "600"}
+        kube.apply(body)
+        at = eventually(
+            lambda: words.asked_at(
+                (live(kube, name)["metadata"].get("annotations") or {}).get(
+                    words.REQUEST_ANNOTATION
+                )
+            ),
+            timeout=30,
+            what="the ask",
+        )
+        # held: it waits for this Node (its gate remembers it) and is not pinned
+        gate = manager.prestage_gate
+        assert gate is not None
+        eventually(lambda: name in gate.held(), timeout=10, what="the pivot held")
+        assert pinned_ref(live(kube, name)) == ""
+        held_reads = len(manager_kube.pivot_reads())
+        answer = words.Answer(state=words.CACHED, bytes=1, total=1, at=1.0, asked=at)
+        notes = {words.STATE_ANNOTATION: words.dump_states({digest: answer})}
+        kube.merge_patch(
+            ObjectRef("", "v1", "Node", "", ANSWERING_NODE),
+            {"metadata": {"annotations": notes}},
+        )
+        eventually(
+            lambda: pinned_ref(live(kube, name)) == one, timeout=30, what="the pin on the answer"
+        )
+        assert manager_kube.pivot_reads()[held_reads:] == []  # woken, not polling
+        said = eventually(
+            lambda: [m for r, m in reasons(kube, name) if r == "Prestaged"] or None,
+            timeout=10,
+            what="Prestaged",
+        )
+        assert f"cached on {ANSWERING_NODE}" in said[0]
+        assert not any(r == "PrestageTimedOut" for r, _ in reasons(kube, name))
+        assert name not in gate.held()
+    finally:
+        kube.delete(ObjectRef("", "v1", "Node", "", ANSWERING_NODE))
 
 
 def test_a_pivot_waits_until_the_node_that_holds_the_bundle_has_fetched_the_new_digest(

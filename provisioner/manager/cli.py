@@ -131,11 +131,12 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--prestage-timeout",
         type=float,
-        default=float(os.environ.get("PRESTAGE_TIMEOUT", "0")),
-        help="seconds a v1alpha2 BundleDeployment's pivot to a new pin waits for the node "
-        "plugins that follow pre-stage asks to fetch its images (docs/prestage.md); 0 "
-        "(default) asks nothing and pivots at once; a BundleDeployment's annotation "
-        "prestage.rukpak.io/timeout overrides it (env PRESTAGE_TIMEOUT)",
+        default=float(os.environ.get("PRESTAGE_TIMEOUT", f"{prestage.DEFAULT_TIMEOUT:g}")),
+        help="seconds a v1alpha2 BundleDeployment's pivot to a new pin waits at most for the "
+        "node plugins that follow pre-stage asks to fetch its images (docs/prestage.md; "
+        "default: %(default)g; with no such node nothing is asked and it pivots at once); "
+        "0 turns it off; a BundleDeployment's annotation prestage.rukpak.io/timeout "
+        "overrides it (env PRESTAGE_TIMEOUT)",
     )
     flags.add_controller(p, lease=LEASE_NAME, workers="reconcile")
     p.add_argument(

@@ -5,9 +5,10 @@ once, then watch) keep a local cache of everything the manager reads:
 BundleDeployments, Bundles, and in the system namespace the instance run
 pods, the unpack pods and the Events (for an unpack pod's FailedMount
 messages); ``healthwatch`` the inventory ConfigMaps (with the install records)
-and the installed objects. At rest the manager makes watch requests
-only; a reconcile reads the caches, asks a pure planner what to do (``plan``
-for a BundleDeployment, ``bundleplan`` for a Bundle) and hands the actions to
+and the installed objects; ``nodewatch`` the Nodes that answer pre-stage asks
+(an answer wakes the BundleDeployment whose pivot it holds). At rest the manager
+makes watch requests only; a reconcile reads the caches, asks a pure planner what
+to do (``plan`` for a BundleDeployment, ``bundleplan`` for a Bundle) and hands the actions to
 ``actuate``, the only writer.
 
 Cache events only decide *which* object to look at: a BundleDeployment
@@ -48,7 +49,7 @@ from provisioner.manager import conversion, model, signatures
 from provisioner.manager.acting import actuate, prestage
 from provisioner.manager.model import Settings
 from provisioner.manager.planning import bundleplan, dependencies, inline, plan, revisions, runs
-from provisioner.manager.watching import healthwatch, probes, runwatch
+from provisioner.manager.watching import healthwatch, nodewatch, probes, runwatch
 from provisioner.runtime.metrics import Metrics
 from provisioner.runtime.queue import WorkQueue
 from provisioner.runtime.workers import Reconciler
@@ -163,6 +164,16 @@ class Controller(Reconciler):
             stop=self.stopping,
             watch_timeout=watch_timeout,
         )
+        self.nodes: nodewatch.NodeWatch | None = None
+        """The Nodes that answer pre-stage asks; a change of an answer wakes the held BDs."""
+        if prestage_gate is not None:
+            self.nodes = nodewatch.NodeWatch(
+                kube,
+                prestage_gate,
+                wake=lambda name: self.queue.add(BD_KEY + name),
+                stop=self.stopping,
+                watch_timeout=watch_timeout,
+            )
         self.runwatch = runwatch.RunWatch(
             kube=kube,
             system_namespace=ns,
@@ -478,6 +489,8 @@ class Controller(Reconciler):
                 self._kept_records.pop(name, None)
                 self._slot_waiters.pop(name, None)
                 self.damper.drop(name)
+            if self.prestage_gate is not None:
+                self.prestage_gate.forget(name)
             self._finish_uninstall(name)
             return None
         bd, observed = seen
@@ -641,6 +654,8 @@ class Controller(Reconciler):
         """Start the informers, wait for their first lists, then the workers."""
         self.caches.start()
         self.health.start()
+        if self.nodes is not None:  # not waited for: the gate lists Nodes until it syncs
+            self.nodes.start()
         for inf in [*self.caches, self.health.inventories]:
             if not inf.wait_synced(sync_timeout):
                 log.warning("msg='cache not synced yet' informer=%r", inf.listwatch)
