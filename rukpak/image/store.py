@@ -32,7 +32,7 @@ from rukpak.common.fsio import fsync_dir, unlink_size
 from rukpak.oci import digest as digests
 from rukpak.oci import handoff
 
-WRITE_PIECE = 16 << 10
+WRITE_PIECE = 64 << 10
 """The most one ``write(2)`` of an ingest passes to the kernel (see :class:`Ingest`)."""
 
 Fetch = Callable[[Path], None]
@@ -86,9 +86,7 @@ class Ingest:
     ``WRITE_PIECE`` bytes at a time: the kernel then fills small page-cache folios, while
     1 MiB writes made it take large ones, likely from memory the benchmark's VM had
     handed back to its host (a loop reading a socket and writing 1 GiB took 0.6-2.7 s at
-    1 MiB a write, 0.25-0.4 s at 64 KiB; at 64 KiB the writing thread still spent
-    0.4-1.0 CPU seconds a GiB from run to run, at 16 KiB, as ``curl`` writes, a steady
-    0.5; see docs/benchmarks.md, artifacts).
+    1 MiB a write, 0.25-0.4 s at 64 KiB; see docs/benchmarks.md, artifacts).
     """
 
     def __init__(self, fd: int, *, digest: str, size: int, hashed: bool = True) -> None:
