@@ -27,6 +27,7 @@ from typing import BinaryIO, cast
 import pytest
 
 from rukpak.common import backoff, errors
+from rukpak.image import store as store_module
 from rukpak.image.store import ContentStore
 from rukpak.oci import blobio, handoff, mediatypes
 from rukpak.oci import digest as digests
@@ -327,9 +328,30 @@ def file_size_limit(limit: int) -> Iterator[None]:
         signal.signal(signal.SIGXFSZ, old_handler)
 
 
-def test_a_write_error_met_by_the_ingest_thread_reaches_the_caller_and_keeps_nothing(
+def test_a_large_ingest_that_cannot_fit_fails_before_its_first_byte_and_keeps_nothing(
     tmp_path: Path,
 ) -> None:
+    """Its disk is allocated before the download starts (``fsio.preallocate``)."""
+    store = ContentStore(tmp_path)
+    data = big_blob()
+    entered = False
+    with (
+        file_size_limit(2 << 20),
+        pytest.raises(OSError) as caught,
+        store.ingest(digests.of(data), len(data)),
+    ):
+        entered = True
+    assert caught.value.errno == errno.EFBIG
+    assert not entered
+    assert visible(tmp_path) == {"blobs": [], "ingest": []}
+    assert handoff_threads() == []
+
+
+def test_a_write_error_met_by_the_ingest_thread_reaches_the_caller_and_keeps_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # as on a filesystem without fallocate: the error comes from a write in the thread
+    monkeypatch.setattr(store_module, "preallocate", lambda fd, size: False)
     store = ContentStore(tmp_path)
     data = big_blob()
     with (
