@@ -20,13 +20,14 @@ import os
 import resource
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import cast
+from typing import BinaryIO, cast
 
 import pytest
 
 from rukpak.common import backoff, errors
+from rukpak.image import store as store_module
 from rukpak.image.store import ContentStore
 from rukpak.oci import blobio, handoff, mediatypes
 from rukpak.oci import digest as digests
@@ -116,6 +117,62 @@ def test_close_stops_the_thread_is_idempotent_and_refuses_more() -> None:
         work.flush()
 
 
+def test_lent_slots_reach_the_thread_in_order_with_what_was_put_and_uncopied() -> None:
+    got: list[bytes] = []
+    seen_slots: list[int] = []
+
+    def consume(view: memoryview) -> None:
+        got.append(bytes(view))
+        seen_slots.append(id(view.obj))
+
+    work = Handoff(consume, name="test handoff", slots=2, slot_size=8)
+    try:
+        work.put(b"abc")  # gathered, then sent ahead of the first lent slot
+        lent = []
+        for piece in (b"defgh", b"ij", b"klmnopqr"):
+            slot = work.borrow()
+            slot[: len(piece)] = piece
+            work.give(slot, len(piece))
+            lent.append(id(slot))
+        unused = work.borrow()
+        work.give(unused, 0)  # returned unused: nothing reaches the thread
+        work.flush()
+    finally:
+        work.close()
+    assert got == [b"abc", b"defgh", b"ij", b"klmnopqr"]
+    assert seen_slots[1:] == lent  # the thread hashed the lent slots themselves
+    assert len(set(lent)) <= 2  # and never more slots than it was given
+
+
+def test_a_slot_is_lent_again_only_after_the_thread_is_done_with_it() -> None:
+    release = threading.Event()
+    done: list[bytes] = []
+
+    def consume(view: memoryview) -> None:
+        release.wait(10)
+        done.append(bytes(view))
+
+    work = Handoff(consume, name="test handoff", slots=1, slot_size=4)
+    try:
+        slot = work.borrow()
+        slot[:] = b"wxyz"
+        work.give(slot, 4)
+        lent: list[bytearray] = []
+        waiter = threading.Thread(target=lambda: lent.append(work.borrow()))
+        waiter.start()
+        waiter.join(0.2)
+        assert lent == []  # the only slot is still being consumed
+        release.set()
+        waiter.join(10)
+        assert lent == [slot] and done == [b"wxyz"]
+        work.give(lent[0], 0)
+    finally:
+        release.set()
+        work.close()
+    with pytest.raises(ValueError, match="after close"):
+        work.borrow()
+
+
 # -- a verifying stream hashing in a thread ---------------------------------------------
 
 
@@ -166,6 +223,71 @@ def test_a_large_blob_longer_than_its_descriptor_is_data_loss_as_soon_as_it_over
     assert handoff_threads() == []
 
 
+def test_a_large_blob_read_in_pieces_into_the_hashing_slots_verifies_and_ends_its_thread() -> None:
+    data = big_blob()
+    reader = verifying(data, data)
+    with contextlib.closing(reader):
+        out = bytearray()
+        for piece in reader.pieces(100_000):  # not a divisor of a slot: pieces end short
+            assert 0 < len(piece) <= 100_000
+            out += piece
+        assert reader.verified
+    assert bytes(out) == data
+    assert handoff_threads() == []
+
+
+@pytest.mark.parametrize(
+    ("served", "match"),
+    [
+        pytest.param(lambda b: b[:-1] + bytes([b[-1] ^ 1]), "hashes to", id="last-byte-flipped"),
+        pytest.param(lambda b: b[: len(b) // 2], "bytes arrived", id="short"),
+        pytest.param(lambda b: b + b"\0" * (2 << 20), "bytes arrived", id="long"),
+    ],
+)
+def test_a_large_blob_read_in_pieces_that_does_not_match_is_data_loss(
+    served: object, match: str, tmp_path: Path
+) -> None:
+    """As the image cache reads an artifact's file into its store: nothing is kept."""
+    data = big_blob()
+    reader = verifying(served(data), data)  # type: ignore[operator]
+    store = ContentStore(tmp_path)
+    stream = cast(BinaryIO, io.BufferedReader(reader, 64 << 10))
+    with (
+        contextlib.closing(reader),
+        pytest.raises(errors.DataLoss, match=match),
+        store.ingest(digests.of(data), len(data), durable=False, source_verified=True) as sink,
+    ):
+        for piece in blobio.pieces(stream):
+            sink.write(piece)
+    assert not reader.verified
+    assert visible(tmp_path) == {"blobs": [], "ingest": []}
+    assert handoff_threads() == []
+
+
+def test_a_blob_stream_already_read_from_is_read_on_through_its_buffer_and_verified() -> None:
+    """``blobio.pieces`` reads past the stream's buffer only when it holds nothing yet."""
+    data = big_blob()
+    reader = verifying(data, data)
+    stream = io.BufferedReader(reader, 64 << 10)
+    with contextlib.closing(reader):
+        head = stream.read(10)  # the buffer now holds bytes the raw reader counted
+        assert not reader.fresh
+        rest = b"".join(bytes(p) for p in blobio.pieces(cast(BinaryIO, stream), 1 << 20))
+        assert reader.verified
+    assert head + rest == data
+
+
+def test_a_blob_stream_left_half_way_stops_its_thread_and_is_not_verified() -> None:
+    data = big_blob()
+    reader = verifying(data, data)
+    with contextlib.closing(reader):
+        pieces = reader.pieces(1 << 20)
+        next(pieces)
+        pieces.close()  # the caller stopped: the lent slot goes back unhashed
+        assert not reader.verified
+    assert handoff_threads() == []
+
+
 # -- the content store's ingest writing in a thread ---------------------------------------
 
 
@@ -206,9 +328,30 @@ def file_size_limit(limit: int) -> Iterator[None]:
         signal.signal(signal.SIGXFSZ, old_handler)
 
 
-def test_a_write_error_met_by_the_ingest_thread_reaches_the_caller_and_keeps_nothing(
+def test_a_large_ingest_that_cannot_fit_fails_before_its_first_byte_and_keeps_nothing(
     tmp_path: Path,
 ) -> None:
+    """Its disk is allocated before the download starts (``fsio.preallocate``)."""
+    store = ContentStore(tmp_path)
+    data = big_blob()
+    entered = False
+    with (
+        file_size_limit(2 << 20),
+        pytest.raises(OSError) as caught,
+        store.ingest(digests.of(data), len(data)),
+    ):
+        entered = True
+    assert caught.value.errno == errno.EFBIG
+    assert not entered
+    assert visible(tmp_path) == {"blobs": [], "ingest": []}
+    assert handoff_threads() == []
+
+
+def test_a_write_error_met_by_the_ingest_thread_reaches_the_caller_and_keeps_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # as on a filesystem without fallocate: the error comes from a write in the thread
+    monkeypatch.setattr(store_module, "preallocate", lambda fd, size: False)
     store = ContentStore(tmp_path)
     data = big_blob()
     with (
@@ -257,8 +400,24 @@ def dropping_server() -> Iterator[tuple[str, type[_DropsHalfWay]]]:
         server.server_close()
 
 
+def read_into_buffer(stream: BinaryIO) -> Iterator[memoryview]:
+    """A blob stream read as any binary stream: ``readinto`` one 1 MiB buffer."""
+    view = memoryview(bytearray(1 << 20))
+    while n := cast(io.BufferedReader, stream).readinto(view):
+        yield view[:n]
+
+
+READERS = [
+    pytest.param(blobio.pieces, id="pieces-into-the-hashing-slots"),  # the image cache's
+    pytest.param(read_into_buffer, id="readinto-a-buffer"),
+]
+
+
+@pytest.mark.parametrize("read", READERS)
 def test_a_connection_dropped_mid_blob_is_a_broken_download_and_nothing_is_kept(
-    dropping_server: tuple[str, type[_DropsHalfWay]], tmp_path: Path
+    dropping_server: tuple[str, type[_DropsHalfWay]],
+    tmp_path: Path,
+    read: Callable[[BinaryIO], Iterator[memoryview]],
 ) -> None:
     """As the image cache streams an artifact's file into its store (the source verifies,
     the ingest only counts): the stream hashing in its thread must not take the early
@@ -269,15 +428,14 @@ def test_a_connection_dropped_mid_blob_is_a_broken_download_and_nothing_is_kept(
     desc = Descriptor("application/octet-stream", digests.of(data), len(data))
     ref = Reference.parse(f"{host}/a/model:v1")
     store = ContentStore(tmp_path)
-    view = memoryview(bytearray(1 << 20))
     with (
         RegistryClient(retries=0) as client,
         pytest.raises(errors.Unavailable) as caught,
         store.ingest(desc.digest, desc.size, durable=False, source_verified=True) as sink,
         client.open_blob(ref, desc) as stream,
     ):
-        while n := cast(io.BufferedReader, stream).readinto(view):
-            sink.write(view[:n])
+        for piece in read(stream):
+            sink.write(piece)
     assert not isinstance(caught.value, errors.DataLoss)
     assert "broke during the download" in caught.value.message
     assert handler.hits == 1
@@ -301,8 +459,9 @@ def test_a_small_blob_hashed_inline_dropped_mid_way_is_a_broken_download_too(
 
 
 @pytest.mark.registry
+@pytest.mark.parametrize("read", READERS)
 def test_a_deadline_passing_mid_blob_stops_the_stream_and_its_thread_and_keeps_nothing(
-    registry: RegistryServer, tmp_path: Path
+    registry: RegistryServer, tmp_path: Path, read: Callable[[BinaryIO], Iterator[memoryview]]
 ) -> None:
     """The deadline in force where the stream opened is checked before every read, in the
     reading thread, whatever the hashing thread is doing (a clock moved by hand)."""
@@ -311,7 +470,6 @@ def test_a_deadline_passing_mid_blob_stops_the_stream_and_its_thread_and_keeps_n
     now = [0.0]
     deadline = backoff.Deadline.after(60, what="the test deadline", clock=lambda: now[0])
     store = ContentStore(tmp_path)
-    view = memoryview(bytearray(1 << 20))
     with RegistryClient(retries=0) as client:
         desc = client.push_blob(ref, data, media_type="application/octet-stream")
         with (
@@ -320,12 +478,12 @@ def test_a_deadline_passing_mid_blob_stops_the_stream_and_its_thread_and_keeps_n
             store.ingest(desc.digest, desc.size, durable=False, source_verified=True) as sink,
             client.open_blob(ref, desc) as stream,
         ):
-            reader = cast(io.BufferedReader, stream)
-            sink.write(view[: reader.readinto(view)])
+            pieces = read(stream)
+            sink.write(next(pieces))
             assert handoff_threads()
             now[0] = 61.0  # the deadline passes mid-blob
-            while n := reader.readinto(view):
-                sink.write(view[:n])
+            for piece in pieces:
+                sink.write(piece)
     assert registry.host in caught.value.message
     assert visible(tmp_path) == {"blobs": [], "ingest": []}
     assert handoff_threads() == []

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import json
 import logging
 import os
@@ -49,6 +50,28 @@ def _load_libc() -> Any:
 
 
 _libc = _load_libc()
+
+
+def preallocate(fd: int, size: int) -> bool:
+    """Allocate ``size`` bytes of disk to the empty file ``fd`` before it is written
+    (``fallocate(2)``, mode 0: its length becomes ``size``), so the writes that follow
+    fill extents already there instead of reserving blocks page by page (a 1 GiB blob
+    streamed into the content store: about 15 % faster, docs/benchmarks.md, artifacts).
+
+    Raises OSError when the space is not there (ENOSPC, EDQUOT, EFBIG): what cannot fit
+    fails before a byte is fetched. Returns False, doing nothing, where the filesystem
+    cannot (EOPNOTSUPP): no emulation by writing zeroes, as ``posix_fallocate`` does.
+    """
+    call = getattr(_libc, "fallocate64", None) if _libc is not None else None
+    if call is None:
+        return False
+    call.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    if call(fd, 0, 0, size) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+        return False
+    raise OSError(err, os.strerror(err))
 
 
 def fsync_dir(path: Path) -> None:

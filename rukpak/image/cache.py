@@ -52,7 +52,6 @@ reference → digest → state, so they cannot deadlock.
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import time
@@ -60,7 +59,6 @@ from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 from rukpak.common import errors
 from rukpak.image import (
@@ -78,6 +76,7 @@ from rukpak.image.locks import KeyedLocks
 from rukpak.image.seams import Observer, Puller, PullerFactory, PullPolicy, StreamingPuller
 from rukpak.image.settings import DEFAULTS, CacheSettings
 from rukpak.image.store import ContentStore, Fetch
+from rukpak.oci import blobio
 from rukpak.oci import digest as digests
 from rukpak.oci.auth import Credentials
 from rukpak.oci.manifest import Descriptor, Manifest, Platform
@@ -498,10 +497,8 @@ class ImageCache:
                 ) as sink,
                 streaming.open_blob(ref, desc) as stream,
             ):
-                reader = cast(io.BufferedReader, stream)
-                view = memoryview(bytearray(1 << 20))
-                while n := reader.readinto(view):
-                    sink.write(view[:n])
+                for piece in blobio.pieces(stream):
+                    sink.write(piece)
 
     def _put(self, puller: Puller, ref: Reference, desc: Descriptor) -> None:
         """Download ``desc`` into the store unless present; one download per blob at a time

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from rukpak.common import errors
-from rukpak.common.fsio import fsync_dir, unlink_size
+from rukpak.common.fsio import fsync_dir, preallocate, unlink_size
 from rukpak.oci import digest as digests
 from rukpak.oci import handoff
 
@@ -205,7 +205,9 @@ class ContentStore:
         (the image cache: with its tree, and drops blobs no tree lists at start).
         ``source_verified=True`` only counts the bytes: the caller's source checks the
         digest itself before the block ends (a verifying registry stream opened inside
-        it), so the bytes are hashed once, not twice.
+        it), so the bytes are hashed once, not twice. A large blob's disk space is
+        allocated before the block starts (``rukpak.common.fsio.preallocate``): a disk
+        that cannot hold it fails here (OSError ENOSPC), before the download.
         """
         final = self.path(digest)
         work = self.ingest_dir / f"{digests.hex_of(digest)}-{secrets.token_hex(4)}"
@@ -214,6 +216,8 @@ class ContentStore:
             tmp = work / "data"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
+                if size >= handoff.WORTH:  # the disk it needs, taken before the download
+                    preallocate(fd, size)
                 sink = Ingest(fd, digest=digest, size=size, hashed=not source_verified)
                 try:
                     yield sink

@@ -5,7 +5,8 @@ content store for its own ingests): :func:`write_atomically` streams chunks
 into a temp file beside the destination and renames it into place only after
 size and digest match, so a failure never leaves a partial file behind;
 :class:`VerifyingReader` wraps a raw stream and raises DataLoss at end of
-stream when the content is not what the descriptor promised.
+stream when the content is not what the descriptor promised; :func:`pieces` reads one
+through to its end for a caller that only passes the bytes on (a content store's ingest).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from __future__ import annotations
 import errno
 import io
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable, Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol, cast
 
 from rukpak.common import errors
 from rukpak.common.fsio import atomic_writer
@@ -23,6 +24,10 @@ from rukpak.oci import digest as digests
 from rukpak.oci import handoff
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
+PIECE = handoff.SLOT
+"""What :func:`pieces` reads from the network at a time by default: a whole hashing slot
+(reading a 1 GiB blob into an ingest in 64 or 256 KiB pieces cost the reading thread
+more CPU, not less; see docs/benchmarks.md, artifacts)."""
 
 
 class Readable(Protocol):
@@ -141,6 +146,47 @@ class VerifyingReader(io.RawIOBase):
             self._digester.update(view[:n])
         return n
 
+    def pieces(self, size: int) -> Generator[memoryview, None, None]:
+        """The rest of the stream in views of at most ``size`` bytes, then verified (DataLoss).
+
+        A large blob from a source with ``readinto`` is read straight into the hashing
+        thread's slots (:meth:`rukpak.oci.handoff.Handoff.borrow`), so the bytes the
+        caller writes out are the very bytes hashed, with no copy between. Each view is
+        valid until the next one is asked for; the caller only reads it.
+        """
+        work, into = self._handoff, self._into
+        if work is None or into is None:
+            buffer = memoryview(bytearray(size))
+            while n := self.readinto(buffer):
+                yield buffer[:n]
+            return
+        while True:
+            slot = work.borrow()
+            view = memoryview(slot)
+            fill = 0
+            try:
+                while fill < len(view):
+                    n = into(view[fill : fill + size])
+                    if not n:
+                        break
+                    self._count += n
+                    if self._count > self._size:
+                        raise mismatch(self._subject, self._digest, self._size, "", self._count)
+                    yield view[fill : fill + n]
+                    fill += n
+            except BaseException:
+                work.give(slot, 0)  # nothing more is hashed: the stream failed or was left
+                raise
+            work.give(slot, fill)
+            if fill < len(slot):
+                self._finish()
+                return
+
+    @property
+    def fresh(self) -> bool:
+        """Whether nothing was read yet (a buffer above it holds nothing of the blob)."""
+        return self._count == 0 and not self.verified
+
     def _finish(self) -> None:
         if self.verified:
             return
@@ -161,3 +207,19 @@ class VerifyingReader(io.RawIOBase):
         if self._handoff is not None:
             self._handoff.close()
         super().close()
+
+
+def pieces(stream: BinaryIO, size: int = PIECE) -> Iterator[memoryview]:
+    """What is left of ``stream`` in views of at most ``size`` bytes, each valid until the
+    next is asked for. A blob stream of ``RegistryClient.open_blob`` not read from yet is
+    read through :meth:`VerifyingReader.pieces` (no copy for the hash); any other binary
+    stream through ``readinto`` into one buffer. Either way the stream's own checks apply.
+    """
+    raw = getattr(stream, "raw", None)
+    if isinstance(raw, VerifyingReader) and raw.fresh:
+        yield from raw.pieces(size)
+        return
+    readinto = cast(io.BufferedIOBase, stream).readinto
+    buffer = memoryview(bytearray(size))
+    while n := readinto(buffer):
+        yield buffer[:n]

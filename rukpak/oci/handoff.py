@@ -15,6 +15,12 @@ one: memory stays bounded at ``slots * slot_size``. What the thread's ``consume`
 is kept and raised in the caller's thread by the next ``put`` or ``flush`` (later chunks
 are dropped), so an error such as ENOSPC reaches the caller as if it had written itself.
 :meth:`Handoff.close` stops the thread, dropping what it had not consumed yet.
+
+A caller that reads into memory itself can skip the copy: :meth:`Handoff.borrow` lends it a
+free slot, it fills the slot and :meth:`Handoff.give` hands it over as it is. The caller
+may go on reading what it gave (writing it to a file while the thread hashes it) but
+never changes it: a slot comes back only through the caller's next ``borrow``, after the
+thread is done with it.
 """
 
 from __future__ import annotations
@@ -74,6 +80,29 @@ class Handoff:
             view = view[n:]
             if self._fill == self._slot_size:
                 self._dispatch()
+
+    def borrow(self) -> bytearray:
+        """A free slot for the caller to fill and :meth:`give` (waits while every slot is
+        with the thread); raise what ``consume`` raised since the last call."""
+        self._raise()
+        if self._stopping:
+            raise ValueError("borrow after close")
+        if self._fill:
+            self._dispatch()  # what put gathered goes first, in order
+        return self._take()
+
+    def give(self, slot: bytearray, size: int) -> None:
+        """Hand ``slot[:size]`` (a slot from :meth:`borrow`) to the thread without copying.
+
+        The caller may still read it, not change it. ``size`` 0 returns the slot unused.
+        """
+        if size <= 0:
+            self._free.put(slot)
+            return
+        self._raise()
+        if self._stopping:
+            raise ValueError("give after close")
+        self._work.put((slot, size))
 
     def flush(self) -> None:
         """Wait until the thread consumed everything put so far; raise what it raised."""

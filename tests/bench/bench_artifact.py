@@ -6,9 +6,10 @@ Where it sits: a module of ``tests.bench`` (``python -m tests.bench artifact``).
 Debian's docker-registry and ``python -m csi.plugin`` processes in the work dir (stopped
 by pid). Estimator as in ``bench_csi``: alternating pairs, each side on a fresh plugin
 state or a fresh file, ``sync`` (untimed) before each measurement, the figure the pair
-with the median ratio. The plugin streams the blob into its content store (hashing it in
-a second thread as it comes, ``rukpak.oci.handoff``) and links that one copy into the
-volume's tree; ``curl`` only writes it. The plugin's peak memory (VmHWM) shows the blob is
+with the median ratio. The plugin streams the blob into its content store (into disk
+allocated before the download, read straight into the slots a second thread hashes as
+they come, ``rukpak.oci.handoff``) and links that one copy into the volume's tree;
+``curl`` only writes it. The plugin's peak memory (VmHWM) shows the blob is
 never held in memory.
 """
 

@@ -17,7 +17,8 @@ starts Debian's docker-registry, a /dev/fuse holder and ``python -m csi.plugin
   (one isatty ioctl per file, which the FUSE view always sends to the daemon;
   goal <= 1.2x); the same passes over the FUSE view of that tree (the plugin
   with ``FUSE_OVERLAY=false``, the presentation before overlays) are reported
-  beside them;
+  beside them, and, warm, the two steps where an overlay adds to the filesystem
+  below (opening and closing every file, ``stat`` of every path) on their own;
 - disk used by 10 versions of a bundle that differ in one file each (2,000
   files, ~20 MB; each version one gzip layer): the FUSE file store vs bind
   mode's state (layer blobs + unpacked trees), both as multiples of one
@@ -151,6 +152,22 @@ def read_all(root: Path, *, buffered: bool = False) -> tuple[float, int]:
     return time.perf_counter() - started, total
 
 
+def per_file(root: Path) -> tuple[float, float]:
+    """Seconds to open and close every regular file under ``root``, and to ``stat`` each by
+    its path (the list made first, untimed): the two steps where an overlay adds to what
+    the filesystem below costs (a backing file opened beside the overlay's own, each
+    path component looked up and permission-checked in the overlay and the layer)."""
+    paths = [os.path.join(d, n) for d, _dirs, files in os.walk(root) for n in files]
+    started = time.perf_counter()
+    for path in paths:
+        os.close(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+    opened = time.perf_counter() - started
+    started = time.perf_counter()
+    for path in paths:
+        os.stat(path)
+    return opened, time.perf_counter() - started
+
+
 def du(path: Path) -> int:
     """Bytes allocated on disk under ``path``."""
     blocks = subprocess.run(["du", "-s", "-B1", str(path)], capture_output=True, check=True)
@@ -196,6 +213,8 @@ def large_bundle(registry: RegistryServer, workdir: Path) -> list[Result]:
     cold: dict[str, list[float]] = {name: [] for name in runs}
     warm: dict[str, list[float]] = {name: [] for name in runs}
     warm_py: dict[str, list[float]] = {name: [] for name in runs}
+    opens: dict[str, list[float]] = {name: [] for name in runs}
+    stats: dict[str, list[float]] = {name: [] for name in runs}
     for rep in range(REPETITIONS):
         order = list(runs) if rep % 2 == 0 else list(reversed(runs))
         for name in order:
@@ -212,6 +231,9 @@ def large_bundle(registry: RegistryServer, workdir: Path) -> list[Result]:
                 cold[name].append(seconds)
                 warm[name].append(read_all(target)[0])
                 warm_py[name].append(read_all(target, buffered=True)[0])
+                opened, statted = per_file(target)
+                opens[name].append(opened)
+                stats[name].append(statted)
             finally:
                 node.close()
             progress(
@@ -227,6 +249,9 @@ def large_bundle(registry: RegistryServer, workdir: Path) -> list[Result]:
 
     def per_run(values: dict[str, list[float]]) -> str:
         return ", ".join(f"{n} {median(v):.2f}s" for n, v in values.items())
+
+    def per_file_us(values: dict[str, list[float]]) -> str:
+        return ", ".join(f"{n} {median(v) * 1e6 / LARGE_FILES:.1f} us" for n, v in values.items())
 
     def vs_bind(
         name: str, runs: dict[str, list[float]], mode: str, more: str, target: float | None = None
@@ -277,6 +302,18 @@ def large_bundle(registry: RegistryServer, workdir: Path) -> list[Result]:
             "; open() asks isatty (the FUSE view sends it to the daemon); all runs: "
             + per_run(warm_py),
             target=1.2,
+        ),
+        vs_bind(
+            "FUSE (overlay) open and close every file, warm, vs bind",
+            opens,
+            "fuse-full",
+            f"; no read; a file, all runs: {per_file_us(opens)}",
+        ),
+        vs_bind(
+            "FUSE (overlay) stat every file by its path, warm, vs bind",
+            stats,
+            "fuse-full",
+            f"; a file, all runs: {per_file_us(stats)}",
         ),
         vs_bind("FUSE view (no overlay) read all files cold vs bind", cold, "fuse-view", ""),
         vs_bind("FUSE view (no overlay) read all files warm vs bind", warm, "fuse-view", ""),
