@@ -421,3 +421,37 @@ def test_the_advert_keeps_at_most_its_limit_of_labels(
     advertised = {k for k in labels(kube, NODE) if k.startswith(words.CACHED_PREFIX)}
     assert len(advertised) == 3
     assert all(len(k.split("/", 1)[1]) == 63 for k in advertised)
+
+
+def test_a_stopped_plugin_takes_its_nodes_enabled_label_back(
+    kube: Kube,
+    kube_apiserver: Any,
+    images: ImageCache,
+    plugin: tuple[PrestageWatch, OwnRegistry],
+) -> None:
+    """A plugin stopped for good (SIGTERM: its pod deleted) must not hold pivots: its Node
+    is no longer labelled as one that answers asks, while the other Node's label stays."""
+    gone = f"prestage-gone-{SUFFIX}"
+    kube.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": gone}})
+    cfg = client.Configuration()
+    config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=str(kube_apiserver.kubeconfig), client_configuration=cfg
+    )
+    stager = Prestager(
+        images=images,
+        puller_factory=lambda creds: oci_client.RegistryClient(credentials=creds, retries=0),
+        platform=PLATFORM,
+    )
+    watch = PrestageWatch(client.ApiClient(cfg), node=gone, prestager=stager).start()
+    try:
+        eventually(
+            lambda: labels(kube, gone).get(words.ENABLED_LABEL) == "true",
+            timeout=20,
+            what="the plugin's label",
+        )
+        watch.stop()
+        assert words.ENABLED_LABEL not in labels(kube, gone)
+        assert labels(kube, NODE).get(words.ENABLED_LABEL) == "true"
+    finally:
+        watch.stop()
+        kube.delete(ObjectRef("", "v1", "Node", "", gone))

@@ -131,8 +131,20 @@ class PrestageWatch:
         self._threads.append(thread)
 
     def stop(self) -> None:
+        """Stop following asks, and take the Node's ``enabled`` label back when this plugin
+        set it: a plugin that is gone for good (its DaemonSet pod deleted, the node left
+        out of it) must not hold every pivot until the manager's timeout. A restarted
+        plugin labels its Node again at start."""
         self._stop.set()
         self._informer.stop(timeout=0)
+        with self._lock:
+            labelled = self._labels.get(words.ENABLED_LABEL) == "true"
+        if not labelled:
+            return
+        try:
+            self._patch({words.ENABLED_LABEL: None}, {})
+        except Exception as exc:  # the manager then waits for this node until its timeout
+            log.warning("msg=%r node=%s error=%r", "cannot unlabel node", self.node, str(exc)[:300])
 
     # --- the Node ---------------------------------------------------------------------
 
