@@ -101,7 +101,9 @@ class Kubelet:
     """Plays every active run of the system namespace once, as soon as it is listed.
 
     ``content`` maps an image digest to the bundle a run of it installs; ``namespaces``
-    a BundleDeployment to its install namespace. Failures are kept and raised by ``check``.
+    a BundleDeployment to its install namespace. A run whose install fails ends Failed
+    (``failed_runs`` names its BundleDeployment); a run that could not be played at all is
+    kept in ``failures``, raised by ``check``.
     """
 
     def __init__(self, kube: Kube) -> None:
@@ -109,6 +111,7 @@ class Kubelet:
         self.content: dict[str, formats.Bundle] = {}
         self.namespaces: dict[str, str] = {}
         self.failures: list[str] = []
+        self.failed_runs: list[str] = []
         self._played: set[str] = set()
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=PLAYERS, thread_name_prefix="kubelet")
@@ -148,12 +151,19 @@ class Kubelet:
             self.failures.append(repr(exc))
 
     def _play(self, run: Obj) -> None:
+        """Install the run's content; a run that cannot ends Failed, as its pod would."""
         bd_name = run["metadata"]["labels"][model.BD_LABEL]
         bundle = self.content[harness.mounted(run).rsplit("@", 1)[1]]
         options = apply.Options(
             name=bd_name, namespace=self.namespaces[bd_name], system_namespace=SYSTEM_NS
         )
-        harness.play_run(self.kube, run, bundle, options)
+        try:
+            harness.play_run(self.kube, run, bundle, options)
+        except errors.RukpakError as exc:
+            self.failed_runs.append(bd_name)
+            progress(f"dependencies: a run of {bd_name} failed: {exc}")
+            pod = ObjectRef("", "v1", "Pod", SYSTEM_NS, run["metadata"]["name"])
+            harness.end_container(self.kube, pod, "run", message=str(exc)[:200], ok=False)
 
 
 # -- a set: a CRD provider and its users --------------------------------------------------
@@ -239,18 +249,23 @@ def _all_at(kube: Kube, s: Set, revision: int) -> bool:
 
 
 def _install(kube: Kube, s: Set) -> None:
-    """The set created at version 1 (users first: their dependency does not exist yet, no
-    cycle is possible) and waited for until all are Installed and Healthy."""
+    """The set created at version 1, the provider first (the users' Widgets need its CRD)
+    and waited for until all are Installed and Healthy."""
+    kube.create(bd_v2(s.provider, s.refs[s.provider, 1], installNamespace="default"))
+    _wait(
+        lambda: _installed_at(kube.get(_bd_ref(s.provider)), 1, healthy=True),
+        timeout=120,
+        what=f"{s.provider} installed",
+    )
     for user in s.users:
         needs = {"dependsOn": [{"name": s.provider}]} if s.ordered else {}
         kube.create(bd_v2(user, s.refs[user, 1], installNamespace=USERS_NS, **needs))
-    kube.create(bd_v2(s.provider, s.refs[s.provider, 1], installNamespace="default"))
 
     def ready() -> bool:
         live = _listed(kube, s)
         return all(_installed_at(live.get(n), 1, healthy=True) for n in s.names)
 
-    _wait(ready, timeout=300, what=f"the set {s.label} installed", interval=0.1)
+    _wait(ready, timeout=120, what=f"the set {s.label} installed", interval=0.1)
 
 
 def _history(kube: Kube, api_version: str, kind: str, since: str, **options: str) -> list[Obj]:
@@ -305,7 +320,7 @@ def _change(kube: Kube, s: Set) -> tuple[float, int, str]:
     for name in s.names:
         source = {"type": "image", "image": {"ref": s.refs[name, 2]}}
         kube.merge_patch(_bd_ref(name), {"spec": {"source": source}})
-    _wait(lambda: _all_at(kube, s, 2), timeout=300, what=f"the set {s.label} at revision 2")
+    _wait(lambda: _all_at(kube, s, 2), timeout=120, what=f"the set {s.label} at revision 2")
     took = time.monotonic() - started
     early, how = _moved_early(kube, s, since)
     return took, early, how
@@ -451,6 +466,7 @@ class Figures:
     deleted: dict[bool, list[float]] = field(default_factory=lambda: {True: [], False: []})
     stuck: dict[bool, list[int]] = field(default_factory=lambda: {True: [], False: []})
     late: dict[bool, list[int]] = field(default_factory=lambda: {True: [], False: []})
+    failed: dict[bool, list[int]] = field(default_factory=lambda: {True: [], False: []})
 
 
 def _round(kube: Kube, kubelet: Kubelet, workdir: Path, figures: Figures, i: int) -> None:
@@ -458,16 +474,20 @@ def _round(kube: Kube, kubelet: Kubelet, workdir: Path, figures: Figures, i: int
         s = _make_set(ordered, i)
         _prepare(kubelet, workdir, s)
         _install(kube, s)
+        before = len(kubelet.failed_runs)
         took, early, how = _change(kube, s)
+        failed = len(kubelet.failed_runs) - before
         gone, stuck, late = _delete(kube, s)
         kubelet.check()
         progress(
             f"dependencies: round {i} {s.label}: changed -> all at revision 2 in {took:.2f}s "
-            f"({early} users moved early; {how}); deleted -> all gone in {gone:.2f}s, "
+            f"({early} users moved early, {failed} runs failed; {how}); "
+            f"deleted -> all gone in {gone:.2f}s, "
             f"{stuck} held by a finalizer, {late} users gone after the CRD started to go"
         )
         figures.changed[ordered].append(took)
         figures.early[ordered].append(early)
+        figures.failed[ordered].append(failed)
         figures.deleted[ordered].append(gone)
         figures.stuck[ordered].append(stuck)
         figures.late[ordered].append(late)
@@ -488,7 +508,8 @@ def _results(f: Figures) -> list[Result]:
             unit="s",
             note=(
                 f"median of {n}, with dependsOn {_samples(f.changed[True])} against the same "
-                f"set without {_samples(f.changed[False])}"
+                f"set without {_samples(f.changed[False])}; runs that failed: "
+                f"{f.failed[True]} with, {f.failed[False]} without"
             ),
         ),
         Result(
