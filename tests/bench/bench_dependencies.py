@@ -67,7 +67,7 @@ from tests.install_helpers import bd_v2
 from tests.plan_helpers import as_is
 
 USERS = 20
-ROUNDS = 2
+ROUNDS = 4
 TRIES = 20
 PLAYERS = 4
 """Runs played at once (a kubelet starts pods side by side)."""
@@ -351,6 +351,8 @@ def _delete(kube: Kube, s: Set) -> tuple[float, int, int]:
             and bool(o["metadata"].get("deletionTimestamp"))
         ),
     )
+    if crd_going is None:
+        raise AssertionError(f"{s.label}: the CRD's deletion is not in the history")
     bds = _history(kube, model.API_VERSION_V2, model.BUNDLE_DEPLOYMENT, since)
     late = 0
     for user in s.users:
@@ -359,7 +361,7 @@ def _delete(kube: Kube, s: Set) -> tuple[float, int, int]:
             return type_ == "DELETED" and bool(obj["metadata"]["name"] == user)
 
         gone = _first(bds, deleted)
-        if gone is None or (crd_going is not None and gone > crd_going):
+        if gone is None or gone > crd_going:
             late += 1
     return took, len(stuck), late
 
