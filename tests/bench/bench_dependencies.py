@@ -67,7 +67,7 @@ from tests.install_helpers import bd_v2
 from tests.plan_helpers import as_is
 
 USERS = 20
-ROUNDS = 4
+ROUNDS = 2
 TRIES = 20
 PLAYERS = 4
 """Runs played at once (a kubelet starts pods side by side)."""
