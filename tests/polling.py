@@ -44,6 +44,32 @@ def eventually(
         time.sleep(interval)
 
 
+def until(
+    check: Callable[[], T | None],
+    *,
+    timeout: float,
+    what: str,
+    interval: float = 0.05,
+    tolerate: bool = False,
+) -> T:
+    """The benchmarks' wait: call ``check`` until it returns something truthy and return
+    that, or raise :class:`TimeoutError` naming ``what``. An exception of ``check`` ends
+    the wait at once unless ``tolerate`` (transient API errors count as "not yet")."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            got = check()
+        except Exception:
+            if not tolerate:
+                raise
+            got = None
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
 def logged(read: Callable[[], str], line: str, *, more_than: int = 0, timeout: float = 10.0) -> str:
     """Wait until the text ``read()`` returns holds ``line`` more than ``more_than`` times.
 

@@ -44,7 +44,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -65,6 +64,7 @@ from tests.bundles import crd, write_bundle
 from tests.crd_helpers import install_crds
 from tests.install_helpers import bd_v2
 from tests.plan_helpers import as_is
+from tests.polling import until
 
 USERS = 20
 ROUNDS = 2
@@ -78,16 +78,6 @@ REPOSITORY = "registry.example/bench/deps"
 HOOK = "bundledeployment-dependencies.core.rukpak.io"
 SHIPPED_HOOKS = Path(__file__).resolve().parents[2] / "deploy/webhook"
 SELECTOR_LABEL = "rukpak-bench-cycles"
-
-
-def _wait(check: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(interval)
-    raise TimeoutError(f"{what}: not within {timeout:.0f}s")
 
 
 def _bd_ref(name: str) -> ObjectRef:
@@ -252,7 +242,7 @@ def _install(kube: Kube, s: Set) -> None:
     """The set created at version 1, the provider first (the users' Widgets need its CRD)
     and waited for until all are Installed and Healthy."""
     kube.create(bd_v2(s.provider, s.refs[s.provider, 1], installNamespace="default"))
-    _wait(
+    until(
         lambda: _installed_at(kube.get(_bd_ref(s.provider)), 1, healthy=True),
         timeout=120,
         what=f"{s.provider} installed",
@@ -265,7 +255,7 @@ def _install(kube: Kube, s: Set) -> None:
         live = _listed(kube, s)
         return all(_installed_at(live.get(n), 1, healthy=True) for n in s.names)
 
-    _wait(ready, timeout=120, what=f"the set {s.label} installed", interval=0.1)
+    until(ready, timeout=120, what=f"the set {s.label} installed", interval=0.1)
 
 
 def _history(kube: Kube, api_version: str, kind: str, since: str, **options: str) -> list[Obj]:
@@ -320,7 +310,12 @@ def _change(kube: Kube, s: Set) -> tuple[float, int, str]:
     for name in s.names:
         source = {"type": "image", "image": {"ref": s.refs[name, 2]}}
         kube.merge_patch(_bd_ref(name), {"spec": {"source": source}})
-    _wait(lambda: _all_at(kube, s, 2), timeout=120, what=f"the set {s.label} at revision 2")
+    until(
+        lambda: _all_at(kube, s, 2),
+        timeout=120,
+        what=f"the set {s.label} at revision 2",
+        interval=0.02,
+    )
     took = time.monotonic() - started
     early, how = _moved_early(kube, s, since)
     return took, early, how
@@ -335,7 +330,12 @@ def _delete(kube: Kube, s: Set) -> tuple[float, int, int]:
     for name in s.names:
         kube.delete(_bd_ref(name))
     with suppress(TimeoutError):  # what is left is counted below
-        _wait(lambda: not _listed(kube, s), timeout=DELETE_TIMEOUT, what=f"{s.label} gone")
+        until(
+            lambda: not _listed(kube, s),
+            timeout=DELETE_TIMEOUT,
+            what=f"{s.label} gone",
+            interval=0.02,
+        )
     took = time.monotonic() - started
     left = _listed(kube, s)
     stuck = [n for n, bd in left.items() if bd["metadata"].get("finalizers")]

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from provisioner.engine.apply import apply
 from provisioner.engine.kube.kube import Kube
@@ -31,6 +29,7 @@ from tests.bundles import configmap, namespace, write_bundle
 from tests.crd_helpers import install_crds
 from tests.install_helpers import bd_v2
 from tests.plan_helpers import as_is
+from tests.polling import until
 
 ROUNDS = 5
 SYSTEM_NS = "rukpak-bench-drift"
@@ -38,20 +37,10 @@ IMAGE = "registry.example/bench/drift@sha256:" + "0" * 64
 """Pinned by digest: the manager's resolver returns it as is (no registry here)."""
 
 
-def _wait(check: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(interval)
-    raise TimeoutError(f"{what}: not within {timeout:.0f}s")
-
-
 def _install(kube: Kube, workdir: Path, name: str) -> None:
     """A v1alpha2 BundleDeployment of a Namespace and a ConfigMap, its run played."""
     kube.create(bd_v2(name, IMAGE, installNamespace=name))
-    run = _wait(
+    run = until(
         lambda: next(iter(harness.pods_of(kube, SYSTEM_NS, name)), None),
         timeout=60,
         what=f"the run of {name}",
@@ -67,7 +56,7 @@ def _install(kube: Kube, workdir: Path, name: str) -> None:
         cond = condition(live, "Installed")
         return cond is not None and cond["status"] == "True"
 
-    _wait(installed, timeout=60, what=f"{name} Installed")
+    until(installed, timeout=60, what=f"{name} Installed")
 
 
 def _drifted_event(kube: Kube, name: str) -> bool:
@@ -83,7 +72,7 @@ def _round(kube: Kube, workdir: Path, i: int) -> float:
     _install(kube, workdir, name)
     started = time.monotonic()
     kube.apply(configmap("cfg", name, mode="theirs"), manager="kubectl-edit")
-    _wait(lambda: _drifted_event(kube, name), timeout=30, what="the event", interval=0.01)
+    until(lambda: _drifted_event(kube, name), timeout=30, what="the event", interval=0.01)
     return time.monotonic() - started
 
 

@@ -45,6 +45,7 @@ from tests import install_helpers as inst
 from tests.bench import Result, progress, timed
 from tests.cluster import bins
 from tests.cluster.localcluster import LocalCluster
+from tests.polling import until
 
 ROUNDS = 5
 SCALE = 50
@@ -58,17 +59,7 @@ FIGHT_SECONDS = 60.0
 
 
 def _wait(check: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            got = check()
-        except Exception:  # transient API errors count as "not yet"
-            got = None
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
+    return until(check, timeout=timeout, what=what, interval=interval, tolerate=True)
 
 
 def _bd_ready(system: inst.RukpakSystem, name: str) -> bool:

@@ -19,9 +19,7 @@ issue's (<= 0.5x).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -30,20 +28,11 @@ from provisioner.engine.objects import ObjectRef
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
 from tests.bench import Result, bench_install, median, progress
+from tests.polling import until
 from tests.registry import RegistryServer
 
 ROUNDS = 5
 GROUP, VERSION, KIND = "core.rukpak.io", "v1alpha2", "BundleDeployment"
-
-
-def _wait(check: Callable[[], Any], *, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
 
 
 def _ref(name: str) -> ObjectRef:
@@ -97,12 +86,12 @@ def _round(system: inst.RukpakSystem, workdir: Path, index: int) -> tuple[float,
         }
         started = time.monotonic()
         system.kube.create(bd)
-        _wait(lambda: _ready(system, name, 1), timeout=300, what=f"{name} revision 1")
+        until(lambda: _ready(system, name, 1), timeout=300, what=f"{name} revision 1")
         cold = time.monotonic() - started
         system.kube.merge_patch(
             _ref(name), {"spec": {"source": {"type": "image", "image": {"ref": refs[1]}}}}
         )
-        _wait(lambda: _ready(system, name, 2), timeout=300, what=f"{name} revision 2")
+        until(lambda: _ready(system, name, 2), timeout=300, what=f"{name} revision 2")
     finally:
         registry.stop()
     live = system.kube.get(_ref(name)) or {}
@@ -112,7 +101,7 @@ def _round(system: inst.RukpakSystem, workdir: Path, index: int) -> tuple[float,
     system.kube.merge_patch(
         _ref(name), {"metadata": {"annotations": {revisionlog.ROLLBACK_ANNOTATION: value}}}
     )
-    _wait(lambda: _ready(system, name, 1), timeout=300, what=f"{name} rolled back")
+    until(lambda: _ready(system, name, 1), timeout=300, what=f"{name} rolled back")
     rollback = time.monotonic() - started
     system.kubectl("delete", f"bundledeployments.{VERSION}.{GROUP}", name, timeout=200)
     return cold, rollback
