@@ -134,6 +134,32 @@ def state_dir_of(cluster: LocalCluster, name: str) -> Path:
     return machine(cluster, name).layout.workdir / "rukpak-csi"
 
 
+def reader_spec(system: install_helpers.RukpakSystem, ref: str, check: str) -> dict[str, Any]:
+    """A pod spec: busybox mounting image ``ref`` as an inline CSI volume at /bundle,
+    running while ``check`` holds there (no grace period: tests delete it at once)."""
+    return {
+        "terminationGracePeriodSeconds": 0,
+        "containers": [
+            {
+                "name": "reader",
+                "image": system.busybox_image,
+                "command": ["sh", "-c", f"{check} && sleep 3600"],
+                "volumeMounts": [{"name": "bundle", "mountPath": "/bundle"}],
+            }
+        ],
+        "volumes": [
+            {
+                "name": "bundle",
+                "csi": {
+                    "driver": "csi.rukpak.io",
+                    "readOnly": True,
+                    "volumeAttributes": {"image": ref},
+                },
+            }
+        ],
+    }
+
+
 def reader_pods(
     system: install_helpers.RukpakSystem,
     namespace: str,
@@ -143,36 +169,14 @@ def reader_pods(
     check: str = "test -d /bundle/manifests",
     prefix: str = "reader",
 ) -> list[dict[str, Any]]:
-    """A busybox pod per entry of ``nodes`` (``<prefix>-<i>-<node>``), bound to that node,
-    mounting image ``ref`` as an inline CSI volume at /bundle and running while ``check``
-    holds there."""
+    """A reader pod (:func:`reader_spec`) per entry of ``nodes``
+    (``<prefix>-<i>-<node>``), bound to that node."""
     return [
         {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": f"{prefix}-{i}-{node}", "namespace": namespace},
-            "spec": {
-                "nodeName": node,
-                "terminationGracePeriodSeconds": 0,
-                "containers": [
-                    {
-                        "name": "reader",
-                        "image": system.busybox_image,
-                        "command": ["sh", "-c", f"{check} && sleep 3600"],
-                        "volumeMounts": [{"name": "bundle", "mountPath": "/bundle"}],
-                    }
-                ],
-                "volumes": [
-                    {
-                        "name": "bundle",
-                        "csi": {
-                            "driver": "csi.rukpak.io",
-                            "readOnly": True,
-                            "volumeAttributes": {"image": ref},
-                        },
-                    }
-                ],
-            },
+            "spec": {"nodeName": node, **reader_spec(system, ref, check)},
         }
         for i, node in enumerate(nodes)
     ]

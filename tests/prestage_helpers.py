@@ -33,6 +33,8 @@ from rukpak.oci.reference import Reference
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
 from tests.bundles import configmap, namespace, write_bundle
+from tests.multinode_helpers import reader_spec
+from tests.polling import until
 
 
 @dataclass(frozen=True)
@@ -72,27 +74,7 @@ def daemonset(system: inst.RukpakSystem, name: str, ns: str, ref: str) -> dict[s
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
             "template": {
                 "metadata": {"labels": labels},
-                "spec": {
-                    "terminationGracePeriodSeconds": 0,
-                    "containers": [
-                        {
-                            "name": "reader",
-                            "image": system.busybox_image,
-                            "command": ["sh", "-c", "test -s /bundle/data.bin && sleep 3600"],
-                            "volumeMounts": [{"name": "bundle", "mountPath": "/bundle"}],
-                        }
-                    ],
-                    "volumes": [
-                        {
-                            "name": "bundle",
-                            "csi": {
-                                "driver": "csi.rukpak.io",
-                                "readOnly": True,
-                                "volumeAttributes": {"image": ref},
-                            },
-                        }
-                    ],
-                },
+                "spec": reader_spec(system, ref, "test -s /bundle/data.bin"),
             },
         },
     }
@@ -128,11 +110,7 @@ def pinned_ref(bd: Obj) -> str:
 
 
 def wait(check: Any, *, timeout: float, what: str, interval: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
+    until(check, timeout=timeout, what=what, interval=interval)
 
 
 def prepare(

@@ -42,6 +42,7 @@ from rukpak.oci import client as oci_client
 from rukpak.oci.manifest import Platform
 from rukpak.oci.reference import Reference
 from tests import e2e_helpers as e2e
+from tests import manager_harness
 from tests.bundles import configmap, namespace, write_bundle
 from tests.crd_helpers import install_crds
 from tests.install_helpers import bd_v2
@@ -110,15 +111,7 @@ def manager_kube(kube_apiserver: Any) -> Iterator[CountingKube]:
 @pytest.fixture(scope="module")
 def manager(kube: Kube, manager_kube: CountingKube) -> Iterator[controller.Controller]:
     install_crds(kube)
-    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NS}})
-    for account in ("default", "rukpak-instance"):
-        kube.apply(
-            {
-                "apiVersion": "v1",
-                "kind": "ServiceAccount",
-                "metadata": {"name": account, "namespace": SYSTEM_NS},
-            }
-        )
+    manager_harness.prepare_system_namespace(kube, SYSTEM_NS)
     settings = model.Settings(
         image="registry.example/rukpak:test", system_namespace=SYSTEM_NS, host_network=True
     )
@@ -150,12 +143,23 @@ def plugin(
     kube: Kube, kube_apiserver: Any, images: ImageCache
 ) -> Iterator[tuple[PrestageWatch, OwnRegistry]]:
     """The node plugin's watch for Node NODE (which the test creates)."""
-    kube.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    registry = OwnRegistry()
+    watch = follow(kube, kube_apiserver, images, NODE, metrics=PrestageMetrics(registry))
+    yield watch, registry
+    watch.stop()
+    kube.delete(ObjectRef("", "v1", "Node", "", NODE))
+
+
+def follow(
+    kube: Kube, kube_apiserver: Any, images: ImageCache, node: str, **options: Any
+) -> PrestageWatch:
+    """A node plugin's pre-stage watch for Node ``node`` (made here), started and waited
+    for until it labelled its Node."""
+    kube.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
     cfg = client.Configuration()
     config.load_kube_config(  # type: ignore[no-untyped-call]
         config_file=str(kube_apiserver.kubeconfig), client_configuration=cfg
     )
-    registry = OwnRegistry()
     stager = Prestager(
         images=images,
         puller_factory=lambda creds: oci_client.RegistryClient(credentials=creds, retries=0),
@@ -163,20 +167,14 @@ def plugin(
         interval=0.1,
     )
     watch = PrestageWatch(
-        client.ApiClient(cfg),
-        node=NODE,
-        prestager=stager,
-        advertise_max=3,
-        metrics=PrestageMetrics(registry),
+        client.ApiClient(cfg), node=node, prestager=stager, advertise_max=3, **options
     ).start()
     eventually(
-        lambda: labels(kube, NODE).get(words.ENABLED_LABEL) == "true",
+        lambda: labels(kube, node).get(words.ENABLED_LABEL) == "true",
         timeout=20,
         what="the plugin's label",
     )
-    yield watch, registry
-    watch.stop()
-    kube.delete(ObjectRef("", "v1", "Node", "", NODE))
+    return watch
 
 
 def labels(kube: Kube, node: str) -> dict[str, str]:
@@ -432,23 +430,8 @@ def test_a_stopped_plugin_takes_its_nodes_enabled_label_back(
     """A plugin stopped for good (SIGTERM: its pod deleted) must not hold pivots: its Node
     is no longer labelled as one that answers asks, while the other Node's label stays."""
     gone = f"prestage-gone-{SUFFIX}"
-    kube.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": gone}})
-    cfg = client.Configuration()
-    config.load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=str(kube_apiserver.kubeconfig), client_configuration=cfg
-    )
-    stager = Prestager(
-        images=images,
-        puller_factory=lambda creds: oci_client.RegistryClient(credentials=creds, retries=0),
-        platform=PLATFORM,
-    )
-    watch = PrestageWatch(client.ApiClient(cfg), node=gone, prestager=stager).start()
+    watch = follow(kube, kube_apiserver, images, gone)
     try:
-        eventually(
-            lambda: labels(kube, gone).get(words.ENABLED_LABEL) == "true",
-            timeout=20,
-            what="the plugin's label",
-        )
         watch.stop()
         assert words.ENABLED_LABEL not in labels(kube, gone)
         assert labels(kube, NODE).get(words.ENABLED_LABEL) == "true"

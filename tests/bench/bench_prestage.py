@@ -27,10 +27,8 @@ import subprocess
 from pathlib import Path
 
 from tests import install_helpers as inst
-from tests import multinode_helpers as mn
 from tests import prestage_helpers as ph
-from tests.bench import Result, bench_install, median, progress
-from tests.cluster import bins
+from tests.bench import Result, bench_rollout, median, progress
 from tests.cluster.localcluster import LocalCluster
 
 NODES = 3
@@ -109,17 +107,4 @@ def _measure(system: inst.RukpakSystem, workdir: Path) -> list[Result]:
 
 
 def run(workdir: Path) -> list[Result]:
-    reason = mn.missing_capability()
-    if reason:
-        raise RuntimeError(reason)
-    found = bins.ensure(bins.MULTINODE)
-    progress(f"prestage: starting a {NODES}-node cluster")
-    cluster = LocalCluster.start(workdir / "cluster", nodes=NODES, binaries=found)
-
-    def install() -> inst.RukpakSystem:
-        progress("prestage: building the image and installing deploy/")
-        return mn.install_system(cluster, workdir / "install")
-
-    return bench_install.measure_installed(
-        cluster, install, lambda system: _measure(system, workdir)
-    )
+    return bench_rollout.measure_on_nodes("prestage", workdir, NODES, _measure)

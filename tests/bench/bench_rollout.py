@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests import install_helpers as inst
@@ -280,18 +281,29 @@ def _measure(system: inst.RukpakSystem, workdir: Path) -> list[Result]:
     ]
 
 
-def run(workdir: Path) -> list[Result]:
+def measure_on_nodes(
+    label: str,
+    workdir: Path,
+    nodes: int,
+    measure: Callable[[inst.RukpakSystem, Path], list[Result]],
+) -> list[Result]:
+    """``measure`` RukPak installed from ``deploy/`` on a new cluster of ``nodes`` nodes
+    (the multi-node benches' start), which is stopped and removed afterwards."""
     reason = mn.missing_capability()
     if reason:
         raise RuntimeError(reason)
     found = bins.ensure(bins.MULTINODE)
-    progress(f"rollout: starting a {NODES}-node cluster")
-    cluster = LocalCluster.start(workdir / "cluster", nodes=NODES, binaries=found)
+    progress(f"{label}: starting a {nodes}-node cluster")
+    cluster = LocalCluster.start(workdir / "cluster", nodes=nodes, binaries=found)
 
     def install() -> inst.RukpakSystem:
-        progress("rollout: building the image and installing deploy/")
+        progress(f"{label}: building the image and installing deploy/")
         return mn.install_system(cluster, workdir / "install")
 
     return bench_install.measure_installed(
-        cluster, install, lambda system: _measure(system, workdir)
+        cluster, install, lambda system: measure(system, workdir)
     )
+
+
+def run(workdir: Path) -> list[Result]:
+    return measure_on_nodes("rollout", workdir, NODES, _measure)
