@@ -231,6 +231,19 @@ class SourceServer:
 
 
 @contextlib.contextmanager
+def local_http(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """``handler`` served by a threading HTTP server on a free loopback port: its
+    ``host:port``. Shut down when the block ends."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
 def serving(
     git_root: Path, *, auth: bool = False, tls: ServingCert | None = None
 ) -> Iterator[SourceServer]:

@@ -27,6 +27,7 @@ from rukpak.oci.manifest import Descriptor, Index, Manifest, Platform
 from rukpak.oci.reference import Reference
 from tests.httpreply import reply
 from tests.registry import READONLY_USER, RegistryServer, free_port
+from tests.source_servers import local_http
 
 pytestmark = pytest.mark.registry
 
@@ -284,14 +285,8 @@ class _Canned(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def canned_server() -> Iterator[tuple[str, type[_Canned]]]:
     handler = type("Handler", (_Canned,), {"hits": 0})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}", handler
-    finally:
-        server.shutdown()
-        server.server_close()
+    with local_http(handler) as host:
+        yield host, handler
 
 
 @pytest.mark.parametrize("status", [500, 502, 503, 504, 429])
@@ -500,13 +495,8 @@ class _Truncating(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def truncating_server() -> Iterator[tuple[str, type[_Truncating]]]:
     handler = type("Handler", (_Truncating,), {"hits": 0})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}", handler
-    finally:
-        server.shutdown()
-        server.server_close()
+    with local_http(handler) as host:
+        yield host, handler
 
 
 def test_a_download_cut_off_midway_is_retried_from_the_start(

@@ -36,6 +36,7 @@ from rukpak.oci.handoff import Handoff
 from rukpak.oci.manifest import Descriptor
 from rukpak.oci.reference import Reference
 from tests.registry import RegistryServer
+from tests.source_servers import local_http
 
 BIG = handoff.WORTH + 12_345  # past the threshold: the thread path, not a multiple of a slot
 
@@ -391,13 +392,8 @@ class _DropsHalfWay(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def dropping_server() -> Iterator[tuple[str, type[_DropsHalfWay]]]:
     handler = type("Handler", (_DropsHalfWay,), {"hits": 0, "content": big_blob()})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}", handler
-    finally:
-        server.shutdown()
-        server.server_close()
+    with local_http(handler) as host:
+        yield host, handler
 
 
 def read_into_buffer(stream: BinaryIO) -> Iterator[memoryview]:
