@@ -7,7 +7,7 @@ walker (``csi.fuse.unpack``) and the file store. Layout under ``root``::
     files/sha256/<hex>   file contents (csi.fuse.filestore)
     trees/<hex>.json     one index per image manifest (csi.fuse.index)
     lazy/<hex>.json      a lazy tree's plan: its layers, each file's byte span (csi.fuse.lazy)
-    tags.json            reference|platform → manifest digest (for IfNotPresent)
+    tags/<h>.json        reference|platform → manifest digest, one file a tag (csi.fuse.tags)
     retained.json        owner → the trees its kept revisions name (rukpak.image.retention)
     boot_id              the boot of the last start (after a reboot, torn lazy indexes go)
 
@@ -44,9 +44,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, Unpack
 
-from csi.fuse import index, lazy, unpack
+from csi.fuse import index, lazy, tags, unpack
 from csi.fuse.collect import Collector
 from csi.fuse.filestore import FileStore
 from rukpak.common import errors
@@ -59,9 +59,8 @@ from rukpak.common.fsio import (
 from rukpak.image import layerio, layerstream, retention, seams
 from rukpak.image.cache import ImageAsk
 from rukpak.image.grants import Grants
-from rukpak.image.locks import KeyedLocks
-from rukpak.image.seams import PullerFactory, PullPolicy
-from rukpak.image.settings import DEFAULTS, CacheSettings
+from rukpak.image.seams import PullPolicy
+from rukpak.image.storebase import ImageStoreBase, StoreOptions
 from rukpak.oci import digest as digests
 from rukpak.oci.auth import Credentials
 from rukpak.oci.manifest import Manifest, Platform
@@ -102,44 +101,24 @@ class Ready:
     cache_hit: bool
 
 
-class FuseImages:
+class FuseImages(ImageStoreBase):
     """Pulls images into the file store and saves their tree indexes."""
 
     def __init__(
-        self,
-        root: Path,
-        *,
-        puller_factory: PullerFactory,
-        settings: CacheSettings = DEFAULTS,
-        shared_grants: Grants | None = None,
-        observer: seams.Observer | None = None,
+        self, root: Path, *, shared_grants: Grants | None = None, **options: Unpack[StoreOptions]
     ) -> None:
-        """``observer``: the plugin's metrics, bind mode's (cache hits and misses, pulls,
-        their seconds and bytes), fed here by the same calls."""
-        self.root = root
-        self._observer: seams.Observer = observer or seams.NoObserver()
+        """``options``: what every image store takes (``rukpak.image.storebase``);
+        ``shared_grants``: bind mode's credential re-check table, to share it."""
+        super().__init__(root, grants=shared_grants, **options)
         self.files = FileStore(root)
         self.trees_dir = root / "trees"
         self.trees_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.tags_path = root / "tags.json"
-        self._puller_factory = puller_factory
-        self._limits = settings.limits
-        self._ref_locks = KeyedLocks()
-        self._digest_locks = KeyedLocks()
-        self._tags_lock = threading.Lock()
-        loaded = read_json_or_set_aside(self.tags_path)
-        self._tags: dict[str, str] = dict(loaded) if isinstance(loaded, dict) else {}
-        self.retain_ttl = settings.retain_ttl
-        self._clock = settings.clock
+        self.tags = tags.Tags(root / "tags", legacy=root / "tags.json")
+        self._lock = threading.Lock()  # retention and the lazy trees still to complete
+        self.retain_ttl = self.settings.retain_ttl
         self.retained_path = root / "retained.json"
         kept = read_json_or_set_aside(self.retained_path)
         self._retained: retention.Table = dict(kept) if isinstance(kept, dict) else {}
-        # Bind mode's rule (``--private-image-auth-ttl``); with ``shared_grants``, its table too.
-        self.grants = (
-            shared_grants
-            if shared_grants is not None
-            else Grants(puller_factory, ttl=settings.auth_ttl)
-        )
         # Lazy trees fetch with the credentials they were published with (memory only).
         self._pullers: dict[str, seams.Puller] = {}
         self._restored: dict[str, Credentials] = {}  # from the keeper, after a restart
@@ -153,7 +132,7 @@ class FuseImages:
         self.collector = Collector(
             self.files,
             self.trees_dir,
-            budget_bytes=settings.budget_bytes,
+            budget_bytes=self.settings.budget_bytes,
             forget=self._forget_tree,
             retained=self.retained,
         )
@@ -178,8 +157,7 @@ class FuseImages:
         key = ask.key
 
         def committed() -> str | None:
-            with self._tags_lock:
-                tagged = self._tags.get(key)
+            tagged = self.tags.get(key)
             cached = tagged if tagged and self.has_tree(tagged) else None
             # as bind mode: the same policy, the same checks
             return ask.committed(self.grants, cached, private=self._is_private)
@@ -196,19 +174,14 @@ class FuseImages:
                 has_tree=self.has_tree,
                 pull=pull,
             )
-            with self._tags_lock:
-                if self._tags.get(key) != found.digest:  # unchanged (pullPolicy Always)
-                    self._tags[key] = found.digest
-                    # A cache of resolutions: not fsynced on the publish path (a torn file
-                    # after a power loss is set aside and the tags resolved again).
-                    write_json_atomic(self.tags_path, self._tags, durable=False)
+            self.tags.set(key, found.digest)  # its one small file (csi.fuse.tags)
             return found
 
         def take(found: keeping.Found) -> Ready:
             name = digests.hex_of(found.digest)
             self.collector.touch(name)
             if found.hit and name in self.lazy.broken:  # its last completion failed: retry
-                with self._tags_lock:
+                with self._lock:
                     self._incomplete.add(name)
             self._observer.cache_result(hit=found.hit)
             return Ready(found.digest, name, cache_hit=found.hit)
@@ -226,13 +199,12 @@ class FuseImages:
         kept: dict[str, str] = {}
         for text in refs:
             ref = Reference.parse(text)
-            with self._tags_lock:
-                tagged = self._tags.get(f"{ref}|{platform}")
+            tagged = self.tags.get(f"{ref}|{platform}")
             for digest in (tagged, ref.digest):
                 if digest and self.has_tree(digest):
                     kept.setdefault(text, digest)
                     break
-        with self._tags_lock:
+        with self._lock:
             change = retention.set_owner(self._retained, owner, kept.values(), self._clock())
             retention.expire(self._retained, self._clock(), self.retain_ttl)
             if change is not retention.Change.NONE:
@@ -245,7 +217,7 @@ class FuseImages:
 
     def retained(self) -> set[str]:
         """Tree names (hex digests) retained now (within ``retain_ttl``)."""
-        with self._tags_lock:
+        with self._lock:
             return retention.fresh(self._retained, self._clock(), self.retain_ttl)
 
     def _is_private(self, digest: str) -> bool:
@@ -301,7 +273,7 @@ class FuseImages:
         # after a reboot, torn ones are dropped: _drop_torn_after_reboot).
         self.lazy.save(name, job.ref, job.manifest.layers, spans, durable=False)
         self._save_index(job, root, builder.stats.warnings, durable=False, lazy=True)
-        with self._tags_lock:
+        with self._lock:
             self._incomplete.add(name)  # completed once published (complete_in_background)
         seconds = time.monotonic() - started
         self._observer.pulled(seconds=seconds, nbytes=0)  # its files come on first read
@@ -338,7 +310,7 @@ class FuseImages:
         The publisher calls this after the volume is mounted: the fetch competes for
         the interpreter, so it starts after NodePublishVolume's own work is done.
         """
-        with self._tags_lock:
+        with self._lock:
             if name not in self._incomplete:
                 return
             self._incomplete.discard(name)
@@ -403,12 +375,7 @@ class FuseImages:
 
     def _forget_tree(self, tree: str) -> None:
         """Drop what refers to an evicted tree (its index is already gone)."""
-        with self._tags_lock:
-            stale = [k for k, d in self._tags.items() if digests.hex_of(d) == tree]
-            for key in stale:
-                del self._tags[key]
-            if stale:
-                write_json_atomic(self.tags_path, self._tags)
+        self.tags.forget_tree(tree)
         (self.lazy.lazy_dir / f"{tree}.json").unlink(missing_ok=True)
         puller = self._pullers.pop(tree, None)
         if puller is not None:

@@ -59,6 +59,7 @@ from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Unpack
 
 from rukpak.common import errors
 from rukpak.image import (
@@ -73,9 +74,9 @@ from rukpak.image import (
 from rukpak.image.cachestate import CacheState, Holder
 from rukpak.image.leases import Leases
 from rukpak.image.locks import KeyedLocks
-from rukpak.image.seams import Observer, Puller, PullerFactory, PullPolicy, StreamingPuller
-from rukpak.image.settings import DEFAULTS, CacheSettings
+from rukpak.image.seams import Puller, PullerFactory, PullPolicy, StreamingPuller
 from rukpak.image.store import ContentStore, Fetch
+from rukpak.image.storebase import ImageStoreBase, StoreOptions
 from rukpak.oci import blobio
 from rukpak.oci import digest as digests
 from rukpak.oci.auth import Credentials
@@ -102,33 +103,26 @@ class Unpacked:
     cache_hit: bool
 
 
-class ImageCache:
+class ImageCache(ImageStoreBase):
     """Pulls, unpacks, shares and evicts image trees on one node."""
 
     def __init__(
         self,
         root: Path,
         *,
-        puller_factory: PullerFactory,
-        settings: CacheSettings = DEFAULTS,
-        observer: Observer | None = None,
         durable: bool = True,
         holders: holding.Holders | None = None,
+        **options: Unpack[StoreOptions],
     ) -> None:
-        """``holders``: the node's holder registry (default: its own under ``root``)."""
-        self.root = root
+        """``options``: what every image store takes (``rukpak.image.storebase``);
+        ``holders``: the node's holder registry (default: its own under ``root``)."""
+        super().__init__(root, **options)
         self.unpacked_dir = root / "unpacked"
         self.store = ContentStore(root / "content")
         self.unpacked_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.unpacked_dir, 0o711)  # bind-mount sources must be reachable
-        self._puller_factory = puller_factory
-        self.grants = grants.Grants(puller_factory, ttl=settings.auth_ttl)
-        self._limits = settings.limits
-        self.budget_bytes = settings.budget_bytes
+        self.budget_bytes = self.settings.budget_bytes
         self.durable = durable
-        self._observer: Observer = observer or seams.NoObserver()
-        self._ref_locks = KeyedLocks()
-        self._digest_locks = KeyedLocks()
         self._blob_locks = KeyedLocks()
         self.leases = Leases()
         self.state = CacheState(root / "state.json")
@@ -140,7 +134,6 @@ class ImageCache:
         )
         self.syncer = self.trees.syncer
         self._adopt_legacy_holders()
-        self._clock = settings.clock  # unix seconds: when retention was set, and how old it is
         self.evictor = eviction.Evictor(
             state=self.state,
             held=lambda: self.registry.held(store=holding.TREE),
@@ -149,19 +142,14 @@ class ImageCache:
             unpacked_dir=self.unpacked_dir,
             marker=self._marker,
             budget=lambda: self.budget_bytes,
-            retain_ttl=settings.retain_ttl,
-            clock=settings.clock,
+            retain_ttl=self.settings.retain_ttl,
+            clock=self._clock,
         )
         self._remove_unfinished_trees()
 
     @property
     def state_path(self) -> Path:
         return self.state.path
-
-    @property
-    def limits(self) -> extract.Limits:
-        """The unpack budgets (also applied to git and http trees, ``rukpak.sources.cache``)."""
-        return self._limits
 
     def _remove_unfinished_trees(self) -> None:
         """Delete what a crash left behind, whatever it holds; never fails start
