@@ -463,7 +463,8 @@ def test_drift_is_restored_by_the_manager_as_the_instance_and_a_fight_is_damped(
         what="FieldConflict=True",
     )
     assert "data.hello" in message and "(by intruder)" in message
-    assert events("AnotherWriter")
+    # the event of the transition is written after the status that carries it
+    eventually(lambda: events("AnotherWriter"), timeout=30, what="an AnotherWriter event")
     eventually(restored, timeout=30, what="the fourth restore, after the backoff")
 
 
