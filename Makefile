@@ -61,7 +61,8 @@ test: setup proto-check lint typecheck k8s-bins helm cosign kind promtool
 
 ## run: the project's main job on a local cluster: install RukPak from deploy/, then a
 ## BundleDeployment's life (install, drift, pivot, bad image, delete), each step timed
-run: setup
+## (run.sh runs `make setup`'s script itself, with Kubernetes building beside it)
+run:
 	@bash hack/run.sh
 
 ## kind: build the kind CLI (sigs.k8s.io/kind, hack/gotool.sh; cached)

@@ -70,13 +70,6 @@ now() { echo "${EPOCHREALTIME/./}"; }   # microseconds
 since() { local d=$(( $(now) - $1 )); printf '%d.%d' $((d / 1000000)) $((d % 1000000 / 100000)); }
 T0=$(now)
 
-for tool in "$PY" "$RUKPAK" "$REGISTRY_BINARY"; do
-  if [ ! -x "$tool" ]; then
-    echo "run.sh: $tool is missing; run 'make setup' first" >&2
-    exit 1
-  fi
-done
-
 WORK=$(mktemp -d -t rukpak-run.XXXXXX)
 SERVER_PID=""        # the Python process that keeps the demo registry
 RUN_REGISTRY_PID=""  # the Python process that keeps the registry of the v1alpha2 bundle
@@ -128,7 +121,11 @@ cleanup() {
   fi
   stop_run_registry
   local prep
-  for prep in $PREP_BINS_PID $PREP_IMAGE_PID; do stop_pid "$prep" 30; done
+  # each build runs in a session of its own (setsid): its whole group goes, compilers too
+  for prep in $PREP_BINS_PID $PREP_IMAGE_PID; do
+    kill -0 "$prep" 2>/dev/null && { kill -- "-$prep" 2>/dev/null || true; }
+    stop_pid "$prep" 30
+  done
   if [ -n "$CLUSTER_DIR" ]; then
     "$PY" -m tests.cluster down --dir "$CLUSTER_DIR" || status=1
   fi
@@ -149,16 +146,31 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # ---------------------------------------------------------------------------------------
-# On a new machine the slow part is building: Kubernetes from its Go modules and the image's
-# Debian base layer. With a local cluster to come, both start now, beside part 1 (each
-# logs to $WORK; each is a no-op when its cache is warm); part 2 waits for them where it
-# needs them.
+# On a new machine the slow part is building: Kubernetes from its Go modules (about 5
+# minutes of both cores) and the image's Debian base layer. With a local cluster to come,
+# Kubernetes starts building first, beside the machine's set-up (`make setup`: Debian
+# packages and the venv, mostly downloads), and the image once the venv is there, beside
+# part 1 (each logs to $WORK; each is a no-op when its cache is warm); part 2 waits for
+# them where it needs them. The binaries are bins.NETWORKED (tests/cluster/bins.py).
 PREP_BINS_PID="" PREP_IMAGE_PID=""
+LOCAL_PREP=""
 if [ "$CLUSTER" = local ] && [ -z "$USER_KUBECONFIG" ]; then
-  "$PY" -c 'from tests.cluster import bins; bins.ensure(bins.NETWORKED)' \
-    >"$WORK/k8s-bins.log" 2>&1 &
-  PREP_BINS_PID=$!
-  bash hack/image/build.sh --oci-layout "$WORK/image-prep" >"$WORK/image-prep.log" 2>&1 &
+  LOCAL_PREP=1
+  if command -v go >/dev/null; then
+    setsid bash tests/cluster/build.sh --quiet etcd kube-apiserver kube-controller-manager \
+      kube-scheduler kubelet kubectl kube-proxy coredns >"$WORK/k8s-bins.log" 2>&1 &
+    PREP_BINS_PID=$!
+  fi
+fi
+bash hack/setup.sh
+for tool in "$PY" "$RUKPAK" "$REGISTRY_BINARY"; do
+  if [ ! -x "$tool" ]; then
+    echo "run.sh: $tool is missing after hack/setup.sh" >&2
+    exit 1
+  fi
+done
+if [ -n "$LOCAL_PREP" ]; then
+  setsid bash hack/image/build.sh --oci-layout "$WORK/image-prep" >"$WORK/image-prep.log" 2>&1 &
   PREP_IMAGE_PID=$!
 fi
 wait_prep() {  # wait_prep PID WHAT LOG: wait for a build started above; its log if it failed
@@ -605,7 +617,7 @@ spec:
     type: image
     image: {ref: "$inline"}
   paused: true
-  progressDeadlineSeconds: 30
+  progressDeadlineSeconds: 15
   rollbackOnFailure: true
 YAML
   cat "$WORK/bd-v1alpha2.yaml"
@@ -630,7 +642,7 @@ YAML
 
   say "A failing upgrade rolled back without a pod, the registry stopped"
   echo "v2 runs an image that cannot be pulled: installed, never Healthy. Once it is applied"
-  echo "this run's registry is stopped; 30 s after the upgrade (progressDeadlineSeconds) the"
+  echo "this run's registry is stopped; 15 s after the upgrade (progressDeadlineSeconds) the"
   echo "manager rolls back to revision 1 from what it kept of it (no pod; the node cache"
   echo "still holds its content too, for when a run is needed)."
   local broken="$run_registry/examples/hello-inline:v2-broken" broken_dir="$WORK/hello-inline-v2"
@@ -659,8 +671,7 @@ YAML
   show delete bundledeployment hello --timeout=120s
   poll 60 "hello/hello and hello/hello-greeting to be gone" "namespace/hello" -- \
     none_left -n hello deployment/hello configmap/hello-greeting
-  echo "(the namespace takes longer: hello's busybox ignores SIGTERM, so its pod gets the"
-  echo " full 30 s grace period before the namespace can finish terminating)"
+  echo "(the namespace goes once its pod has stopped: hello's shell exits on SIGTERM)"
   poll 90 "namespace hello to be gone" "namespace/hello" -- is_absent namespace hello
   show get bd,bundles
   echo "The pods of rukpak-system after it all (the same as before):"

@@ -37,11 +37,13 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo ">> creating virtualenv $VENV"
   "$PY" -m venv "$VENV"
 fi
+stale=""
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  stale=1
   echo ">> installing Python dependencies into $VENV"
   "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q -e '.[dev,node]'
-  touch "$stamp"
+  # the node extra's pyfuse3 comes after, patched: installing it here would compile it twice
+  "$VENV/bin/pip" install -q -e '.[dev]'
 fi
 # pyfuse3 with the inode-handle patch (hack/pyfuse3): FUSE mode's warm reads stay in the kernel.
 if ! "$VENV/bin/python" -c 'import importlib.metadata as m, sys
@@ -51,4 +53,9 @@ sys.exit(not m.version("pyfuse3").endswith("+rukpak.inodehandles"))' 2>/dev/null
   hack/pyfuse3/build.sh "$VENV/bin/pip" "$wheels" >/dev/null
   "$VENV/bin/pip" install -q --no-deps --force-reinstall "$wheels"/pyfuse3-*.whl
   rm -rf "$wheels"
+fi
+if [ -n "$stale" ]; then
+  # the rest of the node extra (pyfuse3 is there, 3.5.0+rukpak.inodehandles satisfies ==3.5.0)
+  "$VENV/bin/pip" install -q -e '.[dev,node]'
+  touch "$stamp"
 fi

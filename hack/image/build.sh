@@ -137,7 +137,6 @@ ensure_binfmt() {
 foreign_wheels() {
     local work=$1 plats=() v
     for v in 17 26 27 28 31 34 35 36; do plats+=(--platform "manylinux_2_${v}_${DEB_TO_UNAME[$arch]}"); done
-    grep -v '^pyfuse3' "$work/requirements.txt" >"$work/requirements-binary.txt"
     "${RUN[@]}" "$PY" -m pip download --progress-bar off -q --only-binary=:all: "${plats[@]}" \
         --platform "manylinux2014_${DEB_TO_UNAME[$arch]}" --python-version 3.11 --implementation cp \
         -d "$work/wheels" -r "$work/requirements-binary.txt"
@@ -145,7 +144,7 @@ foreign_wheels() {
     "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$work/build-wheels" \
         "setuptools>=77"
     mkdir -p "$work/pyfuse3-src"
-    "$PY" -m pip download -q --no-deps --no-binary :all: -d "$work/pyfuse3-src" pyfuse3==3.5.0
+    "$PY" -m pip download -q --no-deps --no-binary pyfuse3 -d "$work/pyfuse3-src" pyfuse3==3.5.0  # not :all: (hack/pyfuse3/build.sh)
     tar -xzf "$work"/pyfuse3-src/pyfuse3-3.5.0.tar.gz -C "$work/pyfuse3-src"
     "$PY" "$REPO/hack/pyfuse3/patch.py" "$work/pyfuse3-src/pyfuse3-3.5.0"
 }
@@ -181,12 +180,13 @@ build_base() {
     "$PY" -c 'import sys, tomllib; p = tomllib.load(sys.stdin.buffer)["project"]
 print(*p["dependencies"], *p["optional-dependencies"]["node"], sep="\n")' \
         <"$REPO/pyproject.toml" >"$work/requirements.txt"
+    # pyfuse3 has no wheels: FUSE mode wants it patched (hack/pyfuse3), built apart below
+    grep -v '^pyfuse3' "$work/requirements.txt" >"$work/requirements-binary.txt"
     if [[ -n $FOREIGN ]]; then
         ensure_binfmt
         foreign_wheels "$work"
     else
-        "${RUN[@]}" "$PY" -m pip wheel --progress-bar off -q -w "$work/wheels" -r "$work/requirements.txt"
-        rm -f "$work/wheels"/pyfuse3-*.whl  # FUSE mode wants the patched one (hack/pyfuse3)
+        "${RUN[@]}" "$PY" -m pip wheel --progress-bar off -q -w "$work/wheels" -r "$work/requirements-binary.txt"
         "${RUN[@]}" "$REPO/hack/pyfuse3/build.sh" "$(dirname "$PY")/pip" "$work/wheels" >/dev/null
     fi
     ls "$work/wheels" | sed 's/^/      /'

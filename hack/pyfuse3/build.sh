@@ -8,7 +8,9 @@ out=$2
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$pip" download -q --no-deps --no-binary :all: -d "$work" pyfuse3==3.5.0
+# --no-binary for pyfuse3 alone: with :all:, preparing the sdist's metadata would also
+# build its build requirements (Cython) from source, about 140 s of compiling on 2 cores
+"$pip" download -q --no-deps --no-binary pyfuse3 -d "$work" pyfuse3==3.5.0
 tar -xzf "$work"/pyfuse3-3.5.0.tar.gz -C "$work"
 "$(dirname "$pip")/python" "$here/patch.py" "$work/pyfuse3-3.5.0"
 mkdir -p "$out"

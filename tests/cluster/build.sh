@@ -2,8 +2,10 @@
 # Builds the binaries of the test cluster (tests/cluster/localcluster.py) from upstream
 # sources through the Go module proxy: kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubelet, kubectl and etcd from the wrapper module in tests/cluster/go,
-# kube-proxy, kubeadm (for the kind node image, tests/kind), and csi-sanity and CoreDNS (static, for the multi-node cluster's DNS pod) from
-# their pinned tags. Output: $RUKPAK_CACHE/bin/<k8s version>/.
+# kube-proxy, kubeadm (for the kind node image, tests/kind), csi-sanity from its pinned
+# tag, and CoreDNS (static, for the clusters' DNS pod) from the wrapper module in
+# tests/cluster/coredns: CoreDNS $COREDNS_VERSION with only the plugins our Corefiles use.
+# Output: $RUKPAK_CACHE/bin/<k8s version>/.
 #
 # A stamp per binary (hash of the module files, the Go version and the flags) makes a second
 # run return at once; without it, `go install` relinks only what changed.
@@ -16,7 +18,8 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 MOD="$HERE/go"
 K8S_VERSION="$(awk '$1 == "k8s.io/kubernetes" { print $2; exit } $1 == "require" && $2 == "k8s.io/kubernetes" { print $3; exit }' "$MOD/go.mod")"
 CSI_TEST_VERSION="v5.6.0"
-COREDNS_VERSION="v1.12.4"
+COREDNS_MOD="$HERE/coredns"
+COREDNS_VERSION="$(awk '$1 == "require" && $2 == "github.com/coredns/coredns" { print $3; exit }' "$COREDNS_MOD/go.mod")"
 CACHE="${RUKPAK_CACHE:-$HOME/.cache/rukpak}"
 OUT="$CACHE/bin/$K8S_VERSION"
 BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd kube-proxy kubeadm)
@@ -56,6 +59,7 @@ stamp() {
         echo "$LDFLAGS $CSI_TEST_VERSION $COREDNS_VERSION"
         cat "$MOD/go.mod" "$MOD/go.sum"
         find "$MOD/cmd" -name '*.go' -print0 | sort -z | xargs -0 cat
+        cat "$COREDNS_MOD/go.mod" "$COREDNS_MOD/go.sum" "$COREDNS_MOD/main.go"
     } | sha256sum | cut -d' ' -f1
 }
 
@@ -96,8 +100,7 @@ if [[ " ${todo[*]} " == *" csi-sanity "* ]]; then
     echo "k8s-bins: [$((SECONDS - start))s] csi-sanity $CSI_TEST_VERSION done"
 fi
 if [[ " ${todo[*]} " == *" coredns "* ]]; then
-    (cd / && CGO_ENABLED=0 GOBIN="$OUT" go install -ldflags="-s -w" \
-        "github.com/coredns/coredns@$COREDNS_VERSION")
+    (cd "$COREDNS_MOD" && CGO_ENABLED=0 GOBIN="$OUT" go install -ldflags="-s -w" .)
     echo "$want" >"$OUT/.stamp-coredns"
     echo "k8s-bins: [$((SECONDS - start))s] coredns $COREDNS_VERSION done"
 fi
