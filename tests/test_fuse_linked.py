@@ -7,7 +7,9 @@ with bind mode's content, modes and times (a cross-mode check); identical files 
 versions share one inode, a file that differs only in its mode does not; a ``kill -9``
 of the plugin while it links a tree leaves no tree a publish would serve, and the
 restarted plugin removes the leftovers; a linked tree no volume holds is removed and
-its store variants collected; hostile tar members are refused as in bind mode. The
+its store variants collected; hostile tar members are refused as in bind mode; where
+the linked trees' directory is another filesystem than the store's, the overlay serves
+and the plugin says so once. The
 tree builder's refusal of names and digests an index should never hold is checked
 without mounts.
 """
@@ -311,3 +313,31 @@ def test_a_tree_naming_a_file_the_store_lacks_is_data_loss_and_builds_nothing(
     with pytest.raises(errors.DataLoss, match="lacks 1 file"):
         trees.build("a" * 64, index.Index(digest, rows, {0: {"f": 1}}), image="x/y:v1")
     assert list(trees.root.iterdir()) == []
+
+
+def test_where_hard_links_into_the_store_are_impossible_the_overlay_serves_logged_once(
+    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+) -> None:
+    image = push_image(registry.host, "linked/fallback", "v1", [_entries()]).ref
+    elsewhere = _store(plugin) / "linked"  # another filesystem on the linked trees' path
+    plugin.stop()
+    real = mounter.Mounter()
+    real.mount_tmpfs(elsewhere, "mode=0700")
+    try:
+        plugin.start()
+        with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
+            again = csi_pb2_grpc.NodeStub(channel)
+            bind_target = target(plugin)
+            again.NodePublishVolume(publish_request(bind_target, image, publishMode="bind"))
+            first, second = publish_fuse(plugin, again, image), publish_fuse(plugin, again, image)
+            for volume in (first, second):
+                mount = _mount_on(volume)
+                assert mount is not None and mount.fstype == "overlay"
+                assert tree(Path(volume)) == tree(Path(bind_target))
+            assert plugin.log().count("on different filesystems") == 1
+            assert list(elsewhere.iterdir()) == []
+            for volume in (first, second, bind_target):
+                unpublish(again, volume)
+    finally:
+        plugin.stop()
+        real.detach(elsewhere)
