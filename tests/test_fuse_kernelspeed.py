@@ -1,4 +1,4 @@
-"""FUSE mode's kernel-speed presentation: fully fetched trees as overlays over the file store.
+"""FUSE mode's overlay presentation: fully fetched trees as overlays over the file store.
 
 Through the real plugin process, a real registry and real mounts (overlayfs, tmpfs,
 the FUSE mount of a holder the test starts and stops by pid). What is checked: a
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -37,15 +38,24 @@ from tests.csi_helpers import (
     tree,
     unpublish,
 )
-from tests.fuse_helpers import fuse_plugin_fixture, publish_bind_and_fuse, publish_fuse
+from tests.fuse_helpers import fuse_plugin, publish_bind_and_fuse, publish_fuse
 from tests.polling import logged
 from tests.registry import RegistryServer
 
 pytestmark = [pytest.mark.registry]
 
 
-plugin = fuse_plugin_fixture()
 node = node_fixture(scope="function")
+
+
+@pytest.fixture(name="plugin")
+def _overlay_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[PluginProcess]:
+    """A FUSE plugin presenting fetched trees as overlays (``FUSE_LINKED=false``: the
+    fallback where hard links into the store are impossible; linked trees are
+    ``test_fuse_linked``'s), for the whole test, restarts included."""
+    monkeypatch.setenv("FUSE_LINKED", "false")
+    with fuse_plugin(tmp_path) as proc:
+        yield proc
 
 
 def _bundle(registry: RegistryServer, repo: str) -> str:

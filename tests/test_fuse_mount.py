@@ -1,7 +1,8 @@
 """FUSE publishing mode through the real plugin process, a real registry and a real mount.
 
 The plugin runs with ``FUSE_OVERLAY=false``: these tests are about the FUSE view,
-which fully fetched trees otherwise leave for overlays (``test_fuse_kernelspeed``).
+which fully fetched trees otherwise leave for linked trees (``test_fuse_linked``) or
+overlays (``test_fuse_kernelspeed``).
 Reads go through the kernel (``/dev/fuse``, ``allow_other``, read-only binds of
 tree directories on kubelet-style targets); the /dev/fuse holder is started by
 the test so it can be stopped by pid. The restart test kills the plugin with
@@ -68,8 +69,8 @@ def holder(tmp_path: Path) -> Iterator[Path]:
 def plugin(
     tmp_path: Path, holder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[PluginProcess]:
-    # The FUSE view itself: fully fetched trees would otherwise be overlays
-    # (tests/test_fuse_kernelspeed.py).
+    # The FUSE view itself: fully fetched trees would otherwise be linked trees or
+    # overlays (tests/test_fuse_linked.py, tests/test_fuse_kernelspeed.py).
     monkeypatch.setenv("FUSE_OVERLAY", "false")
     proc = PluginProcess(
         tmp_path / "plugin", extra_args=("--fuse", "--fuse-holder-socket", str(holder))

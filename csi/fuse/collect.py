@@ -12,10 +12,12 @@ while the store is over its byte budget, remove the least recently used trees
 no published volume holds (the node's holder registry, ``rukpak.store.holders``, read
 through ``FusePublisher.held``) and none used in the last minute (a tree's index
 file's mtime is its last use: every publish touches it before it binds the
-tree); then delete every stored file that no remaining index
-names. The store's own bytes count (file contents, as ``du``), not the indexes.
-The store is walked for such files only when some can exist: at start (a crash
-mid-pull), after a failed pull and after an eviction.
+tree); then delete every variant no linked tree links (``csi.fuse.linked``: a
+linked tree exists while a record presents it, so a variant in use is never
+collected) and every stored file that no remaining index names. The store's own
+bytes count (file contents and variants, as ``du``), not the indexes. The store is
+walked for such files only when some can exist: at start (a crash mid-pull), after a
+failed pull, after an eviction and after a linked tree was removed.
 
 Safety against a pull in progress, whose files exist before the index that
 names them: pulls run inside :meth:`Collector.pulling`; files are deleted only
@@ -116,6 +118,11 @@ class Collector:
         with contextlib.suppress(OSError):
             (self.trees_dir / f"{tree}.json").touch(exist_ok=True)
 
+    def loosen(self) -> None:
+        """Files may have lost their last user (a linked tree removed): the next run walks
+        the store's variants and files."""
+        self._orphans = True
+
     def request(self, held: Callable[[], Collection[str]]) -> None:
         """Collect in the background (one thread at most); ``held`` names the trees in use."""
         self._held = held
@@ -206,8 +213,8 @@ class Collector:
         return total
 
     def _delete_unreferenced(self) -> int:
+        deleted = self.files.drop_unused_variants()  # variants no linked tree links
         names = referenced(self.trees_dir)
-        deleted = 0
         for digest in list(self.files.digests()):
             if digest not in names:
                 self.files.delete(digest)

@@ -6,6 +6,9 @@ filesystem (``csi.fuse.fs``), which serves reads from it. Layout under ``root``:
 
     ingest/                 files being written (invisible; wiped at start)
     files/sha256/<hex>      one file per distinct content, mode 0444
+    variants/<hex>.<mode>.<mtime>
+                            one inode per distinct (content, mode, mtime), for the
+                            hard links of linked trees (``csi.fuse.linked``)
 
 It follows the node's one commit recipe (``rukpak.store.commit.place``): bytes are
 hashed as they arrive, the finished file is fsynced and renamed into place, so a crash
@@ -15,6 +18,19 @@ file therefore cost one extra file. Unlike the blob store the digest is often
 not known in advance (tar members carry none): :meth:`FileStore.ingest`
 computes it, or checks it when the caller names one (lazy fetches, whose TOC
 does).
+
+*Variants* serve trees presented as hard links (``csi.fuse.linked``): a hard link
+shares its inode's mode, times and owner, so a linked tree needs an inode per
+(content, mode, mtime) its files show; the owner is the plugin's for every stored
+file (as for bind mode's trees), so it is no part of the key. The first variant of
+a content *is* the content's own file (``files/sha256/<hex>``, whose mode and times
+nobody else reads: the FUSE view and the overlay take only its bytes), given the
+variant's mode and mtime and linked under its variant name; a second variant of the
+same content (another mode or mtime) is a copy, fsynced. Identical files across
+versions (same mode, same mtime) so share one inode and one copy on disk, as they
+share one stored file. A variant is unused when no link but its own name (and the
+content's, for the first) remains: :meth:`FileStore.drop_unused_variants` removes
+those, under :attr:`FileStore.variants_lock`, which a linked tree's builder holds.
 """
 
 from __future__ import annotations
@@ -24,6 +40,7 @@ import hashlib
 import os
 import secrets
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -78,8 +95,10 @@ class FileStore:
         self.root = root
         self.ingest_dir = root / "ingest"
         self.files_dir = root / "files" / ALGORITHM
+        self.variants_dir = root / "variants"
+        self.variants_lock = threading.Lock()
         self._files_prefix = f"{self.files_dir}{os.sep}"
-        for d in (root, self.ingest_dir, self.files_dir):
+        for d in (root, self.ingest_dir, self.files_dir, self.variants_dir):
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
         for entry in self.ingest_dir.iterdir():  # unfinished ingests from before a crash
             entry.unlink(missing_ok=True)
@@ -185,12 +204,67 @@ class FileStore:
                 yield digest
 
     def disk_usage(self) -> int:
-        """Bytes allocated on disk by stored files (blocks, as ``du`` counts)."""
+        """Bytes allocated on disk by stored files and variants (blocks, as ``du`` counts:
+        an inode once, however many names it has)."""
         total = 0
-        for entry in os.scandir(self.files_dir):
-            total += entry.stat(follow_symlinks=False).st_blocks * 512
+        seen: set[int] = set()
+        for directory in (self.files_dir, self.variants_dir):
+            for entry in os.scandir(directory):
+                with contextlib.suppress(FileNotFoundError):
+                    st = entry.stat(follow_symlinks=False)
+                    if st.st_ino not in seen:
+                        seen.add(st.st_ino)
+                        total += st.st_blocks * 512
         return total
 
+    # --- variants (hard-link targets of linked trees) ------------------------------------
+
+    def variant(self, digest: str, mode: int, mtime: int) -> str:
+        """The path of an inode holding ``digest``'s content with ``mode`` and ``mtime``
+        (made when missing). The caller holds :attr:`variants_lock` until it has linked
+        the variant (else a collection may remove it); FileNotFoundError when the store
+        lacks the content."""
+        hexdigest = digests.hex_of(digest)
+        path = f"{self.variants_dir}{os.sep}{hexdigest}.{mode:o}.{mtime}"
+        if os.path.lexists(path):
+            return path
+        content = self._files_prefix + hexdigest
+        times = (mtime * 10**9,) * 2
+        if os.stat(content).st_nlink == 1:  # no variant uses the content's inode: adopt it
+            os.chmod(content, mode)
+            os.utime(content, ns=times)
+            os.link(content, path)
+            return path
+        tmp = self.ingest_dir / secrets.token_hex(8)
+        try:
+            with open(content, "rb") as src, open(tmp, "xb") as dst:
+                shutil.copyfileobj(src, dst, CHUNK)
+                dst.flush()
+                os.fchmod(dst.fileno(), mode)
+                os.utime(dst.fileno(), ns=times)
+                os.fsync(dst.fileno())
+            os.link(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path
+
+    def drop_unused_variants(self) -> int:
+        """Remove variants no linked tree links (idempotent); returns how many went."""
+        dropped = 0
+        with self.variants_lock:
+            for entry in os.scandir(self.variants_dir):
+                with contextlib.suppress(FileNotFoundError):
+                    st = entry.stat(follow_symlinks=False)
+                    own = 1
+                    with contextlib.suppress(OSError):
+                        content = os.stat(self._files_prefix + entry.name.partition(".")[0])
+                        own += (content.st_ino, content.st_dev) == (st.st_ino, st.st_dev)
+                    if st.st_nlink <= own:
+                        os.unlink(entry.path)
+                        dropped += 1
+        return dropped
+
     def clear(self) -> None:
-        shutil.rmtree(self.files_dir, ignore_errors=True)
-        self.files_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for directory in (self.files_dir, self.variants_dir):
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -46,7 +46,7 @@ import os
 import secrets
 import shutil
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
@@ -81,6 +81,54 @@ def supported(mounter: object) -> bool:
     return hasattr(mounter, "mount_overlay") and hasattr(mounter, "mount_tmpfs")
 
 
+class Verifier:
+    """Checks that a tree's stored files are present and, once per process, intact; shared
+    by every kernel-speed presentation (this overlay, ``csi.fuse.linked``)."""
+
+    def __init__(self, files: FileStore) -> None:
+        self.files = files
+        self._verified: set[str] = set()
+
+    def missing(self, tree: index.Index) -> list[index.Row]:
+        """The tree's files the store does not hold (one ``stat`` each)."""
+        prefix = f"{self.files.files_dir}{os.sep}"
+        return [
+            row
+            for row in tree.files()
+            if not os.path.isfile(prefix + row.digest.removeprefix("sha256:"))
+        ]
+
+    def check(self, name: str, tree: index.Index, *, image: str) -> None:
+        """Every file present, and hashed once by this process; DataLoss otherwise."""
+        lost = self.missing(tree)
+        if lost:
+            row = lost[0]
+            raise errors.DataLoss(
+                f"image {image}: the node's store lacks {len(lost)} file(s) of tree {name}, "
+                f"e.g. {_path_of(tree, row)!r} ({row.digest}, expected at "
+                f"{self.files.path(row.digest)}); the store was damaged outside the plugin: "
+                "remove the plugin's state directory on this node so the image is pulled again"
+            )
+        for row in tree.files():
+            if row.digest in self._verified:
+                continue
+            fd = self.files.open_fd(row.digest)
+            ok = False
+            if fd is not None:
+                try:
+                    ok = filestore.verify_fd(fd, row.digest)
+                finally:
+                    os.close(fd)
+            if not ok:
+                raise errors.DataLoss(
+                    f"image {image}: the stored file for {_path_of(tree, row)!r} does not match "
+                    f"its digest {row.digest} ({self.files.path(row.digest)}); the store was "
+                    "damaged outside the plugin: remove the plugin's state directory on this "
+                    "node so the image is pulled again"
+                )
+            self._verified.add(row.digest)
+
+
 class MetaTrees:
     """Metadata trees in a private tmpfs at ``root``, presented as overlays over ``files``."""
 
@@ -95,7 +143,7 @@ class MetaTrees:
                     f"({' '.join(repr(c) for c in _UNSAFE)}); choose another --state-dir"
                 )
         self._lock = threading.Lock()
-        self._verified: set[str] = set()
+        self.verifier = Verifier(files)
         self._mounted = False
 
     # --- the tmpfs ------------------------------------------------------------------
@@ -130,12 +178,7 @@ class MetaTrees:
 
     def missing(self, tree: index.Index) -> list[index.Row]:
         """The tree's files the store does not hold (one ``stat`` each)."""
-        prefix = f"{self.data_dir}{os.sep}"
-        return [
-            row
-            for row in tree.files()
-            if not os.path.isfile(prefix + row.digest.removeprefix("sha256:"))
-        ]
+        return self.verifier.missing(tree)
 
     def present(
         self, name: str, tree: index.Index, target: Path, mounter: OverlayMounter, *, image: str
@@ -171,7 +214,7 @@ class MetaTrees:
         """The metadata tree of ``name``, built once (atomically: staging, then rename)."""
         final = self.path(name)
         with self._lock:
-            self._check(name, tree, image=image)
+            self.verifier.check(name, tree, image=image)
             if final.is_dir():
                 return final
             staging = self.root / f"{STAGING}{secrets.token_hex(6)}"
@@ -189,44 +232,33 @@ class MetaTrees:
         log.info("msg=%r tree=%s files=%d", "metadata tree built", name, len(tree.rows))
         return final
 
-    def _check(self, name: str, tree: index.Index, *, image: str) -> None:
-        """Every file present, and hashed once by this process; DataLoss otherwise."""
-        lost = self.missing(tree)
-        if lost:
-            row = lost[0]
-            raise errors.DataLoss(
-                f"image {image}: the node's store lacks {len(lost)} file(s) of tree {name}, "
-                f"e.g. {_path_of(tree, row)!r} ({row.digest}, expected at "
-                f"{self.files.path(row.digest)}); the store was damaged outside the plugin: "
-                "remove the plugin's state directory on this node so the image is pulled again"
-            )
-        for row in tree.files():
-            if row.digest in self._verified:
-                continue
-            fd = self.files.open_fd(row.digest)
-            ok = False
-            if fd is not None:
-                try:
-                    ok = filestore.verify_fd(fd, row.digest)
-                finally:
-                    os.close(fd)
-            if not ok:
-                raise errors.DataLoss(
-                    f"image {image}: the stored file for {_path_of(tree, row)!r} does not match "
-                    f"its digest {row.digest} ({self.files.path(row.digest)}); the store was "
-                    "damaged outside the plugin: remove the plugin's state directory on this "
-                    "node so the image is pulled again"
-                )
-            self._verified.add(row.digest)
-
     def drop(self, name: str) -> None:
         """Remove tree ``name``'s metadata (its last volume is gone); idempotent."""
         with self._lock:
             shutil.rmtree(self.path(name), ignore_errors=True)
 
 
-def _write(tree: index.Index, root: Path) -> None:
-    """Create the metadata tree of ``tree`` at ``root`` (which must not exist)."""
+FileMaker = Callable[[str, index.Row, str], None]
+
+
+def _metacopy_file(path: str, row: index.Row, hexdigest: str) -> None:
+    """An empty file of ``row``'s size, mode and mtime redirecting to the stored file."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, row.mode & 0o777)
+    try:
+        os.ftruncate(fd, row.size)
+        os.setxattr(fd, METACOPY, b"")
+        os.setxattr(fd, REDIRECT, b"/" + hexdigest.encode())
+        os.fchmod(fd, row.mode & 0o777)
+        os.utime(fd, ns=(row.mtime * 10**9,) * 2)
+    finally:
+        os.close(fd)
+
+
+def _write(tree: index.Index, root: Path, make_file: FileMaker = _metacopy_file) -> None:
+    """Create the directories and symlinks of ``tree`` at ``root`` (which must not exist),
+    each regular file by ``make_file(path, row, hex digest)`` (default: the overlay's
+    metadata file). Names and digests are checked here, whoever makes the files."""
     paths = [str(root)]
     dirs: list[tuple[str, int]] = []
     os.mkdir(root, 0o700)
@@ -251,16 +283,7 @@ def _write(tree: index.Index, root: Path) -> None:
             hexdigest = row.digest.removeprefix("sha256:")
             if not _is_hex(hexdigest) or len(hexdigest) != 64:
                 raise errors.InvalidArgument(f"index entry {row.name!r}: bad digest {row.digest!r}")
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(path, flags, row.mode & 0o777)
-            try:
-                os.ftruncate(fd, row.size)
-                os.setxattr(fd, METACOPY, b"")
-                os.setxattr(fd, REDIRECT, b"/" + hexdigest.encode())
-                os.fchmod(fd, row.mode & 0o777)
-                os.utime(fd, ns=(row.mtime * 10**9,) * 2)
-            finally:
-                os.close(fd)
+            make_file(path, row, hexdigest)
     os.chmod(root, tree.rows[0].mode & 0o777 if tree.rows else 0o555)
     for path, mtime in reversed(dirs):  # children first: adding them changed the parents
         os.utime(path, ns=(mtime * 10**9,) * 2)

@@ -6,11 +6,13 @@ under its per-target lock and after its target checks; unpublishing is the
 same unmount for both modes, then :meth:`FusePublisher.release`. Below it: the
 FUSE image cache (``csi.fuse.images``) and the mount (``csi.fuse.service``).
 
-A tree whose every file is in the store is presented at kernel speed: an overlayfs
-on the target over a metadata tree and the store's files (``csi.fuse.overlay``; the
-record says ``"presentation": "overlay"``). A lazy tree with files still to fetch is
-bound from the FUSE mount, so a volume is readable before its files arrive; once
-fetched, new publishes of it get the overlay.
+A tree whose every file is in the store is presented at kernel speed: a read-only
+bind of a directory of hard links into the store (``csi.fuse.linked``; the record
+says ``"presentation": "linked"``), or, where hard links into the store are
+impossible (or ``FUSE_LINKED=false``), an overlayfs over a metadata tree and the
+store's files (``csi.fuse.overlay``; ``"presentation": "overlay"``). A lazy tree with
+files still to fetch is bound from the FUSE mount, so a volume is readable before its
+files arrive; once fetched, new publishes of it get the kernel-speed presentation.
 
 After each publish and unpublish the store's collection runs in the background
 (``csi.fuse.collect``): trees no record holds and no owner retains
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Protocol
 
 from csi import mounter as mounts
-from csi.fuse import index, overlay
+from csi.fuse import index, linked, overlay
 from csi.fuse.images import FuseImages
 from csi.volume.request import PublishRequest
 from rukpak.common import errors
@@ -43,6 +45,8 @@ from rukpak.store import holders as holding
 log = logging.getLogger(__name__)
 
 OVERLAY = "overlay"
+LINKED = "linked"
+KERNEL_SPEED = (OVERLAY, LINKED)
 
 
 class Mount(Protocol):
@@ -63,14 +67,17 @@ class FusePublisher:
         records: Path,
         *,
         meta: overlay.MetaTrees | None = None,
+        links: linked.LinkedTrees | None = None,
         holders: holding.Holders | None = None,
     ) -> None:
         """``records``: the ``publishes.json`` of older plugins, taken over at start;
         ``holders``: the node's holder registry (default: one beside ``records``);
-        ``meta``: present fully fetched trees as overlays (None: always the FUSE view)."""
+        ``meta``: present fully fetched trees as overlays (None: always the FUSE view);
+        ``links``: present them as linked trees first (None: overlays)."""
         self.images = images
         self.mount = mount
         self.meta = meta
+        self.links = links
         self.records_path = records
         self.registry = holders or holding.Holders(records.parent / "holders")
         self._present_lock = threading.Lock()  # a tree's metadata is not dropped mid-publish
@@ -112,7 +119,7 @@ class FusePublisher:
                 log.info("msg=%r target=%s volume_id=%s", "already published", key, volume_id)
                 return (
                     target
-                    if known.get("presentation") == OVERLAY
+                    if known.get("presentation") in KERNEL_SPEED
                     else self.mount.tree_dir(known["tree"])
                 )
             raise errors.AlreadyExists(
@@ -134,6 +141,9 @@ class FusePublisher:
             if self.meta is not None and self.meta.is_presenting(current, ready.name):
                 self._set(key, {**record, "presentation": OVERLAY})
                 return target
+            if self.links is not None and self.links.is_presenting(current, ready.name):
+                self._set(key, {**record, "presentation": LINKED})
+                return target
             raise errors.AlreadyExists(
                 f"target {key} is already a mount point of other content; unpublish it first"
             )
@@ -141,8 +151,9 @@ class FusePublisher:
             raise errors.InvalidArgument(f"target {key} exists and is not a directory")
         target.mkdir(mode=0o750, parents=True, exist_ok=True)
         with self._present_lock:
-            if self._present(ready.name, target, mounter, image=source.image):
-                record["presentation"] = OVERLAY
+            presentation = self._present(ready.name, target, mounter, image=source.image)
+            if presentation is not None:
+                record["presentation"] = presentation
                 tree_dir = target
             else:
                 mounter.bind_read_only(tree_dir, target)
@@ -164,18 +175,35 @@ class FusePublisher:
 
     def _present(
         self, name: str, target: Path, mounter: mounts.MounterProtocol, *, image: str
-    ) -> bool:
-        """Mount the overlay of tree ``name`` on ``target`` when every file is stored and
-        the mounter can; False: bind the FUSE view instead (a lazy tree still fetching)."""
-        if self.meta is None or not overlay.supported(mounter):
-            return False
+    ) -> str | None:
+        """Present tree ``name`` on ``target`` at kernel speed when every file is stored:
+        linked where hard links into the store work, else an overlay where the mounter
+        can; returns the presentation, None: bind the FUSE view instead (a lazy tree
+        still fetching)."""
+        if self.meta is None:
+            return None
         tree = self.mount.tree_index(name)
         if tree is None:
-            return False
+            return None
         if self.images.lazy.plan_path(name).exists() and (
             name in self.images.lazy.broken or self.meta.missing(tree)
         ):
-            return False  # lazy and not complete yet: the FUSE view fetches on first read
+            return None  # lazy and not complete yet: the FUSE view fetches on first read
+        if self.links is not None and self.links.usable():
+            try:
+                self.links.present(name, tree, target, mounter, image=image)
+                return LINKED
+            except OSError as exc:  # a full disk, a filesystem refusing: try the overlay
+                log.warning(
+                    "msg=%r tree=%s error=%r",
+                    "cannot present the tree as linked files; trying an overlay",
+                    name,
+                    str(exc),
+                )
+                if name not in self.presented(LINKED):
+                    self.links.drop(name)
+        if not overlay.supported(mounter):
+            return None
         try:
             self.meta.present(name, tree, target, mounter, image=image)  # type: ignore[arg-type]
         except (errors.Internal, errors.ResourceExhausted) as exc:  # an old kernel, a full
@@ -188,8 +216,8 @@ class FusePublisher:
             )
             if name not in self.presented():
                 self.meta.drop(name)
-            return False
-        return True
+            return None
+        return OVERLAY
 
     def _set(self, key: str, record: dict[str, str] | None) -> None:
         if record is None:
@@ -203,17 +231,22 @@ class FusePublisher:
         with self._present_lock:
             found = self.registry.release(target, store=holding.FUSE)
             known = None if found is None else _from_record(found)
-            tree = known["tree"] if known and known.get("presentation") == OVERLAY else None
-            if self.meta is not None and tree is not None and tree not in self.presented():
-                self.meta.drop(tree)
+            how = known.get("presentation") if known else None
+            tree = known["tree"] if known else None
+            if how == OVERLAY and self.meta is not None and tree not in self.presented():
+                self.meta.drop(str(tree))
+            if how == LINKED and self.links is not None and tree not in self.presented(LINKED):
+                self.links.drop(str(tree))
+                self.images.collector.loosen()  # its variants may have no links left
         self.images.collector.request(self.held)
 
-    def presented(self) -> set[str]:
-        """Trees some record presents as an overlay (their metadata must stay)."""
+    def presented(self, presentation: str = OVERLAY) -> set[str]:
+        """Trees some record presents as ``presentation`` (an overlay's metadata, a
+        linked tree must stay)."""
         return {
             r.hex
             for r in self.registry.all(store=holding.FUSE).values()
-            if r.meta.get("presentation") == OVERLAY
+            if r.meta.get("presentation") == presentation
         }
 
     def held(self) -> set[str]:
@@ -233,22 +266,31 @@ class FusePublisher:
             if target not in mounted:
                 log.info("msg=%r target=%s", "dropping record of a vanished FUSE mount", target)
                 self.release(target)
+        if self.meta is not None or self.links is not None:
+            self._adopt_presentations()
         if self.meta is not None:
-            self._adopt_overlays()
             self.meta.sweep(self.presented())  # metadata no record presents: from a crash
+        if self.links is not None and self.links.sweep(self.presented(LINKED)):
+            self.images.collector.loosen()  # linked trees of a crash, or half built:
+            self.images.collector.request(self.held)  # their variants may go now
 
-    def _adopt_overlays(self) -> None:
-        """Record our overlays that have no record (a lost holder file), volume
-        unknown, so their trees are held and unpublishing them drops their metadata."""
-        assert self.meta is not None
+    def _adopt_presentations(self) -> None:
+        """Record our overlays and linked binds that have no record (a lost holder
+        file), volume unknown, so their trees are held and unpublishing them drops
+        their metadata or linked tree."""
         for info in mounts.Mounter().mounts():
-            tree = self.meta.tree_of(info)
-            if tree is not None and self.registry.get(info.mount_point) is None:
+            if self.registry.get(info.mount_point) is not None:
+                continue
+            for how, trees in ((OVERLAY, self.meta), (LINKED, self.links)):
+                tree = None if trees is None else trees.tree_of(info)
+                if tree is None:
+                    continue
                 log.info(
-                    "msg=%r target=%s tree=%s", "adopting an overlay without a record",
-                    info.mount_point, tree,
+                    "msg=%r target=%s tree=%s presentation=%s",
+                    f"adopting {'an overlay' if how == OVERLAY else 'a linked tree'} "
+                    "without a record", info.mount_point, tree, how,
                 )  # fmt: skip
-                record = {"volume_id": "", "image": "", "tree": tree, "presentation": OVERLAY}
+                record = {"volume_id": "", "image": "", "tree": tree, "presentation": how}
                 self._set(info.mount_point, record)
 
 

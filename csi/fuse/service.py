@@ -9,6 +9,7 @@ is enabled, started beside the gRPC server and stopped after it. Layout under
     holders/      target → tree (rukpak.store.holders), unless the plugin passes the
                   node's one registry; a publishes.json of older plugins is taken over
     meta/         a private tmpfs of metadata trees for overlays (csi.fuse.overlay)
+    store/linked/ linked trees, hard links into the file store (csi.fuse.linked)
     mnt/          the FUSE mount (default; the holder mounts it)
     holder.sock   the holder's socket (default)
 
@@ -20,9 +21,12 @@ plugin container that crashes, is killed or OOM-killed and restarted finds
 the same mount; the plugin waits for it and never starts one, which would
 race the container's holder for the mountpoint.
 
-Fully fetched trees are presented as overlays (``csi.fuse.overlay``), reads at
-kernel speed; ``overlay=False``, or the environment variable
-``FUSE_OVERLAY=false``, keeps every volume on the FUSE view.
+Fully fetched trees are presented as read-only binds of linked trees
+(``csi.fuse.linked``), reads at bind mode's speed, or as overlays
+(``csi.fuse.overlay``) where hard links into the store are impossible;
+``linked_trees=False``, or ``FUSE_LINKED=false``, keeps the overlay; ``overlay=False``,
+or the environment variable ``FUSE_OVERLAY=false``, keeps every volume on the FUSE
+view.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import subprocess
 from pathlib import Path
 
 from csi import mounter as mounts
-from csi.fuse import fs, index, overlay
+from csi.fuse import fs, index, linked, overlay
 from csi.fuse.images import FuseImages
 from csi.fuse.publisher import FusePublisher
 from csi.fuse.session import HolderClient, Session, spawn_holder, wait_for_socket
@@ -61,6 +65,7 @@ class FuseService:
         holder_socket: Path | None = None,
         mountpoint: Path | None = None,
         overlay_trees: bool | None = None,
+        linked_trees: bool | None = None,
         holders: Holders | None = None,
         observer: Observer | None = None,
     ) -> None:
@@ -86,14 +91,26 @@ class FuseService:
         self.mountpoint = mountpoint or root / "mnt"
         if overlay_trees is None:
             overlay_trees = os.environ.get("FUSE_OVERLAY", "true") != "false"
+        if linked_trees is None:
+            linked_trees = os.environ.get("FUSE_LINKED", "true") != "false"
         self.meta: overlay.MetaTrees | None = None
+        self.links: linked.LinkedTrees | None = None
         if overlay_trees:
             try:
                 self.meta = overlay.MetaTrees(root / "meta", self.images.files)
             except errors.InvalidArgument as exc:
                 log.warning("msg=%r error=%r", "fetched trees stay on the FUSE view", exc.message)
+        if self.meta is not None and linked_trees:
+            self.links = linked.LinkedTrees(
+                self.images.files.root / "linked", self.images.files, self.meta.verifier
+            )
         self.publisher = FusePublisher(
-            self.images, self, root / "publishes.json", meta=self.meta, holders=holders
+            self.images,
+            self,
+            root / "publishes.json",
+            meta=self.meta,
+            links=self.links,
+            holders=holders,
         )
         self.holder_process: subprocess.Popen[bytes] | None = None
         self._session: Session | None = None

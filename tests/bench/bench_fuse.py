@@ -8,22 +8,24 @@ starts Debian's docker-registry, a /dev/fuse holder and ``python -m csi.plugin
   NodePublishVolume on a fresh node, FUSE with the bundle's eStargz layer (TOC
   only, files on first read) vs bind mode with the same image (issue goal
   <= 0.1x); FUSE with an ordinary tar.gz layer of the same files (fetched in
-  full first, so presented as an overlay over the file store,
-  ``csi.fuse.overlay``) is reported beside them;
+  full first, so presented as a read-only bind of hard links into the file store,
+  ``csi.fuse.linked``) is reported beside them;
 - reading every file of that volume once (cold: page cache dropped before,
   except for the lazy run, which reads right after publishing as a pod would),
   then again (warm): FUSE vs bind (goals <= 1.2x), with a reader that opens,
   reads and closes like ``cat``, and with Python 3.11's buffered ``open()``
   (one isatty ioctl per file, which the FUSE view always sends to the daemon;
-  goal <= 1.2x); the same passes over the FUSE view of that tree (the plugin
-  with ``FUSE_OVERLAY=false``, the presentation before overlays) are reported
-  beside them, and, warm, the two steps where an overlay adds to the filesystem
-  below (opening and closing every file, ``stat`` of every path) on their own;
+  goal <= 1.2x); the same passes over the overlay of that tree (the plugin with
+  ``FUSE_LINKED=false``, ``csi.fuse.overlay``, the presentation before linked
+  trees and the fallback where hard links are impossible) and over its FUSE view
+  (``FUSE_OVERLAY=false``) are reported beside them, and, warm, the two steps
+  where an overlay adds to the filesystem below (opening and closing every file,
+  ``stat`` of every path) on their own, for both;
 - disk used by 10 versions of a bundle that differ in one file each (2,000
   files, ~20 MB; each version one gzip layer): the FUSE file store vs bind
   mode's state (layer blobs + unpacked trees), both as multiples of one
-  version's unpacked size (goal FUSE <= 1.2x); the overlays' metadata lives in
-  a tmpfs, whose inodes are reported beside it;
+  version's unpacked size (goal FUSE <= 1.2x), the linked trees of the 10
+  published volumes included;
 - plugin RSS with 100 published FUSE volumes (goal < 150 MiB); the holder's
   RSS is reported beside it.
 """
@@ -78,7 +80,7 @@ VOLUMES = 100
 class FuseNode:
     """A plugin process with FUSE mode on, its own holder, and a Node client."""
 
-    def __init__(self, workdir: Path, *, overlay: bool = True) -> None:
+    def __init__(self, workdir: Path, *, overlay: bool = True, linked: bool = True) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.holder_socket = workdir / "holder.sock"
         self.holder = subprocess.Popen(
@@ -92,13 +94,14 @@ class FuseNode:
         if self.holder.stdout.readline().strip() != b"ready":
             raise RuntimeError("the FUSE holder did not start")
         os.environ["FUSE_OVERLAY"] = "true" if overlay else "false"  # read by the plugin
+        os.environ["FUSE_LINKED"] = "true" if linked else "false"
         try:
             self.plugin = PluginProcess(
                 workdir / "plugin",
                 extra_args=("--fuse", "--fuse-holder-socket", str(self.holder_socket)),
             ).start()
         finally:
-            del os.environ["FUSE_OVERLAY"]
+            del os.environ["FUSE_OVERLAY"], os.environ["FUSE_LINKED"]
         self.channel = grpc.insecure_channel(f"unix://{self.plugin.socket}")
         self.stub = csi_pb2_grpc.NodeStub(self.channel)
         self._count = 0
@@ -168,9 +171,10 @@ def per_file(root: Path) -> tuple[float, float]:
     return opened, time.perf_counter() - started
 
 
-def du(path: Path) -> int:
-    """Bytes allocated on disk under ``path``."""
-    blocks = subprocess.run(["du", "-s", "-B1", str(path)], capture_output=True, check=True)
+def du(path: Path, *options: str) -> int:
+    """Bytes allocated on disk under ``path`` (``options``: more of ``du``'s)."""
+    command = ["du", "-s", "-B1", *options, str(path)]
+    blocks = subprocess.run(command, capture_output=True, check=True)
     return int(blocks.stdout.split()[0])
 
 
@@ -207,6 +211,7 @@ def large_bundle(registry: RegistryServer, workdir: Path) -> list[Result]:
         "bind": (lazy, "bind"),
         "fuse-lazy": (lazy, "fuse"),
         "fuse-full": (plain, "fuse"),
+        "fuse-overlay": (plain, "fuse"),  # FUSE_LINKED=false: the overlay of a fetched tree
         "fuse-view": (plain, "fuse"),  # FUSE_OVERLAY=false: the FUSE view of a fetched tree
     }
     publish: dict[str, list[float]] = {name: [] for name in runs}
@@ -219,7 +224,11 @@ def large_bundle(registry: RegistryServer, workdir: Path) -> list[Result]:
         order = list(runs) if rep % 2 == 0 else list(reversed(runs))
         for name in order:
             image, mode = runs[name]
-            node = FuseNode(workdir / f"large-{name}-{rep}", overlay=name != "fuse-view")
+            node = FuseNode(
+                workdir / f"large-{name}-{rep}",
+                overlay=name != "fuse-view",
+                linked=name != "fuse-overlay",
+            )
             try:
                 target = node.target()
                 sync()
@@ -304,16 +313,31 @@ def large_bundle(registry: RegistryServer, workdir: Path) -> list[Result]:
             target=1.2,
         ),
         vs_bind(
-            "FUSE (overlay) open and close every file, warm, vs bind",
+            "FUSE open and close every file, warm, vs bind",
             opens,
             "fuse-full",
             f"; no read; a file, all runs: {per_file_us(opens)}",
         ),
         vs_bind(
-            "FUSE (overlay) stat every file by its path, warm, vs bind",
+            "FUSE stat every file by its path, warm, vs bind",
             stats,
             "fuse-full",
             f"; a file, all runs: {per_file_us(stats)}",
+        ),
+        vs_bind("FUSE (overlay) time to readable vs bind", publish, "fuse-overlay", ""),
+        vs_bind("FUSE (overlay) read all files cold vs bind", cold, "fuse-overlay", ""),
+        vs_bind("FUSE (overlay) read all files warm vs bind", warm, "fuse-overlay", ""),
+        vs_bind(
+            "FUSE (overlay) read all files warm, Python 3.11 open(), vs bind",
+            warm_py,
+            "fuse-overlay",
+            "",
+        ),
+        vs_bind(
+            "FUSE (overlay) open and close every file, warm, vs bind", opens, "fuse-overlay", ""
+        ),
+        vs_bind(
+            "FUSE (overlay) stat every file by its path, warm, vs bind", stats, "fuse-overlay", ""
         ),
         vs_bind("FUSE view (no overlay) read all files cold vs bind", cold, "fuse-view", ""),
         vs_bind("FUSE view (no overlay) read all files warm vs bind", warm, "fuse-view", ""),
@@ -367,9 +391,9 @@ def versions(registry: RegistryServer, workdir: Path) -> list[Result]:
         sync()
         one = du(next(p for p in (state / "images" / "unpacked").iterdir() if p.is_dir()))
         bind_disk = du(state / "images")
-        fuse_disk = du(state / "fuse" / "store") + du(state / "fuse" / "meta")
-        meta = os.statvfs(state / "fuse" / "meta")
-        meta_inodes = meta.f_files - meta.f_ffree
+        fuse_disk = du(state / "fuse" / "store")  # linked trees included, an inode once
+        content_disk = du(state / "fuse" / "store", "--exclude=linked")
+        linked = sum(1 for p in (state / "fuse" / "store" / "linked").iterdir())
     finally:
         node.close()
     note = (
@@ -381,10 +405,16 @@ def versions(registry: RegistryServer, workdir: Path) -> list[Result]:
             "FUSE store, 10 versions / one version", fuse_disk / one, "x", target=1.2, note=note
         ),
         Result(
-            "overlay metadata tmpfs inodes, 10 versions published",
-            meta_inodes,
-            "inodes",
-            note=note + " (kernel memory while the volumes are published, not disk)",
+            "FUSE store without the linked trees, 10 versions / one version",
+            content_disk / one,
+            "x",
+            note=note + " (stored files, variants and indexes: the committed content)",
+        ),
+        Result(
+            "linked trees on disk, 10 versions published",
+            linked,
+            "trees",
+            note=note + " (their hard links and directories are in the store's figure)",
         ),
         Result(
             "bind state, 10 versions / one version",
