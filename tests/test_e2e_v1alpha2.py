@@ -463,7 +463,14 @@ def test_the_manager_exports_controller_runtime_metrics_to_an_authorized_scraper
     )
     assert 'rukpak_bundledeployments{condition="Installed",status="True"}' in after
     assert 'rukpak_revisions{outcome="Installed"}' in after
-    assert "rukpak_bundledeployments_rolled_back 0.0" in after
+    # the total counts every rolled-back BundleDeployment on the shared cluster: it must
+    # agree with the per-BundleDeployment series
+    rolled_back = [
+        line
+        for line in after.splitlines()
+        if line.startswith("rukpak_bundledeployment_rolled_back{") and line.endswith(" 1.0")
+    ]
+    assert sample(after, "rukpak_bundledeployments_rolled_back ") == len(rolled_back), rolled_back
     # per BundleDeployment: one series per condition, named, with the reason
     assert (
         f'rukpak_bundledeployment_status_condition{{bundledeployment="{name}",'
