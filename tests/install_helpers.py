@@ -553,3 +553,23 @@ def _no_pod_per_change(request: pytest.FixtureRequest) -> Iterator[None]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests of the installed system last: see the module docstring."""
     items.sort(key=lambda item: "rukpak_system" in getattr(item, "fixturenames", ()))
+
+
+def restart_managers(system: RukpakSystem) -> None:
+    """A rollout restart of the manager, waited for until no pod of the old ones is left: a
+    replica still terminating may still lead for a moment, with what it kept in memory."""
+
+    def managers() -> set[str]:
+        pods, _ = system.kube.list(
+            "v1",
+            "Pod",
+            namespace=NAMESPACE,
+            label_selector=f"app.kubernetes.io/name={MANAGER}",
+        )
+        return {p["metadata"]["name"] for p in pods}
+
+    old = managers()
+    manager = ("-n", NAMESPACE, f"deployment/{MANAGER}")
+    system.kubectl("rollout", "restart", *manager)
+    system.kubectl("rollout", "status", *manager, "--timeout=240s", timeout=260)
+    eventually(lambda: not managers() & old, timeout=120, what="the old manager pods gone")

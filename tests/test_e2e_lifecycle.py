@@ -247,7 +247,7 @@ def test_a_git_bundle_rolls_back_through_a_run_with_its_git_server_stopped(
     assert len(retained_by(system, owner)) == 2, "both commits' trees are retained"
 
     try:
-        restart_the_managers(system)
+        inst.restart_managers(system)
         out = rukpak(system, "rollback", name, "--wait", "180", timeout=240)
         assert "revision 1 installed" in out, out
         eventually(lambda: ready(system, name, 1), timeout=120, what="revision 1 healthy again")
@@ -258,26 +258,6 @@ def test_a_git_bundle_rolls_back_through_a_run_with_its_git_server_stopped(
         assert inst.taken_standing(system, record.by), "the standing provisioner installed it"
     finally:  # a rolled-back BundleDeployment left behind would count in later tests' metrics
         delete(system, name)
-
-
-def restart_the_managers(system: inst.RukpakSystem) -> None:
-    """A rollout restart of the manager, waited for until no pod of the old ones is left: a
-    replica still terminating may still lead for a moment, with what it kept in memory."""
-
-    def managers() -> set[str]:
-        pods, _ = system.kube.list(
-            "v1",
-            "Pod",
-            namespace=inst.NAMESPACE,
-            label_selector=f"app.kubernetes.io/name={inst.MANAGER}",
-        )
-        return {p["metadata"]["name"] for p in pods}
-
-    old = managers()
-    manager = ("-n", inst.NAMESPACE, f"deployment/{inst.MANAGER}")
-    system.kubectl("rollout", "restart", *manager)
-    system.kubectl("rollout", "status", *manager, "--timeout=240s", timeout=260)
-    eventually(lambda: not managers() & old, timeout=120, what="the old manager pods gone")
 
 
 def test_a_missed_progress_deadline_rolls_back_from_the_node_cache(

@@ -558,9 +558,7 @@ def test_an_offline_rollback_is_taken_by_the_standing_provisioner_from_its_nodes
         own.stop()  # a test that fails leaves no registry behind
         raise
     own.stop()  # from here on, nothing can be fetched
-    manager = ("-n", inst.NAMESPACE, "deployment/rukpak-manager")
-    system.kubectl("rollout", "restart", *manager)
-    system.kubectl("rollout", "status", *manager, "--timeout=240s", timeout=260)
+    inst.restart_managers(system)
     generation = int(inst.live_v2(system, name)["metadata"]["generation"])
     rollback = revisions.rollback_annotation(1, generation, revisions.MANUAL)
     system.kube.merge_patch(
