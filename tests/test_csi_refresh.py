@@ -106,8 +106,12 @@ def test_a_volume_follows_its_tag_atomically_and_keeps_the_previous_version(
     assert versions == sorted(
         refresh.version_name(d) for d in (two.manifest_digest, three.manifest_digest)
     ), "the version in use and the one before are kept"
-    log = plugin.log()
-    assert f"to={two.manifest_digest}" in log and f"to={three.manifest_digest}" in log
+    # the plugin logs a refresh after it swapped the view: wait for the line, not the swap
+    eventually(
+        lambda: all(f"to={d.manifest_digest}" in plugin.log() for d in (two, three)),
+        timeout=30,
+        what="both refreshes logged",
+    )
 
 
 def test_unpublish_leaves_no_view_mount_or_hold(

@@ -319,7 +319,12 @@ def test_depends_on_installs_a_chain_in_order_refuses_a_cycle_and_deletes_in_rev
 
     waiting = eventually(chain_waiting, timeout=60, what="chain-2 waiting")
     assert names[1] in waiting[2]
-    assert cond(system, names[1], "Installed")[1] == "DependencyNotReady"
+    # chain-1 may be looked at after chain-2: wait for its own verdict too
+    eventually(
+        lambda: cond(system, names[1], "Installed")[1] == "DependencyNotReady",
+        timeout=60,
+        what="chain-1 waiting",
+    )
     assert f"{names[0]}: not found" in cond(system, names[1], "Installed")[2]
     system.kube.create(bd_v2(names[0], refs[0]))
     for bd_name in names:
