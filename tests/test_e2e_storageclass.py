@@ -327,11 +327,18 @@ def bind_claim(core: client.CoreV1Api, names: Names, claim: str, storage_class: 
 
 
 def provisioning_failed(core: client.CoreV1Api, names: Names, claim: str) -> Any:
-    """Wait for the claim's first ProvisioningFailed event and return it."""
+    """Wait for the claim's first ProvisioningFailed event from the provisioner and return
+    it. The persistentvolume-controller may say first that it does not know the claim's
+    StorageClass yet (its informer lags behind a class made just before): not that one."""
 
     def failed() -> Any:
         events = claim_events(core, names.apps, claim)
-        return [e for e in events if e.reason == "ProvisioningFailed"]
+        return [
+            e
+            for e in events
+            if e.reason == "ProvisioningFailed"
+            and (e.source is None or e.source.component != "persistentvolume-controller")
+        ]
 
     try:
         (event, *_) = eventually(failed, timeout=90, what=f"a ProvisioningFailed event of {claim}")
