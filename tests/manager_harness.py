@@ -42,7 +42,9 @@ def hello_tags(registry: Any, repository: str) -> dict[str, str]:
 
 
 def prepare_system_namespace(kube: Kube, namespace: str) -> None:
-    """The system namespace and its ServiceAccounts (no controller-manager makes them)."""
+    """The system namespace and its ServiceAccounts (no controller-manager makes them),
+    the default instance identity allowed anything, as deploy/instance grants it: the
+    manager reads, restores and uninstalls a bundle's objects as that identity."""
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     for account in ("default", "rukpak-instance"):
         kube.apply(
@@ -52,11 +54,12 @@ def prepare_system_namespace(kube: Kube, namespace: str) -> None:
                 "metadata": {"name": account, "namespace": namespace},
             }
         )
+    let_the_instance_write_anything(kube, namespace)
 
 
 def let_the_instance_write_anything(kube: Kube, namespace: str) -> None:
-    """Bind the instance's ServiceAccount (which the manager restores drift as) to
-    cluster-admin."""
+    """Bind the instance's ServiceAccount (which the manager reads, restores drift and
+    uninstalls as) to cluster-admin."""
     account = {"kind": "ServiceAccount", "name": "rukpak-instance", "namespace": namespace}
     kube.apply(role_binding(f"{namespace}-instance", "cluster-admin", [account]))
 

@@ -255,6 +255,11 @@ def _narrow_account(system: inst.RukpakSystem, name: str, namespace: str) -> Non
         system.kube.apply(doc)
 
 
+def healthy(system: inst.RukpakSystem, name: str) -> bool:
+    bd = system.kube.get(ObjectRef("core.rukpak.io", "v1alpha1", "BundleDeployment", "", name))
+    return inst.conditions(bd).get("Healthy", {}).get("status") == "True"
+
+
 def _bundle(root: Path, docs: dict[str, dict[str, Any]]) -> Path:
     (root / "manifests").mkdir(parents=True)
     for name, doc in docs.items():
@@ -329,6 +334,21 @@ class TestANarrowServiceAccount:
                 "rbac.authorization.k8s.io", "v1", "ClusterRole", "", f"e2e-beyond-{suffix}"
             )
             assert system.kube.get(role) is None
+            # the manager watches what it installed as that account, in its namespace only
+            # (the account may not list ConfigMaps cluster-wide): Healthy comes from there
+            eventually(
+                functools.partial(healthy, system, names["inside"]),
+                timeout=120,
+                what="the narrow install to be Healthy (read as its own account)",
+            )
+            # and uninstalls as it: the ConfigMap goes with the BundleDeployment
+            system.kubectl("delete", "bundledeployment", names["inside"], "--timeout=120s",
+                           timeout=150)  # fmt: skip
+            eventually(
+                lambda: system.kube.get(inside_cm) is None,
+                timeout=60,
+                what=f"{inside_cm} deleted by the uninstall",
+            )
         finally:
             for name in names.values():
                 system.kubectl("delete", "bundledeployment", name, "--ignore-not-found",

@@ -117,6 +117,12 @@ def test_an_uninstall_mark_round_trips_on_the_inventory_configmap() -> None:
     assert inventory.uninstall_mark(cm) == mark
     assert inventory.uninstall_mark({"metadata": {}}) is None
     assert inventory.uninstall_mark(None) is None
+    who = inventory.UninstallMark("Delete", (), "system:serviceaccount:rukpak-system:team-a")
+    cm = {"metadata": {"annotations": {inventory.UNINSTALL_ANNOTATION: who.annotation()}}}
+    assert inventory.uninstall_mark(cm) == who
+    hostile = '{"policy": "Delete", "user": ["system:masters"]}'  # not a string: not taken
+    cm = {"metadata": {"annotations": {inventory.UNINSTALL_ANNOTATION: hostile}}}
+    assert inventory.uninstall_mark(cm) == inventory.UninstallMark("Delete")
 
 
 @pytest.mark.parametrize(

@@ -62,23 +62,6 @@ class Grant:
 
 ALLOWED_WILDCARDS: dict[tuple[str, str, str, str, str], str] = {
     (
-        "rukpak-system:rukpak-manager",
-        "ClusterRole/rukpak-manager",
-        "*",
-        "*",
-        "get,list,watch",
-    ): "Healthy reads every inventoried object of any kind a bundle installs (CRDs' kinds "
-    "too), and the CRD upgrade-safety webhook lists the custom resources of any CRD. This "
-    "includes reading Secrets cluster-wide: docs/security.md, 'The manager and Secrets'.",
-    (
-        "rukpak-system:rukpak-manager",
-        "ClusterRole/rukpak-manager",
-        "*",
-        "*",
-        "delete,patch",
-    ): "Uninstall: deleting a BundleDeployment deletes what it installed (Delete policy) or "
-    "patches the owner label off it (Orphan policy), of any kind.",
-    (
         "rukpak-system:rukpak-instance",
         "ClusterRole/rukpak-instance-install",
         "*",
@@ -168,6 +151,42 @@ def test_every_service_account_is_listed_with_its_permissions(
     assert [(g.non_resource_urls, g.verbs) for g in scraper] == [(("/metrics",), ("get",))]
     for account in ("rukpak-csi-node", "rukpak-csi-controller", "rukpak-metrics-scraper"):
         assert not [g for g in by_account[f"rukpak-system:{account}"] if g.wildcard], account
+
+
+def secret_grants(rendered: list[dict[str, Any]], account: str) -> list[Grant]:
+    """The rules of ``account`` that reach Secrets (named, or through a wildcard)."""
+    return [
+        g
+        for g in grants(rendered)
+        if g.account == account
+        and ({"", "*"} & set(g.api_groups))
+        and ({"secrets", "*"} & set(g.resources))
+    ]
+
+
+def test_the_manager_reads_secrets_only_by_name_in_its_namespace(
+    rendered: list[dict[str, Any]],
+) -> None:
+    """The manager gets the Secrets BundleDeployments, Bundles and policies name (all in
+    rukpak-system) and keeps its webhook certificate: no list or watch, nothing outside
+    its namespace, writes only to the certificate (docs/security.md, 'The manager and
+    Secrets')."""
+    found = secret_grants(rendered, "rukpak-system:rukpak-manager")
+    assert found, "the manager must read the Secrets its objects name"
+    for grant in found:
+        assert grant.scope == "rukpak-system", grant
+        assert not {"list", "watch", "*", "delete", "deletecollection"} & set(grant.verbs), grant
+        if {"update", "patch"} & set(grant.verbs):
+            assert grant.resource_names == ("rukpak-webhook-cert",), grant
+    # what it does to a bundle's objects it does as the instance: it may impersonate the
+    # ServiceAccounts of its own namespace, and no other user
+    impersonation = [
+        g for g in grants(rendered)
+        if g.account == "rukpak-system:rukpak-manager" and "impersonate" in g.verbs
+    ]  # fmt: skip
+    assert [(g.scope, g.resources) for g in impersonation] == [
+        ("rukpak-system", ("serviceaccounts",))
+    ]
 
 
 def test_a_new_wildcard_fails_the_check(rendered: list[dict[str, Any]]) -> None:
@@ -321,6 +340,22 @@ def test_the_api_server_grants_no_wildcard_beyond_the_allow_list(
             for resource, granted in wildcard_lines(listing(account)):
                 ok = resource == "*.*" and ("*" in permitted or granted <= permitted)
                 assert ok, (account, resource, sorted(granted))
+
+        # the manager's Secrets, as the authorizer answers: get by name in its namespace,
+        # nothing more (the manager's own identity; what it does as an instance is that
+        # instance's)
+        def can(verb: str, namespace: str) -> str:
+            user = f"system:serviceaccount:{name}:rukpak-manager"
+            out = inst.run_kubectl(
+                kube_apiserver.kubeconfig, "auth", "can-i", verb, "secrets", f"--as={user}",
+                "-n", namespace, check=False,
+            )  # fmt: skip
+            return out.strip()
+
+        assert can("get", name) == "yes"
+        assert [can(verb, name) for verb in ("list", "watch", "delete")] == ["no"] * 3
+        assert [can(verb, "default") for verb in ("get", "list", "watch")] == ["no"] * 3
+        assert [can(verb, "kube-system") for verb in ("get", "delete", "patch")] == ["no"] * 3
     finally:
         for doc in docs:
             if doc["kind"].startswith("Cluster"):

@@ -44,6 +44,7 @@ from tests.bundles import (
     bundle_doc,
     configmap,
     namespace,
+    role_binding,
     write_bundle,
 )
 from tests.crd_helpers import install_crds
@@ -717,3 +718,62 @@ def test_health_follows_the_installed_objects_through_watches(kube: Kube, tmp_pa
         assert "greeting" in message and "not found" in message
     finally:
         stop.set()
+
+
+def test_health_is_read_as_each_deployments_own_account_in_its_namespaces(
+    kube: Kube, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The manager reads installed objects as the deployment's user, not as itself: an
+    account that may read ConfigMaps in one namespace only (no cluster-wide list) gets a verdict
+    from informers of that namespace; an account granted nothing is refused by the API
+    server, which names it, and its deployment's health stays unknown."""
+    system_ns, target = unique("rukpak-health"), unique("target")
+    narrow, nobody = unique("narrow"), unique("nobody")
+    users = {
+        narrow: f"system:serviceaccount:{system_ns}:{narrow}",
+        nobody: f"system:serviceaccount:{system_ns}:{nobody}",
+    }
+    kube.apply(namespace(target))
+    reader = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "configmap-reader", "namespace": target},
+        "rules": [
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}
+        ],
+    }
+    kube.apply(reader)
+    subject = {"kind": "ServiceAccount", "name": narrow, "namespace": system_ns}
+    kube.apply(
+        role_binding(narrow, "configmap-reader", [subject], namespace=target, role_kind="Role")
+    )
+    stop = threading.Event()
+    watch = healthwatch.HealthWatch(
+        kube, system_ns, on_change=lambda _: None, stop=stop, user_of=users.get, watch_timeout=10
+    )
+    caplog.set_level("WARNING", logger="rukpak.kube.listwatch")
+    watch.start()
+    try:
+        for owner in (narrow, nobody):
+            bundle = write_bundle(
+                tmp_path / owner, {"00.yaml": [configmap(f"cm-{owner}", target, hello="x")]}
+            )
+            options = apply.Options(name=owner, namespace=target, system_namespace=system_ns)
+            apply.install(kube, bundle, options)
+        verdict = eventually(
+            lambda: v if (v := watch.health(narrow)) and v[0] else None,
+            timeout=30,
+            what="a ready verdict read as the narrow account",
+        )
+        assert verdict == (True, "all 1 installed objects are ready")
+        refused = eventually(
+            lambda: [r.getMessage() for r in caplog.records if users[nobody] in r.getMessage()],
+            timeout=30,
+            what="the API server refusing the ungranted account's list",
+        )
+        assert "forbidden" in refused[0].lower() and target in refused[0], refused
+        assert watch.health(nobody) is None  # unknown, not judged with the manager's rights
+        assert watch.lookup(ObjectRef("", "v1", "ConfigMap", target, f"cm-{narrow}"), owner=narrow)
+    finally:
+        stop.set()
+        kube.delete(ObjectRef("", "v1", "Namespace", "", target))

@@ -388,8 +388,20 @@ def test_deletion(the_bd: Obj, observed: plan.Observed, expected: list[str]) -> 
 @pytest.mark.parametrize("policy", ["Delete", "Orphan"])
 def test_uninstall_uses_the_deletion_policy(policy: str) -> None:
     actions = plan.plan(deleting(B, deletionPolicy=policy), plan.Observed(), settings=SETTINGS)
-    assert plan.Uninstall(policy) in actions  # type: ignore[arg-type]
-    assert plan.MarkUninstall(policy) in actions  # type: ignore[arg-type]
+    default = f"system:serviceaccount:{SETTINGS.system_namespace}:{SETTINGS.service_account}"
+    assert plan.Uninstall(policy, default) in actions  # type: ignore[arg-type]
+    assert plan.MarkUninstall(policy, (), default) in actions  # type: ignore[arg-type]
+
+
+def test_uninstall_acts_as_the_instances_own_service_account() -> None:
+    """What the instance installed, its identity deletes: the manager holds no delete of
+    arbitrary kinds, and the mark keeps the user for an uninstall finished later."""
+    actions = plan.plan(
+        deleting(B, serviceAccountName="team-a"), plan.Observed(), settings=SETTINGS
+    )
+    user = f"system:serviceaccount:{SETTINGS.system_namespace}:team-a"
+    assert plan.Uninstall("Delete", user) in actions
+    assert plan.MarkUninstall("Delete", (), user) in actions
 
 
 def test_a_long_bd_name_still_fits_upstreams_bundle_name_limit() -> None:

@@ -61,7 +61,8 @@ class Health:
     live: dict[ObjectRef, Obj | None] = field(default_factory=dict)
     unknown: set[str] = field(default_factory=set)
 
-    def lookup(self, ref: ObjectRef) -> Any:
+    def lookup(self, ref: ObjectRef, *, owner: str) -> Any:
+        assert owner == "hello", owner  # read as the deployment's own identity
         if ref.kind in self.unknown:
             return appliedrecord.UNKNOWN
         return self.live.get(ref)

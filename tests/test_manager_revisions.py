@@ -364,7 +364,8 @@ def test_a_deletion_marks_the_deployments_it_depended_on_for_them_to_wait() -> N
     doomed["metadata"]["deletionTimestamp"] = T0
     doomed["metadata"]["finalizers"] = [model.FINALIZER]
     actions = inline.plan_inline(doomed, plan.Observed(now=T0), settings=SETTINGS)
-    assert plan.MarkUninstall("Delete", ("a", "b")) in actions
+    user = f"system:serviceaccount:{SETTINGS.system_namespace}:{SETTINGS.service_account}"
+    assert plan.MarkUninstall("Delete", ("a", "b"), user) in actions
     order = kinds(actions)
     assert order.index("MarkUninstall") < order.index("RemoveFinalizer") < order.index("Uninstall")
 

@@ -196,6 +196,7 @@ def start_webhook(
     default_namespace: str = model.Settings.default_install_namespace,
     metrics: Metrics | None = None,
     live: liveness.Check | None = None,
+    settings: model.Settings | None = None,
 ) -> webhook.Server:
     """Serve the webhooks with the managed certificate; publish its CA (into the
     ValidatingWebhookConfiguration and the BundleDeployment CRD's conversion) in the
@@ -205,7 +206,7 @@ def start_webhook(
         for which, not_after in certs.expiry(bundle).items():
             metrics.certificate_expiry.labels(which).set(not_after)
     server = webhook.Server(
-        webhook.existing_from(kube),
+        webhook.existing_from(kube, settings),
         bundle,
         host=args.webhook_bind,
         port=args.webhook_port,
@@ -355,6 +356,7 @@ def run_manager(args: argparse.Namespace) -> int:
                 default_namespace=settings.default_install_namespace,
                 metrics=metrics,
                 live=alive.check,
+                settings=settings,
             )
         election = service.Election(args.leader_elect, settings.system_namespace, LEASE_NAME)
         return service.serve(kube, election, start, stop=stop, log=log, lost="stopped reconciling")

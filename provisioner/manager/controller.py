@@ -163,6 +163,8 @@ class Controller(Reconciler):
             on_change=lambda owner: self.queue.add(BD_KEY + owner),
             stop=self.stopping,
             watch_timeout=watch_timeout,
+            user_of=self._instance_user,
+            wide_user=plan.instance_user({}, settings),
         )
         self.nodes: nodewatch.NodeWatch | None = None
         """The Nodes that answer pre-stage asks; a change of an answer wakes the held BDs."""
@@ -180,6 +182,7 @@ class Controller(Reconciler):
             health=self.health,
             pods=self.pods,
             wake=lambda name: self.queue.add(BD_KEY + name),
+            as_instance=self._as_instance,
         )
         self.damper = restore.Damper()
         self.probes = probes.Probes()
@@ -385,7 +388,7 @@ class Controller(Reconciler):
             with self._repairs:
                 have = self._kept_records.get(name, {}).get(record.bundle)
             if have is None or have.record.by != record.by:
-                taken = runwatch.snapshot(self.kube, name, record)
+                taken = runwatch.snapshot(self._as_instance(name), name, record)
                 with self._repairs:
                     self._kept_records.setdefault(name, {})[record.bundle] = taken
         with self._repairs:
@@ -433,10 +436,11 @@ class Controller(Reconciler):
             return
         policy: Literal["Delete", "Orphan"] = "Orphan" if mark.policy == "Orphan" else "Delete"
         log.info("msg='finishing an uninstall' bd=%s policy=%s", name, policy)
+        user = mark.user or plan.instance_user({}, self.settings)
         actuate.perform(
             self.kube,
             {"apiVersion": model.API_VERSION_V2, "metadata": {"name": name}},
-            [plan.Uninstall(policy), plan.DeleteLease()],
+            [plan.Uninstall(policy, user), plan.DeleteLease()],
             resolve=self.resolve,
             system_namespace=self.settings.system_namespace,
             now=now_text(),
@@ -446,6 +450,15 @@ class Controller(Reconciler):
 
     def _lookup_bd(self, name: str) -> Obj | None:
         return self.bds.get("", name)
+
+    def _instance_user(self, name: str) -> str:
+        """The user BundleDeployment ``name``'s installed objects are read and deleted as:
+        its instance's ServiceAccount (the default one while the BundleDeployment is not
+        in the cache). The manager's own identity may not read arbitrary kinds."""
+        return plan.instance_user(self.bds.get("", name) or {}, self.settings)
+
+    def _as_instance(self, name: str) -> Kube:
+        return self.kube.impersonating(self._instance_user(name))
 
     def _health(self, name: str) -> plan.Health | None:
         verdict = self.health.health(name)

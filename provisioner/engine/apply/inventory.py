@@ -56,11 +56,14 @@ class UninstallMark:
     """``Delete`` or ``Orphan``."""
     depends_on: tuple[str, ...] = ()
     """The deployments the deleted one depended on (they wait for this uninstall)."""
+    user: str = ""
+    """Who uninstalls: the instance's user (its ServiceAccount); "" when not recorded."""
 
     def annotation(self) -> str:
-        return json.dumps(
-            {"policy": self.policy, "dependsOn": list(self.depends_on)}, separators=(",", ":")
-        )
+        doc: dict[str, object] = {"policy": self.policy, "dependsOn": list(self.depends_on)}
+        if self.user:
+            doc["user"] = self.user
+        return json.dumps(doc, separators=(",", ":"))
 
 
 def uninstall_mark(cm: Obj | None) -> UninstallMark | None:
@@ -70,7 +73,8 @@ def uninstall_mark(cm: Obj | None) -> UninstallMark | None:
         return None
     names = doc.get("dependsOn")
     kept = tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
-    return UninstallMark(str(doc["policy"]), kept)
+    user = doc.get("user")
+    return UninstallMark(str(doc["policy"]), kept, user if isinstance(user, str) else "")
 
 
 @dataclass(frozen=True)

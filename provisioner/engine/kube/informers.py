@@ -56,16 +56,18 @@ class InformerSet:
         *,
         namespace: str | None = None,
         label_selector: str | None = None,
+        kube: Kube | None = None,
         **handlers: Unpack[Handlers],
     ) -> listwatch.Informer:
         """A new informer of ``kind`` (not started); ``namespace`` and ``label_selector``
-        override the set's."""
+        override the set's, ``kube`` its client (an impersonating one: the informer sees
+        what that user may see)."""
         options = listwatch.Options(**self.options)
         if namespace is not None:
             options["namespace"] = namespace
         if label_selector is not None:
             options["label_selector"] = label_selector
-        informer = listwatch.Informer(self.kube, api_version, kind, **handlers, **options)
+        informer = listwatch.Informer(kube or self.kube, api_version, kind, **handlers, **options)
         with self._lock:
             self._informers.append(informer)
         return informer

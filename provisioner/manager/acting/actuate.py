@@ -368,13 +368,17 @@ def perform(
                 kube.delete(bundle_ref(bundle_name))
             case plan.Revert():
                 revert(kube, name, action, system_namespace=system_namespace)
-            case plan.MarkUninstall(policy=policy, depends_on=depends_on):
-                mark = inventory.UninstallMark(policy, depends_on)
+            case plan.MarkUninstall(policy=policy, depends_on=depends_on, user=user):
+                mark = inventory.UninstallMark(policy, depends_on, user)
                 inventorystore.mark_uninstall(kube, name, mark, system_namespace=system_namespace)
-            case plan.Uninstall(policy=policy):
+            case plan.Uninstall(policy=policy, user=user):
+                # as the instance: what it installed it may delete, and nothing else
                 with contextlib.suppress(errors.NotFound):  # nothing was ever installed
                     lifecycle.uninstall(
-                        kube, name, policy=policy, system_namespace=system_namespace
+                        kube.impersonating(user) if user else kube,
+                        name,
+                        policy=policy,
+                        system_namespace=system_namespace,
                     )
                 kube.delete(
                     ObjectRef("", "v1", "ConfigMap", system_namespace, preview.configmap_name(name))
@@ -412,7 +416,7 @@ def revert(kube: Kube, name: str, action: plan.Revert, *, system_namespace: str)
     as_instance = kube.impersonating(action.user)
     for body in action.bodies:
         as_instance.apply(body)
-    gone = deletion.delete_owned(kube, action.prune, name, policy="Delete", concurrency=8)
+    gone = deletion.delete_owned(as_instance, action.prune, name, policy="Delete", concurrency=8)
     if gone.skipped:
         log.info("msg='revert left objects alone' bd=%s skipped=%s", name, gone.skipped[:5])
     inventorystore.write_inventory(

@@ -84,17 +84,24 @@ class Revert:
 
 @dataclass(frozen=True)
 class MarkUninstall:
-    """Write on the install record that it is to be uninstalled with ``policy`` (and which
-    BundleDeployments the deleted one depended on): the finalizer goes before the uninstall,
-    and a pass that finds the mark without its BundleDeployment finishes the uninstall."""
+    """Write on the install record that it is to be uninstalled with ``policy`` as ``user``
+    (and which BundleDeployments the deleted one depended on): the finalizer goes before
+    the uninstall, and a pass that finds the mark without its BundleDeployment finishes
+    the uninstall."""
 
     policy: Literal["Delete", "Orphan"]
     depends_on: tuple[str, ...] = ()
+    user: str = ""
 
 
 @dataclass(frozen=True)
 class Uninstall:
+    """Delete (or release, ``Orphan``) what the install record lists, acting as ``user``
+    (the instance's ServiceAccount: what it installed it may delete); "" for the caller's
+    own identity."""
+
     policy: Literal["Delete", "Orphan"]
+    user: str = ""
 
 
 @dataclass(frozen=True)

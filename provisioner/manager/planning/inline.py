@@ -238,7 +238,7 @@ def plan_inline(bd: Obj, observed: plan.Observed, *, settings: Settings) -> list
     if bundle_format is None and not claimed:
         return []  # another provisioner's BundleDeployment
     if meta.get("deletionTimestamp"):
-        return list(plan.plan_deletion(bd, observed))
+        return list(plan.plan_deletion(bd, observed, settings))
     actions: list[Action] = []
     if not claimed:
         actions.append(AddFinalizer())

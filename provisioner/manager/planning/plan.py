@@ -269,7 +269,7 @@ def plan(bd: Obj, observed: Observed, *, settings: Settings) -> list[Action]:
     if model.bundle_format(spec.get("provisionerClassName")) is None and not claimed:
         return []  # another provisioner's BundleDeployment: upstream filters by class
     if meta.get("deletionTimestamp"):
-        return plan_deletion(bd, observed)
+        return plan_deletion(bd, observed, settings)
     if spec.get("paused"):
         return []
     actions: list[Action] = []
@@ -528,7 +528,7 @@ def drifted(bd: Obj, observed: Observed) -> Verdict | None:
     return "False", "NoDrift", "no drift of the installed objects in the last 10 minutes"
 
 
-def plan_deletion(bd: Obj, observed: Observed) -> list[Action]:
+def plan_deletion(bd: Obj, observed: Observed, settings: Settings) -> list[Action]:
     if model.FINALIZER not in (meta_of(bd).get("finalizers") or []):
         return []
     if observed.pods:
@@ -557,9 +557,9 @@ def plan_deletion(bd: Obj, observed: Observed) -> list[Action]:
     # the mark on the install record lets a later pass finish an uninstall cut short
     actions: list[Action] = [DeleteBundle(model.name_of(b)) for b in observed.bundles]
     actions += [
-        MarkUninstall(policy, dependencies.depends_on(bd)),
+        MarkUninstall(policy, dependencies.depends_on(bd), instance_user(bd, settings)),
         RemoveFinalizer(),
-        Uninstall(policy),
+        Uninstall(policy, instance_user(bd, settings)),
         DeleteLease(),
     ]
     return actions

@@ -51,8 +51,8 @@ from provisioner.engine.apply import crdsafety
 from provisioner.engine.bundle import words
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, meta_of
-from provisioner.manager import conversion
-from provisioner.manager.planning import dependencies
+from provisioner.manager import conversion, model
+from provisioner.manager.planning import dependencies, plan
 from provisioner.manager.serving import certs
 from provisioner.manager.serving import content as bundle_content
 from provisioner.runtime import liveness
@@ -199,15 +199,22 @@ def bd_review(body: Obj, lookup: dependencies.Lookup) -> Obj:
     return _admission_review(request, denial)
 
 
-def existing_from(kube: Kube) -> Existing:
-    """Read the custom resources ``crdsafety.check`` needs through the API."""
+def existing_from(kube: Kube, settings: model.Settings | None = None) -> Existing:
+    """Read the custom resources ``crdsafety.check`` needs through the API: with
+    ``settings``, as the instance identity of the BundleDeployment that owns the CRD (the
+    manager itself may not list arbitrary kinds), else as ``kube``."""
 
     def read(old: Obj, new: Obj) -> Mapping[str, Sequence[Obj]]:
         spec = old.get("spec") or {}
         group, kind = spec.get("group", ""), (spec.get("names") or {}).get("kind", "")
+        reader = kube
+        owner = str((meta_of(new).get("labels") or {}).get(OWNER_LABEL) or "")
+        if settings is not None and owner:
+            bd = kube.get(ObjectRef(conversion.GROUP, "v1alpha2", "BundleDeployment", "", owner))
+            reader = kube.impersonating(plan.instance_user(bd or {}, settings))
         out: dict[str, list[Obj]] = {}
         for version, read_at in crdsafety.read_plan(old, new).items():
-            out[version] = kube.list(f"{group}/{read_at}", kind)[0]
+            out[version] = reader.list(f"{group}/{read_at}", kind)[0]
         return out
 
     return read

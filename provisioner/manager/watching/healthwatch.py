@@ -1,19 +1,24 @@
 """Health of installed objects from watches: the manager's ``Healthy`` without polling.
 
-Sits under ``controller``: an informer follows the inventory ConfigMaps in the
-system namespace (``engine.inventory``); for every kind an inventory lists, an
-informer follows the objects of that kind that carry the owner label
-(``core.rukpak.io/owner-name``), cluster-wide, so only what RukPak installed
-is cached. ``health(name)`` then judges a deployment's inventoried objects
-with ``engine.health`` from the caches (no request), and every change of an
-inventory or an owned object calls ``on_change(owner)`` so the controller
-looks at that BundleDeployment at once, instead of on a timer. ``lookup``
-serves the same caches to drift detection of run-to-completion instances, and
-``last_good`` the version of an object seen just before its field set changed
-or it went away (keyed by the hash of our fields then, so the install record
-says which one is good): the manager restores drift from it without a run
-(``engine.restore``). At most ``LAST_GOOD_LIMIT`` such versions are kept, the
-oldest dropped first.
+Sits under ``controller``: an informer follows the inventory ConfigMaps in the system
+namespace (``engine.inventory``); for every kind an inventory lists, an informer follows
+the objects of that kind that carry the owner label (``core.rukpak.io/owner-name``),
+cluster-wide, so only what RukPak installed is cached. Those informers read as the
+deployment's instance identity (``user_of``: its ServiceAccount, impersonated): the
+manager itself is not allowed to read arbitrary kinds (Secrets among them), and a
+deployment whose ServiceAccount may not list a kind it installed stays of unknown health
+rather than being judged with rights it does not have. The default instance identity
+(``wide_user``, allowed everything) has one informer per kind, cluster-wide; any other
+identity one per kind and namespace, so an account granted only the namespaces it
+installs into can follow what it installed. ``health(name)`` then judges a deployment's
+inventoried objects with ``engine.health`` from the caches (no request), and every
+change of an inventory or an owned object calls ``on_change(owner)`` so the controller
+looks at that BundleDeployment at once, instead of on a timer. ``lookup`` serves the
+same caches to drift detection of run-to-completion instances, and ``last_good`` the
+version of an object seen just before its field set changed or it went away (keyed by
+the hash of our fields then, so the install record says which one is good): the manager
+restores drift from it without a run (``engine.restore``). At most ``LAST_GOOD_LIMIT``
+such versions are kept, the oldest dropped first.
 
 An object whose owner label was removed drops out of the label-selected
 cache and is reported "not found"; a kind whose first list has not arrived
@@ -40,6 +45,9 @@ log = logging.getLogger("rukpak.manager")
 
 Verdict = tuple[bool, str]
 """(healthy, message)."""
+UserOf = Callable[[str], str | None]
+"""A BundleDeployment's name -> the user its installed objects are read as (its
+instance's ServiceAccount); None: the caller's own identity."""
 LAST_GOOD_LIMIT = 4096
 
 
@@ -52,12 +60,20 @@ class HealthWatch:
         on_change: Callable[[str], None],
         stop: threading.Event,
         watch_timeout: int = 60,
+        user_of: UserOf = lambda _owner: None,
+        wide_user: str | None = None,
     ) -> None:
         self.system_namespace = system_namespace
         self.on_change = on_change
+        self.user_of = user_of
+        self.wide_user = wide_user
+        self._kube = kube
         self._caches = InformerSet(kube, stop=stop, watch_timeout=watch_timeout)
         self._lock = threading.Lock()
-        self._kinds: dict[tuple[str, str], listwatch.Informer] = {}
+        self._kinds: dict[tuple[str | None, str, str, str], listwatch.Informer] = {}
+        """(user, apiVersion, kind, namespace or "" for all) -> the informer of the owned
+        objects that user sees there."""
+        self._clients: dict[str, Kube] = {}
         self._last_good: OrderedDict[tuple[str, str], Obj] = OrderedDict()
         self.inventories = self._caches.add(
             "v1",
@@ -80,23 +96,37 @@ class HealthWatch:
             log.warning("msg='unreadable inventory' configmap=%s error=%r", cm.get("metadata"), err)
             return
         for ref in inv.refs:
-            self._follow(ref.api_version, ref.kind)
+            self._informer(inv.name, ref)
         self.on_change(inv.name)
 
-    def _follow(self, api_version: str, kind: str) -> None:
+    def _informer(self, owner: str, ref: ObjectRef) -> listwatch.Informer:
+        """The informer of ``ref``'s kind as ``owner``'s user, made and started if new (a
+        deployment whose ServiceAccount changed, or not known yet when its inventory was
+        first seen, is followed from its next look)."""
+        user = self.user_of(owner)
+        namespace = "" if user == self.wide_user else ref.namespace
+        key = (user, ref.api_version, ref.kind, namespace)
         with self._lock:
-            if (api_version, kind) in self._kinds:
-                return
+            informer = self._kinds.get(key)
+            if informer is not None:
+                return informer
+            if user is None:
+                client = self._kube
+            else:
+                client = self._clients.setdefault(user, self._kube.impersonating(user))
             informer = self._caches.add(
-                api_version,
-                kind,
+                ref.api_version,
+                ref.kind,
+                namespace=namespace,
                 label_selector=OWNER_LABEL,
+                kube=client,
                 on_change=self._owned,
                 on_update=self._updated,
                 on_gone=self._gone,
             )
-            self._kinds[(api_version, kind)] = informer
+            self._kinds[key] = informer
         self._caches.start()
+        return informer
 
     def _owned(self, obj: Obj) -> None:
         owner = owner_of(obj)
@@ -123,23 +153,24 @@ class HealthWatch:
             while len(self._last_good) > LAST_GOOD_LIMIT:
                 self._last_good.popitem(last=False)
 
-    def last_good(self, key: str, fields: str) -> Obj | None:
-        """The latest version of object ``key`` seen with our fields hashing to ``fields``
-        (the cached one when it still does); None when none was seen."""
+    def last_good(self, key: str, fields: str, *, owner: str) -> Obj | None:
+        """The latest version of object ``key`` (deployment ``owner``'s) seen with our
+        fields hashing to ``fields`` (the cached one when it still does); None when none
+        was seen."""
         with self._lock:
             kept = self._last_good.get((key, fields))
         if kept is not None:
             return kept
-        live = self.lookup(appliedrecord.ref_of(key))
+        live = self.lookup(appliedrecord.ref_of(key), owner=owner)
         if isinstance(live, dict) and appliedrecord.fields_hash(live) == fields:
             return live
         return None
 
-    def lookup(self, ref: ObjectRef) -> Obj | appliedrecord.Unknown | None:
-        """The cached owned object ``ref`` (None: not there); UNKNOWN before its kind syncs."""
-        with self._lock:
-            informer = self._kinds.get((ref.api_version, ref.kind))
-        if informer is None or not informer.synced:
+    def lookup(self, ref: ObjectRef, *, owner: str) -> Obj | appliedrecord.Unknown | None:
+        """The cached owned object ``ref`` as deployment ``owner``'s user sees it (None: not
+        there); UNKNOWN before its kind syncs."""
+        informer = self._informer(owner, ref)
+        if not informer.synced:
             return appliedrecord.UNKNOWN
         return informer.get(ref.namespace, ref.name)
 
@@ -161,7 +192,7 @@ class HealthWatch:
             return None
         out: list[Obj] = []
         for ref in refs:
-            found = self.lookup(ref)
+            found = self.lookup(ref, owner=name)
             if isinstance(found, appliedrecord.Unknown):
                 return None
             if found is not None and owner_of(found) == name:
@@ -175,9 +206,8 @@ class HealthWatch:
             return None
         bad: list[str] = []
         for ref in refs:
-            with self._lock:
-                informer = self._kinds.get((ref.api_version, ref.kind))
-            if informer is None or not informer.synced:
+            informer = self._informer(name, ref)
+            if not informer.synced:
                 return None
             obj = informer.get(ref.namespace, ref.name)
             if obj is not None and owner_of(obj) != name:

@@ -90,6 +90,9 @@ class RunWatch:
     """The run pods (and, in standing mode, the run ConfigMaps read as pods)."""
     wake: Callable[[str], None]
     """Queue a BundleDeployment by name."""
+    as_instance: Callable[[str], Kube | None] = lambda _name: None
+    """A BundleDeployment's name -> the client that reads its installed objects (as its
+    instance's ServiceAccount); None (the default): ``kube`` itself."""
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _apis: dict[str, frozenset[runs.Api]] = field(default_factory=dict, init=False)
 
@@ -169,7 +172,9 @@ class RunWatch:
         reasons = [f"{'/'.join(api)} is served now" for api in sorted(record.awaiting & served)]
         if record.applied is None:
             return Drift(tuple(reasons))
-        suspects = appliedrecord.drifted(record.applied, name, self.health.lookup)
+        suspects = appliedrecord.drifted(
+            record.applied, name, lambda ref: self.health.lookup(ref, owner=name)
+        )
         if suspects and rules:  # judged from the caches first: no read for such a change
             suspects = {
                 key: why
@@ -184,6 +189,7 @@ class RunWatch:
         fresh = runs.InstallRecord.of_inventory(self.kube.get(cm_ref))
         if fresh is None or fresh.applied is None or fresh.by != record.by:
             return Drift(tuple(reasons))  # a newer record is on its way: judge that one
+        reader = self.as_instance(name) or self.kube
         bodies: list[Obj] = []
         restored: list[str] = []
         taken: list[str] = []
@@ -191,11 +197,11 @@ class RunWatch:
         for key in sorted(suspects)[:CONFIRM_LIMIT]:
             ref = appliedrecord.ref_of(key)
             recorded = fresh.applied.get(key, "")
-            live = self.kube.get(ref)
+            live = reader.get(ref)
             why = appliedrecord.drift_of(recorded, live, name)
             if why is None:
                 continue
-            good = self.health.last_good(key, recorded)
+            good = self.health.last_good(key, recorded, owner=name)
             if rules and ignore.only_ignored(
                 applied_fields(good) if good else None, good, live=live, owner=name, rules=rules
             ):
@@ -220,10 +226,10 @@ class RunWatch:
     def _only_ignored(
         self, key: str, recorded: str, *, name: str, rules: tuple[ignore.Rule, ...]
     ) -> bool:
-        cached = self.health.lookup(appliedrecord.ref_of(key))
+        cached = self.health.lookup(appliedrecord.ref_of(key), owner=name)
         if not isinstance(cached, dict):
             return False
-        good = self.health.last_good(key, recorded)
+        good = self.health.last_good(key, recorded, owner=name)
         fields = applied_fields(good) if good is not None else None
         return ignore.only_ignored(fields, good, live=cached, owner=name, rules=rules)
 
@@ -297,7 +303,7 @@ def revert_to(
     bodies: list[tuple[int, Obj]] = []
     for key, body in sorted(kept.bodies.items()):
         ref = appliedrecord.ref_of(key)
-        live = health.lookup(ref)
+        live = health.lookup(ref, owner=name)
         if isinstance(live, appliedrecord.Unknown):
             return None
         if live is not None and owner_of(live) == name and _restore_body(live) == body:
