@@ -773,6 +773,11 @@ def test_health_is_read_as_each_deployments_own_account_in_its_namespaces(
         )
         assert "forbidden" in refused[0].lower() and target in refused[0], refused
         assert watch.health(nobody) is None  # unknown, not judged with the manager's rights
+        # the watch after the list goes as the user too (not only the list)
+        as_narrow = kube.impersonating(users[narrow])
+        _, rv = as_narrow.list("v1", "ConfigMap", namespace=target)
+        with pytest.raises(errors.PermissionDenied, match=users[narrow]):
+            next(iter(as_narrow.watch("v1", "ConfigMap", resource_version=rv, namespace="default")))
         assert watch.lookup(ObjectRef("", "v1", "ConfigMap", target, f"cm-{narrow}"), owner=narrow)
     finally:
         stop.set()

@@ -366,7 +366,7 @@ class Kube:
             "GET",
             res.path(namespace),
             query_params=list(query.items()),
-            header_params={"Accept": "application/json"},
+            header_params={**self._as, "Accept": "application/json"},
             auth_settings=["BearerToken"],
         )
         self._count("GET")
