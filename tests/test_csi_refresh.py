@@ -102,10 +102,15 @@ def test_a_volume_follows_its_tag_atomically_and_keeps_the_previous_version(
         thread.join(timeout=10)
     assert mixed == [], "a reader saw files of two versions"
     assert not (view / "added-in-two.txt").exists(), "a name gone from the tag is gone"
-    versions = sorted(p.name for p in view.iterdir() if p.name.startswith(refresh.VERSION_PREFIX))
-    assert versions == sorted(
-        refresh.version_name(d) for d in (two.manifest_digest, three.manifest_digest)
-    ), "the version in use and the one before are kept"
+    kept = sorted(refresh.version_name(d) for d in (two.manifest_digest, three.manifest_digest))
+
+    def versions() -> list[str]:
+        return sorted(p.name for p in view.iterdir() if p.name.startswith(refresh.VERSION_PREFIX))
+
+    # the oldest version goes a moment after the swap (the swap is what digest_in saw)
+    eventually(
+        lambda: versions() == kept, timeout=30, what="the version in use and the one before kept"
+    )
     # the plugin logs a refresh after it swapped the view: wait for the line, not the swap
     eventually(
         lambda: all(f"to={d.manifest_digest}" in plugin.log() for d in (two, three)),

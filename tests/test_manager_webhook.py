@@ -19,6 +19,7 @@ import pytest
 
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, condition
+from provisioner.manager import model
 from provisioner.manager.serving import certs, webhook
 from provisioner.runtime.metrics import Metrics
 from rukpak.common import errors
@@ -265,3 +266,47 @@ def test_the_certificate_is_kept_in_a_secret_and_reused(kube: Kube, server: webh
     assert configuration is not None
     (hook,) = configuration["webhooks"]
     assert base64.b64decode(hook["clientConfig"]["caBundle"]) == first.ca
+
+
+class _Reader:
+    """A client that records who it lists custom resources as (pure logic: which user
+    ``existing_from`` picks; the API server's answer to that user is the e2e suite's)."""
+
+    def __init__(self, bds: dict[str, Obj], seen: list[str], user: str = "") -> None:
+        self.bds, self.seen, self.user = bds, seen, user
+
+    def get(self, ref: ObjectRef) -> Obj | None:
+        return self.bds.get(ref.name)
+
+    def impersonating(self, user: str) -> _Reader:
+        return _Reader(self.bds, self.seen, user)
+
+    def list(self, api_version: str, kind: str) -> tuple[list[Obj], str]:
+        self.seen.append(self.user)
+        return [], "1"
+
+
+@pytest.mark.parametrize(
+    ("old_owner", "new_owner", "expected"),
+    [
+        ("team", "team", "system:serviceaccount:rukpak-system:team-installer"),
+        # an Orphan uninstall takes the label off: still read as the owner it had
+        ("team", None, "system:serviceaccount:rukpak-system:team-installer"),
+        # its BundleDeployment gone: the default instance identity, never the manager's own
+        ("gone", None, "system:serviceaccount:rukpak-system:rukpak-instance"),
+    ],
+)
+def test_existing_resources_are_listed_as_the_owning_deployments_instance(
+    old_owner: str, new_owner: str | None, expected: str
+) -> None:
+    settings = model.Settings(image="x")
+    bds = {"team": {"spec": {"serviceAccountName": "team-installer"}}}
+    seen: list[str] = []
+    old = crd("widgets", versions=[version("v1")])
+    old["metadata"]["labels"][OWNER_LABEL] = old_owner
+    new = crd("widgets", versions=[version("v1"), version("v2", storage=False)])
+    if new_owner is None:
+        del new["metadata"]["labels"][OWNER_LABEL]
+    read = webhook.existing_from(_Reader(bds, seen), settings)  # type: ignore[arg-type]
+    read(old, new)
+    assert seen and set(seen) == {expected}

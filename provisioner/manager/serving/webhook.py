@@ -50,7 +50,7 @@ from typing import Any
 from provisioner.engine.apply import crdsafety
 from provisioner.engine.bundle import words
 from provisioner.engine.kube.kube import Kube
-from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, meta_of
+from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, meta_of, owner_of
 from provisioner.manager import conversion, model
 from provisioner.manager.planning import dependencies, plan
 from provisioner.manager.serving import certs
@@ -208,9 +208,11 @@ def existing_from(kube: Kube, settings: model.Settings | None = None) -> Existin
         spec = old.get("spec") or {}
         group, kind = spec.get("group", ""), (spec.get("names") or {}).get("kind", "")
         reader = kube
-        owner = str((meta_of(new).get("labels") or {}).get(OWNER_LABEL) or "")
-        if settings is not None and owner:
-            bd = kube.get(ObjectRef(conversion.GROUP, "v1alpha2", "BundleDeployment", "", owner))
+        if settings is not None:
+            # the owner as it was: an Orphan uninstall's update takes the label off
+            owner = owner_of(old) or owner_of(new) or ""
+            ref = ObjectRef(conversion.GROUP, "v1alpha2", "BundleDeployment", "", owner)
+            bd = kube.get(ref) if owner else None
             reader = kube.impersonating(plan.instance_user(bd or {}, settings))
         out: dict[str, list[Obj]] = {}
         for version, read_at in crdsafety.read_plan(old, new).items():
