@@ -58,7 +58,7 @@ from provisioner.manager.serving import webhook
 from rukpak.common import errors
 from tests import manager_harness as harness
 from tests import webhook_harness
-from tests.bench import Result, median, progress
+from tests.bench import Result, against, progress
 from tests.bench.bench_apply import start_cluster
 from tests.bundles import crd, write_bundle
 from tests.crd_helpers import install_crds
@@ -442,11 +442,10 @@ def _admission(kube: Kube) -> list[Result]:
         f"admitted {[round(x * 1000) for x in admitted]} ms"
     )
     return [
-        Result(
-            name="dependencies: create closing a dependsOn cycle -> refused naming it (webhook)",
-            measured=median(refused),
-            baseline=median(admitted),
-            unit="s",
+        against(
+            "dependencies: create closing a dependsOn cycle -> refused naming it (webhook)",
+            refused,
+            admitted,
             note=(
                 f"median of {TRIES} after a warm-up against a plain create admitted through the "
                 f"same webhook; refused {[round(x, 3) for x in refused]}, admitted "
@@ -501,11 +500,10 @@ def _samples(values: list[float]) -> str:
 
 def _with_against_without(name: str, samples: dict[bool, list[float]], more: str = "") -> Result:
     """The median seconds with dependsOn against the same set's without."""
-    return Result(
-        name=name,
-        measured=median(samples[True]),
-        baseline=median(samples[False]),
-        unit="s",
+    return against(
+        name,
+        samples[True],
+        samples[False],
         note=(
             f"median of {len(samples[True])}, with dependsOn {_samples(samples[True])} against "
             f"the same set without {_samples(samples[False])}{more}"

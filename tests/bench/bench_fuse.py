@@ -51,7 +51,7 @@ from rukpak.oci import mediatypes
 from rukpak.oci.client import RegistryClient
 from rukpak.oci.manifest import Manifest
 from rukpak.oci.reference import Reference
-from tests.bench import Result, median, progress
+from tests.bench import Result, against, median, progress
 from tests.bench.bench_csi import (
     LARGE_BYTES,
     LARGE_FILES,
@@ -266,14 +266,7 @@ def large_bundle(registry: RegistryServer, workdir: Path) -> list[Result]:
         name: str, runs: dict[str, list[float]], mode: str, more: str, target: float | None = None
     ) -> Result:
         """The median seconds of ``mode`` against bind mode's, from the same runs."""
-        return Result(
-            name,
-            median(runs[mode]),
-            "s",
-            baseline=median(runs["bind"]),
-            target=target,
-            note=note + more,
-        )
+        return against(name, runs[mode], runs["bind"], target=target, note=note + more)
 
     # what the other two presentations report, with no note of their own: the overlay
     # everything, the view (no overlay) the whole reads
