@@ -11,6 +11,8 @@ import socket
 import threading
 from collections.abc import Iterator
 
+from rukpak.common import listening
+
 MARGIN = 5.0  # process scheduling on a busy machine, not a performance budget
 PIN = "sha256:" + "0" * 64
 COMMIT = "a" * 40
@@ -45,19 +47,13 @@ class SilentServer:
                 )
 
     def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return  # stopped
+        for conn in listening.accepted(self._listener):
             with self._changed:
                 self._accepted.append(conn)
                 self._changed.notify_all()
 
     def stop(self) -> None:
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept()
-        self._listener.close()
+        listening.close(self._listener)
         self._thread.join(timeout=10)
         with self._changed:
             for conn in self._accepted:

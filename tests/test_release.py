@@ -475,6 +475,23 @@ def _teardown(system: inst.RukpakSystem, helm: str) -> None:
         system.kube.close()
 
 
+def _deploy_hello(system: inst.RukpakSystem, name: str, *, namespace: str, root: Path) -> ObjectRef:
+    """Push the hello bundle (its objects in ``namespace``) and create the v1alpha1
+    BundleDeployment ``name`` of it; returns the BundleDeployment."""
+    ref = f"{system.registry_host}/rukpak-e2e/{name}:v1"
+    inst.hello_bundle(root, namespace=namespace, image=system.busybox_image)
+    e2e.push_bundle(root, ref)
+    system.kube.create(inst.bundle_deployment(name, ref))
+    return ObjectRef("core.rukpak.io", "v1alpha1", "BundleDeployment", "", name)
+
+
+def _installed(system: inst.RukpakSystem, bd: ObjectRef) -> dict[str, Any] | None:
+    """``bd``'s conditions once it is Installed and Healthy, else None."""
+    conds = inst.conditions(system.kube.get(bd))
+    ok = all(conds.get(t, {}).get("status") == "True" for t in ("Installed", "Healthy"))
+    return conds if ok else None
+
+
 @pytest.fixture
 def released_system(
     kube_cluster: Any, release_dist: Path, helm: str, tmp_path: Path
@@ -506,18 +523,11 @@ def test_the_release_installs_from_dist_and_installs_a_bundle(
     }
     assert versions == {VERSION}
     namespace = "release-hello"
-    ref = f"{system.registry_host}/rukpak-e2e/hello-release:v1"
-    root = inst.hello_bundle(tmp_path / "bundle", namespace=namespace, image=system.busybox_image)
-    e2e.push_bundle(root, ref)
-    system.kube.create(inst.bundle_deployment("hello-release", ref))
-    bd = ObjectRef("core.rukpak.io", "v1alpha1", "BundleDeployment", "", "hello-release")
-
-    def installed() -> bool:
-        conds = inst.conditions(system.kube.get(bd))
-        return all(conds.get(t, {}).get("status") == "True" for t in ("Installed", "Healthy"))
-
+    bd = _deploy_hello(system, "hello-release", namespace=namespace, root=tmp_path / "bundle")
     try:
-        eventually(installed, timeout=240, what="hello-release Installed and Healthy")
+        eventually(
+            lambda: _installed(system, bd), timeout=240, what="hello-release Installed and Healthy"
+        )
     except AssertionError as e:
         raise AssertionError(f"{e}\n{system.describe()}") from None
     assert inst.greeting(system, namespace) == "Hello from a RukPak bundle"
@@ -578,19 +588,9 @@ def test_upgrading_from_the_previous_release_keeps_every_bundledeployment(
 ) -> None:
     before, after = upgraded_system
     namespace = "release-upgrade"
-    ref = f"{before.registry_host}/rukpak-e2e/hello-upgrade:v1"
-    root = inst.hello_bundle(tmp_path / "bundle", namespace=namespace, image=before.busybox_image)
-    e2e.push_bundle(root, ref)
-    before.kube.create(inst.bundle_deployment("hello-upgrade", ref))
-    bd = ObjectRef("core.rukpak.io", "v1alpha1", "BundleDeployment", "", "hello-upgrade")
+    bd = _deploy_hello(before, "hello-upgrade", namespace=namespace, root=tmp_path / "bundle")
     hello = ObjectRef("apps", "v1", "Deployment", namespace, "hello")
-
-    def installed(system: inst.RukpakSystem) -> dict[str, Any] | None:
-        conds = inst.conditions(system.kube.get(bd))
-        ok = all(conds.get(t, {}).get("status") == "True" for t in ("Installed", "Healthy"))
-        return conds if ok else None
-
-    conds = eventually(lambda: installed(before), timeout=240, what="installed before")
+    conds = eventually(lambda: _installed(before, bd), timeout=240, what="installed before")
     was = {
         "bd": (before.kube.get(bd) or {})["metadata"]["uid"],
         "greeting": (before.kube.get(inst.greeting_ref(namespace)) or {})["metadata"],
@@ -618,7 +618,7 @@ def test_upgrading_from_the_previous_release_keeps_every_bundledeployment(
     )
     assert {c["image"] for p in pods["items"] for c in p["spec"]["containers"]} == {system.image}
     # the new managers have the BundleDeployment settled, and nothing was reinstalled
-    later = eventually(lambda: installed(system), timeout=120, what="installed after")
+    later = eventually(lambda: _installed(system, bd), timeout=120, what="installed after")
     assert later["Installed"]["lastTransitionTime"] == conds["Installed"]["lastTransitionTime"]
     assert (system.kube.get(bd) or {})["metadata"]["uid"] == was["bd"]
     # the one change the upgrade makes: upstream's owner-kind label, added by a patch on the

@@ -32,7 +32,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rukpak.common import errors
 from rukpak.common import prestage as words
@@ -58,28 +58,19 @@ class Need:
     why: str
 
 
+@dataclass(kw_only=True, eq=False)
 class Prestager:
     """Fetches asked images into the node's image cache; thread-safe."""
 
-    def __init__(
-        self,
-        *,
-        images: ImageCache,
-        puller_factory: PullerFactory,
-        platform: Platform,
-        store_present: Callable[[], bool] = lambda: False,
-        clock: Callable[[], float] = time.time,
-        interval: float = PROGRESS_SECONDS,
-    ) -> None:
-        self.images = images
-        self.puller_factory = puller_factory
-        self.platform = platform
-        self.store_present = store_present
-        self.clock = clock
-        self.interval = interval
-        self._lock = threading.Lock()
-        self._staged: dict[str, float] = {}
-        """digest -> when this plugin pre-staged it (this process's memory)."""
+    images: ImageCache
+    puller_factory: PullerFactory
+    platform: Platform
+    store_present: Callable[[], bool] = lambda: False
+    clock: Callable[[], float] = time.time
+    interval: float = PROGRESS_SECONDS
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _staged: dict[str, float] = field(default_factory=dict, init=False, repr=False)
+    """digest -> when this plugin pre-staged it (this process's memory)."""
 
     # --- which node needs what ----------------------------------------------------------
 

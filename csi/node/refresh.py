@@ -130,29 +130,20 @@ def remove_version(path: Path) -> None:
         shutil.rmtree(path)
 
 
+@dataclass(kw_only=True, eq=False)
 class RefreshVolumes:
     """The refresh volumes of this node: publish, unpublish, and the refresh thread."""
 
-    def __init__(
-        self,
-        *,
-        publisher: Publisher,
-        mounter: mounts.MounterProtocol,
-        root: Path,
-        events: EventSink | None = None,
-        observe: Observer | None = None,
-        tick: float = 0.5,
-    ) -> None:
-        self.publisher = publisher
-        self.mounter = mounter
-        self.root = root
-        self.events = events
-        self.observe = observe
-        self.tick = tick
-        self._volumes: dict[str, RefreshVolume] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+    publisher: Publisher
+    mounter: mounts.MounterProtocol
+    root: Path
+    events: EventSink | None = None
+    observe: Observer | None = None
+    tick: float = 0.5
+    _volumes: dict[str, RefreshVolume] = field(default_factory=dict, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _thread: threading.Thread | None = field(default=None, init=False, repr=False)
 
     # --- where things are ----------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 
@@ -39,6 +40,8 @@ from rukpak.sources.volume import VolumeSource, credentials_from_secrets
 # names the node, as kubelet's event does not say which node's plugin answered.
 NODE_LOCAL = (errors.Unavailable, errors.DeadlineExceeded)
 
+_Volumes = TypeVar("_Volumes", StoreVolumes, RefreshVolumes)
+
 
 def _require(volume_id: str, target_path: str) -> None:
     """Both publish and unpublish name the volume and the target path."""
@@ -46,6 +49,16 @@ def _require(volume_id: str, target_path: str) -> None:
         raise errors.InvalidArgument("volume_id is required")
     if not target_path:
         raise errors.InvalidArgument("target_path is required")
+
+
+def _served(volumes: _Volumes | None, kind: str, *, without: str) -> _Volumes:
+    """The ``kind`` volumes this plugin serves; FAILED_PRECONDITION when it was started
+    ``without`` their root (None)."""
+    if volumes is None:
+        raise errors.FailedPrecondition(
+            f"{kind} volumes are not served by this node plugin (it was started without {without})"
+        )
+    return volumes
 
 
 @dataclass(kw_only=True, eq=False)
@@ -70,14 +83,14 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         access.check(request.volume_capability)
         attributes = dict(request.volume_context)
         if volume.volume_kind(attributes) == volume.KIND_STORE:
-            self._store().publish(
+            _served(self.store, "store", without="a store volume root").publish(
                 request.volume_id, request.target_path, PodInfo.from_attributes(attributes)
             )
             return csi_pb2.NodePublishVolumeResponse()
         secrets = dict(request.secrets)
         source = VolumeSource.from_attributes(attributes).with_secrets(secrets)
         if source.refresh:
-            self._refresh().publish(
+            _served(self.refresh, "refresh", without="a view root").publish(
                 request.volume_id,
                 request.target_path,
                 source,
@@ -117,22 +130,6 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             self.refresh.unpublish(request.volume_id, request.target_path)
         self.publisher.unpublish(request.volume_id, request.target_path)
         return csi_pb2.NodeUnpublishVolumeResponse()
-
-    def _refresh(self) -> RefreshVolumes:
-        if self.refresh is None:
-            raise errors.FailedPrecondition(
-                "refresh volumes are not served by this node plugin (it was started without "
-                "a view root)"
-            )
-        return self.refresh
-
-    def _store(self) -> StoreVolumes:
-        if self.store is None:
-            raise errors.FailedPrecondition(
-                "store volumes are not served by this node plugin (it was started without "
-                "a store volume root)"
-            )
-        return self.store
 
     @rpc
     def NodeGetCapabilities(

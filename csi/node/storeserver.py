@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rukpak.common import errors
+from rukpak.common import errors, listening
 from rukpak.sources import storeprotocol as protocol
 
 log = logging.getLogger(__name__)
@@ -80,11 +80,7 @@ class StoreSocket:
             return len(self._conns)
 
     def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return  # stopped
+        for conn in listening.accepted(self._listener):
             with self._lock:
                 if self._stopped:
                     conn.close()
@@ -154,9 +150,7 @@ class StoreSocket:
                 return
             self._stopped = True
             conns = list(self._conns)
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept()
-        self._listener.close()
+        listening.close(self._listener)
         for conn in conns:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)

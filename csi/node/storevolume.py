@@ -39,7 +39,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -144,24 +144,18 @@ class StoreVolume:
     pod: PodInfo
 
 
+@dataclass(kw_only=True, eq=False)
 class StoreVolumes:
     """The store volumes of this node: publish, unpublish, requests."""
 
-    def __init__(
-        self,
-        *,
-        publisher: Publisher,
-        mounter: StoreMounter,
-        root: Path,
-        allow: AllowList,
-    ) -> None:
-        self.publisher = publisher
-        self.mounter = mounter
-        self.root = root
-        self.allow = allow
-        self._lock = threading.Lock()
-        self._sockets: dict[str, StoreSocket] = {}
-        self._closing: set[str] = set()  # targets being unpublished
+    publisher: Publisher
+    mounter: StoreMounter
+    root: Path
+    allow: AllowList
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _sockets: dict[str, StoreSocket] = field(default_factory=dict, init=False, repr=False)
+    _closing: set[str] = field(default_factory=set, init=False, repr=False)
+    """Targets being unpublished."""
 
     def _directory(self, target: Path) -> Path:
         return self.root / hashlib.sha256(str(target).encode()).hexdigest()[:24]

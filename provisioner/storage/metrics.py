@@ -22,7 +22,10 @@ read ours unchanged:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import Counter, Histogram
 
 from provisioner.runtime import metrics as runtime_metrics
 from rukpak.common import httpanswer
@@ -40,49 +43,37 @@ def go_code(code: str) -> str:
     return code if code == "OK" else "".join(p.capitalize() for p in code.split("_"))
 
 
+@dataclass(frozen=True)
+class Operation:
+    """sig-storage-lib's metrics of one operation (provision, delete) by storage class:
+    successes, failed attempts, and the seconds of the successes (failures not observed)."""
+
+    done: Counter
+    failed: Counter
+    duration: Histogram
+
+    def ended(self, storage_class: str, *, ok: bool, seconds: float) -> None:
+        if ok:
+            self.done.labels(storage_class).inc()
+            self.duration.labels(storage_class).observe(seconds)
+        else:
+            self.failed.labels(storage_class).inc()
+
+
 class Metrics(runtime_metrics.Metrics):
     """The provisioner process's metrics; every method is thread-safe."""
 
     def __init__(self, *, driver_name: str = "csi.rukpak.io") -> None:
         super().__init__()
         self.driver_name = driver_name
-        self.provisions = self.counter(
-            "controller_persistentvolumeclaim_provision_total",
-            "Total number of persistent volumes provisioned succesfully. Broken down by "
-            "storage class name.",
-            ["class"],
+        self.provision = self._operation(
+            "controller_persistentvolumeclaim_provision",
+            done="provisioned",
+            verb="provision",
+            attempts="provisioning",
         )
-        self.provision_failures = self.counter(
-            "controller_persistentvolumeclaim_provision_failed_total",
-            "Total number of persistent volume provision failed attempts. Broken down by "
-            "storage class name.",
-            ["class"],
-        )
-        self.provision_duration = self.histogram(
-            "controller_persistentvolumeclaim_provision_duration_seconds",
-            "Latency in seconds to provision persistent volumes. Failed provisioning attempts "
-            "are ignored. Broken down by storage class name.",
-            ["class"],
-            buckets=LIB_BUCKETS,
-        )
-        self.deletes = self.counter(
-            "controller_persistentvolume_delete_total",
-            "Total number of persistent volumes deleted succesfully. Broken down by storage "
-            "class name.",
-            ["class"],
-        )
-        self.delete_failures = self.counter(
-            "controller_persistentvolume_delete_failed_total",
-            "Total number of persistent volume delete failed attempts. Broken down by storage "
-            "class name.",
-            ["class"],
-        )
-        self.delete_duration = self.histogram(
-            "controller_persistentvolume_delete_duration_seconds",
-            "Latency in seconds to delete persistent volumes. Failed deletion attempts are "
-            "ignored. Broken down by storage class name.",
-            ["class"],
-            buckets=LIB_BUCKETS,
+        self.delete = self._operation(
+            "controller_persistentvolume_delete", done="deleted", verb="delete", attempts="deletion"
         )
         self.operations = self.histogram(
             "csi_sidecar_operations_seconds",
@@ -98,18 +89,34 @@ class Metrics(runtime_metrics.Metrics):
         ).observe(seconds)
 
     def provisioned(self, storage_class: str, *, ok: bool, seconds: float) -> None:
-        if ok:
-            self.provisions.labels(storage_class).inc()
-            self.provision_duration.labels(storage_class).observe(seconds)
-        else:
-            self.provision_failures.labels(storage_class).inc()
+        self.provision.ended(storage_class, ok=ok, seconds=seconds)
 
     def deleted(self, storage_class: str, *, ok: bool, seconds: float) -> None:
-        if ok:
-            self.deletes.labels(storage_class).inc()
-            self.delete_duration.labels(storage_class).observe(seconds)
-        else:
-            self.delete_failures.labels(storage_class).inc()
+        self.delete.ended(storage_class, ok=ok, seconds=seconds)
+
+    def _operation(self, prefix: str, *, done: str, verb: str, attempts: str) -> Operation:
+        """The library's three metrics of one operation, named ``prefix`` + ``_total``,
+        ``_failed_total`` and ``_duration_seconds``, with its help texts."""
+        by_class = "Broken down by storage class name."
+        return Operation(
+            done=self.counter(
+                f"{prefix}_total",
+                f"Total number of persistent volumes {done} succesfully. {by_class}",
+                ["class"],
+            ),
+            failed=self.counter(
+                f"{prefix}_failed_total",
+                f"Total number of persistent volume {verb} failed attempts. {by_class}",
+                ["class"],
+            ),
+            duration=self.histogram(
+                f"{prefix}_duration_seconds",
+                f"Latency in seconds to {verb} persistent volumes. Failed {attempts} attempts "
+                f"are ignored. {by_class}",
+                ["class"],
+                buckets=LIB_BUCKETS,
+            ),
+        )
 
 
 def serve(metrics: Metrics, *, host: str, port: int) -> ThreadingHTTPServer:

@@ -105,6 +105,25 @@ def timed(
     )
 
 
+def against(
+    name: str,
+    samples: Sequence[float],
+    baseline: Sequence[float],
+    *,
+    note: str,
+    target: float | None = None,
+) -> Result:
+    """The median of ``samples`` against the median of ``baseline`` (seconds, the same run)."""
+    return Result(
+        name=name,
+        measured=median(samples),
+        baseline=median(baseline),
+        unit="s",
+        target=target,
+        note=note,
+    )
+
+
 def progress(message: str) -> None:
     """A progress line on stderr (the table goes to stdout)."""
     print(f"[bench] {message}", file=sys.stderr, flush=True)

@@ -37,7 +37,7 @@ import yaml
 from provisioner.engine.apply import apply
 from provisioner.engine.bundle import formats
 from provisioner.engine.kube.kube import Kube
-from tests.bench import Result, median, progress
+from tests.bench import Result, against, median, progress
 from tests.cluster import bins, controlplane, pki
 from tests.cluster.process import Component
 
@@ -267,9 +267,7 @@ def one_round(clients: Clients, audit: Audit, workdir: Path, index: int, out: Sa
 
 def against_kubectl(name: str, ours: list[float], theirs: list[float], note: str) -> Result:
     """Our median time as a fraction of kubectl's; the target is half of it or less."""
-    return Result(
-        name=name, measured=median(ours), baseline=median(theirs), unit="s", target=0.5, note=note
-    )
+    return against(name, ours, theirs, target=0.5, note=note)
 
 
 def results(s: Samples, *, audited: bool) -> list[Result]:

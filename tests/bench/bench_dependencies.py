@@ -58,7 +58,7 @@ from provisioner.manager.serving import webhook
 from rukpak.common import errors
 from tests import manager_harness as harness
 from tests import webhook_harness
-from tests.bench import Result, median, progress
+from tests.bench import Result, against, progress
 from tests.bench.bench_apply import start_cluster
 from tests.bundles import crd, write_bundle
 from tests.crd_helpers import install_crds
@@ -442,11 +442,10 @@ def _admission(kube: Kube) -> list[Result]:
         f"admitted {[round(x * 1000) for x in admitted]} ms"
     )
     return [
-        Result(
-            name="dependencies: create closing a dependsOn cycle -> refused naming it (webhook)",
-            measured=median(refused),
-            baseline=median(admitted),
-            unit="s",
+        against(
+            "dependencies: create closing a dependsOn cycle -> refused naming it (webhook)",
+            refused,
+            admitted,
             note=(
                 f"median of {TRIES} after a warm-up against a plain create admitted through the "
                 f"same webhook; refused {[round(x, 3) for x in refused]}, admitted "
@@ -499,54 +498,52 @@ def _samples(values: list[float]) -> str:
     return str([round(v, 2) for v in values])
 
 
+def _with_against_without(name: str, samples: dict[bool, list[float]], more: str = "") -> Result:
+    """The median seconds with dependsOn against the same set's without."""
+    return against(
+        name,
+        samples[True],
+        samples[False],
+        note=(
+            f"median of {len(samples[True])}, with dependsOn {_samples(samples[True])} against "
+            f"the same set without {_samples(samples[False])}{more}"
+        ),
+    )
+
+
+def _none_with(name: str, counts: dict[bool, list[int]], unit: str, note: str) -> Result:
+    """The most ``unit`` counted in a round with dependsOn, which should be none."""
+    return Result(name=name, measured=max(counts[True]), unit=unit, target=0, note=note)
+
+
 def _results(f: Figures) -> list[Result]:
     n = len(f.changed[True])
     what = f"a CRD provider + {USERS} users"
     return [
-        Result(
-            name=f"dependencies: {what} changed together -> all Installed on revision 2",
-            measured=median(f.changed[True]),
-            baseline=median(f.changed[False]),
-            unit="s",
-            note=(
-                f"median of {n}, with dependsOn {_samples(f.changed[True])} against the same "
-                f"set without {_samples(f.changed[False])}; runs that failed: "
-                f"{f.failed[True]} with, {f.failed[False]} without"
-            ),
+        _with_against_without(
+            f"dependencies: {what} changed together -> all Installed on revision 2",
+            f.changed,
+            f"; runs that failed: {f.failed[True]} with, {f.failed[False]} without",
         ),
-        Result(
-            name="dependencies: users moved before the provider's revision 2 was ready",
-            measured=max(f.early[True]),
-            unit="users",
-            target=0,
-            note=(
-                f"most of {n} rounds, with dependsOn (the order held when 0); without "
-                f"dependsOn: {f.early[False]} of {USERS}"
-            ),
+        _none_with(
+            "dependencies: users moved before the provider's revision 2 was ready",
+            f.early,
+            "users",
+            f"most of {n} rounds, with dependsOn (the order held when 0); without "
+            f"dependsOn: {f.early[False]} of {USERS}",
         ),
-        Result(
-            name=f"dependencies: {what} deleted at once -> all gone",
-            measured=median(f.deleted[True]),
-            baseline=median(f.deleted[False]),
-            unit="s",
-            note=(
-                f"median of {n}, with dependsOn {_samples(f.deleted[True])} against the same "
-                f"set without {_samples(f.deleted[False])}"
-            ),
+        _with_against_without(f"dependencies: {what} deleted at once -> all gone", f.deleted),
+        _none_with(
+            "dependencies: BundleDeployments left with a finalizer after deleting the set",
+            f.stuck,
+            "BDs",
+            f"most of {n} rounds with dependsOn; without: {f.stuck[False]}",
         ),
-        Result(
-            name="dependencies: BundleDeployments left with a finalizer after deleting the set",
-            measured=max(f.stuck[True]),
-            unit="BDs",
-            target=0,
-            note=f"most of {n} rounds with dependsOn; without: {f.stuck[False]}",
-        ),
-        Result(
-            name="dependencies: users gone only after their provider's CRD started to go",
-            measured=max(f.late[True]),
-            unit="users",
-            target=0,
-            note=f"most of {n} rounds with dependsOn (reverse order); without: {f.late[False]}",
+        _none_with(
+            "dependencies: users gone only after their provider's CRD started to go",
+            f.late,
+            "users",
+            f"most of {n} rounds with dependsOn (reverse order); without: {f.late[False]}",
         ),
     ]
 

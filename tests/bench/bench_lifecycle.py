@@ -27,7 +27,7 @@ from provisioner.engine.apply import revisionlog
 from provisioner.engine.objects import ObjectRef
 from tests import e2e_helpers as e2e
 from tests import install_helpers as inst
-from tests.bench import Result, bench_install, median, progress
+from tests.bench import Result, against, bench_install, progress
 from tests.polling import until
 from tests.registry import RegistryServer
 
@@ -118,11 +118,10 @@ def measure(system: inst.RukpakSystem, workdir: Path) -> list[Result]:
         rollbacks.append(rollback)
         ratios.append(rollback / cold)
     return [
-        Result(
-            name="lifecycle: rollback with the registry stopped vs a cold install",
-            measured=median(rollbacks),
-            baseline=median(colds),
-            unit="s",
+        against(
+            "lifecycle: rollback with the registry stopped vs a cold install",
+            rollbacks,
+            colds,
             target=0.5,
             note=(
                 f"medians of {ROUNDS}; per-round ratios {[round(r, 2) for r in ratios]}; "
