@@ -28,7 +28,7 @@ def _tree(store: FileStore, trees: Path, name: str, contents: list[bytes], *, ag
         digest = store.put_bytes(data)
         builder.add_file(("f", f"{n}"), mode=0o644, size=len(data), digest=digest, mtime=0)
     path = trees / f"{name}.json"
-    index.save(path, f"sha256:{name}", builder.finish())
+    index.save(path, f"sha256:{name}", builder.finish(), files=store)
     stamp = time.time() - age
     os.utime(path, (stamp, stamp))
 
@@ -58,7 +58,7 @@ def test_over_budget_the_least_recently_used_unheld_trees_go_with_their_files(
     _tree(store, trees, "middle", [_blob("middle")], age=2000)
     _tree(store, trees, "new", [_blob("new"), shared], age=1000)
     forgotten: list[str] = []
-    budget = 200 * KiB  # five 64 KiB files are stored: two must go
+    budget = 210 * KiB  # five 64 KiB files and 4 KiB listings are stored: two trees must go
     collector = Collector(store, trees, budget_bytes=budget, forget=forgotten.append)
 
     evicted, deleted = collector.collect(held={"held"})
@@ -66,9 +66,9 @@ def test_over_budget_the_least_recently_used_unheld_trees_go_with_their_files(
     assert evicted == ["old", "middle"]
     assert forgotten == ["old", "middle"]
     assert sorted(p.stem for p in trees.glob("*.json")) == ["held", "new"]
-    assert deleted == 2
+    assert deleted == 4  # the two files and the two listings only those trees named
     assert store.disk_usage() <= budget
-    assert set(store.digests()) == collect.referenced(trees)
+    assert set(store.digests()) == collect.referenced(trees, store)
     assert store.has(store.put_bytes(shared))  # shared with a kept tree: still there
 
 

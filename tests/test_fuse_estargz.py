@@ -128,16 +128,24 @@ def test_a_lazy_tree_is_indexed_from_the_toc_and_files_arrive_on_first_read(
 
     images, ready = _ensure_lazily(tmp_path, ref)
     tree = images.load(ready.name)
-    assert list(images.files.digests()) == []  # nothing but the TOC was fetched
+    assert not _stored(images, tree)  # nothing but the TOC was fetched
     row_id = tree.lookup("manifests/00.yaml")
     assert row_id is not None
     row = tree.rows[row_id]
     assert row.kind == index.FILE and row.size == len(contents["manifests/00.yaml"])
     images.lazy.fetch(ready.name, row)
     assert images.files.path(row.digest).read_bytes() == contents["manifests/00.yaml"]
-    assert list(images.files.digests()) == [row.digest]
-    # Completing streams the whole layer (digest-checked) and stores every file.
-    images.lazy.complete(ready.name)
+    assert _stored(images, tree) == {row.digest}
+
+    # Completing saves the index again with directory listings (the same rows, so the
+    # same inode numbers), then streams the whole layer (digest-checked) and stores
+    # every file.
+    def version() -> int:
+        return int(json.loads(images.index_path(ready.name).read_bytes())["version"])
+
+    assert version() == index.INLINE_VERSION  # one file on the publish path
+    images._complete(ready.name)
+    assert version() == index.FORMAT_VERSION and images.load(ready.name).rows == tree.rows
     assert ready.name not in images.lazy.broken
     stored = {images.files.path(r.digest).read_bytes() for r in tree.files()}
     assert stored == set(contents.values())
@@ -162,7 +170,12 @@ def test_a_file_whose_bytes_do_not_match_the_toc_is_refused(
                      row.target, row.mtime)  # fmt: skip
     with pytest.raises(errors.DataLoss, match="hashes to"):
         images.lazy.fetch(ready.name, fake)
-    assert list(images.files.digests()) == []
+    assert not _stored(images, tree) and not images.files.has(fake.digest)
+
+
+def _stored(images: FuseImages, tree: index.Index) -> set[str]:
+    """The digests of the tree's files the store holds (beside the tree's listings)."""
+    return {row.digest for row in tree.files() if images.files.has(row.digest)}
 
 
 @contextlib.contextmanager
@@ -241,13 +254,22 @@ def test_after_a_reboot_torn_lazy_indexes_go_and_whole_ones_stay(
 
     monkeypatch.setattr(cachesync, "boot_id", lambda: "boot-1")
     images = FuseImages(tmp_path, puller_factory=_no_puller)
-    whole, torn_index, torn_plan, orphan = ("a" * 64, "b" * 64, "c" * 64, "d" * 64)
-    for name in (whole, torn_index, torn_plan):
-        images.index_path(name).write_text(json.dumps({"lazy": True, "rows": []}))
+    names = ("a" * 64, "b" * 64, "c" * 64, "d" * 64, "e" * 64)
+    whole, torn_index, torn_plan, orphan, torn_listing = names
+    for n, name in enumerate((whole, torn_index, torn_plan, torn_listing)):
+        builder = index.Builder(image="img")
+        builder.add_dir((f"dir-{n}",), mtime=0)  # a listing of its own (the root's too)
+        index.save(
+            images.index_path(name), f"sha256:{name}", builder.finish(), files=images.files,
+            extra={"lazy": True}, durable=False,
+        )  # fmt: skip
         images.lazy.plan_path(name).write_text(json.dumps({"files": {}}))
     images.index_path(torn_index).write_bytes(b"")  # what a power loss leaves
     images.lazy.plan_path(torn_plan).write_bytes(b'{"files": {"sha')
     images.lazy.plan_path(orphan).write_text("{}")
+    listing = index.named_files(json.loads(images.index_path(torn_listing).read_bytes()),
+                                images.files, set())  # fmt: skip
+    images.files.delete(next(listing))  # its root listing, never synced: lost with the power
 
     FuseImages(tmp_path, puller_factory=_no_puller)  # the same boot: a plugin restart
     assert images.index_path(torn_index).exists()  # the page cache still holds it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 from pathlib import Path
 
@@ -146,12 +147,12 @@ def test_budgets_stop_bombs(tmp_path: Path, store: FileStore) -> None:
 def test_saved_index_loads_with_the_same_rows(tmp_path: Path, store: FileStore) -> None:
     layer = _layer(tmp_path / "l.tgz", [("f", "a/b", b"1"), ("l", "a/c", "b")])
     root, _ = unpack.build(store, [layer], image="img")
-    saved = index.save(tmp_path / "t.json", "sha256:" + "1" * 64, root)
-    loaded = index.load(tmp_path / "t.json")
+    saved = index.save(tmp_path / "t.json", "sha256:" + "1" * 64, root, files=store)
+    loaded = index.load(tmp_path / "t.json", store)
     assert loaded.rows == saved.rows and loaded.children == saved.children
     (tmp_path / "t.json").write_text("{}")
     with pytest.raises(errors.DataLoss, match="unreadable"):
-        index.load(tmp_path / "t.json")
+        index.load(tmp_path / "t.json", store)
 
 
 def test_ingest_with_a_wrong_expected_digest_keeps_nothing(store: FileStore) -> None:
@@ -166,3 +167,72 @@ def test_ingest_with_a_wrong_expected_digest_keeps_nothing(store: FileStore) -> 
     store.path(digest).chmod(0o644)
     store.path(digest).write_bytes(b"evil")
     assert not store.verify(digest)
+
+
+def test_a_directory_that_leaves_the_tree_takes_nothing_added_after(
+    tmp_path: Path, store: FileStore
+) -> None:
+    """The builder remembers the directory of the last lookup: entries that follow a
+    directory replaced by a file, or whited out, land in the tree as it is now."""
+    lower = _layer(tmp_path / "1.tgz", [("f", "a/b/one", b"1"), ("f", "w/old", b"o")])
+    upper = _layer(
+        tmp_path / "2.tgz",
+        [("f", "w/x", b"x"), ("f", ".wh.w", b""), ("f", "w/new", b"n"), ("f", "a/b", b"file")],
+    )
+    later = _layer(tmp_path / "3.tgz", [("f", "a/b/two", b"2")])
+    root, stats = unpack.build(store, [lower, upper, later], image="img")
+    idx = index.from_rows("sha256:" + "0" * 64, index.flatten(root))
+    assert _row(idx, "a/b").kind == index.FILE
+    assert idx.lookup("a/b/one") is None and idx.lookup("a/b/two") is None
+    assert any("'a/b/two'" in w and "not a directory" in w for w in stats.warnings), stats
+    assert sorted(idx.children[_row_id(idx, "w")]) == ["new"]
+
+
+def test_versions_share_directory_listings_and_a_broken_document_is_data_loss(
+    tmp_path: Path, store: FileStore
+) -> None:
+    def version(n: int) -> index.Node:
+        builder = index.Builder(image="img")
+        for d in range(3):
+            for f in range(4):
+                body = f"{d}/{f} {n if (d, f) == (2, 3) else ''}".encode()
+                digest = store.put_bytes(body)
+                builder.add_file((f"d{d}", f"f{f}"), mode=0o644, size=len(body), digest=digest,
+                                 mtime=1)  # fmt: skip
+        return builder.finish()
+
+    before = set(store.digests())
+    one = index.save(tmp_path / "1.json", "sha256:" + "1" * 64, version(1), files=store)
+    listings_one = set(store.digests()) - before - {r.digest for r in one.files()}
+    assert len(listings_one) == 4  # the root and its three directories
+    two = index.save(tmp_path / "2.json", "sha256:" + "2" * 64, version(2), files=store)
+    listings = set(store.digests()) - before - {r.digest for r in (*one.files(), *two.files())}
+    assert len(listings) == 5  # only d2's listing differs
+    assert index.load(tmp_path / "2.json", store).rows == two.rows
+    doc_two = json.loads((tmp_path / "2.json").read_text())
+    named = set(index.named_files(doc_two, store, set()))  # what the collector keeps
+    assert named == {r.digest for r in two.files()} | {f"sha256:{d}" for d in doc_two["dirs"]}
+    # The first format (rows inline) still loads.
+    v1 = {"version": 1, "digest": "sha256:" + "1" * 64, "rows": [list(r) for r in one.rows]}
+    (tmp_path / "v1.json").write_text(json.dumps(v1))
+    assert index.load(tmp_path / "v1.json", store).rows == one.rows
+    # Broken documents and listings: DataLoss naming the document, nothing read outside.
+    doc = json.loads((tmp_path / "1.json").read_text())
+    outside = tmp_path / "outside.json"
+    outside.write_text("[]")
+    cases = {
+        "missing": [*doc["dirs"][:-1], "9" * 64],
+        "not a sha256": [*doc["dirs"][:-1], "../../outside.json"],
+        "fewer": doc["dirs"][:-1],
+        "more": [*doc["dirs"], doc["dirs"][0]],
+    }
+    for what, dirs in cases.items():
+        (tmp_path / "bad.json").write_text(json.dumps({**doc, "dirs": dirs}))
+        with pytest.raises(errors.DataLoss, match="unreadable"):
+            index.load(tmp_path / "bad.json", store)
+            pytest.fail(what)
+    damaged = store.path(f"sha256:{doc['dirs'][1]}")
+    damaged.chmod(0o644)
+    damaged.write_text("[]")  # not what its name says
+    with pytest.raises(errors.DataLoss, match="damaged"):
+        index.load(tmp_path / "1.json", store)

@@ -77,7 +77,21 @@ def _linked(plugin: PluginProcess) -> list[str]:
 
 
 def _variants(plugin: PluginProcess) -> list[str]:
+    """The store's further variants: copies for another mode or mtime of a content."""
     return sorted(p.name for p in (_store(plugin) / "variants").iterdir())
+
+
+def _linked_inodes(plugin: PluginProcess) -> set[int]:
+    """The store's inodes (stored files, whose inode is a content's first variant, and
+    further variants) that a linked tree links: a link beyond the store's own name."""
+    store = _store(plugin)
+    stored = [*(store / "files" / "sha256").iterdir(), *(store / "variants").iterdir()]
+    return {st.st_ino for st in map(os.stat, stored) if st.st_nlink >= 2}
+
+
+def _nothing_linked(plugin: PluginProcess) -> bool | None:
+    """No linked tree links the store any more, and its further variants are collected."""
+    return (_variants(plugin) == [] and not _linked_inodes(plugin)) or None
 
 
 def _metadata(root: Path) -> dict[str, tuple[int, int, int]]:
@@ -110,10 +124,11 @@ def test_a_fetched_tree_is_a_read_only_bind_of_hard_links_with_bind_modes_tree(
     # The cross-mode check: content, links, and every entry's mode, size and mtime.
     assert tree(Path(fuse_target)) == tree(Path(bind_target))
     assert _metadata(Path(fuse_target)) == _metadata(Path(bind_target))
-    # Each file is a hard link to a stored inode: the store's variant of its content.
+    # Each file is a hard link to a stored inode: the store's variant of its content
+    # (the stored file itself, for the content's first mode and mtime).
     ours = os.stat(Path(fuse_target, "manifests/0003.yaml"))
-    variants = {os.stat(p).st_ino for p in (_store(plugin) / "variants").iterdir()}
-    assert ours.st_ino in variants and ours.st_nlink >= 2
+    assert ours.st_ino in _linked_inodes(plugin) and ours.st_nlink >= 2
+    assert _variants(plugin) != []  # bin/same-as-run: bin/run's content in another mode
     assert_read_only(Path(fuse_target, "manifests/new.yaml"))
     for how in (os.O_WRONLY, os.O_RDWR | os.O_TRUNC):
         with pytest.raises(OSError) as raised:
@@ -201,7 +216,7 @@ def test_a_kill_9_while_linking_leaves_no_tree_to_serve_and_the_restart_cleans_u
         assert Path(volume, "d11/f05999").read_text() == "file 5999\n"
         unpublish(again, volume)
     assert _linked(plugin) == []
-    until(lambda: _variants(plugin) == [] or None, timeout=30, what="variants collected")
+    until(lambda: _nothing_linked(plugin), timeout=30, what="nothing linked")
 
 
 def test_an_unheld_linked_tree_is_removed_and_its_variants_collected(
@@ -215,7 +230,7 @@ def test_an_unheld_linked_tree_is_removed_and_its_variants_collected(
         push_image(registry.host, "linked/collected", "v2", [_entries(3, changed=1)]).ref,
     )
     assert len(_linked(plugin)) == 2
-    before = _variants(plugin)  # v2's changed file is the one variant only it links
+    before = _linked_inodes(plugin)  # v2's changed file is the one inode only it links
     # A crash, then the volume's mount goes without the plugin (as on a node reboot).
     plugin.kill()
     mounter.Mounter().unmount(Path(gone))
@@ -223,15 +238,14 @@ def test_an_unheld_linked_tree_is_removed_and_its_variants_collected(
     logged(plugin.log, "dropping record of a vanished FUSE mount")
     (left,) = _linked(plugin)  # the unheld tree was swept; the held one stays
     assert _mount_on(kept) is not None and _mount_on(kept).root.endswith(left)  # type: ignore[union-attr]
-    until(lambda: len(_variants(plugin)) == len(before) - 1 or None, timeout=30, what="collection")
+    until(lambda: len(_linked_inodes(plugin)) == len(before) - 1 or None, timeout=30, what="sweep")
     kept_inodes = {os.stat(p).st_ino for p in Path(kept).rglob("*") if p.is_file()}
-    variant_inodes = {os.stat(p).st_ino for p in (_store(plugin) / "variants").iterdir()}
-    assert kept_inodes <= variant_inodes  # what the held tree links is never collected
+    assert kept_inodes == _linked_inodes(plugin)  # what the held tree links is never collected
     assert Path(kept, "manifests/0019.yaml").read_bytes().count(b"ConfigMap") == 20
     with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
         unpublish(csi_pb2_grpc.NodeStub(channel), kept)
     assert _linked(plugin) == []
-    until(lambda: _variants(plugin) == [] or None, timeout=30, what="all variants collected")
+    until(lambda: _nothing_linked(plugin), timeout=30, what="all variants collected")
 
 
 def test_hostile_tar_members_are_refused_as_in_bind_mode(

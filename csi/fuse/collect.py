@@ -37,6 +37,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 
+from csi.fuse import index
 from csi.fuse.filestore import FileStore
 from rukpak.common.background import Chore
 from rukpak.store import collect as collection
@@ -46,17 +47,18 @@ log = logging.getLogger(__name__)
 RECENT = 60.0  # seconds: a tree used this recently is kept (a publish may be binding it)
 
 
-def referenced(trees_dir: Path) -> set[str]:
-    """Every file digest the saved indexes under ``trees_dir`` name."""
+def referenced(trees_dir: Path, files: FileStore) -> set[str]:
+    """Every file digest the saved indexes under ``trees_dir`` name: their directory
+    listings and the files those list (each listing read once, however many trees
+    share it)."""
     names: set[str] = set()
+    read: set[str] = set()
     for path in trees_dir.glob("*.json"):
         try:
             doc = json.loads(path.read_bytes())
         except (OSError, ValueError):
             continue  # a damaged index serves nothing; its files go unless others name them
-        for row in doc.get("rows", []):
-            if len(row) > 5 and row[5]:
-                names.add(str(row[5]))
+        names.update(index.named_files(doc, files, read))
     return names
 
 
@@ -205,7 +207,7 @@ class Collector:
             )
 
     def _usage_without_unreferenced(self) -> int:
-        names = referenced(self.trees_dir)
+        names = referenced(self.trees_dir, self.files)
         total = 0
         for digest in names:
             with contextlib.suppress(OSError):
@@ -214,7 +216,7 @@ class Collector:
 
     def _delete_unreferenced(self) -> int:
         deleted = self.files.drop_unused_variants()  # variants no linked tree links
-        names = referenced(self.trees_dir)
+        names = referenced(self.trees_dir, self.files)
         for digest in list(self.files.digests()):
             if digest not in names:
                 self.files.delete(digest)

@@ -7,8 +7,8 @@ filesystem (``csi.fuse.fs``), which serves reads from it. Layout under ``root``:
     ingest/                 files being written (invisible; wiped at start)
     files/sha256/<hex>      one file per distinct content, mode 0444
     variants/<hex>.<mode>.<mtime>
-                            one inode per distinct (content, mode, mtime), for the
-                            hard links of linked trees (``csi.fuse.linked``)
+                            a copy for each further (content, mode, mtime) the hard
+                            links of linked trees need (``csi.fuse.linked``)
 
 It follows the node's one commit recipe (``rukpak.store.commit.place``): bytes are
 hashed as they arrive, the finished file is fsynced and renamed into place, so a crash
@@ -25,12 +25,15 @@ shares its inode's mode, times and owner, so a linked tree needs an inode per
 file (as for bind mode's trees), so it is no part of the key. The first variant of
 a content *is* the content's own file (``files/sha256/<hex>``, whose mode and times
 nobody else reads: the FUSE view and the overlay take only its bytes), given the
-variant's mode and mtime and linked under its variant name; a second variant of the
-same content (another mode or mtime) is a copy, fsynced. Identical files across
-versions (same mode, same mtime) so share one inode and one copy on disk, as they
-share one stored file. A variant is unused when no link but its own name (and the
-content's, for the first) remains: :meth:`FileStore.drop_unused_variants` removes
-those, under :attr:`FileStore.variants_lock`, which a linked tree's builder holds.
+variant's mode and mtime when no linked tree links it yet and found by them after
+(no second name: a name costs a directory entry a file, and 10 versions of a bundle
+would pay it 10 times over); a further variant of the same content (another mode or
+mtime) is a copy in ``variants/``, fsynced. Identical files across versions (same
+mode, same mtime) so share one inode and one copy on disk, as they share one stored
+file. A copy is unused when no link but its own name remains (a name made by the
+first layout, a second link to the content's inode, counts that one too):
+:meth:`FileStore.drop_unused_variants` removes those, under
+:attr:`FileStore.variants_lock`, which a linked tree's builder holds.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import hashlib
 import os
 import secrets
 import shutil
+import stat
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -225,16 +229,18 @@ class FileStore:
         the variant (else a collection may remove it); FileNotFoundError when the store
         lacks the content."""
         hexdigest = digests.hex_of(digest)
+        content = self._files_prefix + hexdigest
+        times = (mtime * 10**9,) * 2
+        st = os.stat(content)
+        if stat.S_IMODE(st.st_mode) == mode and st.st_mtime_ns == times[0]:
+            return content  # the content's own inode is this variant
         path = f"{self.variants_dir}{os.sep}{hexdigest}.{mode:o}.{mtime}"
         if os.path.lexists(path):
             return path
-        content = self._files_prefix + hexdigest
-        times = (mtime * 10**9,) * 2
-        if os.stat(content).st_nlink == 1:  # no variant uses the content's inode: adopt it
+        if st.st_nlink == 1:  # no linked tree links the content's inode: adopt it
             os.chmod(content, mode)
             os.utime(content, ns=times)
-            os.link(content, path)
-            return path
+            return content
         tmp = self.ingest_dir / secrets.token_hex(8)
         try:
             with open(content, "rb") as src, open(tmp, "xb") as dst:

@@ -82,8 +82,9 @@ class Fetcher(Protocol):
 class Trees:
     """Tree name ↔ slot (persisted) and the loaded indexes."""
 
-    def __init__(self, trees_dir: Path, slots_path: Path) -> None:
+    def __init__(self, trees_dir: Path, slots_path: Path, files: FileStore) -> None:
         self.trees_dir = trees_dir
+        self.files = files  # where the trees' directory listings are
         self.slots_path = slots_path
         loaded = read_json_or_set_aside(slots_path)
         self._slots: dict[str, int] = dict(loaded) if isinstance(loaded, dict) else {}
@@ -123,7 +124,7 @@ class Trees:
             name = self._names.get(slot)
             if name is None or not self.exists(name):
                 return None
-            tree = index.load(self.trees_dir / f"{name}.json")
+            tree = index.load(self.trees_dir / f"{name}.json", self.files)
             self._loaded[slot] = tree
         return tree
 

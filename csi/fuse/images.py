@@ -245,7 +245,7 @@ class FuseImages(ImageStoreBase):
             for d in m.layers
         ]
         root, stats = unpack.build(self.files, layers, image=str(ref), limits=self._limits)
-        self.files.sync()  # the files, durable before the index that names them
+        # durable: the files and listings synced before the index that names them
         self._save_index(job, root, stats.warnings)
         seconds = time.monotonic() - started
         self._observer.pulled(seconds=seconds, nbytes=sum(d.size for d in m.layers))
@@ -272,7 +272,7 @@ class FuseImages(ImageStoreBase):
         # background thread makes them durable first thing (a power loss ends the mount;
         # after a reboot, torn ones are dropped: _drop_torn_after_reboot).
         self.lazy.save(name, job.ref, job.manifest.layers, spans, durable=False)
-        self._save_index(job, root, builder.stats.warnings, durable=False, lazy=True)
+        self._save_index(job, root, builder.stats.warnings, durable=False, inline=True, lazy=True)
         with self._lock:
             self._incomplete.add(name)  # completed once published (complete_in_background)
         seconds = time.monotonic() - started
@@ -293,6 +293,7 @@ class FuseImages(ImageStoreBase):
         warnings: Iterable[str],
         *,
         durable: bool = True,
+        inline: bool = False,
         **extra: object,
     ) -> None:
         """Log the entries the rules refused, then write the index: the tree is ready."""
@@ -300,7 +301,15 @@ class FuseImages(ImageStoreBase):
             log.warning("msg=%r image=%s detail=%r", "layer entry refused", job.ref, warning)
         extra = {"image": str(job.ref), "private": job.private, **extra}
         name = digests.hex_of(job.digest)
-        saved = index.save(self.index_path(name), job.digest, root, extra=extra, durable=durable)
+        saved = index.save(
+            self.index_path(name),
+            job.digest,
+            root,
+            files=self.files,
+            extra=extra,
+            durable=durable,
+            inline=inline,
+        )
         for callback in self.on_indexed:
             callback(name, saved)
 
@@ -322,14 +331,33 @@ class FuseImages(ImageStoreBase):
         ).start()
 
     def _complete(self, name: str) -> None:
-        """Make the lazy tree's index and plan durable, then fetch its missing files."""
+        """Make the lazy tree's index (saved again with listings) and plan durable, then
+        fetch its missing files."""
         try:
-            fsync_files(self.index_path(name), self.lazy.plan_path(name))
-        except FileNotFoundError:
-            return  # evicted meanwhile
+            self._relist(name)
+            fsync_files(self.lazy.plan_path(name))
+        except (FileNotFoundError, errors.DataLoss):
+            return  # evicted meanwhile (or unreadable: the next publish pulls it again)
         except OSError as exc:
             log.error("msg=%r tree=%s error=%r", "cannot sync a lazy tree's index", name, exc)
         self.lazy.complete(name)
+
+    def _relist(self, name: str) -> None:
+        """Save a lazy tree's index (its rows inline, written on the publish path) again
+        with directory listings, durably; the same rows in the same order, so the inode
+        numbers the filesystem gave stay. Safe from the collector's deletions as a pull
+        is (its listings are named by no document until the new one is written); not
+        evicted meanwhile, as it was just published (held, and used recently)."""
+        path = self.index_path(name)
+        with self.collector.pulling():
+            tree = index.load(path, self.files)  # DataLoss when gone or unreadable
+            doc = json.loads(path.read_bytes())
+            if doc.get("version") != index.INLINE_VERSION:
+                fsync_files(path)
+                return
+            index.save_rows(
+                path, tree.digest, tree.rows, files=self.files, extra=index.extra_of(doc)
+            )
 
     def _drop_torn_after_reboot(self) -> None:
         """After a reboot, drop lazy indexes and plans a power loss may have torn.
@@ -348,7 +376,11 @@ class FuseImages(ImageStoreBase):
             for path in sorted(self.trees_dir.glob("*.json")):
                 plan = self.lazy.plan_path(path.stem)
                 doc = _json_or_none(path)
-                torn = doc is None or (doc.get("lazy") is True and _json_or_none(plan) is None)
+                torn = (
+                    doc is None
+                    or (doc.get("lazy") is True and _json_or_none(plan) is None)
+                    or not self._loads(path)
+                )
                 if torn:
                     log.warning("msg=%r tree=%s", "dropping a tree index torn by a reboot", path)
                     path.unlink(missing_ok=True)
@@ -418,7 +450,15 @@ class FuseImages(ImageStoreBase):
         return puller
 
     def load(self, name: str) -> index.Index:
-        return index.load(self.index_path(name))
+        return index.load(self.index_path(name), self.files)
+
+    def _loads(self, path: Path) -> bool:
+        """Whether the index at ``path`` loads (its listings present and intact)."""
+        try:
+            index.load(path, self.files)
+        except errors.DataLoss:
+            return False
+        return True
 
     def tree_names(self) -> list[str]:
         return sorted(p.stem for p in self.trees_dir.glob("*.json"))

@@ -14,28 +14,39 @@ dropped (files 0444, or 0555 when executable; directories 0555), OCI whiteouts
 applied, the same byte and entry budgets, and a final pass that drops symlinks
 whose chain climbs out of the tree.
 
-The saved form is one JSON document of flat rows in depth-first, name-sorted
-order (row 0 is the root); a row's position is its stable local inode number,
-which the filesystem needs to answer the kernel after a restart.
+The rows are flat, in depth-first, name-sorted order (row 0 is the root); a row's
+position is its stable local inode number, which the filesystem needs to answer the
+kernel after a restart. They are saved as git saves trees: each directory's listing
+(its entries, in that order) is one object of the file store, content-addressed, so
+versions of a bundle that differ in one file share every other directory's listing
+(one 4 KiB block each on disk, once); the tree's document (``trees/<hex>.json``) names
+its directories' listings in depth-first order, from which the rows are rebuilt in the
+same order. The first format (``version`` 1: the rows inline in the document) is what
+a lazy tree is saved as on the publish path (one file), until its completion saves it
+again with listings.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
+import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from rukpak.common import errors
+from csi.fuse.filestore import FileStore, matches
+from rukpak.common import errors, jsonfast
 from rukpak.common.fsio import write_bytes_atomic
 from rukpak.image import extract, members
+from rukpak.oci import digest as digests
 
 DIR = "d"
 FILE = "f"
 LINK = "l"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+INLINE_VERSION = 1  # the rows inline in the document: read, no longer written
 
 Refused = members.Refused  # an entry that is skipped and reported, not a failure
 
@@ -67,6 +78,11 @@ class Builder:
     # layer, where everything in the tree is the current layer's (nothing to clear).
     _touched: set[tuple[str, ...]] | None = None
     _layers: int = 0
+    # The directory the last lookup ended in, by its parts: a layer's entries come
+    # grouped by directory, so most lookups are this one. Every removal looks up the
+    # removed entry's parent first (so what is remembered stays in the tree); it is
+    # forgotten anyway whenever a directory leaves the tree.
+    _last: tuple[tuple[str, ...], Node] | None = None
 
     def begin_layer(self) -> None:
         self._touched = set() if self._layers else None
@@ -80,8 +96,11 @@ class Builder:
 
     def parent(self, parts: tuple[str, ...], *, create: bool) -> Node:
         """The directory holding ``parts[-1]``; refuses symlinked or non-directory parents."""
+        where = parts[:-1]
+        if self._last is not None and self._last[0] == where:
+            return self._last[1]
         node = self.root
-        for comp in parts[:-1]:
+        for comp in where:
             assert node.children is not None
             child = node.children.get(comp)
             if child is None:
@@ -91,7 +110,17 @@ class Builder:
             elif child.kind != DIR:
                 raise Refused(f"parent {comp!r} is a symlink or not a directory")
             node = child
+        self._last = (where, node)
         return node
+
+    def _put(self, parts: tuple[str, ...], node: Node) -> None:
+        """Place a file or symlink at ``parts``, replacing what was there."""
+        children = self.parent(parts, create=True).children
+        assert children is not None
+        old = children.get(parts[-1])
+        if old is not None and old.kind == DIR:
+            self._last = None
+        children[parts[-1]] = node
 
     def prepare(self, name: str, *, mode: int, kind: str) -> tuple[str, ...] | None:
         """Check an entry before its data is read; the parts to add it at, or None to skip.
@@ -118,8 +147,9 @@ class Builder:
     def add_file(
         self, parts: tuple[str, ...], *, mode: int, size: int, digest: str, mtime: int
     ) -> None:
-        node = Node(FILE, members.final_mode(mode), size=size, digest=digest, mtime=mtime)
-        self.parent(parts, create=True).children[parts[-1]] = node  # type: ignore[index]
+        self._put(
+            parts, Node(FILE, members.final_mode(mode), size=size, digest=digest, mtime=mtime)
+        )
 
     def add_dir(self, parts: tuple[str, ...], *, mtime: int) -> None:
         children = self.parent(parts, create=True).children
@@ -132,8 +162,7 @@ class Builder:
 
     def add_symlink(self, parts: tuple[str, ...], linkname: str, *, mtime: int) -> None:
         target = members.safe_symlink_target(parts, linkname)
-        node = Node(LINK, 0o777, size=len(target.encode()), target=target, mtime=mtime)
-        self.parent(parts, create=True).children[parts[-1]] = node  # type: ignore[index]
+        self._put(parts, Node(LINK, 0o777, size=len(target.encode()), target=target, mtime=mtime))
         self.stats.symlinks += 1
 
     def add_hardlink(self, parts: tuple[str, ...], linkname: str) -> None:
@@ -147,11 +176,11 @@ class Builder:
             raise Refused(f"hard link target {linkname!r} is not a regular file")
         if link_parts == parts:
             return
-        copy = Node(FILE, src.mode, size=src.size, digest=src.digest, mtime=src.mtime)
-        self.parent(parts, create=True).children[parts[-1]] = copy  # type: ignore[index]
+        self._put(parts, Node(FILE, src.mode, size=src.size, digest=src.digest, mtime=src.mtime))
 
     def whiteout(self, parts: tuple[str, ...]) -> None:
         directory = self.parent(parts, create=True)
+        self._last = None
         assert directory.children is not None
         base = parts[-1]
         if base == members.OPAQUE_MARKER:
@@ -300,30 +329,104 @@ def save(
     digest: str,
     root: Node,
     *,
+    files: FileStore,
     extra: dict[str, Any] | None = None,
     durable: bool = True,
+    inline: bool = False,
 ) -> Index:
-    """Write the index of ``root`` atomically (and durably unless ``durable=False``);
-    returns it loaded."""
+    """Write the index of ``root`` (``save_rows``); returns it loaded."""
     rows = flatten(root)
-    doc = {
-        "version": FORMAT_VERSION,
-        "digest": digest,
-        "rows": rows,
-        **(extra or {}),
-    }
-    write_bytes_atomic(path, json.dumps(doc, separators=(",", ":")).encode(), durable=durable)
+    save_rows(path, digest, rows, files=files, extra=extra, durable=durable, inline=inline)
     return from_rows(digest, rows)
 
 
-def load(path: Path) -> Index:
-    """Read a saved index; DataLoss when it is not one this version wrote."""
+def save_rows(
+    path: Path,
+    digest: str,
+    rows: list[Row],
+    *,
+    files: FileStore,
+    extra: dict[str, Any] | None = None,
+    durable: bool = True,
+    inline: bool = False,
+) -> None:
+    """Store the listings of the directories of ``rows`` (``flatten``'s order) in
+    ``files`` and write the tree's document atomically. With ``durable`` (the default)
+    the store is synced before the document that names what it holds is written and
+    fsynced; without, nothing is (the caller syncs both later, in that order). With
+    ``inline``, the rows go in the document (the first format) and nothing in the
+    store: one file, for a lazy tree on the publish path, where a listing's file
+    each would cost more than the rest of the publish (its completion saves it
+    again with listings)."""
+    if inline:
+        doc: dict[str, Any] = {"version": INLINE_VERSION, "digest": digest, "rows": rows}
+    else:
+        listings: dict[int, list[list[Any]]] = {i: [] for i, r in enumerate(rows) if r.kind == DIR}
+        for row in rows[1:]:
+            listings[row.parent].append(list(row[1:]))
+        names = []
+        for entries in listings.values():  # directories in row order: depth first
+            body = jsonfast.dumps(entries)
+            name = hashlib.sha256(body).hexdigest()
+            if not files.has(f"sha256:{name}"):  # another version's, often
+                with files.ingest(expect=f"sha256:{name}", durable=False) as sink:
+                    sink.write(body)
+            names.append(name)
+        if durable:
+            files.sync()
+        doc = {
+            "version": FORMAT_VERSION,
+            "digest": digest,
+            "root": [rows[0].mode, rows[0].mtime],
+            "dirs": names,
+        }
+    doc.update(extra or {})
+    write_bytes_atomic(path, jsonfast.dumps(doc), durable=durable)
+
+
+def extra_of(doc: dict[str, Any]) -> dict[str, Any]:
+    """What a caller added to a tree document (``save``'s ``extra``)."""
+    return {k: v for k, v in doc.items() if k not in ("version", "digest", "rows", "root", "dirs")}
+
+
+def named_files(doc: Any, files: FileStore, read: set[str]) -> Iterator[str]:
+    """The file digests a tree document names, for the collector: its directory listings
+    and the files they list (a listing in ``read`` was read before: not again), or the
+    first format's inline rows. A listing the store lacks or holds damaged names
+    nothing (the tree cannot load; its files go unless another tree names them)."""
+    if not isinstance(doc, dict):
+        return
+    for row in doc.get("rows") or ():  # the first format
+        if isinstance(row, list) and len(row) > 5 and row[5]:
+            yield str(row[5])
+    dirs = doc.get("dirs")
+    for name in dirs if isinstance(dirs, list) else ():
+        if not isinstance(name, str) or name in read:
+            continue
+        read.add(name)
+        try:
+            entries = _listing(files, name)
+        except (OSError, ValueError):
+            continue
+        yield f"sha256:{name}"
+        for entry in entries:
+            if entry[1] == FILE and entry[4]:
+                yield str(entry[4])
+
+
+def load(path: Path, files: FileStore) -> Index:
+    """Read a saved index; DataLoss when it is not one this version wrote, or when the
+    store lacks (or holds damaged) a listing it names."""
     try:
-        doc = json.loads(path.read_bytes())
-        if doc.get("version") != FORMAT_VERSION:
-            raise ValueError(f"format version {doc.get('version')!r}")
-        rows = [Row(*r) for r in doc["rows"]]
-    except (OSError, ValueError, TypeError, KeyError) as exc:
+        doc = jsonfast.loads(path.read_bytes())
+        version = doc.get("version")
+        if version == INLINE_VERSION:
+            rows = [Row(*r) for r in doc["rows"]]
+        elif version == FORMAT_VERSION:
+            rows = _rebuild(doc, files)
+        else:
+            raise ValueError(f"format version {version!r}")
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
         raise errors.DataLoss(
             f"tree index {path} is unreadable ({exc}); delete it and publish again"
         ) from exc
@@ -331,3 +434,43 @@ def load(path: Path) -> Index:
         if row.kind not in (DIR, FILE, LINK) or not stat.S_IMODE(row.mode) == row.mode:
             raise errors.DataLoss(f"tree index {path} has an invalid row {row}")
     return from_rows(str(doc["digest"]), rows)
+
+
+def _rebuild(doc: dict[str, Any], files: FileStore) -> list[Row]:
+    """The rows of a document of listings, in the order ``flatten`` wrote them."""
+    mode, mtime = doc["root"]
+    rows = [Row(-1, "", DIR, int(mode), 0, "", "", int(mtime))]
+    dirs = iter(doc["dirs"])
+
+    def walk(parent: int) -> None:
+        name = next(dirs, None)
+        if not isinstance(name, str):
+            raise ValueError("fewer directory listings than directories")
+        for entry in _listing(files, name):
+            rows.append(Row(parent, *entry))
+            if rows[-1].kind == DIR:
+                walk(len(rows) - 1)
+
+    walk(0)
+    if next(dirs, None) is not None:
+        raise ValueError("more directory listings than directories")
+    return rows
+
+
+def _listing(files: FileStore, name: str) -> list[list[Any]]:
+    digest = f"sha256:{name}"
+    if not digests.is_valid(digest):
+        raise ValueError(f"directory listing {name!r} is not a sha256 digest")
+    fd = files.open_fd(digest)
+    if fd is None:
+        raise ValueError(f"the store lacks directory listing {digest}")
+    with os.fdopen(fd, "rb") as handle:
+        body = handle.read()
+    if not matches(body, digest):
+        raise ValueError(f"directory listing {digest} is damaged")
+    entries = jsonfast.loads(body)
+    if not isinstance(entries, list) or not all(
+        isinstance(e, list) and len(e) == len(Row._fields) - 1 for e in entries
+    ):
+        raise ValueError(f"directory listing {digest} is not a list of entries")
+    return entries

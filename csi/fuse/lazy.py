@@ -4,7 +4,8 @@ Where it sits: the FUSE image cache (``csi.fuse.images``) calls :func:`index_lay
 instead of streaming whole layers when every layer of an image carries the
 eStargz TOC annotation (written by ``rukpak bundle build --estargz``, format in
 ``provisioner.bundle.estargz``). It fetches each layer's 51-byte footer and
-its TOC member (two range requests; a member above :data:`MAX_TOC_BYTES`, or one
+its TOC member (one range request for the layer's last :data:`TAIL_BYTES`, a second
+when the TOC member begins before them; a member above :data:`MAX_TOC_BYTES`, or one
 inflating past :data:`MAX_TOC_JSON_BYTES`, is FailedPrecondition before it is
 parsed), checks the TOC against the annotated digest, and applies the TOC's
 entries to the tree index under bind mode's rules (``csi.fuse.index.Builder``) —
@@ -28,8 +29,8 @@ import calendar
 import contextlib
 import functools
 import io
-import json
 import logging
+import re
 import struct
 import tarfile
 import threading
@@ -41,7 +42,7 @@ from typing import Any
 
 from csi.fuse import index, unpack
 from csi.fuse.filestore import FileStore
-from rukpak.common import errors
+from rukpak.common import errors, jsonfast
 from rukpak.common.fsio import write_bytes_atomic
 from rukpak.image import layerio, layerstream, members, seams
 from rukpak.image.seams import Puller
@@ -55,7 +56,12 @@ log = logging.getLogger(__name__)
 TOC_NAME = "stargz.index.json"
 TOC_DIGEST_ANNOTATION = "containerd.io/snapshot/stargz/toc.digest"
 LANDMARKS = frozenset({".prefetch.landmark", ".no.prefetch.landmark"})
+_NOT_CONTENT = LANDMARKS | {TOC_NAME}  # entries a TOC lists that are no file of the image
+_SHA256 = re.compile(r"sha256:[0-9a-f]{64}")  # nearly every file digest (others: digests.check)
 FOOTER_SIZE = 51
+TAIL_BYTES = 1 << 20
+"""A layer's last bytes asked for first: the footer and, for TOCs up to about this
+size compressed (~15,000 files), the TOC member too, in one request."""
 MAX_TOC_BYTES = 16 << 20
 """Largest compressed TOC member read from a layer (its size is known from the footer,
 so a larger one is refused before it is fetched)."""
@@ -120,14 +126,18 @@ def read_toc(puller: Puller, ref: Reference, desc: Descriptor) -> tuple[list[dic
     """The TOC entries of layer ``desc`` and its TOC offset, checked against the annotation."""
     if desc.size < FOOTER_SIZE:
         raise errors.InvalidArgument(f"layer {desc.digest} is too small to be eStargz")
-    footer = fetch_range(puller, ref, desc.digest, desc.size - FOOTER_SIZE, desc.size)
-    toc_offset = parse_footer(footer)
+    tail_start = max(0, desc.size - TAIL_BYTES)
+    tail = fetch_range(puller, ref, desc.digest, tail_start, desc.size)
+    toc_offset = parse_footer(tail[-FOOTER_SIZE:])
     if not 0 <= toc_offset < desc.size - FOOTER_SIZE:
         raise errors.InvalidArgument(f"layer {desc.digest}: TOC offset out of range")
     compressed = desc.size - FOOTER_SIZE - toc_offset
     if compressed > MAX_TOC_BYTES:
         raise too_large_toc(desc, f"{compressed} bytes compressed", MAX_TOC_BYTES)
-    member = fetch_range(puller, ref, desc.digest, toc_offset, desc.size - FOOTER_SIZE)
+    if toc_offset >= tail_start:  # the TOC member came with the footer
+        member = tail[toc_offset - tail_start : len(tail) - FOOTER_SIZE]
+    else:
+        member = fetch_range(puller, ref, desc.digest, toc_offset, desc.size - FOOTER_SIZE)
     toc = _toc_document(desc, member)
     expected = desc.annotations[TOC_DIGEST_ANNOTATION]
     actual = digests.Digester.for_digest(digests.check(expected, what="TOC digest"))
@@ -138,7 +148,7 @@ def read_toc(puller: Puller, ref: Reference, desc: Descriptor) -> tuple[list[dic
             f"{expected}; re-push the image"
         )
     try:
-        doc = json.loads(toc)
+        doc = jsonfast.loads(toc)
     except (ValueError, RecursionError) as exc:
         raise errors.InvalidArgument(
             f"layer {desc.digest}: its TOC is not a JSON document ({type(exc).__name__}); "
@@ -205,33 +215,32 @@ def index_layers(
         # Each member ends where the next begins; the last one where the TOC does.
         following = dict(zip(starts, [*starts[1:], toc_offset], strict=False))
         builder.begin_layer()
-        last_file: dict[str, Any] | None = None
+        last_file: list[int] | None = None  # the span chunks that follow extend
         for entry in entries:
-            kind = str(entry.get("type", ""))
+            kind = entry.get("type", "")
             if kind == "chunk":
                 if last_file is not None and entry.get("offset"):
-                    spans[last_file["digest"]][2] = following[int(entry["offset"])]
+                    last_file[2] = following[int(entry["offset"])]
                 continue
             name = str(entry.get("name", ""))
-            if name.strip("/") in (TOC_NAME, *LANDMARKS):
+            if name.strip("/") in _NOT_CONTENT:
                 continue
-            size = int(entry.get("size", 0)) if kind == "reg" else 0
             try:
+                size = int(entry.get("size", 0)) if kind == "reg" else 0
                 builder.charge(size)
                 mode = int(entry.get("mode", 0o644))
-                what = _KINDS.get(kind, f"unsupported TOC entry type {kind!r}")
+                what = _KINDS.get(kind) or f"unsupported TOC entry type {kind!r}"
                 parts = builder.prepare(name, mode=mode, kind=what)
                 if parts is None:
                     continue
                 mtime = _mtime(str(entry.get("modtime", "")))
                 if kind == "reg":
-                    digest = digests.check(str(entry.get("digest", "")), what=f"TOC entry {name}")
+                    digest = _file_digest(entry.get("digest", ""), name)
                     builder.add_file(parts, mode=mode, size=size, digest=digest, mtime=mtime)
-                    last_file = None  # chunks that follow extend this file's span
+                    last_file = None
                     if size and digest not in spans:
                         start = int(entry["offset"])
-                        spans[digest] = [number, start, following[start], size]
-                        last_file = {"digest": digest}
+                        last_file = spans[digest] = [number, start, following[start], size]
                 elif kind == "dir":
                     builder.add_dir(parts, mtime=mtime)
                 elif kind == "symlink":
@@ -240,7 +249,7 @@ def index_layers(
                     builder.add_hardlink(parts, str(entry.get("linkName", "")))
             except index.Refused as refused:
                 builder.stats.warn(f"layer {desc.digest}: {name!r}: {refused}")
-            except (KeyError, ValueError, TypeError) as exc:
+            except (KeyError, ValueError, TypeError, AttributeError) as exc:
                 raise errors.InvalidArgument(
                     f"layer {desc.digest}: TOC entry {name!r} is malformed ({exc!r})"
                 ) from exc
@@ -292,9 +301,7 @@ class LazyFetcher:
             "files": spans,
         }
         # Compact, unsorted: 10,000 spans are encoded on the publish path.
-        write_bytes_atomic(
-            self.plan_path(tree), json.dumps(plan, separators=(",", ":")).encode(), durable=durable
-        )
+        write_bytes_atomic(self.plan_path(tree), jsonfast.dumps(plan), durable=durable)
         with self._lock:
             self._plans[tree] = plan
 
@@ -302,7 +309,7 @@ class LazyFetcher:
         with self._lock:
             plan = self._plans.get(tree)
             if plan is None:
-                plan = json.loads((self.lazy_dir / f"{tree}.json").read_bytes())
+                plan = jsonfast.loads((self.lazy_dir / f"{tree}.json").read_bytes())
                 self._plans[tree] = plan
             return plan
 
@@ -385,6 +392,15 @@ class LazyFetcher:
             return f"the layers lack {len(wanted)} files the TOC lists"
         log.info("msg=%r tree=%s image=%s", "lazy tree complete, layers verified", tree, ref)
         return None
+
+
+def _file_digest(value: object, name: str) -> str:
+    """A regular file's TOC digest, checked; the message naming the entry is built only
+    for a digest that fails (10,000 entries are checked on the publish path)."""
+    text = value if isinstance(value, str) else str(value)
+    if _SHA256.fullmatch(text):
+        return text
+    return digests.check(text, what=f"TOC entry {name}")
 
 
 @functools.lru_cache(maxsize=256)  # a layer's entries mostly share one modtime

@@ -46,7 +46,7 @@ import os
 import secrets
 import shutil
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -91,12 +91,20 @@ class Verifier:
 
     def missing(self, tree: index.Index) -> list[index.Row]:
         """The tree's files the store does not hold (one ``stat`` each)."""
+        return list(self._absent(tree))
+
+    def complete(self, tree: index.Index) -> bool:
+        """Whether the store holds every file of the tree; stops at the first one it
+        lacks (a lazy tree just indexed: one ``stat``, not one a file)."""
+        return next(self._absent(tree), None) is None
+
+    def _absent(self, tree: index.Index) -> Iterator[index.Row]:
         prefix = f"{self.files.files_dir}{os.sep}"
-        return [
+        return (
             row
             for row in tree.files()
             if not os.path.isfile(prefix + row.digest.removeprefix("sha256:"))
-        ]
+        )
 
     def check(self, name: str, tree: index.Index, *, image: str) -> None:
         """Every file present, and hashed once by this process; DataLoss otherwise."""
@@ -176,9 +184,9 @@ class MetaTrees:
 
     # --- presenting -------------------------------------------------------------------
 
-    def missing(self, tree: index.Index) -> list[index.Row]:
-        """The tree's files the store does not hold (one ``stat`` each)."""
-        return self.verifier.missing(tree)
+    def complete(self, tree: index.Index) -> bool:
+        """Whether the store holds every file of the tree (``Verifier.complete``)."""
+        return self.verifier.complete(tree)
 
     def present(
         self, name: str, tree: index.Index, target: Path, mounter: OverlayMounter, *, image: str

@@ -186,7 +186,7 @@ class FusePublisher:
         if tree is None:
             return None
         if self.images.lazy.plan_path(name).exists() and (
-            name in self.images.lazy.broken or self.meta.missing(tree)
+            name in self.images.lazy.broken or not self.meta.complete(tree)
         ):
             return None  # lazy and not complete yet: the FUSE view fetches on first read
         if self.links is not None and self.links.usable():

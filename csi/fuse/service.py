@@ -82,7 +82,7 @@ class FuseService:
             shared_grants=shared_grants,
             observer=observer,
         )
-        self.trees = fs.Trees(self.images.trees_dir, root / "slots.json")
+        self.trees = fs.Trees(self.images.trees_dir, root / "slots.json", self.images.files)
         self.images.on_forget.append(self.trees.forget)
         self.images.on_indexed.append(self.trees.offer)
         self.ops = fs.ReadOnlyFS(self.trees, self.images.files, fetcher=self.images.lazy)
