@@ -5,12 +5,15 @@ Where it sits: in the shared core, below the FUSE store's tree indexes and lazy 
 and write two documents of that size while NodePublishVolume waits; the standard
 library's codec took a quarter of that publish, orjson takes about a fifth of that.
 
-orjson refuses what the standard library accepts in two cases, and both are handed
-to the standard library, so what these functions accept is what ``json`` accepts:
-strings with lone surrogates (``\\udc80`` escapes, which a tar member name that is
-not UTF-8 becomes) and integers outside 64 bits. Tuples (NamedTuples included) are
-arrays, as ``json`` writes them. The output of :func:`dumps` is compact (no spaces);
-non-ASCII text is UTF-8, or ``\\u`` escapes where the standard library wrote it.
+What orjson refuses and the standard library accepts is handed to the standard
+library, so what these functions accept is what ``json`` accepts: strings with lone
+surrogates (``\\udc80`` escapes, which a tar member name that is not UTF-8 becomes),
+integers outside 64 bits when written. One difference stays: orjson *reads* an integer
+beyond 64 bits as a float (an approximation); no document read here holds one (sizes,
+offsets, modes and times are checked against budgets and ranges, which such a number
+fails either way). Tuples (NamedTuples included) are arrays, as ``json`` writes them.
+The output of :func:`dumps` is compact (no spaces); non-ASCII text is UTF-8, or
+``\\u`` escapes where the standard library wrote it.
 """
 
 from __future__ import annotations
