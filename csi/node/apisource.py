@@ -106,22 +106,22 @@ class ClientSource(listwatch.Source):
             item.setdefault("kind", kind)
         return items, str((listing.get("metadata") or {}).get("resourceVersion") or "")
 
-    def events(self, w: listwatch.Watch) -> Iterator[tuple[str, Obj]]:
-        kind = w.kind
-        args = self._args(w.api_version, kind, w.namespace)
-        if not w.resource_version and self.absent_is_empty:  # listed as absent
+    def events(self, request: listwatch.Watch) -> Iterator[tuple[str, Obj]]:
+        kind = request.kind
+        args = self._args(request.api_version, kind, request.namespace)
+        if not request.resource_version and self.absent_is_empty:  # listed as absent
             raise errors.NotFound(f"{kind} is not served (its CRD is not installed)")
-        extra = {"label_selector": w.label_selector} if w.label_selector else {}
+        extra = {"label_selector": request.label_selector} if request.label_selector else {}
         make: Callable[[], Any] = watch.Watch  # untyped in the client
         stream = make()
         try:
             for event in stream.stream(
-                self._call(w.namespace),
+                self._call(request.namespace),
                 *args,
-                resource_version=w.resource_version,
-                timeout_seconds=w.timeout_seconds,
+                resource_version=request.resource_version,
+                timeout_seconds=request.timeout_seconds,
                 allow_watch_bookmarks=True,
-                _request_timeout=w.timeout_seconds + REQUEST_TIMEOUT,
+                _request_timeout=request.timeout_seconds + REQUEST_TIMEOUT,
                 **extra,
             ):
                 type_, obj = event.get("type"), event.get("object")

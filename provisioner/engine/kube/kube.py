@@ -340,25 +340,25 @@ class Kube(listwatch.Source):
                 return items, str(meta.get("resourceVersion", ""))
             query["continue"] = meta["continue"]
 
-    def events(self, watch: listwatch.Watch) -> Iterator[tuple[str, Obj]]:
+    def events(self, request: listwatch.Watch) -> Iterator[tuple[str, Obj]]:
         """Events ``(type, object)`` after the watch's resourceVersion; raises ``Gone`` on 410.
 
         Ends when the server closes the watch (after ``timeout_seconds``); the
         client read timeout is a little longer so a dead connection cannot hang.
         """
-        kind, timeout_seconds = watch.kind, watch.timeout_seconds
-        res = self.resource(watch.api_version, kind)
+        kind, timeout_seconds = request.kind, request.timeout_seconds
+        res = self.resource(request.api_version, kind)
         query = {
             "watch": "true",
-            "resourceVersion": watch.resource_version,
+            "resourceVersion": request.resource_version,
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(timeout_seconds),
         }
-        if watch.label_selector:
-            query["labelSelector"] = watch.label_selector
+        if request.label_selector:
+            query["labelSelector"] = request.label_selector
         m, url, h, b, post = self._api.param_serialize(
             "GET",
-            res.path(watch.namespace),
+            res.path(request.namespace),
             query_params=list(query.items()),
             header_params={**self._as, "Accept": "application/json"},
             auth_settings=["BearerToken"],
