@@ -3,7 +3,8 @@
 Where it sits: in the node plugin, under ``csi.node.policies``, the plugin's one reader of
 the API server; the core's ``rukpak.kube.listwatch`` follows a kind through it (the shared
 core itself speaks no Kubernetes API, an import contract). The provisioner has its own
-HTTP adapter (``provisioner.engine.kube.Kube``), which is a ``Source`` too.
+HTTP adapter (``provisioner.engine.kube.Kube``), which is a ``Source`` too. Both write
+``list`` and ``events``; ``watch``, the call ``ListWatch`` makes, is the core's.
 
 Only kinds served under ``/apis`` (custom resources: group, version and plural given at
 construction) are followed; the client's failures become ``rukpak.common.errors``: 410 is
@@ -21,6 +22,7 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from rukpak.common import errors
+from rukpak.kube import listwatch
 from rukpak.kube.listwatch import Gone, Obj
 
 REQUEST_TIMEOUT = 10.0
@@ -55,7 +57,7 @@ def _error(exc: ApiException, what: str) -> errors.RukpakError:
     return errors.Unavailable(message)
 
 
-class ClientSource:
+class ClientSource(listwatch.Source):
     """List and watch one custom resource (``plural`` of ``api_version``) with ``api``."""
 
     def __init__(
@@ -104,30 +106,22 @@ class ClientSource:
             item.setdefault("kind", kind)
         return items, str((listing.get("metadata") or {}).get("resourceVersion") or "")
 
-    def watch(
-        self,
-        api_version: str,
-        kind: str,
-        *,
-        resource_version: str,
-        namespace: str = "",
-        label_selector: str = "",
-        timeout_seconds: int = 60,
-    ) -> Iterator[tuple[str, Obj]]:
-        args = self._args(api_version, kind, namespace)
-        if not resource_version and self.absent_is_empty:  # listed as absent
+    def events(self, request: listwatch.Watch) -> Iterator[tuple[str, Obj]]:
+        kind = request.kind
+        args = self._args(request.api_version, kind, request.namespace)
+        if not request.resource_version and self.absent_is_empty:  # listed as absent
             raise errors.NotFound(f"{kind} is not served (its CRD is not installed)")
-        extra = {"label_selector": label_selector} if label_selector else {}
+        extra = {"label_selector": request.label_selector} if request.label_selector else {}
         make: Callable[[], Any] = watch.Watch  # untyped in the client
         stream = make()
         try:
             for event in stream.stream(
-                self._call(namespace),
+                self._call(request.namespace),
                 *args,
-                resource_version=resource_version,
-                timeout_seconds=timeout_seconds,
+                resource_version=request.resource_version,
+                timeout_seconds=request.timeout_seconds,
                 allow_watch_bookmarks=True,
-                _request_timeout=timeout_seconds + REQUEST_TIMEOUT,
+                _request_timeout=request.timeout_seconds + REQUEST_TIMEOUT,
                 **extra,
             ):
                 type_, obj = event.get("type"), event.get("object")

@@ -220,14 +220,7 @@ class Metrics(OwnRegistry):
         read: Callable[[], dict[tuple[str, ...], float]],
     ) -> None:
         """A gauge family whose samples ``read`` returns at scrape (label values -> value)."""
-
-        def produce() -> Iterator[Metric]:
-            family = GaugeMetricFamily(name, help_text, labels=labels)
-            for values, value in sorted(read().items()):
-                family.add_metric(list(values), value)
-            yield family
-
-        self.registry.register(_Scraped(produce))  # type: ignore[arg-type]
+        self.object_gauge(name, help_text, labels, lambda: read().items())
 
     def object_gauge(
         self,

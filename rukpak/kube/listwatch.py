@@ -69,16 +69,34 @@ class Gone(errors.Aborted):
     """HTTP 410: the watch's resourceVersion is too old; re-list."""
 
 
+@dataclass(frozen=True)
+class Watch:
+    """One watch request: a kind (in one namespace, under one label selector, or all),
+    from a resourceVersion, until the server ends it after ``timeout_seconds``."""
+
+    api_version: str
+    kind: str
+    resource_version: str
+    namespace: str = ""
+    label_selector: str = ""
+    timeout_seconds: int = 60
+
+
 class Source(Protocol):
     """What ``ListWatch`` needs of an API client: a list and a watch of one kind.
 
     ``watch`` yields ``(type, object)`` (ADDED, MODIFIED, DELETED, BOOKMARK) and raises
-    ``Gone`` for a 410; every failure is a ``rukpak.common.errors.RukpakError``.
+    ``Gone`` for a 410; every failure is a ``rukpak.common.errors.RukpakError``. The
+    adapters (``provisioner.engine.kube.Kube``, ``csi.node.apisource.ClientSource``)
+    subclass it: they write ``list`` and ``events`` (the stream of one ``Watch``) and
+    inherit ``watch``, the call's one spelling.
     """
 
     def list(
         self, api_version: str, kind: str, *, namespace: str = "", label_selector: str = ""
     ) -> tuple[list[Obj], str]: ...
+
+    def events(self, request: Watch) -> Iterator[tuple[str, Obj]]: ...
 
     def watch(
         self,
@@ -89,7 +107,17 @@ class Source(Protocol):
         namespace: str = "",
         label_selector: str = "",
         timeout_seconds: int = 60,
-    ) -> Iterator[tuple[str, Obj]]: ...
+    ) -> Iterator[tuple[str, Obj]]:
+        return self.events(
+            Watch(
+                api_version,
+                kind,
+                resource_version,
+                namespace=namespace,
+                label_selector=label_selector,
+                timeout_seconds=timeout_seconds,
+            )
+        )
 
 
 def meta_of(obj: Obj) -> dict[str, Any]:

@@ -16,8 +16,9 @@ share the adapter, or urllib3 discards the extra connections after each use.
 
 Discovery (is a kind namespaced, what is its plural) is cached by
 ``engine.discovery``. Every request carries a timeout; watches also ask the
-server to end them (``timeoutSeconds``); ``engine.listwatch`` builds the
-list+watch loop and the informer cache on ``list`` and ``watch``.
+server to end them (``timeoutSeconds``); ``rukpak.kube.listwatch`` builds the
+list+watch loop and the informer cache on ``list`` and ``watch`` (a ``listwatch.Source``:
+this adapter writes ``events``, the core spells ``watch``).
 
 ``Kube.requests`` counts the requests sent, by HTTP method, and
 ``Kube.writes`` the write requests among them (POST, PUT, PATCH, DELETE):
@@ -44,6 +45,7 @@ from provisioner.engine.kube import discovery
 from provisioner.engine.kube.discovery import Resource
 from provisioner.engine.objects import FIELD_MANAGER, Obj, ObjectRef
 from rukpak.common import errors
+from rukpak.kube import listwatch
 from rukpak.kube.listwatch import Gone
 
 DEFAULT_TIMEOUT = 30.0
@@ -89,7 +91,7 @@ def _timeout(limit: float | tuple[float, float]) -> urllib3.Timeout:
     return urllib3.Timeout(total=limit)
 
 
-class Kube:
+class Kube(listwatch.Source):
     """JSON over REST to one API server; safe to share between threads."""
 
     def __init__(self, api: k8s_client.ApiClient, *, timeout: float = DEFAULT_TIMEOUT) -> None:
@@ -338,33 +340,25 @@ class Kube:
                 return items, str(meta.get("resourceVersion", ""))
             query["continue"] = meta["continue"]
 
-    def watch(
-        self,
-        api_version: str,
-        kind: str,
-        *,
-        resource_version: str,
-        namespace: str = "",
-        label_selector: str = "",
-        timeout_seconds: int = 60,
-    ) -> Iterator[tuple[str, Obj]]:
-        """Events ``(type, object)`` after ``resource_version``; raises ``Gone`` on 410.
+    def events(self, request: listwatch.Watch) -> Iterator[tuple[str, Obj]]:
+        """Events ``(type, object)`` after the watch's resourceVersion; raises ``Gone`` on 410.
 
         Ends when the server closes the watch (after ``timeout_seconds``); the
         client read timeout is a little longer so a dead connection cannot hang.
         """
-        res = self.resource(api_version, kind)
+        kind, timeout_seconds = request.kind, request.timeout_seconds
+        res = self.resource(request.api_version, kind)
         query = {
             "watch": "true",
-            "resourceVersion": resource_version,
+            "resourceVersion": request.resource_version,
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(timeout_seconds),
         }
-        if label_selector:
-            query["labelSelector"] = label_selector
+        if request.label_selector:
+            query["labelSelector"] = request.label_selector
         m, url, h, b, post = self._api.param_serialize(
             "GET",
-            res.path(namespace),
+            res.path(request.namespace),
             query_params=list(query.items()),
             header_params={**self._as, "Accept": "application/json"},
             auth_settings=["BearerToken"],
