@@ -53,7 +53,11 @@ def make_ca(
     path_length: int | None = None,
     until: datetime = NOW + timedelta(days=1),
     cert_sign: bool | None = None,
+    key_id: bool = False,
 ) -> CA:
+    """A CA named ``cn``, signed by ``issuer`` (by itself when None); with ``cert_sign``
+    set, a KeyUsage that does (True) or does not (False) allow signing certificates; with
+    ``key_id``, a SubjectKeyIdentifier."""
     key = ec.generate_private_key(ec.SECP256R1())
     builder = (
         x509.CertificateBuilder()
@@ -68,6 +72,10 @@ def make_ca(
     if cert_sign is not None:
         usage = x509.KeyUsage(True, False, False, False, False, cert_sign, True, False, False)
         builder = builder.add_extension(usage, critical=True)
+    if key_id:
+        builder = builder.add_extension(
+            x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
+        )
     return CA(key, builder.sign(issuer.key if issuer else key, hashes.SHA256()))
 
 

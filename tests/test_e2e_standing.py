@@ -48,8 +48,9 @@ SUFFIX = uuid.uuid4().hex[:6]
 PROVISIONER = ("-n", inst.NAMESPACE, "deployment/rukpak-provisioner")
 
 
-@pytest.fixture(scope="module")
-def standing(standing_system: inst.RukpakSystem) -> inst.RukpakSystem:
+@pytest.fixture(scope="module", name="system")
+def _system(standing_system: inst.RukpakSystem) -> inst.RukpakSystem:
+    """The installed system switched to the standing provisioner: every test's."""
     return standing_system
 
 
@@ -105,10 +106,7 @@ def push_hello(system: inst.RukpakSystem, root: Path, tag: str, ns: str, text: s
     return ref
 
 
-def test_an_install_and_an_upgrade_start_no_pod(
-    standing: inst.RukpakSystem, tmp_path: Path
-) -> None:
-    system = standing
+def test_an_install_and_an_upgrade_start_no_pod(system: inst.RukpakSystem, tmp_path: Path) -> None:
     name = ns = f"standing-{SUFFIX}"
     first = push_hello(system, tmp_path / "v1", "v1", ns, "standing one")
     second = push_hello(system, tmp_path / "v2", "v2", ns, "standing two")
@@ -128,11 +126,10 @@ def test_an_install_and_an_upgrade_start_no_pod(
 
 
 def test_several_sources_install_together_with_no_pod(
-    standing: inst.RukpakSystem, tmp_path: Path
+    system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
     """v1alpha2 ``spec.sources``: each source asked of the store volume, shown to the
     instance at its destination."""
-    system = standing
     name = ns = f"standing-multi-{SUFFIX}"
     create_of_sources(system, name, push_split_hello(system, tmp_path, ns, "standing-multi"))
     try:
@@ -189,12 +186,11 @@ def _restarts(system: inst.RukpakSystem) -> int:
 
 
 def test_hostile_bundles_beside_fifty_good_ones_fail_by_name_and_every_good_one_installs(
-    standing: inst.RukpakSystem,
+    system: inst.RukpakSystem,
 ) -> None:
     """An alias bomb and a bundle of 100,000 objects, created first, beside 50 good
     bundles: each hostile one fails with a condition naming why, every good one is
     Installed, and the provisioner that loaded them all in one process never restarted."""
-    system = standing
     repo = f"e2e-standing-{SUFFIX}/many"
     hostile = {
         f"st-bomb-{SUFFIX}": (_alias_bomb(), "excessive aliasing"),
@@ -247,9 +243,8 @@ def test_hostile_bundles_beside_fifty_good_ones_fail_by_name_and_every_good_one_
 
 
 def test_content_the_store_cannot_serve_fails_with_a_condition_and_others_still_install(
-    standing: inst.RukpakSystem, tmp_path: Path
+    system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
-    system = standing
     good = ns = f"standing-ok-{SUFFIX}"
     bad = f"standing-missing-{SUFFIX}"
     ref = push_hello(system, tmp_path / "ok", "ok", ns, "still served")
@@ -271,9 +266,9 @@ def test_content_the_store_cannot_serve_fails_with_a_condition_and_others_still_
 
 
 def test_the_standing_provisioner_serves_from_its_store_volume(
-    standing: inst.RukpakSystem,
+    system: inst.RukpakSystem,
 ) -> None:
-    pods = standing.kube.list(
+    pods = system.kube.list(
         "v1", "Pod", namespace=inst.NAMESPACE,
         label_selector="app.kubernetes.io/name=rukpak-provisioner",
     )[0]  # fmt: skip
@@ -283,7 +278,7 @@ def test_the_standing_provisioner_serves_from_its_store_volume(
     assert store["csi"]["volumeAttributes"] == {"kind": "store"}
     mount = next(m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "store")
     assert mount["mountPropagation"] == "HostToContainer"
-    logs = standing.kubectl(*PROVISIONER[:2], "logs", PROVISIONER[2], timeout=30)
+    logs = system.kubectl(*PROVISIONER[:2], "logs", PROVISIONER[2], timeout=30)
     assert "serving runs" in logs
 
 
@@ -314,9 +309,8 @@ def scheduled_in_system(system: inst.RukpakSystem, prefix: str) -> list[str]:
 
 
 def test_a_v1alpha1_install_checks_its_bundle_and_installs_with_no_pod(
-    standing: inst.RukpakSystem, tmp_path: Path
+    system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
-    system = standing
     name = ns = f"standing-v1-{SUFFIX}"
     ref = push_hello(system, tmp_path / "v1", "v1alpha1", ns, "checked without a pod")
     system.kube.create(inst.bundle_deployment(name, ref))
@@ -345,9 +339,8 @@ def test_a_v1alpha1_install_checks_its_bundle_and_installs_with_no_pod(
 
 
 def test_an_invalid_v1alpha1_bundle_fails_its_check_in_upstreams_words_with_no_pod(
-    standing: inst.RukpakSystem, tmp_path: Path
+    system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
-    system = standing
     del tmp_path  # `rukpak bundle build` refuses an empty bundle: pushed by hand
     ref = csi_helpers.push_image(
         system.registry_host, f"e2e-standing-{SUFFIX}/empty", "v1", [[("manifests/", "dir")]]
@@ -369,12 +362,11 @@ def test_an_invalid_v1alpha1_bundle_fails_its_check_in_upstreams_words_with_no_p
 
 
 def test_a_provisioner_killed_mid_run_loses_nothing_the_next_one_finishes_it(
-    standing: inst.RukpakSystem, tmp_path: Path
+    system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
     """kill -9 of the provisioner holding a run: the run stays Running, its claim goes stale,
     and the provisioner kubelet restarts takes it and installs. The run is held mid-way
     deterministically: the BundleDeployment's Lease is held by someone else until the kill."""
-    system = standing
     name = ns = f"standing-kill-{SUFFIX}"
     ref = push_hello(system, tmp_path / "k", "kill", ns, "survived a kill")
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

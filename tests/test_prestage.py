@@ -165,7 +165,9 @@ def big_image(registry: RegistryServer, repo: str, tag: str, size: int) -> Pushe
     return push_image(registry.host, repo, tag, [[("data.bin", "file", data)]])
 
 
-def cache(tmp_path: Path) -> ImageCache:
+@pytest.fixture(name="images")
+def _images(tmp_path: Path) -> ImageCache:
+    """A real image cache under ``tmp_path`` (pulls without retries)."""
     return ImageCache(
         tmp_path / "images",
         puller_factory=lambda creds: RegistryClient(credentials=creds, retries=0),
@@ -187,23 +189,26 @@ def pinned(image: PushedImage) -> str:
     return f"{image.ref.rsplit(':', 1)[0]}@{image.manifest_digest}"
 
 
-def hold(images: ImageCache, image: PushedImage, target: str) -> None:
-    """What a publish of ``image`` on ``target`` leaves in the cache."""
+def held(
+    registry: RegistryServer, images: ImageCache, repo: str, *, text: str = "hello"
+) -> PushedImage:
+    """``repo``:v1 pushed and left in ``images`` as its publish on a volume of this node
+    leaves it (the volume holds it)."""
+    image = simple_image(registry.host, repo, "v1", text=text)
     images.ensure(
         pinned(image),
         platform=PLATFORM,
         pull_policy=PullPolicy.IF_NOT_PRESENT,
-        holder=Holder(target=target, volume_id="v", image=image.ref),
+        holder=Holder(target="/pods/a/volumes/bundle", volume_id="v", image=image.ref),
     )
+    return image
 
 
 @pytest_registry
 def test_a_node_holding_the_repository_fetches_the_new_digest_and_reports_progress(
-    registry: RegistryServer, tmp_path: Path
+    registry: RegistryServer, images: ImageCache
 ) -> None:
-    images = cache(tmp_path)
-    old = simple_image(registry.host, "prestage/app", "v1")
-    hold(images, old, "/pods/a/volumes/bundle")
+    held(registry, images, "prestage/app")
     new = big_image(registry, "prestage/app", "v2", 8 * 2**20)
     reports: list[words.Answer] = []
     answer = stager(images).stage(pinned(new), asked="t1", report=reports.append)
@@ -218,10 +223,9 @@ def test_a_node_holding_the_repository_fetches_the_new_digest_and_reports_progre
 
 @pytest_registry
 def test_a_node_without_the_repository_skips_and_fetches_nothing(
-    registry: RegistryServer, tmp_path: Path
+    registry: RegistryServer, images: ImageCache
 ) -> None:
-    images = cache(tmp_path)
-    hold(images, simple_image(registry.host, "prestage/other", "v1"), "/pods/a/volumes/x")
+    held(registry, images, "prestage/other")
     new = simple_image(registry.host, "prestage/skipped", "v2", text="skipped")
     answer = stager(images).stage(pinned(new), asked="t1")
     assert answer.state == words.SKIPPED
@@ -231,9 +235,8 @@ def test_a_node_without_the_repository_skips_and_fetches_nothing(
 
 @pytest_registry
 def test_a_node_serving_a_store_volume_fetches_for_its_standing_provisioner(
-    registry: RegistryServer, tmp_path: Path
+    registry: RegistryServer, images: ImageCache
 ) -> None:
-    images = cache(tmp_path)
     new = simple_image(registry.host, "prestage/standing", "v2", text="standing")
     answer = stager(images, store_present=lambda: True).stage(pinned(new), asked="t1")
     assert answer.state == words.CACHED
@@ -243,11 +246,9 @@ def test_a_node_serving_a_store_volume_fetches_for_its_standing_provisioner(
 
 @pytest_registry
 def test_a_digest_already_cached_is_answered_at_once_and_advertised(
-    registry: RegistryServer, tmp_path: Path
+    registry: RegistryServer, images: ImageCache
 ) -> None:
-    images = cache(tmp_path)
-    old = simple_image(registry.host, "prestage/held", "v1", text="held")
-    hold(images, old, "/pods/a/volumes/bundle")
+    old = held(registry, images, "prestage/held", text="held")
     core = stager(images)
     answer = core.stage(pinned(old), asked="t1")
     assert answer.state == words.CACHED and answer.message == "already cached"
@@ -256,12 +257,11 @@ def test_a_digest_already_cached_is_answered_at_once_and_advertised(
 
 @pytest_registry
 def test_a_private_image_is_never_fetched_with_someones_credential(
-    auth_registry: RegistryServer, tmp_path: Path
+    auth_registry: RegistryServer, images: ImageCache
 ) -> None:
     assert auth_registry.username and auth_registry.password
     secret = dockerconfig(auth_registry.host, auth_registry.username, auth_registry.password)
     creds = Credentials.from_dockerconfigjson(secret[".dockerconfigjson"])
-    images = cache(tmp_path)
     old = push_image(
         auth_registry.host, "prestage/private", "v1", [[("a", "file", b"1")]], credentials=creds
     )
@@ -283,11 +283,9 @@ def test_a_private_image_is_never_fetched_with_someones_credential(
 
 @pytest_registry
 def test_an_unknown_digest_fails_with_the_registrys_words(
-    registry: RegistryServer, tmp_path: Path
+    registry: RegistryServer, images: ImageCache
 ) -> None:
-    images = cache(tmp_path)
-    old = simple_image(registry.host, "prestage/gone", "v1")
-    hold(images, old, "/pods/a/volumes/bundle")
+    held(registry, images, "prestage/gone")
     missing = f"{registry.host}/prestage/gone@sha256:{'0' * 64}"
     answer = stager(images).stage(missing, asked="t1")
     assert answer.state == words.FAILED and answer.message
@@ -304,9 +302,8 @@ def _no_registry(_: Credentials | None) -> RegistryClient:
 
 
 @pytest_registry
-def test_two_asks_of_one_digest_fetch_it_once(registry: RegistryServer, tmp_path: Path) -> None:
-    images = cache(tmp_path)
-    hold(images, simple_image(registry.host, "prestage/twice", "v1"), "/pods/a/volumes/b")
+def test_two_asks_of_one_digest_fetch_it_once(registry: RegistryServer, images: ImageCache) -> None:
+    held(registry, images, "prestage/twice")
     new = big_image(registry, "prestage/twice", "v2", 2 * 2**20)
     core = stager(images)
     answers: list[words.Answer] = []

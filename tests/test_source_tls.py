@@ -217,37 +217,30 @@ def test_the_content_url_path_fetches_a_git_source_with_its_ca(
 
 
 @pytest.mark.parametrize(
-    ("kind", "spec", "match"),
+    ("kind", "url", "certificate_data", "match"),
     [
         (
             "git",
-            {"repository": "https://git.example.com/r.git", "certificateData": "not PEM"},
-            r"source.git.certificateData must hold the server's CA certificate\(s\) in PEM",
+            "https://git.example.com/r.git",
+            "not PEM",
+            r"must hold the server's CA certificate\(s\) in PEM",
         ),
-        (
-            "http",
-            {"url": "https://files.example.com/b.tgz", "certificateData": "not PEM"},
-            r"source.http.certificateData must hold the server's CA",
-        ),
-        (
-            "http",
-            {"url": "http://files.example.com/b.tgz", "certificateData": "CA"},
-            r"source.http.certificateData is for https:// URLs only",
-        ),
-        (
-            "git",
-            {"repository": "ssh://git@git.example.com/r.git", "certificateData": "CA"},
-            r"source.git.certificateData is for https:// URLs only",
-        ),
+        ("http", "https://files.example.com/b.tgz", "not PEM", r"must hold the server's CA"),
+        ("http", "http://files.example.com/b.tgz", "CA", r"is for https:// URLs only"),
+        ("git", "ssh://git@git.example.com/r.git", "CA", r"is for https:// URLs only"),
     ],
 )
 def test_bad_certificate_data_of_a_git_or_http_source_is_invalid_argument(
-    servers: Servers, kind: str, spec: dict[str, Any], match: str
+    servers: Servers, kind: str, url: str, certificate_data: str, match: str
 ) -> None:
-    spec = {k: (servers.ca.pem if v == "CA" else v) for k, v in spec.items()}
+    """``certificate_data`` "CA" stands for the servers' CA; the error names the field."""
+    spec: dict[str, Any] = {
+        "repository" if kind == "git" else "url": url,
+        "certificateData": servers.ca.pem if certificate_data == "CA" else certificate_data,
+    }
     if kind == "git":
         spec["ref"] = {"branch": "main"}
-    with pytest.raises(errors.InvalidArgument, match=match):
+    with pytest.raises(errors.InvalidArgument, match=rf"source\.{kind}\.certificateData {match}"):
         resolve({"type": kind, kind: spec})
 
 

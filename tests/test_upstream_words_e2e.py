@@ -43,6 +43,12 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 SUFFIX = uuid.uuid4().hex[:6]
 
 
+@pytest.fixture(scope="module", name="system")
+def _system(standing_system: inst.RukpakSystem) -> inst.RukpakSystem:
+    """The default install (the standing provisioner): every test's."""
+    return standing_system
+
+
 def _push(system: inst.RukpakSystem, root: Path, docs: list[Obj], repo: str) -> str:
     (root / "manifests").mkdir(parents=True)
     (root / "manifests" / "all.yaml").write_text(yaml.safe_dump_all(docs))
@@ -78,11 +84,10 @@ def _owned_crds(system: inst.RukpakSystem, name: str) -> list[str]:
 
 
 def test_a_bundledeployment_targeting_an_invalid_bundle_projects_a_failed_installation(
-    standing_system: inst.RukpakSystem, tmp_path: Path
+    system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
     """Upstream's "a BundleDeployment targets an invalid Bundle" (plain-v0:invalid-missing-crds):
     the OLM kinds are not served."""
-    system = standing_system
     ns = f"olm-{SUFFIX}"
     olm = [
         ("operators.coreos.com/v1alpha1", "CatalogSource"),
@@ -123,11 +128,10 @@ def test_a_bundledeployment_targeting_an_invalid_bundle_projects_a_failed_instal
 
 
 def test_a_bundledeployment_whose_bundle_fails_unpacking_has_no_valid_bundle(
-    standing_system: inst.RukpakSystem,
+    system: inst.RukpakSystem,
 ) -> None:
     """Upstream's invalid configMaps bundle (a ``.gitignore`` among the manifests) behind a
     BundleDeployment: ``HasValidBundle`` False, UnpackFailed, in upstream's words."""
-    system = standing_system
     cm_name = f"invalid-{SUFFIX}"
     inst.configmap_bundle(
         system,
@@ -185,9 +189,8 @@ def _patch_versions(
 
 
 def test_a_crd_update_breaking_existing_resources_is_denied_in_upstreams_words(
-    standing_system: inst.RukpakSystem, tmp_path: Path
+    system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
-    system = standing_system
     group = f"deny{SUFFIX}.example.com"
     ns = f"deny-{SUFFIX}"
     ref, crd = _widgets_bundle(system, tmp_path, group, ns)
@@ -236,11 +239,10 @@ def test_a_crd_update_breaking_existing_resources_is_denied_in_upstreams_words(
 
 @pytest.mark.parametrize("policy", ["Delete", "Orphan"])
 def test_a_deleted_bundledeployment_leaves_no_crd_and_is_not_found(
-    standing_system: inst.RukpakSystem, tmp_path: Path, policy: str
+    system: inst.RukpakSystem, tmp_path: Path, policy: str
 ) -> None:
     """Upstream's "a BundleDeployment has been deleted": the CRDs labelled as its own are
     eventually gone, and at that moment the BundleDeployment is NotFound."""
-    system = standing_system
     group = f"{policy.lower()}{SUFFIX}.example.com"
     ns = f"{policy.lower()}-{SUFFIX}"
     ref, crd = _widgets_bundle(system, tmp_path, group, ns)
@@ -273,11 +275,10 @@ CSV_FILE = "manifests/cache-operator.clusterserviceversion.yaml"
 
 
 def test_a_registry_bundle_without_all_namespaces_fails_in_upstreams_words(
-    standing_system: inst.RukpakSystem, tmp_path: Path
+    system: inst.RukpakSystem, tmp_path: Path
 ) -> None:
     """Upstream v0.16's registry provisioner suite: the conversion's reason right after its
     prefix; where (the CSV, its document and line) follows."""
-    system = standing_system
     root = tmp_path / "cache-operator"
     shutil.copytree(REGISTRY_FIXTURE, root)
     csv = yaml.safe_load((root / CSV_FILE).read_text())

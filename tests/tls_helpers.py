@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from tests import signing_helpers
 from tests.registry import ServingCert
 
 LOOPBACK_NAMES: tuple[x509.GeneralName, ...] = (
@@ -52,34 +53,13 @@ def _name(cn: str) -> x509.Name:
 
 
 def make_ca(cn: str = "rukpak-test-registry-ca") -> CA:
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(cn))
-        .issuer_name(_name(cn))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(_now() - datetime.timedelta(days=1))
-        .not_valid_after(_now() + datetime.timedelta(days=30))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
-        .sign(key, hashes.SHA256())
+    """A CA valid for 30 days: the signature tests' CA (``signing_helpers.make_ca``, which
+    may sign certificates) with a subject key identifier, as strict TLS verification
+    wants of a CA."""
+    made = signing_helpers.make_ca(
+        cn, until=_now() + datetime.timedelta(days=30), cert_sign=True, key_id=True
     )
-    return CA(cert, key)
+    return CA(made.cert, made.key)
 
 
 def _write(
