@@ -219,16 +219,20 @@ def test_failures_wait_the_bounded_backoff_before_retrying() -> None:
 
     recording = RecordingStop()
     fake = FlakyKube(recording)
+    heard: list[str] = []
     lw = listwatch.ListWatch(
         fake,  # type: ignore[arg-type]
         "v1",
         "ConfigMap",
         stop=recording,
         backoff=Backoff(base=0.5, cap=0.75),
+        on_error=heard.append,
     )
     lw.run()
     assert waits == [0.5, 0.75]
     assert fake.list_calls == 3 and lw.watches == 1
+    # told once when following started failing (not on each retry), cleared by the list
+    assert heard == ["list ConfigMap: API server unreachable"] and lw.error == ""
 
 
 # -- the node plugin's source: the official client, same informer -------------------------

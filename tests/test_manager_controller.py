@@ -748,8 +748,13 @@ def test_health_is_read_as_each_deployments_own_account_in_its_namespaces(
         role_binding(narrow, "configmap-reader", [subject], namespace=target, role_kind="Role")
     )
     stop = threading.Event()
+    looked_at: list[tuple[str, bool]] = []  # (owner, whether an informer was refused then)
+
+    def look(owner: str) -> None:
+        looked_at.append((owner, any(i.listwatch.error for i in watch.informers())))
+
     watch = healthwatch.HealthWatch(
-        kube, system_ns, on_change=lambda _: None, stop=stop, user_of=users.get, watch_timeout=10
+        kube, system_ns, on_change=look, stop=stop, user_of=users.get, watch_timeout=10
     )
     caplog.set_level("WARNING", logger="rukpak.kube.listwatch")
     watch.start()
@@ -773,6 +778,12 @@ def test_health_is_read_as_each_deployments_own_account_in_its_namespaces(
         )
         assert "forbidden" in refused[0].lower() and target in refused[0], refused
         assert watch.health(nobody) is None  # unknown, not judged with the manager's rights
+        # ... and it says why, for its Healthy condition: the controller is told to look
+        why = eventually(lambda: watch.unknown_why(nobody), timeout=30, what="why unknown")
+        assert users[nobody] in why and "forbidden" in why.lower() and "ConfigMap" in why, why
+        assert "grant that account get, list and watch" in why
+        assert (nobody, True) in looked_at  # looked at again once refused
+        assert watch.unknown_why(narrow) == ""
         # the watch after the list goes as the user too (not only the list)
         as_narrow = kube.impersonating(users[narrow])
         _, rv = as_narrow.list("v1", "ConfigMap", namespace=target)

@@ -271,6 +271,16 @@ def _ready(of: Obj, **kw: Any) -> plan.Observed:
             ("False", "InstallFailed"),
             ("False", "InstallationStatusFalse"),  # upstream sets both
         ),
+        (
+            _ready(B, record=record(B), health_unreadable="cannot read the ConfigMap objects"),
+            ("True", "InstallationSucceeded"),
+            ("Unknown", "HealthUnreadable"),
+        ),
+        (  # not installed yet: nothing to read, whatever the watches say
+            _ready(B, health_unreadable="cannot read the ConfigMap objects"),
+            ("False", "InstallPending"),
+            ("Unknown", "NotInstalled"),
+        ),
     ],
     ids=[
         "run pod cannot mount",
@@ -279,6 +289,8 @@ def _ready(of: Obj, **kw: Any) -> plan.Observed:
         "recorded, objects ready",
         "recorded, an object unhealthy",
         "run pod failed",
+        "recorded, a kind its account may not read",
+        "not installed, a kind unreadable",
     ],
 )
 def test_conditions_follow_the_runs_and_the_record(
@@ -288,6 +300,13 @@ def test_conditions_follow_the_runs_and_the_record(
     assert cond(actions, plan.HAS_VALID_BUNDLE) == ("True", "UnpackSuccessful")
     assert cond(actions, plan.INSTALLED) == installed
     assert cond(actions, plan.HEALTHY) == healthy
+
+
+def test_an_unreadable_kind_says_why_health_is_unknown() -> None:
+    why = "cannot read the ConfigMap objects it installed as system:serviceaccount:x:y: forbidden"
+    actions = plan.plan(B, _ready(B, record=record(B), health_unreadable=why), settings=SETTINGS)
+    healthy = next(c for c in status_of(actions)["conditions"] if c["type"] == "Healthy")
+    assert (healthy["status"], healthy["message"]) == ("Unknown", why)
 
 
 def test_a_failed_install_carries_the_termination_message() -> None:

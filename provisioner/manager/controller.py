@@ -346,6 +346,7 @@ class Controller(Reconciler):
                     {*dependencies.dependents(name, self.bds.items()), *self._uninstalling(name)}
                 )
             )
+        health = self._probed(name, stored, record) if self.read_health else None
         return bd, plan.Observed(
             revert=self._revert(name, stored, record, tuple(pods)),
             dependencies=dependencies.unmet(stored, lookup) if not cycle else (),
@@ -360,7 +361,10 @@ class Controller(Reconciler):
             conflict=conflict,
             drifted=drifted,
             other_runs=other_runs,
-            health=self._probed(name, stored, record) if self.read_health else None,
+            health=health,
+            health_unreadable=(
+                self.health.unknown_why(name) if self.read_health and health is None else ""
+            ),
             now=now_text(),
         )
 

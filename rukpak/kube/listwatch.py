@@ -148,6 +148,10 @@ class Options(TypedDict, total=False):
     """Re-list this often even when the watch is healthy (default: never)."""
     backoff: Backoff
     """Pause after failures (default ``WATCH_BACKOFF``)."""
+    on_error: Callable[[str], object]
+    """Called with the failure's message when following starts failing, or fails with
+    another message (not on every retry); ``ListWatch.error`` holds it until a list
+    succeeds."""
 
 
 @dataclass(eq=False, repr=False)
@@ -173,6 +177,9 @@ class ListWatch:
     watch_timeout: int = 60
     relist_every: float | None = None
     backoff: Backoff = WATCH_BACKOFF
+    on_error: Callable[[str], object] = lambda message: None
+    error: str = field(default="", init=False)
+    """The last failure's message while following fails ("" once a list succeeds)."""
     resource_version: str = field(default="", init=False)
     """The resourceVersion the next watch starts from ("" = list first)."""
     lists: int = field(default=0, init=False)
@@ -208,6 +215,9 @@ class ListWatch:
                 log.warning(
                     "msg='watch failed' watch=%r retry_in=%.1fs error=%r", self, delay, err.message
                 )
+                if err.message != self.error:
+                    self.error = err.message
+                    self.on_error(err.message)
                 self.stop.wait(delay)
             except Exception:  # a handler's bug: keep following, from a fresh list
                 delay = self.backoff.delay(failures)
@@ -224,6 +234,7 @@ class ListWatch:
             label_selector=self.label_selector,
         )
         self.lists += 1
+        self.error = ""
         self.on_list(items, rv)
         self.resource_version = rv
 

@@ -41,6 +41,9 @@ REASON_UNHEALTHY = "Unhealthy"
 # ours, where upstream has no word
 INSTALL_PENDING = "InstallPending"
 NOT_INSTALLED = "NotInstalled"
+HEALTH_UNREADABLE = "HealthUnreadable"
+"""``Healthy`` Unknown: the deployment's account may not read a kind it installed
+(upstream reads as the manager itself and never meets it)."""
 
 Verdict = tuple[str, str, str]
 """(status, reason, message) of one condition."""
@@ -159,6 +162,11 @@ def installation_succeeded(bundle: str) -> str:
 
 def healthy_unknown() -> Verdict:
     return "Unknown", NOT_INSTALLED, "health is known once the bundle is installed"
+
+
+def healthy_unreadable(why: str) -> Verdict:
+    """``Healthy`` while a kind the bundle installed cannot be read as its account."""
+    return "Unknown", HEALTH_UNREADABLE, why
 
 
 def healthy_when_failed() -> Verdict:

@@ -57,16 +57,20 @@ class InformerSet:
         namespace: str | None = None,
         label_selector: str | None = None,
         kube: Kube | None = None,
+        on_error: Callable[[str], object] | None = None,
         **handlers: Unpack[Handlers],
     ) -> listwatch.Informer:
         """A new informer of ``kind`` (not started); ``namespace`` and ``label_selector``
         override the set's, ``kube`` its client (an impersonating one: the informer sees
-        what that user may see)."""
+        what that user may see); ``on_error`` hears when following it starts failing
+        (``listwatch.Options``)."""
         options = listwatch.Options(**self.options)
         if namespace is not None:
             options["namespace"] = namespace
         if label_selector is not None:
             options["label_selector"] = label_selector
+        if on_error is not None:
+            options["on_error"] = on_error
         informer = listwatch.Informer(kube or self.kube, api_version, kind, **handlers, **options)
         with self._lock:
             self._informers.append(informer)

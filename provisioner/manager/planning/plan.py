@@ -146,6 +146,9 @@ class Observed:
     """Of the objects the inventory lists, as one ``Health``: ``ready`` when all are, else
     the ``reason`` names some that are not. None when nothing is installed (no inventory)
     or health was not read."""
+    health_unreadable: str = ""
+    """Why ``health`` is None though something is installed: a kind the deployment's
+    account may not read (``HealthWatch.unknown_why``); "" otherwise."""
     dependencies: tuple[str, ...] = ()
     """``spec.dependsOn`` entries not Installed and Healthy yet, each in a few words."""
     cycle: str = ""
@@ -187,6 +190,8 @@ def healthy(observed: Observed, installed: Verdict) -> Verdict:
     both), unknown until something is installed, else the health of what is."""
     if installed[0] == "False" and installed[1] in words.FAILED_INSTALL_REASONS:
         return words.healthy_when_failed()
+    if observed.health is None and installed[0] == "True" and observed.health_unreadable:
+        return words.healthy_unreadable(observed.health_unreadable)
     if observed.health is None or installed[0] != "True":
         return words.healthy_unknown()
     if observed.health.ready:

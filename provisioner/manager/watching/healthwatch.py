@@ -22,11 +22,15 @@ such versions are kept, the oldest dropped first.
 
 An object whose owner label was removed drops out of the label-selected
 cache and is reported "not found"; a kind whose first list has not arrived
-yet makes the health unknown (None) rather than wrong.
+yet makes the health unknown (None) rather than wrong. When the API server refuses an
+informer (the account may not list or watch the kind), every deployment reading through
+it is looked at again and ``unknown_why(name)`` says why its health is unknown: the
+account, the kind, the server's words and what to grant.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import OrderedDict
@@ -74,6 +78,8 @@ class HealthWatch:
         """(user, apiVersion, kind, namespace or "" for all) -> the informer of the owned
         objects that user sees there."""
         self._clients: dict[str, Kube] = {}
+        self._readers: dict[tuple[str | None, str, str, str], set[str]] = {}
+        """The same keys -> the deployments whose health is read through that informer."""
         self._last_good: OrderedDict[tuple[str, str], Obj] = OrderedDict()
         self.inventories = self._caches.add(
             "v1",
@@ -107,6 +113,7 @@ class HealthWatch:
         namespace = "" if user == self.wide_user else ref.namespace
         key = (user, ref.api_version, ref.kind, namespace)
         with self._lock:
+            self._readers.setdefault(key, set()).add(owner)
             informer = self._kinds.get(key)
             if informer is not None:
                 return informer
@@ -123,10 +130,34 @@ class HealthWatch:
                 on_change=self._owned,
                 on_update=self._updated,
                 on_gone=self._gone,
+                on_error=functools.partial(self._refused, key),
             )
             self._kinds[key] = informer
         self._caches.start()
         return informer
+
+    def _refused(self, key: tuple[str | None, str, str, str], _message: str) -> None:
+        """An informer started failing: look again at what reads through it (its
+        ``Healthy`` says why it is unknown)."""
+        with self._lock:
+            readers = sorted(self._readers.get(key, ()))
+        for owner in readers:
+            self.on_change(owner)
+
+    def unknown_why(self, name: str) -> str:
+        """Why deployment ``name``'s health is unknown when a kind it installed cannot be
+        read as its account (the API server's refusal); "" otherwise."""
+        for ref in self._refs(name) or ():
+            informer = self._informer(name, ref)
+            error = informer.listwatch.error
+            if not informer.synced and error:
+                user = self.user_of(name) or "the manager"
+                where = f" in namespace {ref.namespace}" if ref.namespace else ""
+                return (
+                    f"cannot read the {ref.kind} objects it installed{where} as {user}: "
+                    f"{error}; grant that account get, list and watch on them"
+                )
+        return ""
 
     def _owned(self, obj: Obj) -> None:
         owner = owner_of(obj)
