@@ -49,7 +49,7 @@ from typing import Protocol, Unpack
 from csi.fuse import index, lazy, tags, unpack
 from csi.fuse.collect import Collector
 from csi.fuse.filestore import FileStore
-from rukpak.common import errors
+from rukpak.common import background, errors
 from rukpak.common.fsio import (
     fsync_files,
     read_json_or_set_aside,
@@ -333,6 +333,7 @@ class FuseImages(ImageStoreBase):
     def _complete(self, name: str) -> None:
         """Make the lazy tree's index (saved again with listings) and plan durable, then
         fetch its missing files."""
+        background.let_starter_finish()  # the publish that started it answers first
         try:
             self._relist(name)
             fsync_files(self.lazy.plan_path(name))
