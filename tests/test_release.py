@@ -485,6 +485,17 @@ def _deploy_hello(system: inst.RukpakSystem, name: str, *, namespace: str, root:
     return ObjectRef("core.rukpak.io", "v1alpha1", "BundleDeployment", "", name)
 
 
+def _manager_log(system: inst.RukpakSystem) -> str:
+    """The managers' last log lines, to say what a failed upgrade check saw."""
+    try:
+        return system.kubectl(
+            "logs", "-n", inst.NAMESPACE, "-l", f"app.kubernetes.io/name={inst.MANAGER}",
+            "--tail", "60", "--prefix",
+        )  # fmt: skip
+    except Exception as exc:  # the report, not the test: a log that cannot be read says so
+        return f"(no manager log: {exc})"
+
+
 def _installed(system: inst.RukpakSystem, bd: ObjectRef) -> dict[str, Any] | None:
     """``bd``'s conditions once it is Installed and Healthy, else None."""
     conds = inst.conditions(system.kube.get(bd))
@@ -619,7 +630,12 @@ def test_upgrading_from_the_previous_release_keeps_every_bundledeployment(
     assert {c["image"] for p in pods["items"] for c in p["spec"]["containers"]} == {system.image}
     # the new managers have the BundleDeployment settled, and nothing was reinstalled
     later = eventually(lambda: _installed(system, bd), timeout=120, what="installed after")
-    assert later["Installed"]["lastTransitionTime"] == conds["Installed"]["lastTransitionTime"]
+    assert later["Installed"]["lastTransitionTime"] == conds["Installed"]["lastTransitionTime"], (
+        "Installed changed status across the upgrade",
+        conds["Installed"],
+        later["Installed"],
+        _manager_log(system),
+    )
     assert (system.kube.get(bd) or {})["metadata"]["uid"] == was["bd"]
     # the one change the upgrade makes: upstream's owner-kind label, added by a patch on the
     # new managers' first pass (which may come after the condition above is read)
