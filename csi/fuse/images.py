@@ -344,21 +344,12 @@ class FuseImages(ImageStoreBase):
         self.lazy.complete(name)
 
     def _relist(self, name: str) -> None:
-        """Save a lazy tree's index (its rows inline, written on the publish path) again
-        with directory listings, durably; the same rows in the same order, so the inode
-        numbers the filesystem gave stay. Safe from the collector's deletions as a pull
-        is (its listings are named by no document until the new one is written); not
-        evicted meanwhile, as it was just published (held, and used recently)."""
-        path = self.index_path(name)
+        """Save the lazy tree's index again with directory listings (``index.relist``),
+        safe from the collector's deletions as a pull is (its listings are named by no
+        document until the new one is written); not evicted meanwhile, as it was just
+        published (held, and used recently)."""
         with self.collector.pulling():
-            tree = index.load(path, self.files)  # DataLoss when gone or unreadable
-            doc = json.loads(path.read_bytes())
-            if doc.get("version") != index.INLINE_VERSION:
-                fsync_files(path)
-                return
-            index.save_rows(
-                path, tree.digest, tree.rows, files=self.files, extra=index.extra_of(doc)
-            )
+            index.relist(self.index_path(name), self.files)
 
     def _drop_torn_after_reboot(self) -> None:
         """After a reboot, drop lazy indexes and plans a power loss may have torn.

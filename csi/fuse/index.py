@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 from csi.fuse.filestore import FileStore, matches
 from rukpak.common import errors, jsonfast
-from rukpak.common.fsio import write_bytes_atomic
+from rukpak.common.fsio import fsync_files, write_bytes_atomic
 from rukpak.image import extract, members
 from rukpak.oci import digest as digests
 
@@ -384,11 +384,6 @@ def save_rows(
     write_bytes_atomic(path, jsonfast.dumps(doc), durable=durable)
 
 
-def extra_of(doc: dict[str, Any]) -> dict[str, Any]:
-    """What a caller added to a tree document (``save``'s ``extra``)."""
-    return {k: v for k, v in doc.items() if k not in ("version", "digest", "rows", "root", "dirs")}
-
-
 def named_files(doc: Any, files: FileStore, read: set[str]) -> Iterator[str]:
     """The file digests a tree document names, for the collector: its directory listings
     and the files they list (a listing in ``read`` was read before: not again), or the
@@ -417,8 +412,35 @@ def named_files(doc: Any, files: FileStore, read: set[str]) -> Iterator[str]:
 def load(path: Path, files: FileStore) -> Index:
     """Read a saved index; DataLoss when it is not one this version wrote, or when the
     store lacks (or holds damaged) a listing it names."""
+    return _loaded(path, _document(path), files)
+
+
+def relist(path: Path, files: FileStore) -> None:
+    """Save an index of the first format (a lazy tree's, written on the publish path)
+    again with listings, durably: the same rows in the same order, so the inode numbers
+    the filesystem gave stay. An index already saved with listings is only fsynced.
+    DataLoss when it is unreadable (or gone)."""
+    doc = _document(path)
+    if doc.get("version") != INLINE_VERSION:
+        fsync_files(path)
+        return
+    tree = _loaded(path, doc, files)
+    extra = {k: v for k, v in doc.items() if k not in ("version", "digest", "rows")}
+    save_rows(path, tree.digest, tree.rows, files=files, extra=extra)
+
+
+def _document(path: Path) -> dict[str, Any]:
     try:
         doc = jsonfast.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise _unreadable(path, exc) from exc
+    if not isinstance(doc, dict):
+        raise _unreadable(path, "not a JSON object")
+    return doc
+
+
+def _loaded(path: Path, doc: dict[str, Any], files: FileStore) -> Index:
+    try:
         version = doc.get("version")
         if version == INLINE_VERSION:
             rows = [Row(*r) for r in doc["rows"]]
@@ -427,13 +449,15 @@ def load(path: Path, files: FileStore) -> Index:
         else:
             raise ValueError(f"format version {version!r}")
     except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
-        raise errors.DataLoss(
-            f"tree index {path} is unreadable ({exc}); delete it and publish again"
-        ) from exc
+        raise _unreadable(path, exc) from exc
     for row in rows:
         if row.kind not in (DIR, FILE, LINK) or not stat.S_IMODE(row.mode) == row.mode:
             raise errors.DataLoss(f"tree index {path} has an invalid row {row}")
     return from_rows(str(doc["digest"]), rows)
+
+
+def _unreadable(path: Path, why: object) -> errors.DataLoss:
+    return errors.DataLoss(f"tree index {path} is unreadable ({why}); delete it and publish again")
 
 
 def _rebuild(doc: dict[str, Any], files: FileStore) -> list[Row]:

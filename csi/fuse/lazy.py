@@ -30,7 +30,6 @@ import contextlib
 import functools
 import io
 import logging
-import re
 import struct
 import tarfile
 import threading
@@ -57,7 +56,6 @@ TOC_NAME = "stargz.index.json"
 TOC_DIGEST_ANNOTATION = "containerd.io/snapshot/stargz/toc.digest"
 LANDMARKS = frozenset({".prefetch.landmark", ".no.prefetch.landmark"})
 _NOT_CONTENT = LANDMARKS | {TOC_NAME}  # entries a TOC lists that are no file of the image
-_SHA256 = re.compile(r"sha256:[0-9a-f]{64}")  # nearly every file digest (others: digests.check)
 FOOTER_SIZE = 51
 TAIL_BYTES = 1 << 20
 """A layer's last bytes asked for first: the footer and, for TOCs up to about this
@@ -398,9 +396,10 @@ def _file_digest(value: object, name: str) -> str:
     """A regular file's TOC digest, checked; the message naming the entry is built only
     for a digest that fails (10,000 entries are checked on the publish path)."""
     text = value if isinstance(value, str) else str(value)
-    if _SHA256.fullmatch(text):
-        return text
-    return digests.check(text, what=f"TOC entry {name}")
+    try:
+        return digests.check(text)
+    except errors.InvalidArgument:
+        return digests.check(text, what=f"TOC entry {name}")  # raises, naming the entry
 
 
 @functools.lru_cache(maxsize=256)  # a layer's entries mostly share one modtime
