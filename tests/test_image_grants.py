@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rukpak.common import errors
+from rukpak.image.cache import ImageAsk
 from rukpak.image.grants import Grants
 from rukpak.image.seams import Puller, PullPolicy
 from rukpak.oci.auth import Credentials
@@ -21,14 +22,8 @@ def no_registry(credentials: Credentials | None) -> Puller:
 
 
 def reusable(cached: str | None, policy: PullPolicy, *, private: bool = False) -> str | None:
-    return Grants(no_registry).reusable(
-        REF,
-        cached,
-        private=lambda digest: private,
-        credentials=None,
-        platform=PLATFORM,
-        policy=policy,
-    )
+    ask = ImageAsk(REF, PLATFORM, None, policy)
+    return ask.committed(Grants(no_registry), cached, private=lambda digest: private)
 
 
 @pytest.mark.parametrize("policy", [PullPolicy.IF_NOT_PRESENT, PullPolicy.NEVER])

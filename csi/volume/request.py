@@ -42,6 +42,9 @@ class PodRef:
 
 @dataclass(frozen=True)
 class PublishRequest:
+    """A NodePublishVolume request once its attributes parse: what the publisher
+    (``csi.node.publish``) is handed, never the gRPC message itself."""
+
     volume_id: str
     target_path: str
     source: VolumeSource

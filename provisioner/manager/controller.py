@@ -160,7 +160,7 @@ class Controller(Reconciler):
         self.health = healthwatch.HealthWatch(
             kube,
             ns,
-            on_change=lambda owner: self.queue.add(BD_KEY + owner),
+            on_change=self._wake,
             stop=self.stopping,
             watch_timeout=watch_timeout,
             user_of=self._instance_user,
@@ -172,7 +172,7 @@ class Controller(Reconciler):
             self.nodes = nodewatch.NodeWatch(
                 kube,
                 prestage_gate,
-                wake=lambda name: self.queue.add(BD_KEY + name),
+                wake=self._wake,
                 stop=self.stopping,
                 watch_timeout=watch_timeout,
             )
@@ -181,7 +181,7 @@ class Controller(Reconciler):
             system_namespace=ns,
             health=self.health,
             pods=self.pods,
-            wake=lambda name: self.queue.add(BD_KEY + name),
+            wake=self._wake,
             as_instance=self._as_instance,
         )
         self.damper = restore.Damper()
@@ -229,26 +229,30 @@ class Controller(Reconciler):
 
     # -- cache events -> work ---------------------------------------------------------------
 
+    def _wake(self, name: str) -> None:
+        """Queue BundleDeployment ``name`` for a reconcile."""
+        self.queue.add(BD_KEY + name)
+
     def _bd_changed(self, obj: Obj) -> None:
         name = model.name_of(obj)
-        self.queue.add(BD_KEY + name)
+        self._wake(name)
         # what depends on it may install now; what it depends on may be deleted now
         for other in dependencies.dependents(name, self.bds.items()):
-            self.queue.add(BD_KEY + other)
+            self._wake(other)
         for other in dependencies.depends_on(obj):
-            self.queue.add(BD_KEY + other)
+            self._wake(other)
 
     def _bundle_changed(self, obj: Obj) -> None:
         self.queue.add(BUNDLE_KEY + model.name_of(obj))
         labels = _labels(obj)
         if labels.get(model.OWNER_KIND_LABEL) == model.BUNDLE_DEPLOYMENT:
-            self.queue.add(BD_KEY + str(labels.get(model.OWNER_NAME_LABEL) or ""))
+            self._wake(str(labels.get(model.OWNER_NAME_LABEL) or ""))
         elif _by_label(obj):
-            self.queue.add(BD_KEY + _by_label(obj))
+            self._wake(_by_label(obj))
 
     def _owned(self, obj: Obj) -> None:
         if _by_label(obj):
-            self.queue.add(BD_KEY + _by_label(obj))
+            self._wake(_by_label(obj))
         if _run_over(obj):  # a slot may be free: the BundleDeployments waiting for one
             self._wake_slot_waiters(SLOT_WAKES)
 
@@ -258,7 +262,7 @@ class Controller(Reconciler):
             for name in names:
                 del self._slot_waiters[name]
         for name in names:
-            self.queue.add(BD_KEY + name)
+            self._wake(name)
 
     def _wait_for_slot(self, name: str, actions: list[plan.Action]) -> None:
         """Remember ``name`` while its plan waits for a free run slot (a finished run wakes
@@ -450,7 +454,7 @@ class Controller(Reconciler):
             now=now_text(),
         )
         for other in mark.depends_on:
-            self.queue.add(BD_KEY + other)
+            self._wake(other)
 
     def _lookup_bd(self, name: str) -> Obj | None:
         return self.bds.get("", name)
@@ -540,7 +544,7 @@ class Controller(Reconciler):
         for action in actions:
             if isinstance(action, plan.MarkUninstall):  # uninstalled: they may go now
                 for other in action.depends_on:
-                    self.queue.add(BD_KEY + other)
+                    self._wake(other)
         if self.metrics is not None:
             self._count(bd, actions, observed.now)
         if restoring:
@@ -632,7 +636,7 @@ class Controller(Reconciler):
     def _resync(self) -> None:
         while not self.stopping.wait(self.resync):
             for bd in self.bds.items():
-                self.queue.add(BD_KEY + model.name_of(bd))
+                self._wake(model.name_of(bd))
 
     def by_condition(self) -> dict[tuple[str, ...], float]:
         """BundleDeployments by (condition type, status), from the cache: the samples of

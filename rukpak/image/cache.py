@@ -527,16 +527,20 @@ class ImageAsk:
     def committed(
         self, grants_: grants.Grants, cached: str | None, *, private: Callable[[str], bool]
     ) -> str | None:
-        """The digest of ``cached`` when the pull policy and its privacy let it be served
-        to these credentials without a pull."""
-        return grants_.reusable(
-            self.ref,
-            cached,
-            private=private,
-            credentials=self.credentials,
-            platform=self.platform,
-            policy=self.policy,
-        )
+        """The pull policy over a node's cache, the same for every cache that asks:
+        ``cached`` (the digest the reference last resolved to, when the node still holds
+        its tree) serves unless the policy is Always, once :meth:`grants.Grants.authorize`
+        passes when ``private(cached)``; None means resolve and pull. Nothing cached
+        under Never is FailedPrecondition (:func:`grants.not_present`)."""
+        if cached is not None and self.policy is not PullPolicy.ALWAYS:
+            if private(cached):
+                grants_.authorize(
+                    self.ref, cached, self.credentials, platform=self.platform, policy=self.policy
+                )
+            return cached
+        if self.policy is PullPolicy.NEVER:
+            raise grants.not_present(self.ref, self.platform)
+        return None
 
     def fetch(
         self,

@@ -1,12 +1,12 @@
 """Who may be served a private image the node already holds: re-authorisation per credential.
 
 Where it sits: both image caches (``rukpak.image.cache``, ``csi.fuse.images``) ask
-:meth:`Grants.reusable` before they serve a cached tree: the pull policy says whether
-it may, and a private tree is re-authorised first. A tree pulled anonymously (or
-readable anonymously, probed once when it was pulled with credentials) is public
-and served at once. A private tree is served only to a pod whose own credentials
-the registry accepts for that manifest now: a HEAD by digest
-(``CheckingPuller.check_manifest_access``), as kubelet's "ensure secret pulled
+:meth:`Grants.authorize` before they serve a cached private tree (the pull policy,
+``rukpak.image.cache.ImageAsk.committed``, says first whether a cached tree may
+serve). A tree pulled anonymously (or readable anonymously, probed once when it was
+pulled with credentials) is public and served at once. A private tree is served only
+to a pod whose own credentials the registry accepts for that manifest now: a HEAD by
+digest (``CheckingPuller.check_manifest_access``), as kubelet's "ensure secret pulled
 images" does. Positive answers are remembered per (credential, digest) for ``ttl``
 seconds, in memory only (fingerprints, never the secrets), in a bounded table.
 ``pullPolicy: Never`` with no credentials for the registry is refused without asking it.
@@ -89,29 +89,6 @@ class Grants:
         key = (fingerprint(ref, credentials), digest)
         with self._lock:
             return self._until.get(key, 0.0) > self._clock()
-
-    def reusable(
-        self,
-        ref: Reference,
-        cached: str | None,
-        *,
-        private: Callable[[str], bool],
-        credentials: Credentials | None,
-        platform: Platform,
-        policy: PullPolicy,
-    ) -> str | None:
-        """The pull policy over a node's cache, the same for every cache that asks:
-        ``cached`` (the digest ``ref`` last resolved to, when the node still holds its
-        tree) serves unless ``policy`` is Always, once :meth:`authorize` passes when
-        ``private(cached)``; None means resolve and pull. Nothing cached under Never is
-        FailedPrecondition (:func:`not_present`)."""
-        if cached is not None and policy is not PullPolicy.ALWAYS:
-            if private(cached):
-                self.authorize(ref, cached, credentials, platform=platform, policy=policy)
-            return cached
-        if policy is PullPolicy.NEVER:
-            raise not_present(ref, platform)
-        return None
 
     def resolve(
         self,

@@ -30,10 +30,15 @@ from rukpak.signing import inclusion, timestamps
 SIMPLE_SIGNING: Final[str] = "application/vnd.dev.cosign.simplesigning.v1+json"
 ARTIFACT_TYPE: Final[str] = "application/vnd.dev.cosign.artifact.sig.v1+json"
 SIGNATURE: Final[str] = "dev.cosignproject.cosign/signature"
+"""The layer annotation with the payload's signature, base64."""
 CERTIFICATE: Final[str] = "dev.sigstore.cosign/certificate"
+"""A keyless signature's annotation with its signing certificate (PEM)."""
 CHAIN: Final[str] = "dev.sigstore.cosign/chain"
+"""A keyless signature's annotation with that certificate's chain (PEM)."""
 BUNDLE: Final[str] = "dev.sigstore.cosign/bundle"
+"""A keyless signature's annotation with its Rekor entry and inclusion proof (JSON)."""
 PAYLOAD_TYPE: Final[str] = "cosign container image signature"
+"""The payload's ``critical.type``."""
 PAYLOAD_MAX: Final[int] = 64 << 10
 """Bytes a payload may have; cosign's are a few hundred."""
 SIGNATURES_MAX: Final[int] = 64

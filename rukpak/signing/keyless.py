@@ -53,7 +53,8 @@ class KeylessError(errors.PermissionDenied):
 
 @dataclass(frozen=True)
 class Identity:
-    """One identity a policy accepts; every non-empty field must match."""
+    """One identity a policy accepts; every non-empty field must match (cosign's
+    ``--certificate-oidc-issuer``, ``--certificate-identity`` and their ``-regexp`` forms)."""
 
     issuer: str = ""
     subject: str = ""

@@ -118,7 +118,8 @@ class Rule:
 
 @dataclass(frozen=True)
 class Escalation:
-    """Something a reviewer must notice; ``role`` names the ClusterRole, Role or binding."""
+    """Something a reviewer must notice: ``role`` names the ClusterRole, Role or binding,
+    ``what`` the power it gives (``write secrets``, ``create on pods/exec``)."""
 
     role: str
     what: str

@@ -67,17 +67,17 @@ class HealthWatch:
         user_of: UserOf = lambda _owner: None,
         wide_user: str | None = None,
     ) -> None:
+        self._clients: dict[str | None, Kube] = {None: kube}
+        """Whom objects are read as -> the client reading as them (None: the manager)."""
         self.system_namespace = system_namespace
         self.on_change = on_change
         self.user_of = user_of
         self.wide_user = wide_user
-        self._kube = kube
         self._caches = InformerSet(kube, stop=stop, watch_timeout=watch_timeout)
         self._lock = threading.Lock()
         self._kinds: dict[tuple[str | None, str, str, str], listwatch.Informer] = {}
         """(user, apiVersion, kind, namespace or "" for all) -> the informer of the owned
         objects that user sees there."""
-        self._clients: dict[str, Kube] = {}
         self._readers: dict[tuple[str | None, str, str, str], set[str]] = {}
         """The same keys -> the deployments whose health is read through that informer."""
         self._last_good: OrderedDict[tuple[str, str], Obj] = OrderedDict()
@@ -117,10 +117,9 @@ class HealthWatch:
             informer = self._kinds.get(key)
             if informer is not None:
                 return informer
-            if user is None:
-                client = self._kube
-            else:
-                client = self._clients.setdefault(user, self._kube.impersonating(user))
+            client = self._clients.get(user)
+            if client is None and user is not None:  # one per user, on the manager's pool
+                client = self._clients[user] = self._clients[None].impersonating(user)
             informer = self._caches.add(
                 ref.api_version,
                 ref.kind,
