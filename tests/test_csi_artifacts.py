@@ -27,32 +27,22 @@ from rukpak.oci import handoff, mediatypes
 from rukpak.oci.client import RegistryClient
 from rukpak.oci.manifest import Manifest
 from rukpak.oci.reference import Reference
-from tests.csi_helpers import (
-    PluginProcess,
-    assert_read_only,
-    mount_capability,
-    node_fixture,
-    plugin_fixture,
-    publish_request,
-    running_plugin,
-    target,
-    terminate,
-)
+from tests import csi_helpers
 from tests.fuse_helpers import start_holder
 from tests.registry import RegistryServer
 
 pytestmark = [pytest.mark.registry]
 
-plugin = plugin_fixture("artifacts")
-node = node_fixture()
+plugin = csi_helpers.plugin_fixture("artifacts")
+node = csi_helpers.node_fixture()
 TITLE = "org.opencontainers.image.title"
 HELM_CONFIG = "application/vnd.cncf.helm.config.v1+json"
 
 
-def publish(node: csi_pb2_grpc.NodeStub, plugin: PluginProcess, ref: str) -> Path:
-    path = target(plugin)
-    request = publish_request(path, ref)
-    request.volume_capability.CopyFrom(mount_capability())
+def publish(node: csi_pb2_grpc.NodeStub, plugin: csi_helpers.PluginProcess, ref: str) -> Path:
+    path = csi_helpers.target(plugin)
+    request = csi_helpers.publish_request(path, ref)
+    request.volume_capability.CopyFrom(csi_helpers.mount_capability())
     request.readonly = True
     node.NodePublishVolume(request)
     return Path(path)
@@ -92,7 +82,10 @@ def tgz(files: dict[str, bytes]) -> bytes:
 
 
 def test_files_pushed_by_oras_appear_at_their_titles_read_only(
-    node: csi_pb2_grpc.NodeStub, plugin: PluginProcess, registry: RegistryServer, tmp_path: Path
+    node: csi_pb2_grpc.NodeStub,
+    plugin: csi_helpers.PluginProcess,
+    registry: RegistryServer,
+    tmp_path: Path,
 ) -> None:
     work = tmp_path / "files"
     work.mkdir()
@@ -112,11 +105,11 @@ def test_files_pushed_by_oras_appear_at_their_titles_read_only(
     assert (path / "README.md").read_text() == "a model\n"
     assert (path / "README.md").stat().st_mode & 0o222 == 0
     assert (path / "model.safetensors").stat().st_nlink >= 2, "one copy: linked from the store"
-    assert_read_only(path / "new.txt")
+    csi_helpers.assert_read_only(path / "new.txt")
 
 
 def test_a_helm_chart_artifact_appears_unpacked(
-    node: csi_pb2_grpc.NodeStub, plugin: PluginProcess, registry: RegistryServer
+    node: csi_pb2_grpc.NodeStub, plugin: csi_helpers.PluginProcess, registry: RegistryServer
 ) -> None:
     chart = tgz({"hello/Chart.yaml": b"apiVersion: v2\nname: hello\nversion: 0.1.0\n",
                  "hello/templates/cm.yaml": b"kind: ConfigMap\n"})  # fmt: skip
@@ -130,7 +123,7 @@ def test_a_helm_chart_artifact_appears_unpacked(
 
 
 def test_tar_layers_and_titled_files_mix_in_order(
-    node: csi_pb2_grpc.NodeStub, plugin: PluginProcess, registry: RegistryServer
+    node: csi_pb2_grpc.NodeStub, plugin: csi_helpers.PluginProcess, registry: RegistryServer
 ) -> None:
     ref = push_artifact(
         registry.host, "artifacts/mixed", "v1",
@@ -161,15 +154,15 @@ def test_tar_layers_and_titled_files_mix_in_order(
 )  # fmt: skip
 def test_a_broken_or_hostile_artifact_is_refused_by_name(
     node: csi_pb2_grpc.NodeStub,
-    plugin: PluginProcess,
+    plugin: csi_helpers.PluginProcess,
     registry: RegistryServer,
     layers: list[tuple[bytes, str, dict[str, str]]],
     words: str,
 ) -> None:
     ref = push_artifact(registry.host, "artifacts/bad", f"t{abs(hash(words)) % 10_000}", layers)
-    path = target(plugin)
+    path = csi_helpers.target(plugin)
     with pytest.raises(grpc.RpcError) as info:
-        node.NodePublishVolume(publish_request(path, ref))
+        node.NodePublishVolume(csi_helpers.publish_request(path, ref))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert words in str(info.value.details())
     assert not Path(path).exists() or not os.listdir(path)
@@ -186,14 +179,18 @@ def test_a_fuse_publish_of_files_says_to_use_bind(registry: RegistryServer, tmp_
     holder = start_holder(tmp_path / "fusemnt", sock)  # ours: stopped by pid below
     try:
         with (
-            running_plugin(tmp_path / "fuse", "--fuse", "--fuse-holder-socket", str(sock)) as proc,
+            csi_helpers.running_plugin(
+                tmp_path / "fuse", "--fuse", "--fuse-holder-socket", str(sock)
+            ) as proc,
             grpc.insecure_channel(f"unix://{proc.socket}") as channel,
         ):
             stub = csi_pb2_grpc.NodeStub(channel)
             with pytest.raises(grpc.RpcError) as info:
-                stub.NodePublishVolume(publish_request(target(proc), ref, publishMode="fuse"))
+                stub.NodePublishVolume(
+                    csi_helpers.publish_request(csi_helpers.target(proc), ref, publishMode="fuse")
+                )
     finally:
-        terminate(holder)
+        csi_helpers.terminate(holder)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "publishMode: bind" in str(info.value.details())
 
@@ -205,11 +202,11 @@ def test_a_file_over_the_unpack_budget_is_resource_exhausted(
         registry.host, "artifacts/big", "v1",
         [(os.urandom(200_000), "application/octet-stream", {TITLE: "big.bin"})],
     )  # fmt: skip
-    with running_plugin(tmp_path / "small", "--max-unpacked-bytes", "100000") as proc:
+    with csi_helpers.running_plugin(tmp_path / "small", "--max-unpacked-bytes", "100000") as proc:
         with grpc.insecure_channel(f"unix://{proc.socket}") as channel:
             stub = csi_pb2_grpc.NodeStub(channel)
             with pytest.raises(grpc.RpcError) as info:
-                stub.NodePublishVolume(publish_request(target(proc), ref))
+                stub.NodePublishVolume(csi_helpers.publish_request(csi_helpers.target(proc), ref))
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "100000 bytes" in str(info.value.details())
         assert not list((proc.state_dir).rglob("big.bin"))
@@ -223,7 +220,10 @@ def test_a_file_over_the_unpack_budget_is_resource_exhausted(
     ],
 )
 def test_a_tampered_file_blob_is_data_loss_and_nothing_is_kept(
-    node: csi_pb2_grpc.NodeStub, plugin: PluginProcess, registry: RegistryServer, size: int
+    node: csi_pb2_grpc.NodeStub,
+    plugin: csi_helpers.PluginProcess,
+    registry: RegistryServer,
+    size: int,
 ) -> None:
     data = os.urandom(size)
     ref = push_artifact(
@@ -234,9 +234,9 @@ def test_a_tampered_file_blob_is_data_loss_and_nothing_is_kept(
     blob = registry.blob_path(digest)
     blob.chmod(0o644)
     blob.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))  # same size, the last byte other
-    path = target(plugin)
+    path = csi_helpers.target(plugin)
     with pytest.raises(grpc.RpcError) as info:
-        node.NodePublishVolume(publish_request(path, ref))
+        node.NodePublishVolume(csi_helpers.publish_request(path, ref))
     assert info.value.code() == grpc.StatusCode.DATA_LOSS
     assert digest in str(info.value.details())
     assert not list(plugin.state_dir.rglob(digest.removeprefix("sha256:")))

@@ -27,17 +27,7 @@ from csi.proto import csi_pb2_grpc
 from provisioner.cli import main as cli
 from rukpak.common import errors
 from rukpak.store import holders
-from tests.csi_helpers import (
-    Entry,
-    PluginProcess,
-    assert_read_only,
-    node_fixture,
-    publish_request,
-    push_image,
-    target,
-    tree,
-    unpublish,
-)
+from tests import csi_helpers
 from tests.fuse_helpers import fuse_plugin, publish_bind_and_fuse, publish_fuse
 from tests.polling import logged
 from tests.registry import RegistryServer
@@ -45,11 +35,13 @@ from tests.registry import RegistryServer
 pytestmark = [pytest.mark.registry]
 
 
-node = node_fixture(scope="function")
+node = csi_helpers.node_fixture(scope="function")
 
 
 @pytest.fixture(name="plugin")
-def _overlay_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[PluginProcess]:
+def _overlay_plugin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[csi_helpers.PluginProcess]:
     """A FUSE plugin presenting fetched trees as overlays (``FUSE_LINKED=false``: the
     fallback where hard links into the store are impossible; linked trees are
     ``test_fuse_linked``'s), for the whole test, restarts included."""
@@ -59,11 +51,11 @@ def _overlay_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
 
 
 def _bundle(registry: RegistryServer, repo: str) -> str:
-    entries: list[Entry] = [("manifests/", "dir")]
+    entries: list[csi_helpers.Entry] = [("manifests/", "dir")]
     for i in range(20):
         entries.append((f"manifests/{i:02}.yaml", "file", f"kind: ConfigMap # {i}\n".encode() * i))
     entries += [("manifests/link.yaml", "symlink", "01.yaml"), ("bin/run", "file", b"#!/bin/sh\n")]
-    return push_image(registry.host, repo, "v1", [entries]).ref
+    return csi_helpers.push_image(registry.host, repo, "v1", [entries]).ref
 
 
 def _configmap(n: int) -> str:
@@ -74,18 +66,18 @@ def _mount_on(path: str) -> mounter.MountInfo | None:
     return mounter.find(mounter.Mounter().mounts(), Path(path))
 
 
-def _meta(plugin: PluginProcess) -> Path:
+def _meta(plugin: csi_helpers.PluginProcess) -> Path:
     return plugin.state_dir / "fuse" / "meta"
 
 
-def _stored(plugin: PluginProcess, content: bytes) -> Path:
+def _stored(plugin: csi_helpers.PluginProcess, content: bytes) -> Path:
     files = plugin.state_dir / "fuse" / "store" / "files" / "sha256"
     (found,) = [p for p in files.iterdir() if p.read_bytes() == content]
     return found
 
 
 def _stored_once(
-    plugin: PluginProcess,
+    plugin: csi_helpers.PluginProcess,
     node: csi_pb2_grpc.NodeStub,
     registry: RegistryServer,
     repo: str,
@@ -93,44 +85,49 @@ def _stored_once(
 ) -> tuple[str, Path]:
     """An image of one file holding ``content``, published in FUSE mode and unpublished:
     the image and the stored file that the next publish presents."""
-    image = push_image(registry.host, repo, "v1", [[("cm.yaml", "file", content)]]).ref
+    image = csi_helpers.push_image(registry.host, repo, "v1", [[("cm.yaml", "file", content)]]).ref
     first = publish_fuse(plugin, node, image)
-    unpublish(node, first)
+    csi_helpers.unpublish(node, first)
     return image, _stored(plugin, content)
 
 
 def _published_then_killed(
-    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer, repo: str
+    plugin: csi_helpers.PluginProcess,
+    node: csi_pb2_grpc.NodeStub,
+    registry: RegistryServer,
+    repo: str,
 ) -> tuple[str, str, dict[str, str]]:
     """A bundle published in FUSE mode (an overlay), then the plugin killed with SIGKILL:
     the image, the volume and the volume's tree before the kill."""
     image = _bundle(registry, repo)
     volume = publish_fuse(plugin, node, image)
-    expected = tree(Path(volume))
+    expected = csi_helpers.tree(Path(volume))
     plugin.kill()
     return image, volume, expected
 
 
-def _republished_and_unpublished(plugin: PluginProcess, image: str, volume: str) -> None:
+def _republished_and_unpublished(
+    plugin: csi_helpers.PluginProcess, image: str, volume: str
+) -> None:
     """On the restarted plugin: publishing ``volume`` again is OK (twice is), and
     unpublishing it leaves no mount and no metadata."""
     with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
         again = csi_pb2_grpc.NodeStub(channel)
-        again.NodePublishVolume(publish_request(volume, image, publishMode="fuse"))
-        unpublish(again, volume)
+        again.NodePublishVolume(csi_helpers.publish_request(volume, image, publishMode="fuse"))
+        csi_helpers.unpublish(again, volume)
     assert _mount_on(volume) is None
     assert list(_meta(plugin).iterdir()) == []
 
 
 def test_a_fetched_tree_is_an_overlay_with_bind_modes_content_and_metadata(
-    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+    plugin: csi_helpers.PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
     image = _bundle(registry, "kernelspeed/same")
     bind_target, fuse_target = publish_bind_and_fuse(plugin, node, image)
     mount = _mount_on(fuse_target)
     assert mount is not None and mount.fstype == "overlay"
     assert {"ro", "nosuid", "nodev"} <= set(mount.options)
-    assert tree(Path(fuse_target)) == tree(Path(bind_target))
+    assert csi_helpers.tree(Path(fuse_target)) == csi_helpers.tree(Path(bind_target))
     assert os.stat(fuse_target).st_mode == os.stat(Path(bind_target)).st_mode
     for rel in ("manifests/05.yaml", "bin/run"):  # bind mode keeps no symlink times
         ours, theirs = os.lstat(Path(fuse_target, rel)), os.lstat(Path(bind_target, rel))
@@ -139,16 +136,16 @@ def test_a_fetched_tree_is_an_overlay_with_bind_modes_content_and_metadata(
             theirs.st_size,
             theirs.st_mtime,
         ), rel
-    assert_read_only(Path(fuse_target, "manifests/new.yaml"))
+    csi_helpers.assert_read_only(Path(fuse_target, "manifests/new.yaml"))
     with pytest.raises(OSError) as raised:
         os.open(Path(fuse_target, "manifests/00.yaml"), os.O_WRONLY)
     assert raised.value.errno == errno.EROFS
     # Reads come from the stored file itself: the same inode's page cache for every tree.
     assert "presentation=overlay" in plugin.log()
     # Publishing twice is OK; unpublishing removes the mount, the target and the metadata.
-    node.NodePublishVolume(publish_request(fuse_target, image, publishMode="fuse"))
+    node.NodePublishVolume(csi_helpers.publish_request(fuse_target, image, publishMode="fuse"))
     (meta,) = [p for p in _meta(plugin).iterdir()]
-    unpublish(node, fuse_target)
+    csi_helpers.unpublish(node, fuse_target)
     assert _mount_on(fuse_target) is None
     assert not Path(fuse_target).exists()
     assert not meta.exists()
@@ -157,20 +154,20 @@ def test_a_fetched_tree_is_an_overlay_with_bind_modes_content_and_metadata(
 
 
 def test_a_tree_whose_stored_file_is_missing_fails_clearly_and_mounts_nothing(
-    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+    plugin: csi_helpers.PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
     image, stored = _stored_once(plugin, node, registry, "kernelspeed/missing", b"gone soon")
     stored.unlink()
-    again = target(plugin)
+    again = csi_helpers.target(plugin)
     with pytest.raises(grpc.RpcError) as raised:
-        node.NodePublishVolume(publish_request(again, image, publishMode="fuse"))
+        node.NodePublishVolume(csi_helpers.publish_request(again, image, publishMode="fuse"))
     assert raised.value.code() == grpc.StatusCode.DATA_LOSS
     assert "cm.yaml" in str(raised.value.details())
     assert _mount_on(again) is None
 
 
 def test_a_damaged_stored_file_fails_the_first_publish_of_a_new_plugin(
-    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+    plugin: csi_helpers.PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
     image, stored = _stored_once(plugin, node, registry, "kernelspeed/damaged", b"the real content")
     stored.chmod(0o644)
@@ -178,10 +175,10 @@ def test_a_damaged_stored_file_fails_the_first_publish_of_a_new_plugin(
     plugin.stop()
     plugin.start()  # a new process checks every stored file before it presents a tree
     with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
-        again = target(plugin)
+        again = csi_helpers.target(plugin)
         with pytest.raises(grpc.RpcError) as raised:
             csi_pb2_grpc.NodeStub(channel).NodePublishVolume(
-                publish_request(again, image, publishMode="fuse")
+                csi_helpers.publish_request(again, image, publishMode="fuse")
             )
     assert raised.value.code() == grpc.StatusCode.DATA_LOSS
     assert "does not match its digest" in str(raised.value.details())
@@ -189,7 +186,10 @@ def test_a_damaged_stored_file_fails_the_first_publish_of_a_new_plugin(
 
 
 def test_a_lazy_tree_stays_on_fuse_until_fetched_then_publishes_as_an_overlay(
-    tmp_path: Path, plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+    tmp_path: Path,
+    plugin: csi_helpers.PluginProcess,
+    node: csi_pb2_grpc.NodeStub,
+    registry: RegistryServer,
 ) -> None:
     bundle = tmp_path / "bundle"
     (bundle / "manifests").mkdir(parents=True)
@@ -204,15 +204,15 @@ def test_a_lazy_tree_stays_on_fuse_until_fetched_then_publishes_as_an_overlay(
     fetched = publish_fuse(plugin, node, ref)
     mount = _mount_on(fetched)
     assert mount is not None and mount.fstype == "overlay"
-    assert tree(Path(fetched)) == tree(Path(lazy))
+    assert csi_helpers.tree(Path(fetched)) == csi_helpers.tree(Path(lazy))
     assert Path(fetched, "manifests/7.yaml").read_text() == _configmap(7)
 
 
 def test_overlays_outlive_a_kill_9_and_the_restarted_plugin_unpublishes_them(
-    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+    plugin: csi_helpers.PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
     image, volume, expected = _published_then_killed(plugin, node, registry, "kernelspeed/restart")
-    assert tree(Path(volume)) == expected  # no daemon serves it: the kernel does
+    assert csi_helpers.tree(Path(volume)) == expected  # no daemon serves it: the kernel does
     plugin.start()
     _republished_and_unpublished(plugin, image, volume)
 
@@ -287,11 +287,11 @@ def test_a_tree_too_large_for_the_metadata_tmpfs_is_resource_exhausted_and_leave
 
 
 def test_a_restarted_plugin_adopts_an_overlay_whose_record_was_lost(
-    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+    plugin: csi_helpers.PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
     image, volume, expected = _published_then_killed(plugin, node, registry, "kernelspeed/adopt")
     (plugin.state_dir / "holders" / holders.file_name(volume)).unlink()  # its record lost
     plugin.start()
     logged(plugin.log, "adopting an overlay without a record")
-    assert tree(Path(volume)) == expected  # its metadata was kept, not swept
+    assert csi_helpers.tree(Path(volume)) == expected  # its metadata was kept, not swept
     _republished_and_unpublished(plugin, image, volume)

@@ -30,17 +30,7 @@ from csi.fuse import index, linked, overlay
 from csi.fuse.filestore import FileStore
 from csi.proto import csi_pb2_grpc
 from rukpak.common import errors
-from tests.csi_helpers import (
-    Entry,
-    PluginProcess,
-    assert_read_only,
-    node_fixture,
-    publish_request,
-    push_image,
-    target,
-    tree,
-    unpublish,
-)
+from tests import csi_helpers
 from tests.fuse_helpers import fuse_plugin_fixture, publish_bind_and_fuse, publish_fuse
 from tests.polling import logged, until
 from tests.registry import RegistryServer
@@ -48,11 +38,11 @@ from tests.registry import RegistryServer
 pytestmark = [pytest.mark.registry]
 
 plugin = fuse_plugin_fixture()
-node = node_fixture(scope="function")
+node = csi_helpers.node_fixture(scope="function")
 
 
-def _entries(n: int = 20, *, changed: int = -1) -> list[Entry]:
-    entries: list[Entry] = [("manifests/", "dir"), ("empty/", "dir", None, 0o700)]
+def _entries(n: int = 20, *, changed: int = -1) -> list[csi_helpers.Entry]:
+    entries: list[csi_helpers.Entry] = [("manifests/", "dir"), ("empty/", "dir", None, 0o700)]
     for i in range(n):
         body = f"kind: ConfigMap # {i}{' changed' if i == changed else ''}\n".encode() * (i + 1)
         entries.append((f"manifests/{i:04}.yaml", "file", body))
@@ -68,20 +58,20 @@ def _mount_on(path: str) -> mounter.MountInfo | None:
     return mounter.find(mounter.Mounter().mounts(), Path(path))
 
 
-def _store(plugin: PluginProcess) -> Path:
+def _store(plugin: csi_helpers.PluginProcess) -> Path:
     return plugin.state_dir / "fuse" / "store"
 
 
-def _linked(plugin: PluginProcess) -> list[str]:
+def _linked(plugin: csi_helpers.PluginProcess) -> list[str]:
     return sorted(p.name for p in (_store(plugin) / "linked").iterdir())
 
 
-def _variants(plugin: PluginProcess) -> list[str]:
+def _variants(plugin: csi_helpers.PluginProcess) -> list[str]:
     """The store's further variants: copies for another mode or mtime of a content."""
     return sorted(p.name for p in (_store(plugin) / "variants").iterdir())
 
 
-def _linked_inodes(plugin: PluginProcess) -> set[int]:
+def _linked_inodes(plugin: csi_helpers.PluginProcess) -> set[int]:
     """The store's inodes (stored files, whose inode is a content's first variant, and
     further variants) that a linked tree links: a link beyond the store's own name."""
     store = _store(plugin)
@@ -89,7 +79,7 @@ def _linked_inodes(plugin: PluginProcess) -> set[int]:
     return {st.st_ino for st in map(os.stat, stored) if st.st_nlink >= 2}
 
 
-def _nothing_linked(plugin: PluginProcess) -> bool | None:
+def _nothing_linked(plugin: csi_helpers.PluginProcess) -> bool | None:
     """No linked tree links the store any more, and its further variants are collected."""
     return (_variants(plugin) == [] and not _linked_inodes(plugin)) or None
 
@@ -112,9 +102,9 @@ def _meta_of(path: Path) -> tuple[int, int, int]:
 
 
 def test_a_fetched_tree_is_a_read_only_bind_of_hard_links_with_bind_modes_tree(
-    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+    plugin: csi_helpers.PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
-    image = push_image(registry.host, "linked/same", "v1", [_entries()]).ref
+    image = csi_helpers.push_image(registry.host, "linked/same", "v1", [_entries()]).ref
     bind_target, fuse_target = publish_bind_and_fuse(plugin, node, image)
     mount = _mount_on(fuse_target)
     assert mount is not None and mount.fstype not in ("overlay", "fuse", "fuse.rukpak")
@@ -122,14 +112,14 @@ def test_a_fetched_tree_is_a_read_only_bind_of_hard_links_with_bind_modes_tree(
     assert mount.root.endswith(f"/linked/{_linked(plugin)[0]}")
     assert "presentation=linked" in plugin.log()
     # The cross-mode check: content, links, and every entry's mode, size and mtime.
-    assert tree(Path(fuse_target)) == tree(Path(bind_target))
+    assert csi_helpers.tree(Path(fuse_target)) == csi_helpers.tree(Path(bind_target))
     assert _metadata(Path(fuse_target)) == _metadata(Path(bind_target))
     # Each file is a hard link to a stored inode: the store's variant of its content
     # (the stored file itself, for the content's first mode and mtime).
     ours = os.stat(Path(fuse_target, "manifests/0003.yaml"))
     assert ours.st_ino in _linked_inodes(plugin) and ours.st_nlink >= 2
     assert _variants(plugin) != []  # bin/same-as-run: bin/run's content in another mode
-    assert_read_only(Path(fuse_target, "manifests/new.yaml"))
+    csi_helpers.assert_read_only(Path(fuse_target, "manifests/new.yaml"))
     for how in (os.O_WRONLY, os.O_RDWR | os.O_TRUNC):
         with pytest.raises(OSError) as raised:
             os.open(Path(fuse_target, "manifests/0000.yaml"), how)
@@ -138,20 +128,20 @@ def test_a_fetched_tree_is_a_read_only_bind_of_hard_links_with_bind_modes_tree(
         os.chmod(Path(fuse_target, "bin/run"), 0o777)
     assert raised.value.errno == errno.EROFS
     # Publishing twice is OK; the last unpublish removes the mount and the linked tree.
-    node.NodePublishVolume(publish_request(fuse_target, image, publishMode="fuse"))
+    node.NodePublishVolume(csi_helpers.publish_request(fuse_target, image, publishMode="fuse"))
     second = publish_fuse(plugin, node, image)
-    unpublish(node, fuse_target)
+    csi_helpers.unpublish(node, fuse_target)
     assert _linked(plugin) != []  # still presented by the second volume
-    unpublish(node, second)
+    csi_helpers.unpublish(node, second)
     assert _mount_on(fuse_target) is None and _mount_on(second) is None
     assert _linked(plugin) == []
 
 
 def test_two_versions_share_the_inodes_of_unchanged_files_and_not_of_changed_ones(
-    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+    plugin: csi_helpers.PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
-    v1 = push_image(registry.host, "linked/versions", "v1", [_entries()]).ref
-    v2 = push_image(registry.host, "linked/versions", "v2", [_entries(changed=5)]).ref
+    v1 = csi_helpers.push_image(registry.host, "linked/versions", "v1", [_entries()]).ref
+    v2 = csi_helpers.push_image(registry.host, "linked/versions", "v2", [_entries(changed=5)]).ref
     one, two = publish_fuse(plugin, node, v1), publish_fuse(plugin, node, v2)
     assert len(_linked(plugin)) == 2
 
@@ -165,9 +155,9 @@ def test_two_versions_share_the_inodes_of_unchanged_files_and_not_of_changed_one
 
 
 def test_a_file_differing_only_in_mode_gets_an_inode_of_its_own(
-    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+    plugin: csi_helpers.PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
-    image = push_image(registry.host, "linked/modes", "v1", [_entries()]).ref
+    image = csi_helpers.push_image(registry.host, "linked/modes", "v1", [_entries()]).ref
     bind_target, fuse_target = publish_bind_and_fuse(plugin, node, image)
     run, same = os.stat(Path(fuse_target, "bin/run")), os.stat(Path(fuse_target, "bin/same-as-run"))
     assert run.st_ino != same.st_ino  # the same bytes, another mode
@@ -182,21 +172,22 @@ def test_a_file_differing_only_in_mode_gets_an_inode_of_its_own(
 
 
 def test_a_kill_9_while_linking_leaves_no_tree_to_serve_and_the_restart_cleans_up(
-    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+    plugin: csi_helpers.PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
-    entries: list[Entry] = [(f"d{i // 500}/f{i:05}", "file", f"file {i}\n".encode())
-                            for i in range(6000)]  # fmt: skip
-    image = push_image(registry.host, "linked/killed", "v1", [entries]).ref
+    entries: list[csi_helpers.Entry] = [
+        (f"d{i // 500}/f{i:05}", "file", f"file {i}\n".encode()) for i in range(6000)
+    ]
+    image = csi_helpers.push_image(registry.host, "linked/killed", "v1", [entries]).ref
     # Pulled (and its files hashed) by a first publish, so the next one only links.
-    unpublish(node, publish_fuse(plugin, node, image))
+    csi_helpers.unpublish(node, publish_fuse(plugin, node, image))
     assert _linked(plugin) == []
     linked_dir = _store(plugin) / "linked"
     seen: list[str] = []
-    volume = target(plugin)
+    volume = csi_helpers.target(plugin)
 
     def publish() -> None:
         with contextlib.suppress(grpc.RpcError):  # the plugin dies under it: expected
-            node.NodePublishVolume(publish_request(volume, image, publishMode="fuse"))
+            node.NodePublishVolume(csi_helpers.publish_request(volume, image, publishMode="fuse"))
 
     thread = threading.Thread(target=publish)
     thread.start()
@@ -211,23 +202,25 @@ def test_a_kill_9_while_linking_leaves_no_tree_to_serve_and_the_restart_cleans_u
     assert _linked(plugin) == []  # the half-built tree is gone
     with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
         again = csi_pb2_grpc.NodeStub(channel)
-        again.NodePublishVolume(publish_request(volume, image, publishMode="fuse"))
+        again.NodePublishVolume(csi_helpers.publish_request(volume, image, publishMode="fuse"))
         assert len(list(Path(volume).rglob("f*"))) == 6000
         assert Path(volume, "d11/f05999").read_text() == "file 5999\n"
-        unpublish(again, volume)
+        csi_helpers.unpublish(again, volume)
     assert _linked(plugin) == []
     until(lambda: _nothing_linked(plugin), timeout=30, what="nothing linked")
 
 
 def test_an_unheld_linked_tree_is_removed_and_its_variants_collected(
-    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+    plugin: csi_helpers.PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
-    image = push_image(registry.host, "linked/collected", "v1", [_entries()]).ref
+    image = csi_helpers.push_image(registry.host, "linked/collected", "v1", [_entries()]).ref
     kept = publish_fuse(plugin, node, image)
     gone = publish_fuse(
         plugin,
         node,
-        push_image(registry.host, "linked/collected", "v2", [_entries(3, changed=1)]).ref,
+        csi_helpers.push_image(
+            registry.host, "linked/collected", "v2", [_entries(3, changed=1)]
+        ).ref,
     )
     assert len(_linked(plugin)) == 2
     before = _linked_inodes(plugin)  # v2's changed file is the one inode only it links
@@ -243,16 +236,19 @@ def test_an_unheld_linked_tree_is_removed_and_its_variants_collected(
     assert kept_inodes == _linked_inodes(plugin)  # what the held tree links is never collected
     assert Path(kept, "manifests/0019.yaml").read_bytes().count(b"ConfigMap") == 20
     with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
-        unpublish(csi_pb2_grpc.NodeStub(channel), kept)
+        csi_helpers.unpublish(csi_pb2_grpc.NodeStub(channel), kept)
     assert _linked(plugin) == []
     until(lambda: _nothing_linked(plugin), timeout=30, what="all variants collected")
 
 
 def test_hostile_tar_members_are_refused_as_in_bind_mode(
-    tmp_path: Path, plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+    tmp_path: Path,
+    plugin: csi_helpers.PluginProcess,
+    node: csi_pb2_grpc.NodeStub,
+    registry: RegistryServer,
 ) -> None:
     outside = tmp_path / "outside"
-    entries: list[Entry] = [
+    entries: list[csi_helpers.Entry] = [
         ("ok.yaml", "file", b"kind: ConfigMap\n"),
         ("../escape.yaml", "file", b"evil\n"),
         ("dir/../../escape2.yaml", "file", b"evil\n"),
@@ -264,10 +260,10 @@ def test_hostile_tar_members_are_refused_as_in_bind_mode(
         ("setuid", "file", b"#!/bin/sh\n", 0o4755),
         ("fifo", "fifo"),
     ]
-    image = push_image(registry.host, "linked/hostile", "v1", [entries]).ref
+    image = csi_helpers.push_image(registry.host, "linked/hostile", "v1", [entries]).ref
     bind_target, fuse_target = publish_bind_and_fuse(plugin, node, image)
     assert "presentation=linked" in plugin.log()
-    assert tree(Path(fuse_target)) == tree(Path(bind_target))
+    assert csi_helpers.tree(Path(fuse_target)) == csi_helpers.tree(Path(bind_target))
     assert _metadata(Path(fuse_target)) == _metadata(Path(bind_target))
     assert Path(fuse_target, "ok.yaml").read_text() == "kind: ConfigMap\n"
     assert not os.stat(Path(fuse_target, "setuid")).st_mode & 0o7000
@@ -330,9 +326,9 @@ def test_a_tree_naming_a_file_the_store_lacks_is_data_loss_and_builds_nothing(
 
 
 def test_where_hard_links_into_the_store_are_impossible_the_overlay_serves_logged_once(
-    plugin: PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
+    plugin: csi_helpers.PluginProcess, node: csi_pb2_grpc.NodeStub, registry: RegistryServer
 ) -> None:
-    image = push_image(registry.host, "linked/fallback", "v1", [_entries()]).ref
+    image = csi_helpers.push_image(registry.host, "linked/fallback", "v1", [_entries()]).ref
     elsewhere = _store(plugin) / "linked"  # another filesystem on the linked trees' path
     plugin.stop()
     real = mounter.Mounter()
@@ -341,17 +337,19 @@ def test_where_hard_links_into_the_store_are_impossible_the_overlay_serves_logge
         plugin.start()
         with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
             again = csi_pb2_grpc.NodeStub(channel)
-            bind_target = target(plugin)
-            again.NodePublishVolume(publish_request(bind_target, image, publishMode="bind"))
+            bind_target = csi_helpers.target(plugin)
+            again.NodePublishVolume(
+                csi_helpers.publish_request(bind_target, image, publishMode="bind")
+            )
             first, second = publish_fuse(plugin, again, image), publish_fuse(plugin, again, image)
             for volume in (first, second):
                 mount = _mount_on(volume)
                 assert mount is not None and mount.fstype == "overlay"
-                assert tree(Path(volume)) == tree(Path(bind_target))
+                assert csi_helpers.tree(Path(volume)) == csi_helpers.tree(Path(bind_target))
             assert plugin.log().count("on different filesystems") == 1
             assert list(elsewhere.iterdir()) == []
             for volume in (first, second, bind_target):
-                unpublish(again, volume)
+                csi_helpers.unpublish(again, volume)
     finally:
         plugin.stop()
         real.detach(elsewhere)

@@ -129,6 +129,12 @@ def manager(kube: Kube, manager_kube: CountingKube) -> Iterator[controller.Contr
     ctl.stop()
 
 
+def pivot_reads(manager: controller.Controller) -> list[str]:
+    """The manager's Node reads not made by its Node informer (its client is ``manager_kube``)."""
+    assert isinstance(manager.kube, CountingKube)
+    return manager.kube.pivot_reads()
+
+
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> ImageCache:
     return ImageCache(
@@ -214,17 +220,13 @@ def said_prestaged(kube: Kube, name: str) -> list[tuple[str, str]] | None:
 
 
 def test_with_no_node_following_asks_a_pivot_goes_on_without_a_node_request(
-    kube: Kube,
-    manager: controller.Controller,
-    manager_kube: CountingKube,
-    registry: Any,
-    tmp_path: Path,
+    kube: Kube, manager: controller.Controller, registry: Any, tmp_path: Path
 ) -> None:
     """(Runs before the plugin fixture labels its Node.)"""
     assert manager.nodes is not None
     following = [o["metadata"]["name"] for o in manager.nodes.informer.items()]
     assert following == [], f"Nodes left labelled {words.ENABLED_LABEL} by other tests"
-    before = len(manager_kube.pivot_reads())
+    before = len(pivot_reads(manager))
     name = f"prestage-none-{SUFFIX}"
     one = push(tmp_path / "one", f"{registry.host}/prestage/none-{SUFFIX}:v1", "none")
     kube.apply(bd_v2(name, one))
@@ -234,16 +236,12 @@ def test_with_no_node_following_asks_a_pivot_goes_on_without_a_node_request(
         what="the pin",
     )
     assert words.REQUEST_ANNOTATION not in (bd["metadata"].get("annotations") or {})
-    assert manager_kube.pivot_reads()[before:] == []  # the gate read its cache only
+    assert pivot_reads(manager)[before:] == []  # the gate read its cache only
     assert not any(r.startswith("Prestag") for r, _ in reasons(kube, name))
 
 
 def test_a_held_pivot_goes_on_as_soon_as_a_node_writes_its_answer(
-    kube: Kube,
-    manager: controller.Controller,
-    manager_kube: CountingKube,
-    registry: Any,
-    tmp_path: Path,
+    kube: Kube, manager: controller.Controller, registry: Any, tmp_path: Path
 ) -> None:
     """A Node with no plugin: the test writes its answer. The BD's own timeout (10 minutes)
     is far longer than the test waits: only the answer's watch event can release it."""
@@ -283,7 +281,7 @@ def test_a_held_pivot_goes_on_as_soon_as_a_node_writes_its_answer(
         assert gate is not None
         eventually(lambda: name in gate.held(), timeout=10, what="the pivot held")
         assert pinned_ref(live(kube, name)) == ""
-        held_reads = len(manager_kube.pivot_reads())
+        held_reads = len(pivot_reads(manager))
         answer = words.Answer(state=words.CACHED, bytes=1, total=1, at=1.0, asked=at)
         notes = {words.STATE_ANNOTATION: words.dump_states({digest: answer})}
         kube.merge_patch(
@@ -293,7 +291,7 @@ def test_a_held_pivot_goes_on_as_soon_as_a_node_writes_its_answer(
         eventually(
             lambda: pinned_ref(live(kube, name)) == one, timeout=30, what="the pin on the answer"
         )
-        assert manager_kube.pivot_reads()[held_reads:] == []  # woken, not polling
+        assert pivot_reads(manager)[held_reads:] == []  # woken, not polling
         said = eventually(
             lambda: [m for r, m in reasons(kube, name) if r == "Prestaged"] or None,
             timeout=10,

@@ -37,24 +37,13 @@ from rukpak.oci import tls as source_tls
 from rukpak.oci.client import RegistryClient
 from rukpak.oci.tls import SourceTLS
 from rukpak.sources import git, http
-from tests import source_servers, tls_helpers
-from tests.csi_helpers import (
-    PushedImage,
-    code_of,
-    node_fixture,
-    plugin_fixture,
-    publish_request,
-    push_image,
-    target,
-    tree,
-    unpublish,
-)
+from tests import csi_helpers, source_servers, tls_helpers
 from tests.registry import RegistryServer, ServingCert
 
 pytestmark = [pytest.mark.registry]
 
-plugin = plugin_fixture("tls")
-node = node_fixture()
+plugin = csi_helpers.plugin_fixture("tls")
+node = csi_helpers.node_fixture()
 NOT_PEM = "this is not a certificate"
 
 
@@ -76,10 +65,10 @@ def tls_registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TLSRegi
 _repos = iter(range(10_000))
 
 
-def push(registry: RegistryServer, text: str, *, trust: SourceTLS) -> PushedImage:
+def push(registry: RegistryServer, text: str, *, trust: SourceTLS) -> csi_helpers.PushedImage:
     """A one-layer image (``manifests/cm.yaml`` holding ``text``) pushed over TLS."""
     with source_tls.using(trust):
-        return push_image(
+        return csi_helpers.push_image(
             registry.host,
             f"tls/app{next(_repos)}",
             "v1",
@@ -96,7 +85,7 @@ def refusal(
     return refused.value.code(), str(refused.value.details())
 
 
-def pinned(image: PushedImage) -> str:
+def pinned(image: csi_helpers.PushedImage) -> str:
     return f"{image.ref.rsplit(':', 1)[0]}@{image.manifest_digest}"
 
 
@@ -204,14 +193,19 @@ def test_a_volume_with_certificate_data_publishes_from_a_private_ca_registry(
 ) -> None:
     regs = tls_registries
     image = push(regs.private, "published", trust=SourceTLS(ca_pem=regs.ca.pem))
-    path = target(plugin)
+    path = csi_helpers.target(plugin)
     node.NodePublishVolume(
-        publish_request(path, pinned(image), volume_id="tls-1", certificateData=regs.ca.pem)
+        csi_helpers.publish_request(
+            path, pinned(image), volume_id="tls-1", certificateData=regs.ca.pem
+        )
     )
     try:
-        assert tree(Path(path)) == {"manifests": "dir", "manifests/cm.yaml": "file:published"}
+        assert csi_helpers.tree(Path(path)) == {
+            "manifests": "dir",
+            "manifests/cm.yaml": "file:published",
+        }
     finally:
-        unpublish(node, path, volume_id="tls-1")
+        csi_helpers.unpublish(node, path, volume_id="tls-1")
 
 
 def test_a_volume_with_its_own_tls_is_published_in_bind_mode_even_when_fuse_is_asked(
@@ -221,16 +215,18 @@ def test_a_volume_with_its_own_tls_is_published_in_bind_mode_even_when_fuse_is_a
     has FUSE off, so a FUSE publish would be refused: the bind publish proves the switch."""
     regs = tls_registries
     image = push(regs.private, "bind-not-fuse", trust=SourceTLS(ca_pem=regs.ca.pem))
-    path = target(plugin)
-    request = publish_request(path, pinned(image), volume_id="tls-fuse", publishMode="fuse")
+    path = csi_helpers.target(plugin)
+    request = csi_helpers.publish_request(
+        path, pinned(image), volume_id="tls-fuse", publishMode="fuse"
+    )
     with pytest.raises(grpc.RpcError, match="publishMode fuse is not enabled"):
         node.NodePublishVolume(request)
     request.volume_context["certificateData"] = regs.ca.pem
     node.NodePublishVolume(request)
     try:
-        assert tree(Path(path))["manifests/cm.yaml"] == "file:bind-not-fuse"
+        assert csi_helpers.tree(Path(path))["manifests/cm.yaml"] == "file:bind-not-fuse"
     finally:
-        unpublish(node, path, volume_id="tls-fuse")
+        csi_helpers.unpublish(node, path, volume_id="tls-fuse")
 
 
 @pytest.mark.parametrize(
@@ -250,8 +246,11 @@ def test_a_registry_certificate_the_node_refuses_is_named_with_the_host_and_why(
     registry: RegistryServer = getattr(regs, served_by)
     image = push(registry, f"refused-{served_by}", trust=SourceTLS(skip_verify=True))
     ca: tls_helpers.CA = getattr(regs, given)
-    request = publish_request(
-        target(plugin), pinned(image), volume_id=f"tls-{served_by}", certificateData=ca.pem
+    request = csi_helpers.publish_request(
+        csi_helpers.target(plugin),
+        pinned(image),
+        volume_id=f"tls-{served_by}",
+        certificateData=ca.pem,
     )
     code, details = refusal(node, request)
     assert code == grpc.StatusCode.FAILED_PRECONDITION
@@ -267,22 +266,24 @@ def test_a_ca_given_for_one_volume_is_not_used_by_a_concurrent_publish_of_anothe
               for i in range(4)]  # fmt: skip
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         for i, (trusted, other) in enumerate(rounds):
-            paths = target(plugin), target(plugin)
+            paths = csi_helpers.target(plugin), csi_helpers.target(plugin)
             with_ca = pool.submit(
                 node.NodePublishVolume,
-                publish_request(
+                csi_helpers.publish_request(
                     paths[0], pinned(trusted), volume_id=f"ca-{i}", certificateData=regs.ca.pem
                 ),
             )
-            plain = publish_request(paths[1], pinned(other), volume_id=f"plain-{i}")
-            without = pool.submit(code_of, functools.partial(node.NodePublishVolume, plain))
+            plain = csi_helpers.publish_request(paths[1], pinned(other), volume_id=f"plain-{i}")
+            without = pool.submit(
+                csi_helpers.code_of, functools.partial(node.NodePublishVolume, plain)
+            )
             # plain HTTP to the TLS port (loopback, no TLS of its own): refused, never
             # fetched with the other volume's CA
             assert without.result() == grpc.StatusCode.INVALID_ARGUMENT
             with_ca.result()
-            assert tree(Path(paths[0]))["manifests/cm.yaml"] == f"file:a{i}"
+            assert csi_helpers.tree(Path(paths[0]))["manifests/cm.yaml"] == f"file:a{i}"
             assert not Path(paths[1]).exists() or not any(Path(paths[1]).iterdir())
-            unpublish(node, paths[0], volume_id=f"ca-{i}")
+            csi_helpers.unpublish(node, paths[0], volume_id=f"ca-{i}")
 
 
 def test_skipping_verification_still_verifies_content_by_digest(
@@ -290,19 +291,24 @@ def test_skipping_verification_still_verifies_content_by_digest(
 ) -> None:
     regs = tls_registries
     good = push(regs.self_signed, "skip-ok", trust=SourceTLS(skip_verify=True))
-    path = target(plugin)
+    path = csi_helpers.target(plugin)
     node.NodePublishVolume(
-        publish_request(path, pinned(good), volume_id="skip-1", insecureSkipTLSVerify="true")
+        csi_helpers.publish_request(
+            path, pinned(good), volume_id="skip-1", insecureSkipTLSVerify="true"
+        )
     )
-    assert tree(Path(path))["manifests/cm.yaml"] == "file:skip-ok"
-    unpublish(node, path, volume_id="skip-1")
+    assert csi_helpers.tree(Path(path))["manifests/cm.yaml"] == "file:skip-ok"
+    csi_helpers.unpublish(node, path, volume_id="skip-1")
     tampered = push(regs.self_signed, "skip-tampered", trust=SourceTLS(skip_verify=True))
     blob = regs.self_signed.blob_path(tampered.blob_digests[1])
     data = bytearray(blob.read_bytes())
     data[-12:] = bytes(b ^ 0xFF for b in data[-12:])  # same size, other bytes
     blob.write_bytes(bytes(data))
-    request = publish_request(
-        target(plugin), pinned(tampered), volume_id="skip-2", insecureSkipTLSVerify="true"
+    request = csi_helpers.publish_request(
+        csi_helpers.target(plugin),
+        pinned(tampered),
+        volume_id="skip-2",
+        insecureSkipTLSVerify="true",
     )
     code, details = refusal(node, request)
     assert code == grpc.StatusCode.DATA_LOSS, details
@@ -319,7 +325,7 @@ def test_skipping_verification_still_verifies_content_by_digest(
 def test_bad_tls_volume_attributes_are_invalid_argument(
     node: csi_pb2_grpc.NodeStub, plugin: Any, image: str, attributes: dict[str, str], words: str
 ) -> None:
-    request = publish_request(target(plugin), image)
+    request = csi_helpers.publish_request(csi_helpers.target(plugin), image)
     request.volume_context.update(attributes)
     code, details = refusal(node, request)
     assert code == grpc.StatusCode.INVALID_ARGUMENT
