@@ -63,6 +63,8 @@ log = logging.getLogger("rukpak.manager")
 BD_KEY = "bd:"
 BUNDLE_KEY = "bundle:"
 POLICY_KEY = "policy:"
+"""The one work queue's keys are a prefix and a name: ``bd:web`` reconciles BundleDeployment
+``web``, ``bundle:web-1a2b`` a Bundle, ``policy:signed`` a ClusterBundlePolicy's status."""
 BD_CONTROLLER = "bundledeployment"
 BUNDLE_CONTROLLER = "bundle"
 QUEUE_NAME = "rukpak-manager"

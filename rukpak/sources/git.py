@@ -36,7 +36,7 @@ import socket
 import tarfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, TypedDict
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import urllib3
@@ -50,6 +50,9 @@ from rukpak.common import errors
 from rukpak.common.backoff import Deadline
 from rukpak.oci import tls as source_tls
 from rukpak.sources.auth import SourceAuth
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 log = logging.getLogger(__name__)
 
@@ -210,14 +213,28 @@ class _TimedTCPGitClient(gitclient.TCPGitClient):
         return proto, lambda: gitclient._fileno_can_read(s.fileno()), None
 
 
+class Remote(TypedDict, total=False):
+    """How :func:`resolve` and :func:`fetch_commit` reach a repository (each one optional):
+    ``auth`` the source's Secret, ``insecure`` to skip TLS verification (and ssh host keys),
+    ``tls`` the source's own trust (else this thread's, ``rukpak.oci.tls.using``),
+    ``read_timeout`` the seconds one read may wait (:data:`READ_TIMEOUT`), ``deadline``
+    the whole call's."""
+
+    auth: SourceAuth | None
+    insecure: bool
+    tls: source_tls.SourceTLS | None
+    read_timeout: float
+    deadline: Deadline | None
+
+
 def _client(
     repository: str,
-    auth: SourceAuth | None,
     *,
-    insecure: bool,
-    read_timeout: float,
-    deadline: Deadline | None = None,
+    auth: SourceAuth | None = None,
+    insecure: bool = False,
     tls: source_tls.SourceTLS | None = None,
+    read_timeout: float = READ_TIMEOUT,
+    deadline: Deadline | None = None,
 ) -> tuple[gitclient.GitClient, str]:
     parts = urlsplit(repository)
     if parts.scheme in ("http", "https"):
@@ -316,16 +333,7 @@ def _unanswered(
     return errors.Unavailable(f"{what} {repository}: {text or type(exc).__name__}")
 
 
-def resolve(
-    repository: str,
-    ref: Mapping[str, Any],
-    *,
-    auth: SourceAuth | None = None,
-    insecure: bool = False,
-    tls: source_tls.SourceTLS | None = None,
-    read_timeout: float = READ_TIMEOUT,
-    deadline: Deadline | None = None,
-) -> str:
+def resolve(repository: str, ref: Mapping[str, Any], **remote: Unpack[Remote]) -> str:
     """The commit ``ref`` (``branch``, ``tag`` or ``commit``) names in ``repository``."""
     commit = str(ref.get("commit") or "").strip().lower()
     if commit:
@@ -340,10 +348,10 @@ def resolve(
         name = f"refs/tags/{ref['tag']}"
     else:
         raise errors.InvalidArgument("git ref must set one of branch, tag or commit")
-    client, path = _client(
-        repository, auth, insecure=insecure, read_timeout=read_timeout, deadline=deadline, tls=tls
+    client, path = _client(repository, **remote)
+    result = _call(
+        repository, "list refs of", client.get_refs, path, deadline=remote.get("deadline")
     )
-    result = _call(repository, "list refs of", client.get_refs, path, deadline=deadline)
     refs: dict[bytes, bytes] = dict(getattr(result, "refs", result) or {})
     peeled = refs.get(f"{name}^{{}}".encode()) or refs.get(name.encode())
     if not peeled:
@@ -351,17 +359,7 @@ def resolve(
     return peeled.decode()
 
 
-def fetch_commit(
-    repository: str,
-    commit: str,
-    workdir: Path,
-    *,
-    auth: SourceAuth | None = None,
-    insecure: bool = False,
-    tls: source_tls.SourceTLS | None = None,
-    read_timeout: float = READ_TIMEOUT,
-    deadline: Deadline | None = None,
-) -> Repo:
+def fetch_commit(repository: str, commit: str, workdir: Path, **remote: Unpack[Remote]) -> Repo:
     """Fetch ``commit`` (and what it needs) into a new bare repository at ``workdir``.
 
     Asks for the commit itself first (servers that allow reachable commits in
@@ -371,9 +369,8 @@ def fetch_commit(
     if not COMMIT_RE.match(commit):
         raise errors.InvalidArgument(f"{commit[:80]!r} is not a full commit hash")
     repo = Repo.init_bare(str(workdir), mkdir=True)
-    client, path = _client(
-        repository, auth, insecure=insecure, read_timeout=read_timeout, deadline=deadline, tls=tls
-    )
+    client, path = _client(repository, **remote)
+    deadline = remote.get("deadline")
     want = commit.encode()
 
     def only_commit(refs: Any, depth: int | None = None) -> list[bytes]:

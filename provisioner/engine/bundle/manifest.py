@@ -27,6 +27,9 @@ class Source:
 
 @dataclass(frozen=True)
 class Manifest:
+    """One object of a bundle and where it was read: what ordering, apply and diff take,
+    and what their errors name (:meth:`describe`)."""
+
     obj: Obj
     """The object; treated as immutable (the engine copies before it changes anything)."""
     source: Source
