@@ -1,5 +1,5 @@
 """``rukpak.common.command``: subcommands described by the docstrings of the functions that
-run them.
+run them, and configs built from parsed flags.
 
 Where it sits: the unit tests of the helper every argparse program of the project registers
 its subcommands with; the commands' own behaviour is tested beside each command
@@ -10,7 +10,9 @@ its subcommands with; the commands' own behaviour is tested beside each command
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +20,11 @@ import pytest
 import provisioner.__main__ as provisioner_main
 from provisioner.cli import main as cli_main
 from provisioner.cli import signing
-from rukpak.common import command
+from provisioner.instance import process
+from provisioner.manager import cli as manager_cli
+from provisioner.manager import model
+from provisioner.runtime import flags
+from rukpak.common import command, errors
 
 
 def _run_described(args: argparse.Namespace) -> int:
@@ -172,3 +178,104 @@ def test_every_command_is_described_by_the_function_that_runs_it(
 
 def test_sign_names_the_password_variable_it_reads() -> None:
     assert f"${signing.PASSWORD_ENV}." in str(command.words_of(signing.run_sign).description)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    name: str
+    bundle_format: str = "plain+v0"
+    lease_duration: float = 15.0
+    kept: tuple[str, ...] = ()
+
+
+class TestConfigFrom:
+    def test_fields_come_from_flags_of_their_name_and_given_values_win(self) -> None:
+        args = argparse.Namespace(name="a", format="helm", lease_duration=3.0, kept=["x"])
+        config = command.config_from(_Config, args, bundle_format=args.format, kept=("x",))
+        assert config == _Config(name="a", bundle_format="helm", lease_duration=3.0, kept=("x",))
+
+    def test_a_field_without_a_flag_keeps_its_default(self) -> None:
+        config = command.config_from(_Config, argparse.Namespace(name="a", other=1))
+        assert config == _Config(name="a")
+
+    def test_a_given_value_that_is_no_field_is_refused(self) -> None:
+        with pytest.raises(TypeError):
+            command.config_from(_Config, argparse.Namespace(name="a"), nmae="b")
+
+    def test_a_class_that_is_no_dataclass_is_refused(self) -> None:
+        with pytest.raises(TypeError, match="is not a dataclass"):
+            command.config_from(argparse.Namespace, argparse.Namespace())  # type: ignore[type-var]
+
+
+def test_the_manager_settings_are_its_flags() -> None:
+    args = provisioner_main.build_parser("manager").parse_args(
+        [
+            "manager",
+            "--image=reg/rukpak:1",
+            "--system-namespace=sys",
+            "--instance-service-account=inst",
+            "--unpack-service-account=unp",
+            "--instance-host-network",
+            "--instance-env=A=1",
+            "--max-concurrent-runs=3",
+            "--run-mode=standing",
+        ]
+    )
+    assert manager_cli.settings_from(args) == model.Settings(
+        image="reg/rukpak:1",
+        system_namespace="sys",
+        service_account="inst",
+        unpack_service_account="unp",
+        host_network=True,
+        env=(("A", "1"),),
+        max_concurrent_runs=3,
+        run_mode="standing",
+        content_base_url="https://rukpak-webhook.sys.svc",
+    )
+
+
+def test_the_instance_config_is_its_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    made: list[process.Config] = []
+
+    def instance(kube: Any, config: process.Config) -> None:
+        made.append(config)
+        raise errors.Unavailable("stop here")
+
+    monkeypatch.setattr(flags, "kube", lambda args: None)
+    monkeypatch.setattr(process, "Instance", instance)
+    args = provisioner_main.build_parser("instance").parse_args(
+        [
+            "instance",
+            f"--bundle-dir={tmp_path}",
+            "--name=web",
+            "--namespace=apps",
+            "--system-namespace=sys",
+            "--identity=me",
+            "--lease-duration=5",
+            "--lease-timeout=7",
+            "--format=helm",
+            f"--termination-log={tmp_path / 'log'}",
+            "--bundle=web-1",
+            "--source-dir=a",
+            "--source-dir=b",
+            "--preview",
+        ]
+    )
+    assert process.run_instance(args) == process.EXIT_ERROR
+    assert made == [
+        process.Config(
+            bundle_dir=tmp_path,
+            name="web",
+            namespace="apps",
+            system_namespace="sys",
+            identity="me",
+            lease_duration=5.0,
+            lease_timeout=7.0,
+            bundle_format="helm",
+            termination_log=tmp_path / "log",
+            bundle_name="web-1",
+            source_dirs=(Path("a"), Path("b")),
+            preview=True,
+            ignore=(),
+        )
+    ]

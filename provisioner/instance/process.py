@@ -343,19 +343,13 @@ def run_instance(args: argparse.Namespace) -> int:
         rules = ignore_rules(args.ignore)
     except errors.RukpakError as err:
         return _failed(termination.where(args.termination_log), err.message)
-    config = Config(
-        bundle_dir=args.bundle_dir,
-        name=args.name,
-        namespace=args.namespace,
-        system_namespace=args.system_namespace,
-        identity=args.identity,
-        lease_duration=args.lease_duration,
-        lease_timeout=args.lease_timeout,
+    config = command.config_from(
+        Config,
+        args,
         bundle_format=args.format,
         termination_log=termination.where(args.termination_log),
         bundle_name=args.bundle,
         source_dirs=tuple(args.source_dir),
-        preview=args.preview,
         ignore=rules,
     )
     try:

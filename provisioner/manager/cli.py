@@ -155,16 +155,13 @@ def settings_from(args: argparse.Namespace) -> model.Settings:
         base = f"https://{args.webhook_service}.{args.system_namespace}.svc"
     if not args.webhook_port:
         base = ""  # nothing serves it
-    return model.Settings(
-        content_base_url=base,
-        image=args.image,
-        system_namespace=args.system_namespace,
+    return command.config_from(
+        model.Settings,
+        args,
         service_account=args.instance_service_account,
-        unpack_service_account=args.unpack_service_account,
         host_network=args.instance_host_network,
+        content_base_url=base,
         env=tuple(env),
-        max_concurrent_runs=args.max_concurrent_runs,
-        run_mode=args.run_mode,
     )
 
 

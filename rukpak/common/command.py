@@ -1,4 +1,4 @@
-"""Subcommands registered from the functions that run them.
+"""Subcommands registered from the functions that run them, and configs from parsed flags.
 
 Where it sits: beside ``flags`` in the shared corner, under every argparse program of the
 project: the ``rukpak`` command line (``provisioner.cli``), the ``rukpak-provisioner``
@@ -15,21 +15,29 @@ paragraph's lines are joined into one line, as argparse would fill it; a paragra
 later lines are indented (examples) is kept line by line, and then the whole help is
 shown as written (``argparse.RawDescriptionHelpFormatter``). A function without a
 docstring is refused when the command is registered, that is when the parser is built.
+
+``config_from(Settings, args, service_account=args.instance_service_account)`` builds a
+dataclass from parsed arguments: each field from the flag of the same name, the others
+given by the caller (a flag of another name, a value worked out from flags).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 Run = Callable[[argparse.Namespace], Any]
 """What carries out a command: the parsed arguments in, an exit status (or None) out."""
+D = TypeVar("D", bound="DataclassInstance")
 
 EPILOG_HEADINGS = ("examples:", "exit status:")
 """Paragraphs of a command's docstring from the first that opens with one of these on are
@@ -102,3 +110,15 @@ def program(prog: str, doc: str | None) -> tuple[argparse.ArgumentParser, Subpar
     line of ``doc`` (its module's docstring), and what ``command`` adds them to."""
     parser = argparse.ArgumentParser(prog=prog, description=(doc or "").split("\n")[0])
     return parser, parser.add_subparsers(dest="command", required=True)
+
+
+def config_from(cls: type[D], args: argparse.Namespace, /, **given: Any) -> D:
+    """A ``cls`` (a dataclass) made from parsed ``args``: every field that ``given`` does not
+    name from the argument of the same name, where the parser has one; fields that neither
+    names keep their defaults. ``given`` holds the rest: a flag of another name
+    (``bundle_format=args.format``), a value worked out from flags."""
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise TypeError(f"{cls!r} is not a dataclass")
+    fields = (f.name for f in dataclasses.fields(cls) if f.init and f.name not in given)
+    found = {name: getattr(args, name) for name in fields if hasattr(args, name)}
+    return cls(**found, **given)
