@@ -510,6 +510,7 @@ def test_index_makes_an_index_for_a_single_platform(cli: RegistryCli) -> None:
 
 def test_ctrl_c_exits_130(monkeypatch: pytest.MonkeyPatch, rukpak: Rukpak) -> None:
     def interrupted(args: argparse.Namespace) -> int:
+        """inspect, interrupted by Ctrl-C (a command's docstring is its help)"""
         raise KeyboardInterrupt
 
     monkeypatch.setattr(bundle_cli, "run_inspect", interrupted)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from provisioner.cli import output
 from provisioner.runtime import flags
-from rukpak.common import errors
+from rukpak.common import command, errors
 
 # The engine is imported by the commands that run it, not to build the parser (start-up).
 if TYPE_CHECKING:
@@ -40,14 +40,7 @@ DEFAULT_CONCURRENCY = 16
 
 def register(subparsers: Any) -> None:
     """Add ``apply``, ``diff``, ``status`` and ``uninstall`` to the ``rukpak`` parser."""
-    p = subparsers.add_parser(
-        "apply",
-        help="install or upgrade a bundle directory as a named deployment",
-        description="Apply a bundle (plain+v0: DIR/manifests/*.yaml) with server-side apply, "
-        "in dependency order, then prune what the previous revision had and this one lacks.",
-        epilog="exit status: 0 applied (and ready, with --wait); 1 an error;"
-        " 3 --wait ran out of time before every object was ready",
-    )
+    p = command.add(subparsers, "apply", run_apply)
     _bundle_args(p)
     p.add_argument("--no-prune", action="store_true", help="keep objects the bundle dropped")
     p.add_argument(
@@ -60,28 +53,17 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--watch", action="store_true", help="then keep correcting drift until interrupted"
     )
-    p.set_defaults(func=run_apply)
 
-    p = subparsers.add_parser(
-        "diff",
-        help="show what apply would change (server-side dry run); exit 3 if anything",
-        epilog="exit status: 0 nothing would change; 1 an error; 3 something would change",
-    )
+    p = command.add(subparsers, "diff", run_diff)
     _bundle_args(p)
     output.add_output(p)
-    p.set_defaults(func=run_diff)
 
-    p = subparsers.add_parser(
-        "status",
-        help="health of every object a deployment applied; exit 3 if any is not ready",
-        epilog="exit status: 0 every object ready; 1 an error; 3 some object not ready",
-    )
+    p = command.add(subparsers, "status", run_status)
     p.add_argument("name", metavar="NAME")
     output.add_output(p)
     _cluster_args(p)
-    p.set_defaults(func=run_status)
 
-    p = subparsers.add_parser("uninstall", help="delete everything a deployment applied")
+    p = command.add(subparsers, "uninstall", run_uninstall)
     p.add_argument("name", metavar="NAME")
     p.add_argument(
         "--deletion-policy",
@@ -90,7 +72,6 @@ def register(subparsers: Any) -> None:
         help="Orphan keeps the objects and only removes the owner label (default: Delete)",
     )
     _cluster_args(p)
-    p.set_defaults(func=run_uninstall)
 
 
 def _cluster_args(p: argparse.ArgumentParser) -> None:
@@ -159,6 +140,14 @@ def _load(args: argparse.Namespace) -> formats.Bundle:
 
 
 def run_apply(args: argparse.Namespace) -> int:
+    """install or upgrade a bundle directory as a named deployment
+
+    Apply a bundle (plain+v0: DIR/manifests/*.yaml) with server-side apply, in dependency
+    order, then prune what the previous revision had and this one lacks.
+
+    exit status: 0 applied (and ready, with --wait); 1 an error; 3 --wait ran out of time
+    before every object was ready
+    """
     from provisioner.engine.apply import apply, drift
 
     options = _options(args)
@@ -206,6 +195,10 @@ def _wait_ready(kube: Kube, options: apply.Options, timeout: float) -> int:
 
 
 def run_diff(args: argparse.Namespace) -> int:
+    """show what apply would change (server-side dry run); exit 3 if anything
+
+    exit status: 0 nothing would change; 1 an error; 3 something would change
+    """
     from provisioner.engine.preview import diff
 
     options = _options(args)
@@ -246,6 +239,10 @@ def diff_view(changes: list[diff.Change]) -> output.View:
 
 
 def run_status(args: argparse.Namespace) -> int:
+    """health of every object a deployment applied; exit 3 if any is not ready
+
+    exit status: 0 every object ready; 1 an error; 3 some object not ready
+    """
     from provisioner.engine.apply import lifecycle
 
     states = lifecycle.status(
@@ -281,6 +278,7 @@ def status_view(name: str, states: list[lifecycle.ObjectStatus]) -> output.View:
 
 
 def run_uninstall(args: argparse.Namespace) -> int:
+    """delete everything a deployment applied"""
     from provisioner.engine.apply import lifecycle
 
     result = lifecycle.uninstall(

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from provisioner.cli import deployments
 from provisioner.runtime import flags
-from rukpak.common import errors
+from rukpak.common import command, errors
 from rukpak.sources import pins
 
 if TYPE_CHECKING:
@@ -50,24 +50,7 @@ _DIGEST = re.compile(r"^(sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128}|[0-9a-f]{40}|[
 
 def register(subparsers: Any) -> None:
     """Add ``approve`` to the ``rukpak`` parser."""
-    p = subparsers.add_parser(
-        "approve",
-        help="approve a paused BundleDeployment's preview (install exactly what it showed)",
-        description="Approve what `rukpak preview NAME` showed: annotate the "
-        "BundleDeployment with core.rukpak.io/approved-digest (the digests the preview "
-        "reviewed), with the object's resourceVersion as a precondition (a change meanwhile "
-        "is refused). The manager installs that content only: if the source moved since, it "
-        "stays paused with a new preview. spec.paused stays true, so later changes are "
-        "previewed and wait for approval again. An upgrade that upgradePolicy: "
-        "ApproveEscalations holds is approved the same way. With --preview-digest, first "
-        "check that the preview recorded in the status is of that content and of the current "
-        "spec.",
-        epilog="examples:\n  rukpak preview my-operator\n"
-        "  rukpak approve my-operator --preview-digest sha256:5b1f...\n\n"
-        "exit status: 0 approved (or not paused); 1 an error, no preview yet, or the "
-        "preview is not of that digest",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command.add(subparsers, "approve", run_approve)
     p.add_argument("name", metavar="NAME")
     p.add_argument(
         "--preview-digest",
@@ -76,7 +59,6 @@ def register(subparsers: Any) -> None:
         "(sha256:<hex>), a git commit or an http content digest",
     )
     flags.add_cluster(p)
-    p.set_defaults(func=run_approve)
 
 
 def digests_of(status: Obj) -> list[str]:
@@ -162,6 +144,24 @@ def check(bd: Obj, digest: str | None) -> str | None:
 
 
 def run_approve(args: argparse.Namespace) -> int:
+    """approve a paused BundleDeployment's preview (install exactly what it showed)
+
+    Approve what `rukpak preview NAME` showed: annotate the BundleDeployment with
+    core.rukpak.io/approved-digest (the digests the preview reviewed), with the object's
+    resourceVersion as a precondition (a change meanwhile is refused). The manager installs
+    that content only: if the source moved since, it stays paused with a new preview.
+    spec.paused stays true, so later changes are previewed and wait for approval again. An
+    upgrade that upgradePolicy: ApproveEscalations holds is approved the same way. With
+    --preview-digest, first check that the preview recorded in the status is of that content
+    and of the current spec.
+
+    examples:
+      rukpak preview my-operator
+      rukpak approve my-operator --preview-digest sha256:5b1f...
+
+    exit status: 0 approved (or not paused); 1 an error, no preview yet, or the preview is
+    not of that digest
+    """
     kube = flags.kube(args)
     bd = deployments.get(kube, args.name)
     name = deployments.resource_name(args.name)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from provisioner.cli import output, signing
 from provisioner.runtime import flags
-from rukpak.common import errors
+from rukpak.common import command, errors
 
 # Building, pushing and the registry client are imported by the commands that run them, not
 # to build the parser (start-up).
@@ -43,15 +43,7 @@ def register(subparsers: Any) -> None:
     commands = bundle.add_subparsers(dest="bundle_command", metavar="SUBCOMMAND")
     commands.required = True
 
-    build = commands.add_parser(
-        "build",
-        help="build a bundle image from a directory",
-        description=(
-            "Build an OCI image from DIR (which must hold manifests/) into an OCI layout "
-            "directory, and optionally push it. One platform gives an image manifest; "
-            "several give an index."
-        ),
-    )
+    build = command.add(commands, "build", run_build)
     build.add_argument("directory", metavar="DIR", type=Path, help="bundle directory")
     build.add_argument("--tag", "-t", required=True, metavar="REF", help="e.g. host/repo:v1")
     _add_platform_options(build)
@@ -66,33 +58,19 @@ def register(subparsers: Any) -> None:
         "mode can fetch files lazily",
     )
     _add_registry_options(build)
-    build.set_defaults(func=run_build)
 
-    push = commands.add_parser(
-        "push",
-        help="push a built bundle image",
-        description=(
-            "Push the image of an OCI layout (or build DIR given with --from-dir and push "
-            "it). REF defaults to the reference the layout was built for."
-        ),
-    )
+    push = command.add(commands, "push", run_push)
     push.add_argument("arguments", nargs="*", metavar="LAYOUT_DIR|REF", help="[LAYOUT_DIR] [REF]")
     push.add_argument("--from-dir", type=Path, metavar="DIR", help="build this bundle first")
     _add_platform_options(push)
     _add_registry_options(push)
-    push.set_defaults(func=run_push)
 
-    inspect = commands.add_parser(
-        "inspect",
-        help="show what a bundle image in a registry holds",
-        description="Print the digest, platforms, layers and files of the image REF names.",
-    )
+    inspect = command.add(commands, "inspect", run_inspect)
     inspect.add_argument("reference", metavar="REF")
     flags.add_platform(inspect)
     inspect.add_argument("--json", action="store_true", help="print JSON (as -o json)")
     output.add_output(inspect)
     _add_registry_options(inspect, progress=False)
-    inspect.set_defaults(func=run_inspect)
     signing.register(commands)
 
 
@@ -147,6 +125,11 @@ def _cli_hints(handler: Callable[[argparse.Namespace], int]) -> Callable[[argpar
 
 @_cli_hints
 def run_build(args: argparse.Namespace) -> int:
+    """build a bundle image from a directory
+
+    Build an OCI image from DIR (which must hold manifests/) into an OCI layout directory,
+    and optionally push it. One platform gives an image manifest; several give an index.
+    """
     from provisioner.bundle.layout import OciLayout
     from rukpak.oci.reference import Reference
 
@@ -168,6 +151,11 @@ def run_build(args: argparse.Namespace) -> int:
 
 @_cli_hints
 def run_push(args: argparse.Namespace) -> int:
+    """push a built bundle image
+
+    Push the image of an OCI layout (or build DIR given with --from-dir and push it). REF
+    defaults to the reference the layout was built for.
+    """
     from provisioner.bundle import push as bundle_push
     from provisioner.bundle.layout import OciLayout
     from rukpak.oci.reference import Reference
@@ -200,6 +188,10 @@ def run_push(args: argparse.Namespace) -> int:
 
 @_cli_hints
 def run_inspect(args: argparse.Namespace) -> int:
+    """show what a bundle image in a registry holds
+
+    Print the digest, platforms, layers and files of the image REF names.
+    """
     from provisioner.bundle import inspect as bundle_inspect
     from rukpak.oci.manifest import Platform
     from rukpak.oci.reference import Reference

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from provisioner.cli import output
 from provisioner.runtime import flags
-from rukpak.common import errors
+from rukpak.common import command, errors
 
 # The engine is imported by the commands that run, not to build the parser (start-up).
 if TYPE_CHECKING:
@@ -43,56 +43,19 @@ V1ALPHA1_MADE = "core.rukpak.io/v1alpha1-template"
 
 def register(subparsers: Any) -> None:
     """Add ``history``, ``rollback`` and ``preview`` to the ``rukpak`` parser."""
-    p = _command(
-        subparsers,
-        "history",
-        run_history,
-        help="list a BundleDeployment's kept revisions (as kubectl rollout history)",
-        description="List the revisions the manager keeps for a BundleDeployment "
-        "(spec.revisionHistoryLimit, default 5): number, outcome, objects, generation, "
-        "when, and the pinned source. The installed one is marked *, the previous one -.",
-        epilog="examples:\n  rukpak history my-operator\n"
-        "  rukpak history my-operator --revision 2   # one revision in full (YAML)",
-    )
+    p = _command(subparsers, "history", run_history)
     p.add_argument("--revision", type=int, help="show this revision in full")
     output.add_output(p)
     flags.add_cluster(p)
 
-    p = _command(
-        subparsers,
-        "rollback",
-        run_rollback,
-        help="reinstall a kept revision from the node caches",
-        description="Reinstall a kept revision of a BundleDeployment created as v1alpha2 "
-        "(default: the previous one). Its pinned content is mounted from the node caches: "
-        "no registry, git or http server is asked. The rollback holds until the spec "
-        "changes; the next spec change installs what the spec then names.",
-        epilog="examples:\n  rukpak rollback my-operator\n"
-        "  rukpak rollback my-operator --to-revision 2 --wait 120\n\n"
-        "exit status: 0 asked (and installed, with --wait); 1 an error; "
-        "3 --wait ran out of time",
-    )
+    p = _command(subparsers, "rollback", run_rollback)
     p.add_argument("--to-revision", type=int, help="the kept revision (default: the previous)")
     p.add_argument(
         "--wait", type=float, metavar="SECONDS", default=0, help="then wait until it is installed"
     )
     flags.add_cluster(p)
 
-    p = _command(
-        subparsers,
-        "preview",
-        run_preview,
-        help="what a paused BundleDeployment would install and grant",
-        description="Print the permission preview of a BundleDeployment created (or changed) "
-        "with spec.paused: true: its objects by kind and namespace, the cluster-scoped "
-        "ones, the CRDs it changes, the RBAC rules it grants (aggregated) and what a "
-        "reviewer must notice (wildcards, escalate, bind, impersonate, secrets). Unpausing "
-        "is the approval (rukpak approve).",
-        epilog="examples:\n  rukpak preview my-operator\n"
-        "  rukpak preview my-operator --diff   # against what is installed\n"
-        "  rukpak preview my-operator -o json  # the summary, the text and the diff\n"
-        "  rukpak approve my-operator",
-    )
+    p = _command(subparsers, "preview", run_preview)
     p.add_argument("--diff", action="store_true", help="what approving changes ('+'/'-' lines)")
     output.add_output(p)
     flags.add_cluster(p)
@@ -100,25 +63,13 @@ def register(subparsers: Any) -> None:
 
 
 def _command(
-    subparsers: Any,
-    command: str,
-    run: Callable[[argparse.Namespace], int],
-    *,
-    help: str,
-    description: str,
-    epilog: str,
+    subparsers: Any, name: str, run: Callable[[argparse.Namespace], int]
 ) -> argparse.ArgumentParser:
-    """A subcommand on one BundleDeployment, ``NAME``, that ``run`` carries out; the
-    caller adds its own flags, then the cluster's (in that order, as ``--help`` lists them)."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        command,
-        help=help,
-        description=description,
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    """A subcommand on one BundleDeployment, ``NAME``, that ``run`` carries out (and its
+    docstring describes, ``command.add``); the caller adds its own flags, then the
+    cluster's (in that order, as ``--help`` lists them)."""
+    p = command.add(subparsers, name, run)
     p.add_argument("name", metavar="NAME")
-    p.set_defaults(func=run)
     return p
 
 
@@ -219,6 +170,16 @@ def history_table(bd: Obj) -> str:
 
 
 def run_history(args: argparse.Namespace) -> int:
+    """list a BundleDeployment's kept revisions (as kubectl rollout history)
+
+    List the revisions the manager keeps for a BundleDeployment (spec.revisionHistoryLimit,
+    default 5): number, outcome, objects, generation, when, and the pinned source. The
+    installed one is marked *, the previous one -.
+
+    examples:
+      rukpak history my-operator
+      rukpak history my-operator --revision 2   # one revision in full (YAML)
+    """
     from provisioner.engine.apply import revisionlog
 
     bd = get(flags.kube(args), args.name)
@@ -265,6 +226,19 @@ def choose(bd: Obj, wanted: int | None) -> revisionlog.Revision:
 
 
 def run_rollback(args: argparse.Namespace) -> int:
+    """reinstall a kept revision from the node caches
+
+    Reinstall a kept revision of a BundleDeployment created as v1alpha2 (default: the
+    previous one). Its pinned content is mounted from the node caches: no registry, git or
+    http server is asked. The rollback holds until the spec changes; the next spec change
+    installs what the spec then names.
+
+    examples:
+      rukpak rollback my-operator
+      rukpak rollback my-operator --to-revision 2 --wait 120
+
+    exit status: 0 asked (and installed, with --wait); 1 an error; 3 --wait ran out of time
+    """
     from provisioner.engine.apply import revisionlog
     from provisioner.engine.objects import condition, meta_of
 
@@ -304,6 +278,20 @@ def run_rollback(args: argparse.Namespace) -> int:
 
 
 def run_preview(args: argparse.Namespace) -> int:
+    """what a paused BundleDeployment would install and grant
+
+    Print the permission preview of a BundleDeployment created (or changed) with
+    spec.paused: true: its objects by kind and namespace, the cluster-scoped ones, the CRDs
+    it changes, the RBAC rules it grants (aggregated) and what a reviewer must notice
+    (wildcards, escalate, bind, impersonate, secrets). Unpausing is the approval (rukpak
+    approve).
+
+    examples:
+      rukpak preview my-operator
+      rukpak preview my-operator --diff   # against what is installed
+      rukpak preview my-operator -o json  # the summary, the text and the diff
+      rukpak approve my-operator
+    """
     from provisioner.engine.objects import ObjectRef
     from provisioner.engine.preview import preview
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from provisioner.cli import deployments, output
 from provisioner.runtime import flags
+from rukpak.common import command
 
 if TYPE_CHECKING:
     from provisioner.engine.objects import Obj
@@ -24,19 +25,10 @@ if TYPE_CHECKING:
 
 def register(subparsers: Any) -> None:
     """Add ``get`` to the ``rukpak`` parser."""
-    p = subparsers.add_parser(
-        "get",
-        help="list BundleDeployments (as kubectl get bundledeployments)",
-        description="List the BundleDeployments (or the one named) with their install "
-        "state, health and installed revision.",
-        epilog="examples:\n  rukpak get\n  rukpak get my-operator -o yaml\n"
-        "  kubectl rukpak get -o wide",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command.add(subparsers, "get", run_get)
     p.add_argument("name", metavar="NAME", nargs="?", help="only this one")
     output.add_output(p)
     flags.add_cluster(p)
-    p.set_defaults(func=run_get)
 
 
 def _condition(bd: Obj, kind: str, field: str) -> str:
@@ -97,6 +89,16 @@ def view(items: Sequence[Obj], *, one: bool, now: datetime.datetime) -> output.V
 
 
 def run_get(args: argparse.Namespace) -> int:
+    """list BundleDeployments (as kubectl get bundledeployments)
+
+    List the BundleDeployments (or the one named) with their install state, health and
+    installed revision.
+
+    examples:
+      rukpak get
+      rukpak get my-operator -o yaml
+      kubectl rukpak get -o wide
+    """
     kube = flags.kube(args)
     if args.name:
         items = [deployments.get(kube, args.name)]

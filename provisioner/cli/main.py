@@ -1,8 +1,9 @@
 """The ``rukpak`` command line: one parser, subcommands contributed by modules.
 
 This is the console script's edge. Each command module exposes
-``register(subparsers)``, which adds its subcommands and sets ``func`` on
-their parsers (a function of the parsed arguments returning an exit code).
+``register(subparsers)``, which adds each subcommand from the function that runs it
+(``rukpak.common.command.add``: ``func`` on its parser, a function of the parsed arguments
+returning an exit code, whose docstring holds the words of its ``--help``).
 These are ``provisioner.cli.bundle`` (``rukpak bundle build|push|inspect``),
 ``provisioner.cli.apply`` (``rukpak apply|diff|status|uninstall``),
 ``provisioner.cli.deployments`` (``history|rollback|preview``), ``approve``, ``get`` and
@@ -34,7 +35,7 @@ from types import ModuleType
 
 from provisioner.cli import complete, version
 from provisioner.runtime import flags
-from rukpak.common import errors
+from rukpak.common import command, errors
 
 # Modules that contribute subcommands; a missing optional one is skipped.
 COMMAND_MODULES: tuple[tuple[str, bool], ...] = (
@@ -63,17 +64,20 @@ def build_parser(prog: str = "rukpak") -> argparse.ArgumentParser:
         module = _load(name, required=required)
         if module is not None:
             module.register(subparsers)
-    shells = subparsers.add_parser(
-        "completion",
-        help="print a shell completion script (bash, zsh, fish)",
-        description="Print the completion of rukpak and kubectl-rukpak for a shell: "
-        "source <(rukpak completion bash), source <(rukpak completion zsh) (after compinit), "
-        "rukpak completion fish | source. kubectl rukpak completes through kubectl's own "
-        "completion (kubectl_complete-rukpak, kubectl 1.26 and later).",
-    )
+    shells = command.add(subparsers, "completion", run_completion)
     shells.add_argument("shell", choices=complete.SHELLS)
-    shells.set_defaults(func=lambda args: _print(complete.script(args.shell)))
     return parser
+
+
+def run_completion(args: argparse.Namespace) -> int:
+    """print a shell completion script (bash, zsh, fish)
+
+    Print the completion of rukpak and kubectl-rukpak for a shell: source <(rukpak
+    completion bash), source <(rukpak completion zsh) (after compinit), rukpak completion
+    fish | source. kubectl rukpak completes through kubectl's own completion
+    (kubectl_complete-rukpak, kubectl 1.26 and later).
+    """
+    return _print(complete.script(args.shell))
 
 
 def _print(text: str) -> int:

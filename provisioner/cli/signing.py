@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from provisioner.cli import output
 from provisioner.runtime import flags
-from rukpak.common import errors
+from rukpak.common import command, errors
 
 # Signing and verifying are imported by the commands that run them (start-up).
 if TYPE_CHECKING:
@@ -31,17 +31,7 @@ FORMATS = ("bundle", "simple-signing")
 
 
 def register(commands: Any) -> None:
-    sign = commands.add_parser(
-        "sign",
-        help="sign a bundle image (as cosign sign --key does)",
-        description=(
-            "Sign the digest REF names now and push the signature to the image's repository, "
-            "where cosign verify reads it: a Sigstore bundle referring to the digest, as cosign "
-            "3 writes (--format bundle, the default), or a layer of the tag sha256-<hex>.sig, "
-            "as cosign 2 writes (--format simple-signing). KEY is a PEM private key or a "
-            f"cosign.key; an encrypted key's password comes from ${PASSWORD_ENV}."
-        ),
-    )
+    sign = command.add(commands, "sign", run_sign)
     sign.add_argument("reference", metavar="REF")
     sign.add_argument("--key", required=True, type=Path, metavar="KEY", help="private key file")
     sign.add_argument(
@@ -58,18 +48,8 @@ def register(commands: Any) -> None:
         "timestamp, which a policy's rfc3161timestamp authority requires",
     )
     flags.add_registry_command(sign)
-    sign.set_defaults(func=run_sign)
 
-    check = commands.add_parser(
-        "verify",
-        help="verify a bundle image's signatures (as a ClusterBundlePolicy would)",
-        description=(
-            "Check that a signature of the digest REF names satisfies a public key (--key), a "
-            "keyless identity (--certificate-identity[-regexp] and "
-            "--certificate-oidc-issuer[-regexp] under --ca-roots, with --rekor-key to require "
-            "a Rekor bundle) or a ClusterBundlePolicy file (--policy). Exit 0 when it does."
-        ),
-    )
+    check = command.add(commands, "verify", run_verify)
     check.add_argument("reference", metavar="REF")
     how = check.add_mutually_exclusive_group(required=True)
     how.add_argument("--key", type=Path, metavar="PUB", help="public key file (PEM)")
@@ -82,7 +62,6 @@ def register(commands: Any) -> None:
     check.add_argument("--rekor-key", type=Path, metavar="PUB", help="Rekor's public key (PEM)")
     output.add_output(check)
     flags.add_registry_command(check)
-    check.set_defaults(func=run_verify)
 
 
 def _read(path: Path, what: str) -> bytes:
@@ -93,6 +72,14 @@ def _read(path: Path, what: str) -> bytes:
 
 
 def run_sign(args: argparse.Namespace) -> int:
+    """sign a bundle image (as cosign sign --key does)
+
+    Sign the digest REF names now and push the signature to the image's repository, where
+    cosign verify reads it: a Sigstore bundle referring to the digest, as cosign 3 writes
+    (--format bundle, the default), or a layer of the tag sha256-<hex>.sig, as cosign 2
+    writes (--format simple-signing). KEY is a PEM private key or a cosign.key; an encrypted
+    key's password comes from $COSIGN_PASSWORD.
+    """
     from rukpak.oci.reference import Reference
     from rukpak.signing import keys
     from rukpak.signing import sign as signer
@@ -160,6 +147,13 @@ def _policy(args: argparse.Namespace, ref: Reference) -> signing.Policy:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    """verify a bundle image's signatures (as a ClusterBundlePolicy would)
+
+    Check that a signature of the digest REF names satisfies a public key (--key), a keyless
+    identity (--certificate-identity[-regexp] and --certificate-oidc-issuer[-regexp] under
+    --ca-roots, with --rekor-key to require a Rekor bundle) or a ClusterBundlePolicy file
+    (--policy). Exit 0 when it does.
+    """
     from rukpak.oci.reference import Reference
     from rukpak.signing import discover, verify
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from provisioner.cli import output
 from provisioner.runtime import flags
-from rukpak.common import errors
+from rukpak.common import command, errors
 
 if TYPE_CHECKING:
     from provisioner.engine.objects import Obj
@@ -57,18 +57,11 @@ def add_version_flag(parser: argparse.ArgumentParser) -> None:
 
 def register(subparsers: Any) -> None:
     """Add ``version`` to the ``rukpak`` parser."""
-    p = subparsers.add_parser(
-        "version",
-        help="print the client's version and the manager's",
-        description="Print this client's version and, when a cluster is reachable, the "
-        "manager's: the rukpak-manager Deployment's app.kubernetes.io/version label, else "
-        "the tag of its manager container's image.",
-    )
+    p = command.add(subparsers, "version", run_version)
     p.add_argument("--client", action="store_true", help="only the client's; ask no cluster")
     output.add_output(p, formats=("json", "yaml"))
     flags.add_cluster(p)
     flags.add_system_namespace(p, holds="the manager's Deployment")
-    p.set_defaults(func=run_version)
 
 
 def manager_version(deployment: Obj) -> dict[str, str]:
@@ -112,6 +105,12 @@ def _ask_manager(args: argparse.Namespace) -> dict[str, str] | None:
 
 
 def run_version(args: argparse.Namespace) -> int:
+    """print the client's version and the manager's
+
+    Print this client's version and, when a cluster is reachable, the manager's: the
+    rukpak-manager Deployment's app.kubernetes.io/version label, else the tag of its manager
+    container's image.
+    """
     client = {"version": client_version(), "python": sys.version.split()[0]}
     manager = None if args.client else _ask_manager(args)
     document: dict[str, Any] = {"clientVersion": client}

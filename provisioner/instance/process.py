@@ -44,7 +44,7 @@ from provisioner.engine.bundle import formats
 from provisioner.engine.kube.kube import Kube
 from provisioner.instance import preview
 from provisioner.runtime import flags, leader, lease, termination
-from rukpak.common import errors
+from rukpak.common import command, errors
 
 log = logging.getLogger("rukpak.instance")
 
@@ -274,14 +274,7 @@ def _failed(termination_log: Path | None, message: str) -> int:
 
 def register(subparsers: Any) -> None:
     """Add ``instance`` to the ``rukpak-provisioner`` parser."""
-    p = subparsers.add_parser(
-        "instance",
-        help="the instance pod's process: apply a mounted bundle once and record it",
-        description="Take the deployment's Lease, apply the bundle at --bundle-dir, record "
-        "the install on the inventory ConfigMap, release the Lease and exit.",
-        epilog="exit status: 0 installed (or stopped by a signal); 1 bundle or apply error, "
-        "or the Lease lost (the message also goes to the termination log)",
-    )
+    p = command.add(subparsers, "instance", run_instance)
     flags.add_bundle_dir(p)
     flags.add_deployment(p, name_is="owner label, inventory, Lease")
     flags.add_system_namespace(p, holds="the inventory and the Lease")
@@ -335,27 +328,28 @@ def register(subparsers: Any) -> None:
     )
     termination.add_flag(p, what="a fatal error (with --preview: the summary)")
     flags.add_cluster(p)
-    p.set_defaults(func=run_instance)
 
 
 def run_instance(args: argparse.Namespace) -> int:
+    """the instance pod's process: apply a mounted bundle once and record it
+
+    Take the deployment's Lease, apply the bundle at --bundle-dir, record the install on the
+    inventory ConfigMap, release the Lease and exit.
+
+    exit status: 0 installed (or stopped by a signal); 1 bundle or apply error, or the Lease
+    lost (the message also goes to the termination log)
+    """
     try:
         rules = ignore_rules(args.ignore)
     except errors.RukpakError as err:
         return _failed(termination.where(args.termination_log), err.message)
-    config = Config(
-        bundle_dir=args.bundle_dir,
-        name=args.name,
-        namespace=args.namespace,
-        system_namespace=args.system_namespace,
-        identity=args.identity,
-        lease_duration=args.lease_duration,
-        lease_timeout=args.lease_timeout,
+    config = command.config_from(
+        Config,
+        args,
         bundle_format=args.format,
         termination_log=termination.where(args.termination_log),
         bundle_name=args.bundle,
         source_dirs=tuple(args.source_dir),
-        preview=args.preview,
         ignore=rules,
     )
     try:

@@ -37,6 +37,7 @@ from typing import Any
 from provisioner.engine.bundle import formats
 from provisioner.engine.errors import BundleInvalid
 from provisioner.runtime import flags, termination
+from rukpak.common import command
 
 log = logging.getLogger("rukpak.unpack")
 
@@ -107,20 +108,20 @@ def validate(root: Path, *, format: str = formats.DEFAULT_FORMAT) -> Result:
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "unpack",
-        help="validate a mounted bundle and report it in the termination message",
-        description="Validate the bundle at --bundle-dir with the format loader and write the "
-        "result (object count and kinds, or the error) as JSON to the termination log.",
-        epilog="exit status: 0 valid; 1 invalid; 2 usage error",
-    )
+    p = command.add(subparsers, "unpack", run_unpack)
     flags.add_bundle_dir(p)
     flags.add_format(p)
     termination.add_flag(p, what="the JSON result")
-    p.set_defaults(func=run_unpack)
 
 
 def run_unpack(args: argparse.Namespace) -> int:
+    """validate a mounted bundle and report it in the termination message
+
+    Validate the bundle at --bundle-dir with the format loader and write the result (object
+    count and kinds, or the error) as JSON to the termination log.
+
+    exit status: 0 valid; 1 invalid; 2 usage error
+    """
     result = validate(args.bundle_dir, format=args.format)
     text = result.to_json()
     print(text, flush=True)

@@ -26,7 +26,7 @@ from provisioner.manager.acting import actuate, prestage
 from provisioner.manager.serving import certs, content, webhook
 from provisioner.runtime import flags, liveness, service, signals
 from provisioner.runtime.metrics import Metrics, object_conditions
-from rukpak.common import errors
+from rukpak.common import command, errors
 from rukpak.oci import client as oci_client
 
 log = logging.getLogger("rukpak.manager")
@@ -38,14 +38,7 @@ BD_CRD = f"bundledeployments.{model.GROUP}"
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "manager",
-        help="the Bundle and BundleDeployment controllers and the CRD validating webhook",
-        description="Reconcile Bundles (resolve image tags to digests, validate the content "
-        "in an unpack pod) and BundleDeployments (generate their Bundles, install them with "
-        "run-to-completion instance pods, restore drift, report conditions); serve the CRD "
-        "upgrade-safety validating webhook.",
-    )
+    p = command.add(subparsers, "manager", run_manager)
     flags.add_cluster(p)
     p.add_argument(
         "--image",
@@ -142,7 +135,6 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--resync", type=float, default=30.0, help="seconds between full resyncs (default: 30)"
     )
-    p.set_defaults(func=run_manager)
 
 
 def settings_from(args: argparse.Namespace) -> model.Settings:
@@ -163,16 +155,13 @@ def settings_from(args: argparse.Namespace) -> model.Settings:
         base = f"https://{args.webhook_service}.{args.system_namespace}.svc"
     if not args.webhook_port:
         base = ""  # nothing serves it
-    return model.Settings(
-        content_base_url=base,
-        image=args.image,
-        system_namespace=args.system_namespace,
+    return command.config_from(
+        model.Settings,
+        args,
         service_account=args.instance_service_account,
-        unpack_service_account=args.unpack_service_account,
         host_network=args.instance_host_network,
+        content_base_url=base,
         env=tuple(env),
-        max_concurrent_runs=args.max_concurrent_runs,
-        run_mode=args.run_mode,
     )
 
 
@@ -294,6 +283,13 @@ def cache_gauges(metrics: Metrics, leader: Callable[[], controller.Controller | 
 
 
 def run_manager(args: argparse.Namespace) -> int:
+    """the Bundle and BundleDeployment controllers and the CRD validating webhook
+
+    Reconcile Bundles (resolve image tags to digests, validate the content in an unpack pod)
+    and BundleDeployments (generate their Bundles, install them with run-to-completion
+    instance pods, restore drift, report conditions); serve the CRD upgrade-safety
+    validating webhook.
+    """
     stop = signals.stop_on_signals(log)
     try:
         settings = settings_from(args)

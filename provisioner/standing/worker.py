@@ -47,7 +47,7 @@ from provisioner.engine.objects import Obj, ObjectRef, meta_of
 from provisioner.instance import process, unpack
 from provisioner.instance import runrecord as runs
 from provisioner.runtime import flags, leader, liveness
-from rukpak.common import errors
+from rukpak.common import command, errors
 from rukpak.kube import listwatch
 from rukpak.sources.storeclient import StoreClient
 from rukpak.sources.storeprotocol import SOCKET_NAME
@@ -414,13 +414,7 @@ class Standing:
 
 def register(subparsers: Any) -> None:
     """Add ``standing`` to the ``rukpak-provisioner`` parser."""
-    p = subparsers.add_parser(
-        "standing",
-        help="the standing provisioner: take instance runs as work, no pod per change",
-        description="Watch the run ConfigMaps the manager writes (--run-mode standing), "
-        "claim them, fetch their content through the store volume at --store-dir, and run "
-        "each install as its ServiceAccount.",
-    )
+    p = command.add(subparsers, "standing", run_standing)
     p.add_argument(
         "--store-dir",
         type=Path,
@@ -436,10 +430,15 @@ def register(subparsers: Any) -> None:
     flags.add_health(p, ready="runs listed, the store volume answering")
     flags.add_system_namespace(p, holds="the run ConfigMaps, pull Secrets and Leases")
     flags.add_cluster(p)
-    p.set_defaults(func=run_standing)
 
 
 def run_standing(args: argparse.Namespace) -> int:
+    """the standing provisioner: take instance runs as work, no pod per change
+
+    Watch the run ConfigMaps the manager writes (--run-mode standing), claim them, fetch
+    their content through the store volume at --store-dir, and run each install as its
+    ServiceAccount.
+    """
     kube = flags.kube(args, pool_size=max(16, args.concurrency * 2))
     store = StoreClient(args.store_dir)
     standing = Standing(
