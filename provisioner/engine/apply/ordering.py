@@ -78,6 +78,9 @@ def phase_index(ref: ObjectRef) -> int:
 
 @dataclass(frozen=True)
 class Phase:
+    """One phase of a bundle's install (:func:`phases`): its manifests in apply order,
+    applied concurrently; the next phase starts once they are."""
+
     spec: PhaseSpec
     manifests: tuple[Manifest, ...]
 

@@ -501,13 +501,11 @@ def _history(
         if rolled_to is not None
         else next(r for r in kept if r.name == target.bundle)
     )
-    ready = installed_now and healthy[0] == "True"
-    why = decision.installed[2] if not installed_now else healthy[2]
     deadline = revisions.deadline_of(spec)
     progress = revisions.progress(
         newest,
-        ready=ready,
-        why=why,
+        ready=installed_now and healthy[0] == "True",
+        why=healthy[2] if installed_now else decision.installed[2],
         deadline=deadline,
         now=observed.now,
         rollback=rollback,
