@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from rukpak.common import command, fsio  # subcommands, atomic writes (stdlib only)
+from rukpak.common import fsio  # the one atomic-write helper (stdlib only)
 
 CHUNK = 1 << 20
 LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
@@ -164,7 +164,7 @@ def _image(args: argparse.Namespace) -> tuple[bytes, list[tuple[Path, dict[str, 
 
 
 def push(args: argparse.Namespace) -> None:
-    """push the image (layers, config, manifest) to REF with rukpak.oci's client"""
+    """Push the layers, config and manifest to ``args.ref`` with rukpak.oci's client."""
     from rukpak.oci import mediatypes
     from rukpak.oci.client import RegistryClient
     from rukpak.oci.manifest import Descriptor, Manifest
@@ -197,7 +197,7 @@ def push(args: argparse.Namespace) -> None:
 
 
 def layout(args: argparse.Namespace) -> None:
-    """write the image as an OCI image layout directory DIR (oci-layout, index.json, blobs/)"""
+    """Write an OCI image layout directory (``oci-layout``, ``index.json``, ``blobs/``)."""
     config, layers = _image(args)
     out = Path(args.dir)
     blobs = out / "blobs" / "sha256"
@@ -239,38 +239,35 @@ def layout(args: argparse.Namespace) -> None:
     print(f"==> wrote OCI layout {out} (tag {args.tag})", flush=True)
 
 
-def run_layer(args: argparse.Namespace) -> None:
-    """pack DIR as OUT.tar.gz (+ OUT.json)"""
-    started = time.monotonic()
-    desc = pack_layer(args.root, args.out, mtime=args.mtime)
-    print(f"==> packed {args.root} -> {args.out.name}: {desc['size'] / 1e6:.1f} MB "
-          f"in {time.monotonic() - started:.1f}s", flush=True)  # fmt: skip
-
-
 def main() -> None:
-    parser, commands = command.program("ocitool", __doc__)
-    layer = command.add(commands, "layer", run_layer)
-    layer.add_argument("root", type=Path)
-    layer.add_argument("out", type=Path)
-    layer.add_argument("--mtime", type=int, default=None, help="set every file's mtime to this")
-    for name, run in (("push", push), ("layout", layout)):
-        image = command.add(commands, name, run)
-        image.add_argument(
-            "--layer", action="append", required=True, metavar="FILE.tar.gz[=COMMENT]"
-        )
-        image.add_argument("--entrypoint", required=True)
-        image.add_argument("--path", required=True, help="the image's PATH")
-        image.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
-        image.add_argument(
-            "--arch", default=None, help="the image's architecture (default: host's)"
-        )
-    commands.choices["push"].add_argument("ref")
-    commands.choices["push"].add_argument("--insecure", action="append", default=[])
-    commands.choices["push"].add_argument("--digest-file")
-    commands.choices["layout"].add_argument("dir")
-    commands.choices["layout"].add_argument("--tag", default="latest")
-    args = parser.parse_args()
-    args.func(args)
+    p = argparse.ArgumentParser(prog="ocitool", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    lay = sub.add_parser("layer", help="pack DIR as OUT.tar.gz (+ OUT.json)")
+    lay.add_argument("root", type=Path)
+    lay.add_argument("out", type=Path)
+    lay.add_argument("--mtime", type=int, default=None, help="set every file's mtime to this")
+    for name in ("push", "layout"):
+        s = sub.add_parser(name)
+        s.add_argument("--layer", action="append", required=True, metavar="FILE.tar.gz[=COMMENT]")
+        s.add_argument("--entrypoint", required=True)
+        s.add_argument("--path", required=True, help="the image's PATH")
+        s.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+        s.add_argument("--arch", default=None, help="the image's architecture (default: host's)")
+    sub.choices["push"].add_argument("ref")
+    sub.choices["push"].add_argument("--insecure", action="append", default=[])
+    sub.choices["push"].add_argument("--digest-file")
+    sub.choices["layout"].add_argument("dir")
+    sub.choices["layout"].add_argument("--tag", default="latest")
+    args = p.parse_args()
+    if args.command == "layer":
+        started = time.monotonic()
+        desc = pack_layer(args.root, args.out, mtime=args.mtime)
+        print(f"==> packed {args.root} -> {args.out.name}: {desc['size'] / 1e6:.1f} MB "
+              f"in {time.monotonic() - started:.1f}s", flush=True)  # fmt: skip
+    elif args.command == "push":
+        push(args)
+    else:
+        layout(args)
 
 
 if __name__ == "__main__":

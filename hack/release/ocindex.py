@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from rukpak.common import command  # subcommands from their run functions (stdlib only)
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -251,49 +250,37 @@ def push(source: Path, ref_text: str, *, insecure: tuple[str, ...] = ()) -> str:
     return digest
 
 
-def run_merge(args: argparse.Namespace) -> None:
-    """one multi-arch layout from per-arch layouts"""
-    print(merge(args.layouts, args.out, tag=args.tag))
-
-
-def run_archive(args: argparse.Namespace) -> None:
-    """pack a layout as a reproducible tar"""
-    archive(args.layout, args.out)
-
-
-def run_check(args: argparse.Namespace) -> None:
-    """verify a layout or archive; print its summary"""
-    with opened(args.source) as layout:
-        print(json.dumps(check(layout), indent=2, sort_keys=True))
-
-
-def run_push(args: argparse.Namespace) -> None:
-    """push a layout or archive to REPO:TAG"""
-    digest = push(args.source, args.ref, insecure=tuple(args.insecure))
-    if args.digest_file:
-        args.digest_file.write_text(digest + "\n")
-    print(f"{args.ref.rsplit(':', 1)[0]}@{digest}")
-
-
 def main() -> None:
-    parser, commands = command.program("ocindex", __doc__)
-    m = command.add(commands, "merge", run_merge)
+    p = argparse.ArgumentParser(prog="ocindex", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("merge", help="one multi-arch layout from per-arch layouts")
     m.add_argument("--tag", required=True)
     m.add_argument("out", type=Path)
     m.add_argument("layouts", type=Path, nargs="+")
-    a = command.add(commands, "archive", run_archive)
+    a = sub.add_parser("archive", help="pack a layout as a reproducible tar")
     a.add_argument("layout", type=Path)
     a.add_argument("out", type=Path)
-    c = command.add(commands, "check", run_check)
+    c = sub.add_parser("check", help="verify a layout or archive; print its summary")
     c.add_argument("source", type=Path)
-    u = command.add(commands, "push", run_push)
+    u = sub.add_parser("push", help="push a layout or archive to REPO:TAG")
     u.add_argument("source", type=Path)
     u.add_argument("ref")
     u.add_argument("--insecure", action="append", default=[])
     u.add_argument("--digest-file", type=Path)
-    args = parser.parse_args()
+    args = p.parse_args()
     try:
-        args.func(args)
+        if args.command == "merge":
+            print(merge(args.layouts, args.out, tag=args.tag))
+        elif args.command == "archive":
+            archive(args.layout, args.out)
+        elif args.command == "check":
+            with opened(args.source) as layout:
+                print(json.dumps(check(layout), indent=2, sort_keys=True))
+        else:
+            digest = push(args.source, args.ref, insecure=tuple(args.insecure))
+            if args.digest_file:
+                args.digest_file.write_text(digest + "\n")
+            print(f"{args.ref.rsplit(':', 1)[0]}@{digest}")
     except LayoutError as e:
         raise SystemExit(f"ocindex: {e}") from None
 
