@@ -554,11 +554,9 @@ PREVIOUS_COMMIT = "137ae7830690b66c84f3ab67e974c21c8dcc59ab"
 PREVIOUS_VERSION = "0.1.0"
 
 
-@pytest.fixture(scope="session")
-def previous_dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The previous release's dist/ (amd64): PREVIOUS_COMMIT's tree with today's release
-    tooling (hack/release, hack/image, hack/gotool.sh, charts/rukpak regenerated)."""
-    tree = tmp_path_factory.mktemp("previous-tree")
+def _previous_tree(tree: Path) -> Path:
+    """PREVIOUS_COMMIT's tree at ``tree`` with today's release tooling (hack/release,
+    hack/image, hack/gotool.sh, charts/rukpak)."""
     archive = subprocess.run(["git", "-C", str(REPO), "archive", PREVIOUS_COMMIT],
                              capture_output=True, check=True).stdout  # fmt: skip
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
@@ -566,6 +564,29 @@ def previous_dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
         shutil.rmtree(tree / tool, ignore_errors=True)
         shutil.copytree(REPO / tool, tree / tool)
     shutil.copy2(REPO / "hack" / "gotool.sh", tree / "hack" / "gotool.sh")
+    return tree
+
+
+def test_todays_release_tools_start_on_the_previous_release_tree(tmp_path: Path) -> None:
+    """The upgrade test builds the previous release with today's hack/ on the old tree:
+    a tool that imports a module the old tree lacks fails here in seconds, not there
+    after the image builds."""
+    tree = _previous_tree(tmp_path)
+    tools = sorted([*(tree / "hack/image").glob("*.py"), *(tree / "hack/release").glob("*.py")])
+    assert {t.name for t in tools} >= {"ocitool.py", "ocindex.py", "chart.py", "sbom.py"}
+    for tool in tools:
+        done = subprocess.run([sys.executable, str(tool), "--help"], cwd=tree,
+                              env={**os.environ, "PYTHONPATH": str(tree)},
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 0, (tool.relative_to(tree), done.stderr[-2000:])
+        assert "usage:" in done.stdout
+
+
+@pytest.fixture(scope="session")
+def previous_dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The previous release's dist/ (amd64): PREVIOUS_COMMIT's tree with today's release
+    tooling (hack/release, hack/image, hack/gotool.sh, charts/rukpak regenerated)."""
+    tree = _previous_tree(tmp_path_factory.mktemp("previous-tree"))
     _run("git", "init", "-q", str(tree))  # build.sh lists the sources with git ls-files
     _run(sys.executable, str(tree / "hack" / "release" / "chart.py"), "generate",
          env={"PYTHONPATH": str(tree)})  # fmt: skip
