@@ -691,7 +691,9 @@ def test_health_follows_the_installed_objects_through_watches(kube: Kube, tmp_pa
     system_ns = unique("rukpak-health")
     changed: list[str] = []
     stop = threading.Event()
-    watch = healthwatch.HealthWatch(kube, system_ns, on_change=changed.append, stop=stop)
+    watch = healthwatch.HealthWatch(
+        kube, system_namespace=system_ns, on_change=changed.append, stop=stop
+    )
     watch.start()
     try:
         assert watch.health(name) is None  # nothing installed under that name
@@ -754,7 +756,12 @@ def test_health_is_read_as_each_deployments_own_account_in_its_namespaces(
         looked_at.append((owner, any(i.listwatch.error for i in watch.informers())))
 
     watch = healthwatch.HealthWatch(
-        kube, system_ns, on_change=look, stop=stop, user_of=users.get, watch_timeout=10
+        kube,
+        system_namespace=system_ns,
+        on_change=look,
+        stop=stop,
+        user_of=users.get,
+        watch_timeout=10,
     )
     caplog.set_level("WARNING", logger="rukpak.kube.listwatch")
     watch.start()

@@ -161,7 +161,7 @@ class Controller(Reconciler):
             )
         self.health = healthwatch.HealthWatch(
             kube,
-            ns,
+            system_namespace=ns,
             on_change=self._wake,
             stop=self.stopping,
             watch_timeout=watch_timeout,

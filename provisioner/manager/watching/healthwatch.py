@@ -56,11 +56,14 @@ LAST_GOOD_LIMIT = 4096
 
 
 class HealthWatch:
+    """The inventories and the objects they list, cached per reader; see the module
+    docstring; ``start`` it before use."""
+
     def __init__(
         self,
         kube: Kube,
-        system_namespace: str,
         *,
+        system_namespace: str,
         on_change: Callable[[str], None],
         stop: threading.Event,
         watch_timeout: int = 60,
