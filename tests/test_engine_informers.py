@@ -1,7 +1,7 @@
 """A set of informers sharing one client and one set of options, against a real
 kube-apiserver: the set's options reach every informer unless ``add`` overrides them,
 ``start`` starts what is new, ``wait_synced`` names what has not listed, ``stop`` ends
-them all."""
+them all, ``drop`` one alone."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from provisioner.engine.kube.informers import InformerSet
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef
 from tests.bundles import configmap, namespace
+from tests.polling import eventually
 
 pytestmark = pytest.mark.cluster
 
@@ -69,3 +70,30 @@ def test_start_wait_and_stop_act_on_every_informer_added_so_far(kube: Kube, ns: 
     finally:
         caches.stop(timeout=10)
     assert watched.listwatch.stop.is_set() and later.listwatch.stop.is_set()
+
+
+def test_drop_ends_one_informer_and_the_others_go_on_following(kube: Kube, ns: str) -> None:
+    kube.apply(labelled("first", ns, "watched"))
+    stop = threading.Event()
+    # a short server timeout: the dropped one ends when its watch under way does
+    caches = InformerSet(
+        kube, namespace=ns, label_selector="watched=yes", stop=stop, watch_timeout=2
+    )
+    dropped, kept = caches.add("v1", "ConfigMap"), caches.add("v1", "ConfigMap")
+    caches.start()
+    try:
+        assert caches.wait_synced(10) == []
+        caches.drop(dropped)
+        caches.drop(dropped)  # not in the set any more: ignored
+        assert list(caches) == [kept]
+        eventually(lambda: not dropped.running, timeout=15, what="the dropped informer ended")
+        assert not stop.is_set() and kept.running
+        kube.apply(labelled("second", ns, "watched"))
+        kept.wait(lambda: kept.get(ns, "second"), timeout=15)
+        assert dropped.keys() == [(ns, "first")]  # ended before "second" was made
+        later = caches.add("v1", "ConfigMap")
+        caches.start()  # the set still knows which of its informers are started
+        assert caches.wait_synced(10) == [] and later.running and not dropped.running
+        assert later.keys() == [(ns, "first"), (ns, "second")]
+    finally:
+        caches.stop(timeout=10)

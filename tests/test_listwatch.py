@@ -235,6 +235,32 @@ def test_failures_wait_the_bounded_backoff_before_retrying() -> None:
     assert heard == ["list ConfigMap: API server unreachable"] and lw.error == ""
 
 
+def test_end_stops_one_loop_in_its_pause_and_leaves_the_shared_stop_alone() -> None:
+    waits: list[float | None] = []
+    shared = threading.Event()
+
+    class Failing:
+        def list(self, *args: Any, **kw: Any) -> tuple[list[Obj], str]:
+            raise errors.Unavailable("list ConfigMap: API server unreachable")
+
+    class EndingStop(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            waits.append(timeout)
+            lw.end()  # dropped while it pauses after a failure
+            return shared.wait(0)
+
+    lw = listwatch.ListWatch(
+        Failing(),  # type: ignore[arg-type]
+        "v1",
+        "ConfigMap",
+        stop=EndingStop(),
+        backoff=Backoff(base=0.5, cap=0.75),
+    )
+    lw.run()  # returns: it would retry forever otherwise
+    assert waits == [0.5] and lw.ended and lw.lists == 0
+    assert not lw.stop.is_set() and not shared.is_set()
+
+
 # -- the node plugin's source: the official client, same informer -------------------------
 
 

@@ -797,6 +797,20 @@ def test_health_is_read_as_each_deployments_own_account_in_its_namespaces(
         with pytest.raises(errors.PermissionDenied, match=users[narrow]):
             next(iter(as_narrow.watch("v1", "ConfigMap", resource_version=rv, namespace="default")))
         assert watch.lookup(ObjectRef("", "v1", "ConfigMap", target, f"cm-{narrow}"), owner=narrow)
+        # its ServiceAccount changes to one granted: read as that from its next look, and
+        # the informer only the old account read through ends (no watch left behind)
+        failing = [i for i in watch.informers() if i.listwatch.error]
+        assert len(failing) == 1, failing
+        users[nobody] = users[narrow]
+        verdict = eventually(
+            lambda: v if (v := watch.health(nobody)) and v[0] else None,
+            timeout=30,
+            what="a ready verdict once read as the granted account",
+        )
+        assert verdict == (True, "all 1 installed objects are ready")
+        assert failing[0] not in watch.informers() and watch.unknown_why(nobody) == ""
+        eventually(lambda: not failing[0].running, timeout=30, what="the refused informer ended")
+        assert not stop.is_set() and all(i.running for i in watch.informers())
     finally:
         stop.set()
         kube.delete(ObjectRef("", "v1", "Namespace", "", target))

@@ -186,17 +186,26 @@ class ListWatch:
     """Lists done so far (the first one, then one per 410 Gone or resync)."""
     watches: int = field(default=0, init=False)
     """Watch requests started so far."""
+    ended: bool = field(default=False, init=False)
+    """Set by :meth:`end`: this loop alone is to stop (``stop`` may be shared)."""
 
     def __repr__(self) -> str:
         where = f" in {self.namespace}" if self.namespace else ""
         sel = f" ({self.label_selector})" if self.label_selector else ""
         return f"list+watch {self.kind}{where}{sel}"
 
+    def end(self) -> None:
+        """End this loop without setting ``stop``, which others may share: it returns after
+        the watch or the pause under way (at the latest one server timeout or one backoff
+        delay later)."""
+        self.ended = True
+
     def run(self) -> None:
-        """Follow the kind until ``stop`` is set (at the latest one server timeout later)."""
+        """Follow the kind until ``stop`` is set (at the latest one server timeout later)
+        or :meth:`end` is called."""
         failures = 0
         listed_at = 0.0
-        while not self.stop.is_set():
+        while not (self.stop.is_set() or self.ended):
             try:
                 due = self.relist_every is not None and (
                     time.monotonic() - listed_at > self.relist_every
@@ -248,7 +257,7 @@ class ListWatch:
             label_selector=self.label_selector,
             timeout_seconds=self.watch_timeout,
         ):
-            if self.stop.is_set():
+            if self.stop.is_set() or self.ended:
                 return
             rv = resource_version_of(obj) or self.resource_version
             if type_ == "BOOKMARK":
@@ -369,6 +378,16 @@ class Informer:
         self.listwatch.stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def end(self) -> None:
+        """Stop following, this informer alone (its ``stop`` event may be shared); not
+        waited for (``ListWatch.end``)."""
+        self.listwatch.end()
+
+    @property
+    def running(self) -> bool:
+        """Its thread is following the kind (started, not ended yet)."""
+        return self._thread is not None and self._thread.is_alive()
 
     # -- feeding the cache -------------------------------------------------------------------
 

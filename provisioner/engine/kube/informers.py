@@ -6,7 +6,7 @@ the PV provisioner, drift correction, the helm provisioner (``provisioner.api``)
 Each of them follows its kinds with the same stop event and watch timeout (and,
 for drift correction, the same owner label and resync); ``InformerSet`` holds
 those options once, makes the informers (``add``), starts them, waits for their
-first lists and stops them together::
+first lists and stops them together (or one alone, ``drop``)::
 
     caches = InformerSet(kube, stop=stopping, watch_timeout=60)
     bds = caches.add(API_VERSION, "BundleDeployment", on_change=...)
@@ -75,6 +75,18 @@ class InformerSet:
         with self._lock:
             self._informers.append(informer)
         return informer
+
+    def drop(self, informer: listwatch.Informer) -> None:
+        """End ``informer`` (``Informer.end``: the set's ``stop`` is left alone) and forget
+        it: the set no longer starts, waits for or stops it. One not in the set is ignored."""
+        with self._lock:
+            if informer not in self._informers:
+                return
+            at = self._informers.index(informer)
+            del self._informers[at]
+            if at < self._started:
+                self._started -= 1
+        informer.end()
 
     def __iter__(self) -> Iterator[listwatch.Informer]:
         with self._lock:

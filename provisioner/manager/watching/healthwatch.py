@@ -10,7 +10,9 @@ deployment whose ServiceAccount may not list a kind it installed stays of unknow
 rather than being judged with rights it does not have. The default instance identity
 (``wide_user``, allowed everything) has one informer per kind, cluster-wide; any other
 identity one per kind and namespace, so an account granted only the namespaces it
-installs into can follow what it installed. ``health(name)`` then judges a deployment's
+installs into can follow what it installed. When a deployment's account changes, its
+objects are read as the new one from its next look, and the informers only the old one
+read through end. ``health(name)`` then judges a deployment's
 inventoried objects with ``engine.health`` from the caches (no request), and every
 change of an inventory or an owned object calls ``on_change(owner)`` so the controller
 looks at that BundleDeployment at once, instead of on a timer. ``lookup`` serves the
@@ -83,6 +85,8 @@ class HealthWatch:
         objects that user sees there."""
         self._readers: dict[tuple[str | None, str, str, str], set[str]] = {}
         """The same keys -> the deployments whose health is read through that informer."""
+        self._read_as: dict[str, str | None] = {}
+        """A deployment -> the user its objects were last read as."""
         self._last_good: OrderedDict[tuple[str, str], Obj] = OrderedDict()
         self.inventories = self._caches.add(
             "v1",
@@ -111,11 +115,14 @@ class HealthWatch:
     def _informer(self, owner: str, ref: ObjectRef) -> listwatch.Informer:
         """The informer of ``ref``'s kind as ``owner``'s user, made and started if new (a
         deployment whose ServiceAccount changed, or not known yet when its inventory was
-        first seen, is followed from its next look)."""
+        first seen, is followed from its next look; the informers only its old account
+        read through end then, ``_moved``)."""
         user = self.user_of(owner)
         namespace = "" if user == self.wide_user else ref.namespace
         key = (user, ref.api_version, ref.kind, namespace)
         with self._lock:
+            for stale in self._moved(owner, user):
+                self._caches.drop(stale)
             self._readers.setdefault(key, set()).add(owner)
             informer = self._kinds.get(key)
             if informer is not None:
@@ -137,6 +144,28 @@ class HealthWatch:
             self._kinds[key] = informer
         self._caches.start()
         return informer
+
+    def _moved(self, owner: str, user: str | None) -> list[listwatch.Informer]:
+        """Record that ``owner`` is read as ``user`` now. When that is another user than
+        before (its ServiceAccount changed), it stops reading through its old informers:
+        those nobody reads through any more are forgotten, with their user's client, and
+        returned to be dropped. Under ``_lock``."""
+        before = self._read_as.get(owner, user)
+        self._read_as[owner] = user
+        if before == user:
+            return []
+        stale: list[listwatch.Informer] = []
+        for key in [k for k, readers in self._readers.items() if owner in readers]:
+            readers = self._readers[key]
+            readers.discard(owner)
+            if not readers:
+                del self._readers[key]
+                informer = self._kinds.pop(key, None)
+                if informer is not None:
+                    stale.append(informer)
+        if before is not None and all(k[0] != before for k in self._kinds):
+            self._clients.pop(before, None)
+        return stale
 
     def _refused(self, key: tuple[str | None, str, str, str], _message: str) -> None:
         """An informer started failing: look again at what reads through it (its
