@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from provisioner.engine.apply import apply, inventory, inventorystore
+from provisioner.engine.apply import apply, inventory, inventorystore, lifecycle
 from provisioner.engine.bundle import words
 from provisioner.engine.kube.kube import Kube
 from provisioner.engine.objects import Obj, ObjectRef, condition
@@ -691,8 +691,8 @@ def test_health_follows_the_installed_objects_through_watches(kube: Kube, tmp_pa
     system_ns = unique("rukpak-health")
     changed: list[str] = []
     stop = threading.Event()
-    watch = healthwatch.HealthWatch(
-        kube, system_namespace=system_ns, on_change=changed.append, stop=stop
+    watch = healthwatch.HealthWatch(  # short watches: a dropped informer ends with its watch
+        kube, system_namespace=system_ns, on_change=changed.append, stop=stop, watch_timeout=5
     )
     watch.start()
     try:
@@ -718,6 +718,17 @@ def test_health_follows_the_installed_objects_through_watches(kube: Kube, tmp_pa
             what="the deleted ConfigMap seen",
         )
         assert "greeting" in message and "not found" in message
+        # uninstalled (its inventory goes): the informers only it read through end
+        made = [i for i in watch.informers() if i is not watch.inventories]
+        assert len(made) == 2, made  # Namespaces and ConfigMaps, read as the manager
+        lifecycle.uninstall(kube, name, system_namespace=system_ns)
+        eventually(
+            lambda: watch.informers() == [watch.inventories],
+            timeout=30,
+            what="the uninstalled deployment's informers dropped",
+        )
+        eventually(lambda: not any(i.running for i in made), timeout=30, what="them ended")
+        assert watch.health(name) is None and watch.inventories.running and not stop.is_set()
     finally:
         stop.set()
 

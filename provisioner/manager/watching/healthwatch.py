@@ -12,15 +12,16 @@ rather than being judged with rights it does not have. The default instance iden
 identity one per kind and namespace, so an account granted only the namespaces it
 installs into can follow what it installed. When a deployment's account changes, its
 objects are read as the new one from its next look, and the informers only the old one
-read through end. ``health(name)`` then judges a deployment's
-inventoried objects with ``engine.health`` from the caches (no request), and every
-change of an inventory or an owned object calls ``on_change(owner)`` so the controller
-looks at that BundleDeployment at once, instead of on a timer. ``lookup`` serves the
-same caches to drift detection of run-to-completion instances, and ``last_good`` the
-version of an object seen just before its field set changed or it went away (keyed by
-the hash of our fields then, so the install record says which one is good): the manager
-restores drift from it without a run (``engine.restore``). At most ``LAST_GOOD_LIMIT``
-such versions are kept, the oldest dropped first.
+read through end; so do those only an uninstalled deployment read through.
+``health(name)`` then judges a deployment's inventoried objects with ``engine.health``
+from the caches (no request), and every change of an inventory or an owned object calls
+``on_change(owner)`` so the controller looks at that BundleDeployment at once, instead
+of on a timer. ``lookup`` serves the same caches to drift detection of run-to-completion
+instances, and ``last_good`` the version of an object seen just before its field set
+changed or it went away (keyed by the hash of our fields then, so the install record
+says which one is good): the manager restores drift from it without a run
+(``engine.restore``). At most ``LAST_GOOD_LIMIT`` such versions are kept, the oldest
+dropped first.
 
 An object whose owner label was removed drops out of the label-selected
 cache and is reported "not found"; a kind whose first list has not arrived
@@ -94,6 +95,7 @@ class HealthWatch:
             namespace=system_namespace,
             label_selector=f"{inventory.INVENTORY_LABEL}=true",
             on_change=self._inventory,
+            on_delete=self._inventory_gone,
         )
 
     def start(self) -> None:
@@ -145,15 +147,29 @@ class HealthWatch:
         self._caches.start()
         return informer
 
+    def _inventory_gone(self, cm: Obj) -> None:
+        """A deployment's inventory was deleted (it was uninstalled): the informers only it
+        read through end."""
+        try:
+            name = inventory.from_configmap(cm).name
+        except (KeyError, ValueError, TypeError, errors.RukpakError):
+            return  # never read, so nothing was made for it
+        with self._lock:
+            for stale in self._forget(name, self._read_as.pop(name, None)):
+                self._caches.drop(stale)
+        self.on_change(name)
+
     def _moved(self, owner: str, user: str | None) -> list[listwatch.Informer]:
-        """Record that ``owner`` is read as ``user`` now. When that is another user than
-        before (its ServiceAccount changed), it stops reading through its old informers:
-        those nobody reads through any more are forgotten, with their user's client, and
-        returned to be dropped. Under ``_lock``."""
+        """Record that ``owner`` is read as ``user`` now; when that is another user than
+        before (its ServiceAccount changed), what ``_forget`` returns. Under ``_lock``."""
         before = self._read_as.get(owner, user)
         self._read_as[owner] = user
-        if before == user:
-            return []
+        return [] if before == user else self._forget(owner, before)
+
+    def _forget(self, owner: str, before: str | None) -> list[listwatch.Informer]:
+        """``owner`` reads through none of its informers (made as ``before``) any more:
+        those nobody else reads through are forgotten, with ``before``'s client when no
+        informer is left for it, and returned to be dropped. Under ``_lock``."""
         stale: list[listwatch.Informer] = []
         for key in [k for k, readers in self._readers.items() if owner in readers]:
             readers = self._readers[key]
