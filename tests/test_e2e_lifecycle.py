@@ -350,18 +350,18 @@ def test_depends_on_installs_a_chain_in_order_refuses_a_cycle_and_deletes_in_rev
     # deleting everything at once: dependents go first, the root waits and says so
     system.kubectl("delete", inst.BDS_V2, *names, loop_a, "--wait=false")
 
-    def waits_for(name: str, dependent: str) -> bool:
-        deleting = inst.conditions(live(system, name)).get("Deleting") or {}
-        return deleting.get("reason") == "WaitingForDependents" and dependent in str(
-            deleting.get("message")
-        )
-
-    # (each waits while the one that depends on it exists: once that one is gone, it may
-    # go within milliseconds, so the order is read from what each said while waiting)
-    eventually(functools.partial(waits_for, names[0], names[1]), timeout=60, what="chain-0 waiting")
     for bd_name in names:
         eventually(functools.partial(gone, system, bd_name), timeout=180, what=f"{bd_name} gone")
     eventually(functools.partial(gone, system, loop_a), timeout=180, what=f"{loop_a} deleted")
+    # the root waited while the one that depends on it existed, and said so. Read from its
+    # event, after the fact: its Deleting condition said it for as long as the chain took to
+    # go, which may be less than a poll of the live object takes.
+    waited = eventually(
+        lambda: events_of(system, names[0], "WaitingForDependents"),
+        timeout=60,
+        what="chain-0's WaitingForDependents event",
+    )
+    assert names[1] in waited and "go first" in waited, waited
 
 
 def test_a_health_check_fails_naming_its_object_then_passes(
