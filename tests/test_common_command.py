@@ -119,31 +119,28 @@ class TestWordsOfADocstring:
             command.words_of(run)
 
 
+def _tool() -> tuple[argparse.ArgumentParser, Any]:
+    parser = argparse.ArgumentParser(prog="tool")
+    return parser, parser.add_subparsers(dest="command", required=True)
+
+
 class TestAdd:
     def test_the_command_runs_its_function_and_shows_its_docstring(self) -> None:
-        parser, subparsers = command.program("tool", "A tool.\n\nMore.")
+        parser, subparsers = _tool()
         command.add(subparsers, "thing", _run_described)
         args = parser.parse_args(["thing"])
         assert args.func is _run_described
-        assert parser.description == "A tool."
         thing = subparsers.choices["thing"]
         assert thing.formatter_class is argparse.RawDescriptionHelpFormatter
         assert "  tool thing   # slowly\n" in thing.format_help()
         assert "do the thing" in parser.format_help()
 
     def test_prose_only_help_is_filled_as_argparse_fills_it(self) -> None:
-        _, subparsers = command.program("tool", None)
+        _, subparsers = _tool()
         assert command.add(subparsers, "it", _run_prose).formatter_class is argparse.HelpFormatter
 
-    def test_a_subcommand_is_required(self, capsys: pytest.CaptureFixture[str]) -> None:
-        parser, _ = command.program("tool", "A tool.")
-        with pytest.raises(SystemExit) as exit:
-            parser.parse_args([])
-        assert exit.value.code == 2
-        assert "required: command" in capsys.readouterr().err
-
     def test_an_undocumented_function_fails_when_the_parser_is_built(self) -> None:
-        _, subparsers = command.program("tool", "A tool.")
+        _, subparsers = _tool()
         with pytest.raises(ValueError, match="_run_undocumented has no docstring"):
             command.add(subparsers, "thing", _run_undocumented)
 

@@ -1,9 +1,9 @@
 """Subcommands registered from the functions that run them, and configs from parsed flags.
 
-Where it sits: beside ``flags`` in the shared corner, under every argparse program of the
-project: the ``rukpak`` command line (``provisioner.cli``), the ``rukpak-provisioner``
-processes (``provisioner.__main__``) and the tools under ``hack/``. Standard library only,
-so a tool that runs before the project is installed can use it.
+Where it sits: in the shared corner, under the project's two command lines: ``rukpak``
+(``provisioner.cli``) and the ``rukpak-provisioner`` processes (``provisioner.__main__``).
+Standard library only. (The release tools under ``hack/`` keep their own argparse: they
+also run on the previous release's tree, which lacks this module.)
 
 ``add(subparsers, "apply", run_apply)`` adds the subcommand ``apply`` that
 ``run_apply`` carries out (``func`` on the parsed arguments), click-style: the words of
@@ -103,13 +103,6 @@ def add(subparsers: Subparsers, name: str, run: Run) -> argparse.ArgumentParser:
     )
     parser.set_defaults(func=run)
     return parser
-
-
-def program(prog: str, doc: str | None) -> tuple[argparse.ArgumentParser, Subparsers]:
-    """The parser of a tool made of subcommands (one is required), described by the first
-    line of ``doc`` (its module's docstring), and what ``command`` adds them to."""
-    parser = argparse.ArgumentParser(prog=prog, description=(doc or "").split("\n")[0])
-    return parser, parser.add_subparsers(dest="command", required=True)
 
 
 def config_from(cls: type[D], args: argparse.Namespace, /, **given: Any) -> D:

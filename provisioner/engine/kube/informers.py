@@ -80,9 +80,10 @@ class InformerSet:
         """End ``informer`` (``Informer.end``: the set's ``stop`` is left alone) and forget
         it: the set no longer starts, waits for or stops it. One not in the set is ignored."""
         with self._lock:
-            if informer not in self._informers:
+            try:
+                at = self._informers.index(informer)
+            except ValueError:
                 return
-            at = self._informers.index(informer)
             del self._informers[at]
             if at < self._started:
                 self._started -= 1
