@@ -14,6 +14,7 @@ Bundle manifests for these tests are built with ``tests.bundles``.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -37,6 +38,18 @@ def kube(kube_apiserver: Any) -> Iterator[Kube]:
     client = Kube.from_kubeconfig(str(kube_apiserver.kubeconfig))
     yield client
     client.close()
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """Give back the root logger as it was: a command run in-process (``cli.main``) points it
+    at that test's captured stderr, which is closed when the test ends while threads of
+    module-scoped controllers go on logging."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture

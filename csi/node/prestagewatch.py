@@ -184,11 +184,12 @@ class PrestageWatch:
             self.metrics.progress(digest, answer)
             if answer.state != words.FETCHING:
                 self.metrics.answers.labels(answer.state).inc()
+        # the event first: whoever acts on the answer (the manager's pivot) finds it posted
+        self._progress_event(bd, digest, answer)
         try:
             self._patch({}, {words.STATE_ANNOTATION: text})
         except Exception as exc:  # the next answer writes again
             log.warning("msg=%r node=%s error=%r", "cannot write answer", self.node, str(exc)[:300])
-        self._progress_event(bd, digest, answer)
 
     def advertise(self) -> None:
         """Make the advert labels match the cache now."""
