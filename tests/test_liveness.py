@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -138,6 +140,30 @@ def test_a_server_without_a_liveness_check_has_no_livez() -> None:
         assert get(f"https://127.0.0.1:{server.port}/livez")[0] == 404
     finally:
         server.stop()
+
+
+def test_a_stopping_server_answers_the_connections_already_waiting_to_be_accepted() -> None:
+    """Two replicas share 9443 on a host network (SO_REUSEPORT): a listener that closed with
+    connections in its accept queue would reset them (a webhook call failing while a replica
+    stops), so ``stop`` serves them first."""
+    server = webhook.Server(lambda old, new: {}, certs.generate(["127.0.0.1"]), host="127.0.0.1")
+    waiting = socket.create_connection(("127.0.0.1", server.port))  # queued: nothing accepts
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    answers: list[bytes] = []
+
+    def ask() -> None:
+        with context.wrap_socket(waiting) as conn:
+            conn.settimeout(20)
+            conn.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+            answers.append(b"".join(iter(lambda: conn.recv(4096), b"")))
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    server.stop()  # never started: what waits is only served by the drain
+    asking.join(timeout=30)
+    assert answers and answers[0].startswith(b"HTTP/1.0 200"), answers
 
 
 # -- a leader ----------------------------------------------------------------------------------

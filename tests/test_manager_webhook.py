@@ -11,6 +11,7 @@ user's would.
 from __future__ import annotations
 
 import base64
+import socket
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +25,7 @@ from provisioner.manager.serving import certs, webhook
 from provisioner.runtime.metrics import Metrics
 from rukpak.common import errors
 from tests import webhook_harness
+from tests.httpreply import probe
 from tests.polling import eventually
 
 pytestmark = [pytest.mark.cluster]
@@ -201,6 +203,42 @@ def test_no_longer_serving_a_stored_version_is_denied(kube: Kube, server: webhoo
     doc["spec"]["versions"] = [{**version("v1", storage=False), "served": False}, version("v2")]
     with pytest.raises(errors.RukpakError, match="version v1 is stored but would no longer be"):
         kube.apply(doc)
+
+
+def test_clients_that_connect_and_say_nothing_or_no_tls_hold_up_no_review(
+    kube: Kube, server: webhook.Server
+) -> None:
+    """The TLS handshake is each connection's own business: with one connection silent and
+    one speaking plain HTTP, the API server's call still reaches the webhook and its denial
+    comes back (before, the accepting loop waited on the silent client's handshake, so every
+    review, and the kubelet's probes, waited too)."""
+    with (
+        socket.create_connection(("127.0.0.1", server.port)) as silent,
+        socket.create_connection(("127.0.0.1", server.port)) as plain,
+    ):
+        plain.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+        doc = install(kube, crd(unique_plural("hush"), versions=[version("v1")]), with_cr=False)
+        doc["spec"]["versions"] = [{**version("v1", storage=False), "served": False}, version("v2")]
+        with pytest.raises(errors.RukpakError, match="version v1 is stored but would no longer be"):
+            kube.apply(doc)
+        assert probe(f"https://127.0.0.1:{server.port}/healthz")[0] == 200
+        plain.settimeout(10)
+        try:  # no HTTP answer without TLS: an alert, or the connection closed or reset
+            said = plain.recv(4096)
+        except ConnectionResetError:
+            said = b""
+        assert not said.startswith(b"HTTP"), said
+        silent.settimeout(10)
+        silent.sendall(b"x")  # still open: only its own thread waits on it
+
+
+def test_a_silent_connection_is_closed_after_the_connection_timeout(
+    server: webhook.Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(webhook, "CONNECTION_TIMEOUT", 0.5)
+    with socket.create_connection(("127.0.0.1", server.port)) as silent:
+        silent.settimeout(20)  # a failure here, not a hang
+        assert silent.recv(1) == b""  # the server closed it
 
 
 def test_a_compatible_update_is_admitted(kube: Kube, server: webhook.Server) -> None:

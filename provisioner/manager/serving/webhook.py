@@ -70,6 +70,10 @@ DEFAULT_PORT = 9443
 CONFIGURATION_NAME = "rukpak-crd-validator"
 UPSTREAM_OPT_OUT = words.CRD_VALIDATION_ANNOTATION
 MAX_BODY = 8 * 1024 * 1024
+# a connection's TLS handshake, and then each of its reads and writes, within this long (the
+# API server gives a webhook call 30 s at most)
+CONNECTION_TIMEOUT = 30.0
+DRAIN_SECONDS = 5.0  # how long a stopping server waits for the answers ``drain`` started
 
 Existing = Callable[[Obj, Obj], Mapping[str, Sequence[Obj]]]
 """(live CRD, new CRD) -> for each new version, the custom resources to check against it."""
@@ -257,14 +261,53 @@ def verdict(path: str, code: int, doc: Obj) -> str:
     return "allowed" if response.get("allowed") else "denied"
 
 
-class _ReusePortServer(ThreadingHTTPServer):
+class _TLSServer(ThreadingHTTPServer):
+    """Accepts plain connections on a SO_REUSEPORT socket and does each TLS handshake in
+    that connection's own thread, within ``CONNECTION_TIMEOUT``: a client that connects and
+    says nothing holds only its thread, never the accepting loop (which every webhook call,
+    and the kubelet's probes, go through)."""
+
     daemon_threads = True
+    tls: ssl.SSLContext | None = None
 
     def server_bind(self) -> None:
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if hasattr(socket, "SO_REUSEPORT"):
             self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         super().server_bind()
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        assert self.tls is not None
+        request.settimeout(CONNECTION_TIMEOUT)  # the handshake's, then every read's
+        try:
+            conn = self.tls.wrap_socket(request, server_side=True)
+        except (OSError, ValueError) as exc:  # ssl.SSLError and timeouts are OSErrors
+            log.debug("msg='tls handshake failed' client=%s error=%r", client_address, exc)
+            return  # the plain socket is closed by shutdown_request
+        try:
+            super().finish_request(conn, client_address)
+        finally:
+            self.shutdown_request(conn)  # as for a plain connection: end writes, then close
+
+    def drain(self, *, within: float) -> None:
+        """Serve what already waits in the accept queue (a closing SO_REUSEPORT listener
+        resets it), waiting ``within`` seconds at most for those answers."""
+        self.socket.setblocking(False)
+        serving: list[threading.Thread] = []
+        while True:
+            try:
+                request, address = self.socket.accept()
+            except OSError:  # BlockingIOError: nothing left
+                break
+            request.setblocking(True)
+            thread = threading.Thread(
+                target=self.process_request_thread, args=(request, address), daemon=True
+            )
+            thread.start()
+            serving.append(thread)
+        end = time.monotonic() + within
+        for thread in serving:
+            thread.join(timeout=max(0.0, end - time.monotonic()))
 
 
 def _handler(
@@ -396,7 +439,7 @@ class Server:
         deployments: dependencies.Lookup | None = None,
     ) -> None:
         handler = _handler(existing, default_namespace, content, users, metrics, live, deployments)
-        self._httpd = _ReusePortServer((host, port), handler)
+        self._httpd = _TLSServer((host, port), handler)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         with tempfile.TemporaryDirectory(prefix="rukpak-webhook-") as tmp:
@@ -405,7 +448,7 @@ class Server:
             key.touch(mode=0o600)
             key.write_bytes(bundle.key)
             context.load_cert_chain(cert, key)
-        self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
+        self._httpd.tls = context
         self._thread: threading.Thread | None = None
 
     @property
@@ -420,7 +463,11 @@ class Server:
         log.info("msg='webhook serving' port=%d paths=%s,%s", self.port, PATH, CONVERT_PATH)
 
     def stop(self) -> None:
-        self._httpd.shutdown()
+        """Stop accepting, answer the connections already accepted by the kernel (within
+        ``DRAIN_SECONDS``), close."""
+        if self._thread is not None:
+            self._httpd.shutdown()
+        self._httpd.drain(within=DRAIN_SECONDS)
         self._httpd.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5)
