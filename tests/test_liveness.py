@@ -24,6 +24,7 @@ from provisioner.manager.serving import certs, webhook
 from provisioner.runtime import liveness
 from provisioner.runtime.queue import WorkQueue
 from provisioner.runtime.workers import Workers
+from rukpak.common import httpanswer
 from tests.httpreply import probe
 from tests.polling import eventually
 
@@ -295,6 +296,30 @@ def test_the_probe_server_answers_livez_and_healthz_from_its_checks() -> None:
         assert get(base + "/healthz") == (200, {"ok": True, "message": "connected"})
         code, body = get(base + "/metrics")
         assert code == 404 and "use /livez or /healthz" in str(body["message"])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_probe_server_closes_a_silent_connection_and_answers_others_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(httpanswer, "CONNECTION_TIMEOUT", 0.5)
+    server = liveness.serve(
+        host="127.0.0.1", port=0, live=lambda: (True, "live"), ready=lambda: (True, "ready")
+    )
+    port = server.server_address[1]
+    try:
+        with (
+            socket.create_connection(("127.0.0.1", port)) as silent,
+            socket.create_connection(("127.0.0.1", port)) as halfway,
+        ):
+            halfway.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n")  # no blank line: unfinished
+            answer = get(f"http://127.0.0.1:{port}/healthz")
+            assert answer == (200, {"ok": True, "message": "ready"})
+            for conn in (silent, halfway):
+                conn.settimeout(20)  # a failure here, not a hang
+                assert conn.recv(4096) == b""  # the server closed it
     finally:
         server.shutdown()
         server.server_close()

@@ -23,7 +23,7 @@ from provisioner.engine.objects import OWNER_LABEL, Obj, ObjectRef, condition
 from provisioner.manager import model
 from provisioner.manager.serving import certs, webhook
 from provisioner.runtime.metrics import Metrics
-from rukpak.common import errors
+from rukpak.common import errors, httpanswer
 from tests import webhook_harness
 from tests.httpreply import probe
 from tests.polling import eventually
@@ -235,7 +235,7 @@ def test_clients_that_connect_and_say_nothing_or_no_tls_hold_up_no_review(
 def test_a_silent_connection_is_closed_after_the_connection_timeout(
     server: webhook.Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(webhook, "CONNECTION_TIMEOUT", 0.5)
+    monkeypatch.setattr(httpanswer, "CONNECTION_TIMEOUT", 0.5)
     with socket.create_connection(("127.0.0.1", server.port)) as silent:
         silent.settimeout(20)  # a failure here, not a hang
         assert silent.recv(1) == b""  # the server closed it

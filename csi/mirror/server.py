@@ -214,6 +214,4 @@ def serve(mirror: Mirror, address: tuple[str, int]) -> ThreadingHTTPServer:
         def _send(self, code: int, data: bytes, media: str, *, body: bool = True) -> None:
             httpanswer.answer(self, code, data, media, send_body=body)
 
-    server = ThreadingHTTPServer(address, Handler)
-    server.daemon_threads = True
-    return server
+    return httpanswer.Server(address, Handler)

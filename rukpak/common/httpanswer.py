@@ -11,10 +11,15 @@ processes without one (``provisioner.runtime.liveness``). Each answer carries it
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+# how long a connection may take over each read or write (a TLS handshake included), after
+# which the server closes it; kubelet probes, scrapes and webhook calls take far less
+CONNECTION_TIMEOUT = 30.0
 
 
 def answer(
@@ -42,12 +47,24 @@ def answer_json(handler: BaseHTTPRequestHandler, code: int, doc: Any) -> None:
     answer(handler, code, json.dumps(doc).encode(), "application/json")
 
 
+class Server(ThreadingHTTPServer):
+    """A thread per connection (daemon threads), and each connection's reads and writes
+    within ``CONNECTION_TIMEOUT``: a client that connects and says nothing (or stops halfway)
+    holds its thread that long, not for ever."""
+
+    daemon_threads = True
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        request, address = super().get_request()
+        request.settimeout(CONNECTION_TIMEOUT)
+        return request, address
+
+
 def serve(
     host: str, port: int, handler: type[BaseHTTPRequestHandler], *, name: str
 ) -> ThreadingHTTPServer:
-    """A threading server of ``handler`` on ``host:port``, serving on daemon thread
-    ``name``; ``shutdown`` stops it, ``server_address`` has the port."""
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
+    """A ``Server`` of ``handler`` on ``host:port``, serving on daemon thread ``name``;
+    ``shutdown`` stops it, ``server_address`` has the port."""
+    server = Server((host, port), handler)
     threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
     return server

@@ -43,7 +43,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +70,6 @@ DEFAULT_PORT = 9443
 CONFIGURATION_NAME = "rukpak-crd-validator"
 UPSTREAM_OPT_OUT = words.CRD_VALIDATION_ANNOTATION
 MAX_BODY = 8 * 1024 * 1024
-# a connection's TLS handshake, and then each of its reads and writes, within this long (the
-# API server gives a webhook call 30 s at most)
-CONNECTION_TIMEOUT = 30.0
 DRAIN_SECONDS = 5.0  # how long a stopping server waits for the answers ``drain`` started
 
 Existing = Callable[[Obj, Obj], Mapping[str, Sequence[Obj]]]
@@ -261,13 +258,12 @@ def verdict(path: str, code: int, doc: Obj) -> str:
     return "allowed" if response.get("allowed") else "denied"
 
 
-class _TLSServer(ThreadingHTTPServer):
+class _TLSServer(httpanswer.Server):
     """Accepts plain connections on a SO_REUSEPORT socket and does each TLS handshake in
-    that connection's own thread, within ``CONNECTION_TIMEOUT``: a client that connects and
-    says nothing holds only its thread, never the accepting loop (which every webhook call,
-    and the kubelet's probes, go through)."""
+    that connection's own thread, within ``httpanswer.CONNECTION_TIMEOUT``: a client that
+    connects and says nothing holds only its thread, never the accepting loop (which every
+    webhook call, and the kubelet's probes, go through)."""
 
-    daemon_threads = True
     tls: ssl.SSLContext | None = None
 
     def server_bind(self) -> None:
@@ -278,7 +274,6 @@ class _TLSServer(ThreadingHTTPServer):
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         assert self.tls is not None
-        request.settimeout(CONNECTION_TIMEOUT)  # the handshake's, then every read's
         try:
             conn = self.tls.wrap_socket(request, server_side=True)
         except (OSError, ValueError) as exc:  # ssl.SSLError and timeouts are OSErrors
