@@ -291,10 +291,9 @@ class _TLSServer(httpanswer.Server):
         serving: list[threading.Thread] = []
         while True:
             try:
-                request, address = self.socket.accept()
+                request, address = self.get_request()  # with the connection timeout
             except OSError:  # BlockingIOError: nothing left
                 break
-            request.setblocking(True)
             thread = threading.Thread(
                 target=self.process_request_thread, args=(request, address), daemon=True
             )
